@@ -1,0 +1,33 @@
+# Trialbus: `make run` runs the whole stack and a demo experiment; `make test` runs the suite.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run up test bench schemas lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)  ## the whole stack on an embedded nats-server, plus the demo experiment
+	$(BIN)/trialbus up -- $(BIN)/python examples/random-search/tuner.py
+
+up: $(STAMP)  ## the stack in the foreground until Ctrl-C
+	$(BIN)/trialbus up
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+schemas: $(STAMP)
+	$(BIN)/python -m contracts.schemas
+
+clean:
+	rm -rf $(VENV) .trialbus

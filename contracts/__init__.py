@@ -1,0 +1,42 @@
+"""Wire contracts of Trialbus: every message on the bus, every subject, stream and bucket.
+
+Services share nothing but this package and the streams it defines (DESIGN.md,
+principle 1). Models are frozen pydantic v2 classes with a ``kind`` and a ``v``
+field; readers ignore unknown fields in production and forbid them when
+``TRIALBUS_CONTRACTS_STRICT=1`` (the test suite sets it).
+"""
+
+from contracts.base import Contract, ContractError
+from contracts.experiment import ExperimentConfig, LocalConfig, TrainingService, load_experiment_config
+from contracts.messages import (
+    CancelReply,
+    CancelRequest,
+    LogReply,
+    LogRequest,
+    MetricRecord,
+    MetricType,
+    TrialEvent,
+    TrialRequest,
+)
+from contracts.state import ExperimentState, ExperimentStatus, TrialState, TrialStatus
+
+__all__ = [
+    "CancelReply",
+    "CancelRequest",
+    "Contract",
+    "ContractError",
+    "ExperimentConfig",
+    "ExperimentState",
+    "ExperimentStatus",
+    "LocalConfig",
+    "LogReply",
+    "LogRequest",
+    "MetricRecord",
+    "MetricType",
+    "TrainingService",
+    "TrialEvent",
+    "TrialRequest",
+    "TrialState",
+    "TrialStatus",
+    "load_experiment_config",
+]

@@ -1,0 +1,222 @@
+"""The experiment config, in NNI's v2 shape (``nni/experiment/config``).
+
+Keys are matched ignoring case and underscores, as NNI does (``ssh_key_file`` =
+``sshKeyFile``); unknown keys are an error that names them. Units are converted
+here: durations to seconds. Each platform's ``trainingService`` model is
+registered in :data:`PLATFORMS`; the others come with their adapters.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from contracts.units import parse_seconds
+
+
+def _canonical(key: str) -> str:
+    return key.lower().replace("_", "")
+
+
+class NniModel(BaseModel):
+    """A config section whose keys match NNI's rules; camelCase on output."""
+
+    model_config = ConfigDict(frozen=True, alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _match_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = {_canonical(name): (info.alias or name) for name, info in cls.model_fields.items()}
+        matched: dict[str, Any] = {}
+        unknown = []
+        for key, value in data.items():
+            alias = fields.get(_canonical(str(key)))
+            if alias is None:
+                unknown.append(str(key))
+            else:
+                matched[alias] = value
+        if unknown:
+            raise ValueError(f"{cls.__name__} does not have field(s) {', '.join(sorted(unknown))}")
+        return matched
+
+
+class TrainingService(NniModel):
+    """Fields every platform accepts; NNI copies the top-level ones into each."""
+
+    #: The adapter service (``dispatch.<adapter>``) that runs this platform's trials.
+    adapter: ClassVar[str]
+
+    platform: str
+    trial_command: str | None = None
+    trial_code_directory: str | None = None
+    trial_gpu_number: int | None = Field(default=None, ge=0)
+    nni_manager_ip: str | None = None
+    debug: bool | None = None
+    reuse_mode: bool = False
+
+
+def parse_gpu_indices(value: Any) -> list[int] | None:
+    """NNI accepts a list, an int or ``"0,2"``; the result is a list without duplicates."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError("gpuIndices must be a list of integers, an integer or a string like '0,2'")
+    if isinstance(value, int):
+        indices = [value]
+    elif isinstance(value, str):
+        try:
+            indices = [int(part) for part in value.split(",") if part.strip()]
+        except ValueError:
+            raise ValueError(f"gpuIndices {value!r} is not a comma-separated list of integers") from None
+    elif isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        indices = list(value)
+    else:
+        raise ValueError("gpuIndices must be a list of integers, an integer or a string like '0,2'")
+    if any(i < 0 for i in indices):
+        raise ValueError(f"gpuIndices {indices} contains a negative index")
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"gpuIndices {indices} contains duplicates")
+    return indices
+
+
+class LocalConfig(TrainingService):
+    """``platform: local``: trials as processes on the adapter's host (``training_services/local.py``)."""
+
+    adapter: ClassVar[str] = "local-gpu"
+
+    platform: Literal["local"] = "local"
+    use_active_gpu: bool | None = None
+    max_trial_number_per_gpu: int = Field(default=1, gt=0)
+    gpu_indices: list[int] | None = None
+
+    _gpu_indices = field_validator("gpu_indices", mode="before")(parse_gpu_indices)
+
+
+#: platform name → its config model. A new platform registers here.
+PLATFORMS: dict[str, type[TrainingService]] = {"local": LocalConfig}
+#: NNI platforms that Trialbus will support but whose adapters are not here yet.
+PLANNED = ("remote", "openpai", "frameworkcontroller")
+
+
+def parse_training_service(value: Any) -> TrainingService:
+    if isinstance(value, TrainingService):
+        return value
+    if isinstance(value, list):
+        raise ValueError("a list of training services (NNI hybrid mode) is not supported: give one trainingService")
+    if not isinstance(value, dict) or "platform" not in {_canonical(k) for k in value}:
+        raise ValueError("trainingService must be a mapping with a 'platform' key, e.g. {platform: local}")
+    platform = next(v for k, v in value.items() if _canonical(k) == "platform")
+    model = PLATFORMS.get(str(platform))
+    if model is None:
+        if platform in PLANNED:
+            raise ValueError(f"platform {platform!r} is not available in this release; available: {', '.join(PLATFORMS)}")
+        raise ValueError(f"unknown platform {platform!r}; available: {', '.join(PLATFORMS)}")
+    return model.model_validate(value)
+
+
+class ExperimentConfig(NniModel):
+    """An NNI v2 experiment config (``nni/experiment/config/experiment_config.py``)."""
+
+    experiment_name: str | None = None
+    trial_command: str = Field(min_length=1)
+    #: Resolved against the config file's folder by :func:`load_experiment_config`.
+    trial_code_directory: str = "."
+    #: ``sha256:<hex>`` of a code snapshot already in the object store (Trialbus extension).
+    trial_code_ref: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
+    trial_concurrency: int = Field(gt=0)
+    max_trial_number: int | None = Field(default=None, gt=0)
+    #: Seconds; NNI unit strings like ``1h`` are accepted.
+    max_experiment_duration: float | None = Field(default=None, gt=0)
+    #: Seconds; a trial running longer ends EARLY_STOPPED.
+    max_trial_duration: float | None = Field(default=None, gt=0)
+    trial_gpu_number: int | None = Field(default=None, ge=0)
+    search_space: dict[str, Any] | None = None
+    search_space_file: str | None = None
+    tuner: dict[str, Any] | None = None
+    assessor: dict[str, Any] | None = None
+    advisor: dict[str, Any] | None = None
+    training_service: SerializeAsAny[TrainingService]
+    # Accepted for NNI compatibility; the manager-side settings have no effect here.
+    nni_manager_ip: str | None = None
+    use_annotation: bool | None = None
+    debug: bool | None = None
+    log_level: str | None = None
+    experiment_working_directory: str | None = None
+    tuner_gpu_indices: Any = None
+    shared_storage: dict[str, Any] | None = None
+    experiment_type: str | None = None
+
+    _durations = field_validator("max_experiment_duration", "max_trial_duration", mode="before")(
+        lambda v: None if v is None else parse_seconds(v)
+    )
+    _service = field_validator("training_service", mode="before")(parse_training_service)
+
+    @model_validator(mode="after")
+    def _nni_rules(self) -> ExperimentConfig:
+        service = self.training_service
+        gpus = self.trial_gpu_number if service.trial_gpu_number is None else service.trial_gpu_number
+        if isinstance(service, LocalConfig):
+            if gpus and service.use_active_gpu is None:
+                raise ValueError(
+                    "trainingService.useActiveGpu must be set when trialGpuNumber > 0; "
+                    "set it to true on desktops where a GUI holds the GPU"
+                )
+            if service.max_trial_number_per_gpu != 1 and not gpus:
+                raise ValueError("maxTrialNumberPerGpu only applies when trialGpuNumber is set")
+        return self
+
+    @property
+    def platform(self) -> str:
+        return self.training_service.platform
+
+    @property
+    def adapter(self) -> str:
+        """The adapter service that runs this experiment's trials."""
+        return self.training_service.adapter
+
+    @property
+    def gpus_per_trial(self) -> int | None:
+        if self.training_service.trial_gpu_number is not None:
+            return self.training_service.trial_gpu_number
+        return self.trial_gpu_number
+
+    def public_json(self) -> dict[str, Any]:
+        """camelCase JSON with secrets masked, for API answers and logs."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def load_experiment_config(path: str | Path) -> ExperimentConfig:
+    """Read a YAML config file; relative paths are resolved against its folder, as NNI does."""
+    path = Path(path).expanduser()
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read experiment config {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ValueError(f"experiment config {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"experiment config {path} must be a YAML mapping")
+    base = path.parent.resolve()
+    for key in list(data):
+        if _canonical(key) in ("trialcodedirectory", "searchspacefile") and isinstance(data[key], str):
+            data[key] = str((base / Path(data[key]).expanduser()).resolve())
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(format_validation_error(exc, str(path))) from None
+
+
+def format_validation_error(exc: ValidationError, where: str = "experiment config") -> str:
+    """One line per problem, naming the field in the user's own words."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return f"invalid {where}: " + "; ".join(lines)

@@ -1,0 +1,130 @@
+"""Messages on the bus: dispatch requests, trial events, metric records, control requests."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, SerializeAsAny, field_serializer, field_validator
+
+from contracts.base import Contract
+from contracts.experiment import TrainingService, parse_training_service
+from contracts.state import TrialStatus
+
+
+class TrialRequest(Contract):
+    """``dispatch.<adapter>``: run one attempt of one trial. Dedupe id ``<trial>:<attempt>``."""
+
+    kind: Literal["trial.request"] = "trial.request"
+    v: Literal[1] = 1
+    experiment_id: str
+    trial_id: str
+    sequence_id: int
+    attempt: int = 0
+    trial_command: str
+    #: ``sha256:<hex>`` of the code snapshot in the ``code`` object store; None runs in the trial dir.
+    code_ref: str | None = None
+    #: The NNI parameter record, written verbatim to ``parameter.cfg``.
+    parameter_record: str
+    trial_gpu_number: int | None = None
+    training_service: SerializeAsAny[TrainingService]
+    #: HMAC of ``<experiment>/<trial>``: the trial's credential at the metrics gateway.
+    #: Revealed only on the dispatch subject of its platform, masked everywhere else.
+    token: SecretStr
+    #: Seconds the trial may run before it is stopped EARLY_STOPPED (enforced by the dispatcher).
+    max_trial_duration: float | None = None
+
+    _service = field_validator("training_service", mode="before")(parse_training_service)
+
+    @field_serializer("token", when_used="json")
+    def _reveal(self, token: SecretStr) -> str:
+        # Only ``encode`` (the dispatch subject) writes JSON; logs use repr, which masks it.
+        return token.get_secret_value()
+
+
+class TrialEvent(Contract):
+    """``events.<experiment>.<trial>``: a trial changed status. Dedupe id ``<trial>:<status>:<attempt>``."""
+
+    kind: Literal["trial.event"] = "trial.event"
+    v: Literal[1] = 1
+    experiment_id: str
+    trial_id: str
+    attempt: int = 0
+    status: TrialStatus
+    time: datetime
+    #: The trial command's exit code; negative for a signal (``-9`` = SIGKILL).
+    exit_code: int | None = None
+    #: Why: the failure, the cancel, the wait. Never contains secrets.
+    message: str | None = None
+    #: The adapter (platform) and the replica that owns the trial.
+    platform: str | None = None
+    replica: str | None = None
+    #: Failure class for retry policy: transient, permanent or unknown (OpenPAI's exit spec).
+    failure: Literal["transient", "permanent", "unknown"] | None = None
+
+
+class MetricType(StrEnum):
+    PERIODICAL = "PERIODICAL"
+    FINAL = "FINAL"
+
+
+class MetricRecord(Contract):
+    """``metrics.<experiment>.<trial>``: one reported metric. Dedupe id ``<trial>:<type>:<sequence>``."""
+
+    kind: Literal["trial.metric"] = "trial.metric"
+    v: Literal[1] = 1
+    experiment_id: str
+    trial_id: str
+    parameter_id: int | str | None = None
+    type: MetricType
+    #: 0, 1, 2… for PERIODICAL; always 0 for FINAL (NNI's numbering).
+    sequence: int = Field(ge=0)
+    #: The value as the NNI SDK encoded it (json_tricks text): what NNI tuners receive.
+    value: str
+    #: When the gateway accepted it.
+    timestamp: datetime
+
+    def decoded(self) -> Any:
+        """The value as plain JSON: a number, or a dict with ``default``."""
+        return json.loads(self.value)
+
+
+class CancelRequest(Contract):
+    """``control.<adapter>.cancel`` request: stop a trial; the owner replies."""
+
+    kind: Literal["trial.cancel"] = "trial.cancel"
+    v: Literal[1] = 1
+    experiment_id: str
+    trial_id: str
+    #: USER_CANCELED for a user's cancel, EARLY_STOPPED for an assessor or maxTrialDuration.
+    status: TrialStatus = TrialStatus.USER_CANCELED
+    message: str | None = None
+
+
+class CancelReply(Contract):
+    kind: Literal["trial.cancel.reply"] = "trial.cancel.reply"
+    v: Literal[1] = 1
+    trial_id: str
+    replica: str
+    #: True when this replica owns the trial and is stopping it.
+    accepted: bool
+
+
+class LogRequest(Contract):
+    """``control.<adapter>.log`` request: the tail of a trial's stdout and stderr."""
+
+    kind: Literal["trial.log"] = "trial.log"
+    v: Literal[1] = 1
+    experiment_id: str
+    trial_id: str
+    max_bytes: int = Field(default=64 * 1024, gt=0, le=4 * 1024 * 1024)
+
+
+class LogReply(Contract):
+    kind: Literal["trial.log.reply"] = "trial.log.reply"
+    v: Literal[1] = 1
+    trial_id: str
+    replica: str
+    text: str

@@ -1,0 +1,115 @@
+"""Current state of experiments and trials, as the dispatcher keeps it in JetStream KV.
+
+State is derived from the event and metric streams (DESIGN.md, principle 3); the
+REST API answers with :meth:`TrialState.view` and :meth:`ExperimentState.view`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import Field
+
+from contracts.base import Contract
+from contracts.experiment import ExperimentConfig
+
+
+class TrialStatus(StrEnum):
+    """NNI's trial statuses (``ts/nni_manager/common/trainingService.ts``)."""
+
+    WAITING = "WAITING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    USER_CANCELED = "USER_CANCELED"
+    SYS_CANCELED = "SYS_CANCELED"
+    EARLY_STOPPED = "EARLY_STOPPED"
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (TrialStatus.WAITING, TrialStatus.RUNNING)
+
+
+class ExperimentStatus(StrEnum):
+    """RUNNING takes trials; DONE has reached its limits and every trial ended; STOPPED by a user."""
+
+    RUNNING = "RUNNING"
+    DONE = "DONE"
+    STOPPED = "STOPPED"
+
+
+class TrialState(Contract):
+    """One trial as the dispatcher knows it (KV bucket ``trials``, key = trial id)."""
+
+    kind: Literal["trial.state"] = "trial.state"
+    v: Literal[1] = 1
+    id: str
+    experiment_id: str
+    #: NNI's "Trial No.": 0, 1, 2… per experiment, in submission order.
+    sequence_id: int
+    #: 0 for the first run; a retry after a transient platform failure gets the next number.
+    attempt: int = 0
+    status: TrialStatus = TrialStatus.WAITING
+    #: The hyper-parameters the trial receives from ``nni.get_next_parameter()``.
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    #: NNI's ``parameter_id`` (an int, or a string for BOHB/Hyperband).
+    parameter_id: int | str | None = None
+    platform: str
+    submit_time: datetime
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+    exit_code: int | None = None
+    #: The FINAL value decoded to plain JSON, exactly as reported.
+    final_metric: Any = None
+    intermediate_count: int = 0
+    #: A sentence for people: why the trial waits, failed or was stopped.
+    message: str | None = None
+    #: True once the request is on ``dispatch.<platform>`` (the trial holds a slot).
+    dispatched: bool = False
+    #: Sequence number of the dispatch message, so a cancel can withdraw it unclaimed.
+    dispatch_seq: int | None = None
+    #: Set when a cancel was asked for: the status the trial ends with.
+    cancel_status: TrialStatus | None = None
+    #: The adapter replica that owns the trial (from its RUNNING event).
+    replica: str | None = None
+
+    def view(self) -> dict[str, Any]:
+        """The REST shape of ``GET /api/v1/trials/{id}``."""
+        return self.model_dump(
+            mode="json",
+            by_alias=True,
+            include={
+                "id", "experiment_id", "sequence_id", "status", "parameters", "parameter_id",
+                "submit_time", "start_time", "end_time", "exit_code", "final_metric",
+                "intermediate_count", "platform", "message", "attempt",
+            },
+        )
+
+
+class ExperimentState(Contract):
+    """One experiment (KV bucket ``experiments``, key = experiment id)."""
+
+    kind: Literal["experiment.state"] = "experiment.state"
+    v: Literal[1] = 1
+    id: str
+    status: ExperimentStatus = ExperimentStatus.RUNNING
+    config: ExperimentConfig
+    #: ``sha256:<hex>`` of the code snapshot in the ``code`` object store, if any.
+    code_ref: str | None = None
+    start_time: datetime
+    end_time: datetime | None = None
+    #: Trials submitted so far; the next trial's sequence id.
+    trial_count: int = 0
+    message: str | None = None
+
+    def view(self, trial_counts: dict[str, int]) -> dict[str, Any]:
+        """The REST shape of ``GET /api/v1/experiments/{id}`` (secrets masked)."""
+        body = self.model_dump(
+            mode="json", by_alias=True,
+            include={"id", "status", "code_ref", "start_time", "end_time", "trial_count", "message"},
+        )
+        body["config"] = self.config.public_json()
+        body["trialCounts"] = trial_counts
+        return body

@@ -1,0 +1,81 @@
+"""Streams, consumers, KV buckets and the object store, defined once.
+
+``services.common.bus.bootstrap`` creates or updates them idempotently at every
+service start, so any service may be the first to come up.
+"""
+
+from __future__ import annotations
+
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    ObjectStoreConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+
+DAY = 86400.0
+
+DISPATCH = StreamConfig(
+    name="DISPATCH",
+    description="Trial requests, one work queue per adapter (dispatch.<adapter>)",
+    subjects=["dispatch.>"],
+    retention=RetentionPolicy.WORK_QUEUE,
+    storage=StorageType.FILE,
+    duplicate_window=3600.0,
+)
+
+EVENTS = StreamConfig(
+    name="EVENTS",
+    description="Trial status changes (events.<experiment>.<trial>)",
+    subjects=["events.>"],
+    retention=RetentionPolicy.LIMITS,
+    storage=StorageType.FILE,
+    max_age=30 * DAY,
+    duplicate_window=3600.0,
+)
+
+METRICS = StreamConfig(
+    name="METRICS",
+    description="Trial metric records (metrics.<experiment>.<trial>)",
+    subjects=["metrics.>"],
+    retention=RetentionPolicy.LIMITS,
+    storage=StorageType.FILE,
+    max_age=30 * DAY,
+    duplicate_window=3600.0,
+)
+
+STREAMS = (DISPATCH, EVENTS, METRICS)
+
+EXPERIMENTS_BUCKET = KeyValueConfig(bucket="experiments", history=5, storage=StorageType.FILE)
+TRIALS_BUCKET = KeyValueConfig(bucket="trials", history=5, storage=StorageType.FILE)
+BUCKETS = (EXPERIMENTS_BUCKET, TRIALS_BUCKET)
+
+CODE_STORE = ObjectStoreConfig(bucket="code", description="trialCodeDirectory snapshots by sha256")
+
+
+def adapter_consumer(adapter: str, ack_wait: float = 30.0, max_ack_pending: int = 1000) -> ConsumerConfig:
+    """The one durable pull consumer an adapter's replicas share."""
+    return ConsumerConfig(
+        durable_name=f"adapter-{adapter}",
+        filter_subject=f"dispatch.{adapter}",
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=ack_wait,
+        max_ack_pending=max_ack_pending,
+        max_deliver=-1,
+    )
+
+
+def dispatcher_consumer(stream: str) -> ConsumerConfig:
+    """The dispatcher's durable consumer on EVENTS or METRICS: state is rebuilt from it."""
+    return ConsumerConfig(
+        durable_name=f"dispatcher-{stream.lower()}",
+        deliver_policy=DeliverPolicy.ALL,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=30.0,
+        max_ack_pending=20000,
+        max_deliver=-1,
+    )

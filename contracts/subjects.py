@@ -1,0 +1,49 @@
+"""Subject builders and dedupe ids (DESIGN.md, "Subjects, streams, buckets").
+
+Every subject and ``Nats-Msg-Id`` in Trialbus is built here and nowhere else.
+"""
+
+from __future__ import annotations
+
+API_PREFIX = "trialbus.api"
+
+
+def dispatch(adapter: str) -> str:
+    """Work queue of one adapter service, shared by its replicas."""
+    return f"dispatch.{adapter}"
+
+
+def events(experiment: str = "*", trial: str = "*") -> str:
+    return f"events.{experiment}.{trial}"
+
+
+def metrics(experiment: str = "*", trial: str = "*") -> str:
+    return f"metrics.{experiment}.{trial}"
+
+
+def control(adapter: str, verb: str) -> str:
+    """Request/reply to every replica of an adapter; the one that owns the trial answers."""
+    return f"control.{adapter}.{verb}"
+
+
+def api(operation: str) -> str:
+    """``trialbus.api.<operation>``: the REST operations as NATS request/reply."""
+    return f"{API_PREFIX}.{operation}"
+
+
+def dispatch_id(trial: str, attempt: int) -> str:
+    return f"{trial}:{attempt}"
+
+
+def event_id(trial: str, status: str, attempt: int) -> str:
+    return f"{trial}:{status}:{attempt}"
+
+
+def metric_id(trial: str, metric_type: str, sequence: int) -> str:
+    return f"{trial}:{metric_type}:{sequence}"
+
+
+def trial_from_subject(subject: str) -> tuple[str, str]:
+    """``events.<exp>.<trial>`` / ``metrics.<exp>.<trial>`` → (experiment, trial)."""
+    _, experiment, trial = subject.split(".", 2)
+    return experiment, trial

@@ -1,0 +1,1 @@
+"""Trialbus services: one package per service, each started with ``python -m services.<name>``."""

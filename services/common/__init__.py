@@ -1,0 +1,1 @@
+"""What every service shares: settings, the bus connection, lifecycle, logs, health."""

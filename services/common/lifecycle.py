@@ -1,0 +1,92 @@
+"""How every service starts and stops.
+
+A service is a :class:`Service`: ``start`` brings it up (after the bus is connected and
+bootstrapped), ``stop`` stops intake and finishes or hands back in-flight work. :func:`run`
+owns the order, the same for every service:
+
+    SIGTERM/SIGINT → service.stop() (stop intake, finish or nak in-flight work)
+                   → bus drained → exit, all within ``stop_timeout`` seconds.
+
+A second signal, or the deadline, exits at once with status 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+from services.common import logs
+from services.common.bus import Bus, bootstrap, connect
+from services.common.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+
+class Service(ABC):
+    """A long-running part of Trialbus. ``start`` returns once it is serving."""
+
+    name: str
+
+    @abstractmethod
+    async def start(self, bus: Bus) -> None: ...
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Stop taking work, then finish or hand back in-flight work. Must not hang."""
+
+    def failed(self) -> BaseException | None:
+        """A fatal error that should stop the process (checked while running)."""
+        return None
+
+
+def run(factory: Callable[[], tuple[Service, ServiceSettings]]) -> None:
+    """Entry point of every ``python -m services.<name>``."""
+    service, settings = factory()
+    logs.setup(service.name, settings.log_level, settings.log_json)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency; stay correct without it
+        pass
+    raise SystemExit(asyncio.run(_main(service, settings)))
+
+
+async def _main(service: Service, settings: ServiceSettings) -> int:
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        if stopping.is_set():
+            log.warning("second signal: exiting now")
+            os._exit(1)
+        log.info("received %s: stopping", signal.Signals(signum).name)
+        stopping.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+
+    bus = await connect(settings, service.name)
+    await bootstrap(bus.js)
+    await service.start(bus)
+    log.info("%s started", service.name)
+    while not stopping.is_set():
+        try:
+            await asyncio.wait_for(stopping.wait(), timeout=0.5)
+        except TimeoutError:
+            if (exc := service.failed()) is not None:
+                log.error("%s failed: %s", service.name, exc)
+                stopping.set()
+    try:
+        async with asyncio.timeout(settings.stop_timeout):
+            await service.stop()
+            await bus.close()
+    except TimeoutError:
+        log.error("%s did not stop within %.1fs; exiting anyway", service.name, settings.stop_timeout)
+        return 1
+    log.info("%s stopped", service.name)
+    return 1 if service.failed() else 0

@@ -1,0 +1,32 @@
+"""Settings every service shares; each service extends :class:`ServiceSettings`.
+
+All settings come from the environment with the prefix ``TRIALBUS_`` (for example
+``TRIALBUS_NATS_URL``). Each class is built in the service's ``__main__``, never at import.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServiceSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TRIALBUS_", extra="ignore")
+
+    #: NATS server URL(s), comma-separated.
+    nats_url: str = "nats://127.0.0.1:4222"
+    #: NATS user and password, when the server requires them.
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
+    #: A NATS ``.creds`` file (JWT + nkey), instead of user and password.
+    nats_creds: Path | None = None
+    #: Log level: DEBUG, INFO, WARNING, ERROR.
+    log_level: str = "INFO"
+    #: JSON log lines (for collectors) instead of plain text.
+    log_json: bool = False
+    #: Seconds a service may take to stop after SIGTERM before it exits anyway.
+    stop_timeout: float = Field(default=10.0, gt=0)
+    #: Where services keep local files (trial directories, spools).
+    data_dir: Path = Path(".trialbus")
