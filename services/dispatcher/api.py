@@ -1,0 +1,132 @@
+"""The REST API (``/api/v1``): JSON in camelCase, times ISO-8601 UTC, errors ``{"error": "…"}``.
+
+Every route is a thin translation onto :class:`~services.dispatcher.core.Dispatcher`;
+the NATS API (:mod:`services.dispatcher.bus_api`) calls the very same methods.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.common.bus import Bus
+from services.common.http import health_routes
+from services.dispatcher.core import ApiError, Dispatcher
+from services.dispatcher.settings import DispatcherSettings
+
+
+def create_app(settings: DispatcherSettings, dispatcher: Callable[[], Dispatcher], bus: Callable[[], Bus | None]) -> FastAPI:
+    app = FastAPI(title="Trialbus dispatcher", version="1", docs_url="/api/docs", openapi_url="/api/openapi.json")
+    app.include_router(health_routes(bus))
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"error": "; ".join(e["msg"] for e in exc.errors())}, status_code=422)
+
+    def authorize(request: Request) -> None:
+        if settings.api_token is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise ApiError(401, "missing bearer token: send 'Authorization: Bearer <token>' (the TRIALBUS_API_TOKEN)")
+        if not secrets.compare_digest(token.encode(), settings.api_token.get_secret_value().encode()):
+            raise ApiError(401, "wrong bearer token")
+
+    async def body(request: Request, limit: int) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"request body of {declared} bytes is over the limit of {limit} bytes")
+        data = b""
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > limit:
+                raise ApiError(413, f"request body is over the limit of {limit} bytes")
+        return data
+
+    async def json_body(request: Request) -> dict:
+        raw = await body(request, settings.api_max_body)
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        return data
+
+    api = APIRouter(prefix="/api/v1", dependencies=[Depends(authorize)])
+
+    @api.post("/code", status_code=201)
+    async def put_code(request: Request) -> dict:
+        archive = await body(request, settings.api_max_code)
+        return {"codeRef": await dispatcher().put_code(archive)}
+
+    @api.post("/experiments", status_code=201)
+    async def create_experiment(request: Request) -> dict:
+        state = await dispatcher().create_experiment(await json_body(request))
+        return {"id": state.id}
+
+    @api.get("/experiments")
+    async def list_experiments() -> list[dict]:
+        return dispatcher().list_experiments()
+
+    @api.get("/experiments/{experiment_id}")
+    async def get_experiment(experiment_id: str) -> dict:
+        core = dispatcher()
+        return core.experiment_view(core.experiment(experiment_id))
+
+    @api.delete("/experiments/{experiment_id}")
+    async def stop_experiment(experiment_id: str) -> dict:
+        core = dispatcher()
+        return core.experiment_view(await core.stop_experiment(experiment_id))
+
+    @api.post("/experiments/{experiment_id}/trials", status_code=201)
+    async def submit_trial(experiment_id: str, request: Request) -> dict:
+        data = await json_body(request)
+        unknown = set(data) - {"parameters", "parameterId"}
+        if unknown:
+            raise ApiError(422, f"unknown field(s) {', '.join(sorted(unknown))}; expected parameters and parameterId")
+        if "parameters" not in data:
+            raise ApiError(422, "parameters is required, e.g. {\"parameters\": {\"lr\": 0.01}}")
+        trial = await dispatcher().submit_trial(experiment_id, data["parameters"], data.get("parameterId"))
+        return {"id": trial.id, "sequenceId": trial.sequence_id, "status": trial.status.value}
+
+    @api.get("/experiments/{experiment_id}/trials")
+    async def list_trials(experiment_id: str) -> list[dict]:
+        return dispatcher().list_trials(experiment_id)
+
+    @api.get("/trials/{trial_id}")
+    async def get_trial(trial_id: str) -> dict:
+        return dispatcher().trial(trial_id).view()
+
+    @api.get("/trials/{trial_id}/metrics")
+    async def trial_metrics(trial_id: str) -> list[dict]:
+        return await dispatcher().trial_metrics(trial_id)
+
+    @api.post("/trials/{trial_id}/cancel", status_code=202)
+    async def cancel_trial(trial_id: str) -> dict:
+        trial = await dispatcher().cancel_trial(trial_id)
+        return {"id": trial.id, "status": trial.status.value}
+
+    @api.get("/trials/{trial_id}/log", response_class=PlainTextResponse)
+    async def trial_log(trial_id: str, maxBytes: int = 64 * 1024) -> str:  # noqa: N803 - query name is camelCase
+        if not 0 < maxBytes <= 4 * 1024 * 1024:
+            raise ApiError(422, "maxBytes must be between 1 and 4194304")
+        return await dispatcher().trial_log(trial_id, maxBytes)
+
+    app.include_router(api)
+    return app

@@ -1,0 +1,439 @@
+"""The trial state machine and the operations of the API.
+
+Guarantees:
+- an experiment never has more than ``trialConcurrency`` trials dispatched and not ended,
+  so the event stream never shows more RUNNING at once;
+- a trial is dispatched at most once per attempt (``Nats-Msg-Id: <trial>:<attempt>``);
+- every decision is persisted to KV before it is acted on, and every input (API call,
+  event, metric) is idempotent, so a restart replays instead of losing or doubling.
+
+All mutations of one experiment run under that experiment's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import string
+from collections import defaultdict, deque
+from datetime import timedelta
+from typing import Any
+
+from pydantic import SecretStr, ValidationError
+
+from contracts import subjects
+from contracts.base import utcnow
+from contracts.experiment import ExperimentConfig, format_validation_error
+from contracts.messages import CancelRequest, MetricRecord, MetricType, TrialEvent, TrialRequest
+from contracts.state import ExperimentState, ExperimentStatus, TrialState, TrialStatus
+from services.common.bus import Bus
+from services.common.logs import bind
+from services.common.tokens import trial_token
+from services.dispatcher.settings import DispatcherSettings
+from services.dispatcher.store import StateStore
+
+log = logging.getLogger(__name__)
+
+_ALNUM = string.ascii_lowercase + string.digits
+#: Seconds between two cancel requests for a trial whose owner has not ended it yet.
+CANCEL_RETRY = 3.0
+
+
+class ApiError(Exception):
+    """An API call that cannot be served; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Dispatcher:
+    def __init__(self, settings: DispatcherSettings, bus: Bus, store: StateStore) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.store = store
+        self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        #: experiment → trial ids WAITING for a slot, in submission order
+        self._queue: dict[str, deque[str]] = defaultdict(deque)
+        #: experiment → trial ids dispatched and not ended (they hold the slots)
+        self._active: dict[str, set[str]] = defaultdict(set)
+        #: trial → loop time of the last cancel request sent to its adapter
+        self._cancel_sent: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ start
+
+    def rebuild(self) -> None:
+        """Derive queues and slots from the loaded state."""
+        for trial in self.store.trials.values():
+            if trial.status.terminal:
+                continue
+            if trial.dispatched:
+                self._active[trial.experiment_id].add(trial.id)
+            else:
+                self._queue[trial.experiment_id].append(trial.id)
+
+    # ------------------------------------------------------------- experiments
+
+    def experiment(self, experiment_id: str) -> ExperimentState:
+        state = self.store.experiments.get(experiment_id)
+        if state is None:
+            raise ApiError(404, f"experiment {experiment_id!r} not found")
+        return state
+
+    def experiment_view(self, state: ExperimentState) -> dict[str, Any]:
+        counts = {status.value: 0 for status in TrialStatus}
+        for trial in self.store.trials_for(state.id):
+            counts[trial.status.value] += 1
+        return state.view(counts)
+
+    def list_experiments(self) -> list[dict[str, Any]]:
+        newest = sorted(self.store.experiments.values(), key=lambda e: e.start_time, reverse=True)
+        return [self.experiment_view(e) for e in newest]
+
+    async def create_experiment(self, data: Any) -> ExperimentState:
+        if not isinstance(data, dict):
+            raise ApiError(400, "the experiment config must be a JSON object (NNI v2 experiment config)")
+        try:
+            config = ExperimentConfig.model_validate(data)
+        except ValidationError as exc:
+            raise ApiError(422, format_validation_error(exc)) from None
+        code_ref = await self._code_for(config)
+        if code_ref != config.trial_code_ref:
+            config = config.model_copy(update={"trial_code_ref": code_ref})
+        experiment_id = self._new_id(self.store.experiments, 8, _ALNUM)
+        state = ExperimentState(id=experiment_id, config=config, code_ref=code_ref, start_time=utcnow())
+        await self.store.put_experiment(state)
+        log.info("experiment %s created (%s, concurrency %d)", experiment_id, config.platform, config.trial_concurrency)
+        return state
+
+    async def _code_for(self, config: ExperimentConfig) -> str | None:
+        store = await self.bus.code_store()
+        if config.trial_code_ref:
+            try:
+                await store.get_info(config.trial_code_ref.removeprefix("sha256:"))
+            except Exception:
+                raise ApiError(
+                    422, f"trialCodeRef {config.trial_code_ref} is not in the code store; upload it first (POST /api/v1/code)"
+                ) from None
+            return config.trial_code_ref
+        if "trial_code_directory" not in config.model_fields_set:
+            return None  # no code: trials run in their own directory
+        from services.common.code import CodeError, pack_directory, upload
+
+        try:
+            archive, ref = await asyncio.to_thread(pack_directory, config.trial_code_directory)
+        except CodeError as exc:
+            raise ApiError(
+                422, f"{exc}; or upload the code with POST /api/v1/code and pass trialCodeRef"
+            ) from None
+        return await upload(store, archive, ref)
+
+    async def put_code(self, archive: bytes) -> str:
+        from services.common.code import CodeError, check_archive, upload
+
+        try:
+            ref = await asyncio.to_thread(check_archive, archive)
+        except CodeError as exc:
+            raise ApiError(400, str(exc)) from None
+        return await upload(await self.bus.code_store(), archive, ref)
+
+    async def stop_experiment(self, experiment_id: str) -> ExperimentState:
+        async with self._locks[experiment_id]:
+            state = self.experiment(experiment_id)
+            if state.status == ExperimentStatus.RUNNING:
+                state = state.model_copy(update={"status": ExperimentStatus.STOPPED, "end_time": utcnow()})
+                await self.store.put_experiment(state)
+                log.info("experiment %s stopped by the user", experiment_id)
+            for trial in self.store.trials_for(experiment_id):
+                if not trial.status.terminal:
+                    await self._cancel(trial, TrialStatus.USER_CANCELED, "the experiment was stopped")
+            return state
+
+    # ------------------------------------------------------------------ trials
+
+    def trial(self, trial_id: str) -> TrialState:
+        trial = self.store.trials.get(trial_id)
+        if trial is None:
+            raise ApiError(404, f"trial {trial_id!r} not found")
+        return trial
+
+    def list_trials(self, experiment_id: str) -> list[dict[str, Any]]:
+        self.experiment(experiment_id)
+        return [t.view() for t in self.store.trials_for(experiment_id)]
+
+    async def submit_trial(self, experiment_id: str, parameters: Any, parameter_id: Any = None) -> TrialState:
+        if not isinstance(parameters, dict):
+            raise ApiError(422, "parameters must be a JSON object, e.g. {\"lr\": 0.01}")
+        if parameter_id is not None and (isinstance(parameter_id, bool) or not isinstance(parameter_id, int | str)):
+            raise ApiError(422, "parameterId must be an integer or a string")
+        async with self._locks[experiment_id]:
+            state = self.experiment(experiment_id)
+            config = state.config
+            if state.status != ExperimentStatus.RUNNING:
+                raise ApiError(409, f"experiment {experiment_id} is {state.status.value}; it takes no more trials")
+            if config.max_trial_number is not None and state.trial_count >= config.max_trial_number:
+                raise ApiError(
+                    409,
+                    f"experiment {experiment_id} has reached maxTrialNumber ({config.max_trial_number}); "
+                    "raise maxTrialNumber to run more trials",
+                )
+            if self._duration_over(state):
+                raise ApiError(
+                    409, f"experiment {experiment_id} has passed maxExperimentDuration ({config.max_experiment_duration:g}s)"
+                )
+            sequence_id = state.trial_count
+            trial = TrialState(
+                id=self._new_id(self.store.trials, 6, string.ascii_letters + string.digits, first=string.ascii_letters),
+                experiment_id=experiment_id,
+                sequence_id=sequence_id,
+                parameters=parameters,
+                parameter_id=sequence_id if parameter_id is None else parameter_id,
+                platform=config.adapter,
+                submit_time=utcnow(),
+                message=f"waiting for a free slot (trialConcurrency {config.trial_concurrency})",
+            )
+            await self.store.put_trial(trial)
+            await self.store.put_experiment(state.model_copy(update={"trial_count": sequence_id + 1}))
+            self._queue[experiment_id].append(trial.id)
+            await self._publish_event(trial, TrialStatus.WAITING)
+            await self._dispatch_ready(experiment_id)
+            return self.store.trials[trial.id]
+
+    async def cancel_trial(
+        self, trial_id: str, status: TrialStatus = TrialStatus.USER_CANCELED, message: str | None = None
+    ) -> TrialState:
+        trial = self.trial(trial_id)
+        async with self._locks[trial.experiment_id]:
+            trial = self.store.trials[trial_id]
+            if trial.status.terminal:
+                raise ApiError(409, f"trial {trial_id} already ended {trial.status.value}")
+            return await self._cancel(trial, status, message or "canceled by the user")
+
+    async def trial_metrics(self, trial_id: str) -> list[dict[str, Any]]:
+        trial = self.trial(trial_id)
+        subject = subjects.metrics(trial.experiment_id, trial.id)
+        info = await self.bus.js.stream_info("METRICS", subjects_filter=subject)
+        count = (info.state.subjects or {}).get(subject, 0)
+        records: dict[tuple[str, int], MetricRecord] = {}
+        if count:
+            sub = await self.bus.js.subscribe(subject, ordered_consumer=True)
+            try:
+                for _ in range(count):
+                    record = MetricRecord.decode((await sub.next_msg(timeout=5)).data)
+                    records.setdefault((record.type.value, record.sequence), record)
+            finally:
+                await sub.unsubscribe()
+        return [
+            {"type": r.type.value, "sequence": r.sequence, "value": r.decoded(), "timestamp": r.timestamp.isoformat()}
+            for r in records.values()
+        ]
+
+    async def trial_log(self, trial_id: str, max_bytes: int = 64 * 1024) -> str:
+        from contracts.messages import LogReply, LogRequest
+
+        trial = self.trial(trial_id)
+        if not trial.dispatched and trial.status == TrialStatus.WAITING:
+            raise ApiError(409, f"trial {trial_id} has not started yet; it has no log")
+        request = LogRequest(experiment_id=trial.experiment_id, trial_id=trial.id, max_bytes=max_bytes)
+        try:
+            reply = await self.bus.nc.request(
+                subjects.control(trial.platform, "log"), request.encode(), timeout=self.settings.control_timeout
+            )
+        except Exception:
+            raise ApiError(
+                503, f"no {trial.platform} adapter replica holds the log of trial {trial_id} right now; is it running?"
+            ) from None
+        return LogReply.decode(reply.data).text
+
+    # ------------------------------------------------------------ bus inputs
+
+    async def on_event(self, event: TrialEvent) -> None:
+        """Apply an adapter's event; idempotent (replays and duplicates change nothing)."""
+        trial = self.store.trials.get(event.trial_id)
+        if trial is None or event.attempt != trial.attempt or event.status == TrialStatus.WAITING:
+            return
+        async with self._locks[trial.experiment_id]:
+            trial = self.store.trials[event.trial_id]
+            with bind(experiment=trial.experiment_id, trial=trial.id):
+                if trial.status.terminal:
+                    if event.status == TrialStatus.RUNNING and trial.cancel_status:
+                        await self._request_cancel(trial)  # it started after we ended it: stop it
+                    return
+                if event.status == TrialStatus.RUNNING:
+                    if trial.status == TrialStatus.WAITING:
+                        trial = trial.model_copy(
+                            update={"status": TrialStatus.RUNNING, "start_time": event.time,
+                                    "replica": event.replica, "message": None}
+                        )
+                        await self.store.put_trial(trial)
+                    if trial.cancel_status:
+                        await self._request_cancel(trial)
+                    return
+                await self._end(trial, event.status, event.message, exit_code=event.exit_code, when=event.time,
+                                publish=False)
+
+    async def on_metrics(self, records: list[MetricRecord]) -> None:
+        """Fold a batch of metric records into trial state (final metric, intermediate count)."""
+        touched: set[str] = set()
+        for record in records:
+            trial = self.store.trials.get(record.trial_id)
+            if trial is None:
+                continue
+            if record.type == MetricType.FINAL:
+                try:
+                    update = {"final_metric": record.decoded()}
+                except ValueError:
+                    update = {"final_metric": record.value}
+            else:
+                update = {"intermediate_count": max(trial.intermediate_count, record.sequence + 1)}
+            self.store.stage_trial(trial.model_copy(update=update))
+            touched.add(trial.id)
+        await self.store.flush(touched)
+
+    async def sweep(self) -> None:
+        """Once a second: limits that depend on time, cancels not yet honoured, finished experiments."""
+        now = utcnow()
+        loop_time = asyncio.get_running_loop().time()
+        for state in list(self.store.experiments.values()):
+            if state.status != ExperimentStatus.RUNNING:
+                continue
+            async with self._locks[state.id]:
+                limit = state.config.max_trial_duration
+                for trial in self.store.trials_for(state.id):
+                    if trial.status.terminal:
+                        continue
+                    if trial.cancel_status:
+                        if loop_time - self._cancel_sent.get(trial.id, 0.0) > CANCEL_RETRY:
+                            await self._cancel(trial, trial.cancel_status, trial.message)
+                    elif limit and trial.start_time and now - trial.start_time > timedelta(seconds=limit):
+                        await self._cancel(trial, TrialStatus.EARLY_STOPPED, f"trial ran longer than maxTrialDuration ({limit:g}s)")
+                if self._duration_over(state):
+                    for trial_id in list(self._queue[state.id]):
+                        await self._end(self.store.trials[trial_id], TrialStatus.SYS_CANCELED,
+                                        "maxExperimentDuration was reached before the trial could start")
+                await self._dispatch_ready(state.id)
+                await self._finish_if_done(state.id)
+
+    # --------------------------------------------------------------- internals
+
+    def _duration_over(self, state: ExperimentState) -> bool:
+        limit = state.config.max_experiment_duration
+        return limit is not None and utcnow() - state.start_time >= timedelta(seconds=limit)
+
+    async def _dispatch_ready(self, experiment_id: str) -> None:
+        """Dispatch queued trials while the experiment has free slots."""
+        state = self.store.experiments[experiment_id]
+        queue, active = self._queue[experiment_id], self._active[experiment_id]
+        while queue and len(active) < state.config.trial_concurrency and state.status == ExperimentStatus.RUNNING:
+            trial = self.store.trials[queue[0]]
+            request = TrialRequest(
+                experiment_id=experiment_id,
+                trial_id=trial.id,
+                sequence_id=trial.sequence_id,
+                attempt=trial.attempt,
+                trial_command=state.config.trial_command,
+                code_ref=state.code_ref,
+                parameter_record=json.dumps({
+                    "parameter_id": trial.parameter_id,
+                    "parameter_source": "algorithm",
+                    "parameters": trial.parameters,
+                    "parameter_index": 0,
+                }),
+                trial_gpu_number=state.config.gpus_per_trial,
+                training_service=state.config.training_service,
+                token=SecretStr(trial_token(self.settings.trial_secret.get_secret_value(), experiment_id, trial.id)),
+                max_trial_duration=state.config.max_trial_duration,
+            )
+            ack = await self.bus.js.publish(
+                subjects.dispatch(state.config.adapter),
+                request.encode(),
+                headers={"Nats-Msg-Id": subjects.dispatch_id(trial.id, trial.attempt)},
+            )
+            trial = trial.model_copy(update={
+                "dispatched": True, "dispatch_seq": ack.seq,
+                "message": f"dispatched to {state.config.adapter}; waiting for an adapter replica to start it",
+            })
+            await self.store.put_trial(trial)
+            queue.popleft()
+            active.add(trial.id)
+
+    async def _cancel(self, trial: TrialState, status: TrialStatus, message: str | None) -> TrialState:
+        if not trial.dispatched:
+            return await self._end(trial, status, message)
+        if trial.cancel_status is None:
+            trial = trial.model_copy(update={"cancel_status": status, "message": message})
+            await self.store.put_trial(trial)
+        if trial.status == TrialStatus.WAITING and trial.dispatch_seq is not None:
+            try:  # withdraw the request if no replica has claimed it yet
+                withdrawn = await self.bus.js.delete_msg("DISPATCH", trial.dispatch_seq)
+            except Exception:
+                withdrawn = False
+            if withdrawn:
+                return await self._end(trial, trial.cancel_status, message)
+        await self._request_cancel(trial)
+        return self.store.trials[trial.id]
+
+    async def _request_cancel(self, trial: TrialState) -> None:
+        """Ask the owning replica to stop the trial; no answer is retried by the sweep."""
+        self._cancel_sent[trial.id] = asyncio.get_running_loop().time()
+        request = CancelRequest(
+            experiment_id=trial.experiment_id, trial_id=trial.id,
+            status=trial.cancel_status or TrialStatus.USER_CANCELED, message=trial.message,
+        )
+        try:
+            await self.bus.nc.request(
+                subjects.control(trial.platform, "cancel"), request.encode(), timeout=self.settings.control_timeout
+            )
+        except Exception:
+            log.info("no %s replica answered the cancel of %s yet; will retry", trial.platform, trial.id)
+
+    async def _end(
+        self, trial: TrialState, status: TrialStatus, message: str | None, *,
+        exit_code: int | None = None, when=None, publish: bool = True,
+    ) -> TrialState:
+        trial = trial.model_copy(update={
+            "status": status, "end_time": when or utcnow(), "message": message,
+            "exit_code": exit_code if exit_code is not None else trial.exit_code,
+        })
+        await self.store.put_trial(trial)
+        self._active[trial.experiment_id].discard(trial.id)
+        if trial.id in self._queue[trial.experiment_id]:
+            self._queue[trial.experiment_id].remove(trial.id)
+        self._cancel_sent.pop(trial.id, None)
+        if publish:  # a decision of the dispatcher's own: put it in the history too
+            await self._publish_event(trial, status)
+        log.info("trial %s %s%s", trial.id, status.value, f": {message}" if message else "")
+        await self._dispatch_ready(trial.experiment_id)
+        await self._finish_if_done(trial.experiment_id)
+        return trial
+
+    async def _finish_if_done(self, experiment_id: str) -> None:
+        state = self.store.experiments[experiment_id]
+        if state.status != ExperimentStatus.RUNNING:
+            return
+        limit = state.config.max_trial_number
+        exhausted = (limit is not None and state.trial_count >= limit) or self._duration_over(state)
+        if exhausted and all(t.status.terminal for t in self.store.trials_for(experiment_id)):
+            await self.store.put_experiment(state.model_copy(update={"status": ExperimentStatus.DONE, "end_time": utcnow()}))
+            log.info("experiment %s is DONE", experiment_id)
+
+    async def _publish_event(self, trial: TrialState, status: TrialStatus) -> None:
+        event = TrialEvent(
+            experiment_id=trial.experiment_id, trial_id=trial.id, attempt=trial.attempt, status=status,
+            time=utcnow(), message=trial.message, platform=trial.platform, exit_code=trial.exit_code,
+        )
+        await self.bus.js.publish(
+            subjects.events(trial.experiment_id, trial.id), event.encode(),
+            headers={"Nats-Msg-Id": subjects.event_id(trial.id, status.value, trial.attempt)},
+        )
+
+    @staticmethod
+    def _new_id(taken: dict, length: int, alphabet: str, first: str | None = None) -> str:
+        while True:
+            head = secrets.choice(first or alphabet)
+            candidate = head + "".join(secrets.choice(alphabet) for _ in range(length - 1))
+            if candidate not in taken:
+                return candidate

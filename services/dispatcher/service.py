@@ -1,0 +1,139 @@
+"""The dispatcher service: state load, bus consumers, the sweep, the NATS and REST APIs.
+
+Start order: load state from KV → rebuild queues → consume EVENTS and METRICS (durable,
+so nothing published while the dispatcher was down is missed) → sweep → APIs.
+Stop order: REST and NATS APIs stop taking calls → consumers stop between batches
+(unacked messages are redelivered to the next run) → the sweep stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+
+from contracts import streams
+from contracts.base import ContractError
+from contracts.messages import MetricRecord, TrialEvent
+from services.common.bus import Bus
+from services.common.http import HttpServer
+from services.common.lifecycle import Service
+from services.dispatcher import bus_api
+from services.dispatcher.api import create_app
+from services.dispatcher.core import Dispatcher
+from services.dispatcher.settings import DispatcherSettings
+from services.dispatcher.store import StateStore
+
+log = logging.getLogger(__name__)
+
+
+class DispatcherService(Service):
+    name = "dispatcher"
+
+    def __init__(self, settings: DispatcherSettings) -> None:
+        self.settings = settings
+        self.bus: Bus | None = None
+        self.core: Dispatcher | None = None
+        self.http: HttpServer | None = None
+        self._api: Subscription | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._pulls: list[JetStreamContext.PullSubscription] = []
+        self._stopping = asyncio.Event()
+
+    async def start(self, bus: Bus) -> None:
+        self.bus = bus
+        store = StateStore()
+        await store.load(bus)
+        self.core = Dispatcher(self.settings, bus, store)
+        self.core.rebuild()
+        self._tasks = [
+            asyncio.create_task(self._consume("EVENTS", self._on_events, batch=64)),
+            asyncio.create_task(self._consume("METRICS", self._on_metrics, batch=1000)),
+            asyncio.create_task(self._sweep()),
+        ]
+        self._api = await bus_api.serve(bus, self.core)
+        self.http = HttpServer(create_app(self.settings, lambda: self.core, lambda: self.bus),
+                               self.settings.api_host, self.settings.api_port)
+        await self.http.start()
+        log.info("REST API on http://%s:%d/api/v1", self.settings.api_host, self.http.port)
+
+    def failed(self) -> BaseException | None:
+        for task in self._tasks:
+            if task.done() and not task.cancelled() and task.exception():
+                return task.exception()
+        return self.http.failed() if self.http else None
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self.http:
+            await self.http.stop()
+        if self._api:
+            await self._api.unsubscribe()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for sub in self._pulls:  # a pull subscription left open makes the drain wait it out
+            await sub.unsubscribe()
+
+    async def _on_events(self, msgs: list[Msg]) -> None:
+        for msg in msgs:
+            try:
+                event = TrialEvent.decode(msg.data)
+            except ContractError as exc:
+                log.error("dropping malformed event on %s: %s", msg.subject, exc)
+                await msg.term()
+                continue
+            await self.core.on_event(event)
+            await msg.ack()
+
+    async def _on_metrics(self, msgs: list[Msg]) -> None:
+        records = []
+        for msg in msgs:
+            try:
+                records.append(MetricRecord.decode(msg.data))
+            except ContractError as exc:
+                log.error("dropping malformed metric on %s: %s", msg.subject, exc)
+        await self.core.on_metrics(records)
+        for msg in msgs:  # acked only once the state they produced is in KV
+            await msg.ack()
+
+    async def _consume(self, stream: str, handle: Callable[[list[Msg]], Awaitable[None]], batch: int) -> None:
+        config = streams.dispatcher_consumer(stream)
+        subject = f"{stream.lower()}.>"
+        sub = None
+        while not self._stopping.is_set():
+            try:
+                if sub is None:
+                    sub = await self.bus.js.pull_subscribe(subject, durable=config.durable_name, stream=stream, config=config)
+                    self._pulls.append(sub)
+                msgs = await sub.fetch(batch, timeout=1.0)
+            except (TimeoutError, NatsTimeoutError):
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # broker restarting: retry, never lose the loop
+                log.warning("consuming %s failed (%s); retrying", stream, exc)
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                await handle(msgs)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("handling %d %s messages failed; they will be redelivered", len(msgs), stream)
+                await asyncio.sleep(0.5)
+
+    async def _sweep(self) -> None:
+        while not self._stopping.is_set():
+            await asyncio.sleep(1.0)
+            try:
+                await self.core.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("sweep failed; retrying in a second")

@@ -1,0 +1,107 @@
+"""The experiment config accepts NNI v2 files and refuses bad ones with errors a person can act on."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from contracts.experiment import ExperimentConfig, LocalConfig, format_validation_error, load_experiment_config
+from contracts.units import parse_megabytes, parse_seconds
+
+NNI_DETAILED = """
+experimentName: MNIST
+searchSpace:
+  lr: {_type: choice, _value: [0.0001, 0.001]}
+  momentum: {_type: uniform, _value: [0, 1]}
+trialCommand: python3 mnist.py
+trialCodeDirectory: .
+trialGpuNumber: 1
+trialConcurrency: 4
+maxTrialNumber: 10
+maxExperimentDuration: 1h
+tuner:
+  name: TPE
+  classArgs: {optimize_mode: maximize}
+trainingService:
+  platform: local
+  useActiveGpu: false
+"""
+
+
+def errors_of(data: dict) -> str:
+    with pytest.raises(ValidationError) as caught:
+        ExperimentConfig.model_validate(data)
+    return format_validation_error(caught.value)
+
+
+def minimal(**extra) -> dict:
+    return {"trialCommand": "python3 trial.py", "trialConcurrency": 1, "trainingService": {"platform": "local"}, **extra}
+
+
+def test_nni_example_config_loads_with_paths_resolved_against_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "exp" / "config.yml"
+    path.parent.mkdir()
+    path.write_text(NNI_DETAILED)
+    config = load_experiment_config(path)
+    assert config.trial_code_directory == str(path.parent.resolve())
+    assert config.max_experiment_duration == 3600
+    assert config.gpus_per_trial == 1
+    assert isinstance(config.training_service, LocalConfig)
+    assert config.training_service.use_active_gpu is False
+    assert config.adapter == "local-gpu"
+    assert config.public_json()["tuner"] == {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}}
+
+
+def test_keys_match_ignoring_case_and_underscores() -> None:
+    config = ExperimentConfig.model_validate(
+        {"trial_command": "x", "TRIALCONCURRENCY": 2, "max_trial_number": 3, "training_service": {"PLATFORM": "local"}}
+    )
+    assert (config.trial_concurrency, config.max_trial_number) == (2, 3)
+
+
+def test_unknown_keys_are_named() -> None:
+    assert "does not have field(s) colour, flavour" in errors_of(minimal(flavour=1, colour=2))
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"trialConcurrency": -1}, "trialConcurrency: Input should be greater than 0"),
+        ({"trainingService": {"platform": "k8s"}}, "unknown platform 'k8s'; available: local"),
+        ({"trainingService": {"platform": "remote"}}, "platform 'remote' is not available in this release"),
+        ({"trainingService": [{"platform": "local"}]}, "hybrid mode) is not supported"),
+        ({"maxTrialDuration": "3 years"}, "bad duration '3 years'"),
+        ({"trialGpuNumber": 1}, "useActiveGpu must be set when trialGpuNumber > 0"),
+        ({"trainingService": {"platform": "local", "maxTrialNumberPerGpu": 2}}, "maxTrialNumberPerGpu only applies"),
+        ({"trainingService": {"platform": "local", "gpuIndices": "0,0"}}, "contains duplicates"),
+        ({"trainingService": {"platform": "local", "gpuIndices": -1}}, "negative index"),
+    ],
+)
+def test_invalid_configs_are_refused_with_a_reason(change: dict, expected: str) -> None:
+    assert expected in errors_of(minimal(**change))
+
+
+def test_gpu_indices_accept_nni_forms() -> None:
+    for given, canonical in [(1, [1]), ("0,2", [0, 2]), ([3, 1], [3, 1])]:
+        config = ExperimentConfig.model_validate(minimal(trainingService={"platform": "local", "gpuIndices": given}))
+        assert config.training_service.gpu_indices == canonical
+
+
+def test_missing_file_and_bad_yaml_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot read experiment config"):
+        load_experiment_config(tmp_path / "nope.yml")
+    bad = tmp_path / "bad.yml"
+    bad.write_text(textwrap.dedent("a: [1, 2"))
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_experiment_config(bad)
+
+
+def test_units_follow_nni() -> None:
+    assert parse_seconds("1.5h") == 5400
+    assert parse_seconds("30m") == 1800
+    assert parse_seconds(12) == 12
+    assert parse_megabytes("8GB") == 8192
+    assert parse_megabytes("1.5kb") == 1  # rounded up to whole MiB
+    with pytest.raises(ValueError, match="unit"):
+        parse_megabytes("8 apples")
