@@ -6,3 +6,13 @@ import os
 os.environ["TRIALBUS_CONTRACTS_STRICT"] = "1"
 
 from tests.fixtures.nats import nats_server  # noqa: E402,F401
+
+import pytest  # noqa: E402
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    # Lets fixtures see whether the test failed (to print service logs on failure).
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)

@@ -65,7 +65,7 @@ class HttpServer:
         return self._server.servers[0].sockets[0].getsockname()[1]
 
     def failed(self) -> BaseException | None:
-        if self._task is not None and self._task.done():
+        if self._task is not None and self._task.done() and not self._server.should_exit:
             return self._task.exception() or RuntimeError("HTTP server stopped")
         return None
 

@@ -79,7 +79,7 @@ async def _main(service: Service, settings: ServiceSettings) -> int:
             await asyncio.wait_for(stopping.wait(), timeout=0.5)
         except TimeoutError:
             if (exc := service.failed()) is not None:
-                log.error("%s failed: %s", service.name, exc)
+                log.error("%s failed: %r", service.name, exc, exc_info=exc)
                 stopping.set()
     try:
         async with asyncio.timeout(settings.stop_timeout):

@@ -121,24 +121,25 @@ class Dispatcher:
             return config.trial_code_ref
         if "trial_code_directory" not in config.model_fields_set:
             return None  # no code: trials run in their own directory
-        from services.common.code import CodeError, pack_directory, upload
+        from services.common.code import PackingError, upload_code
 
         try:
-            archive, ref = await asyncio.to_thread(pack_directory, config.trial_code_directory)
-        except CodeError as exc:
+            return (await upload_code(self.bus, config.trial_code_directory)).ref
+        except PackingError as exc:
             raise ApiError(
-                422, f"{exc}; or upload the code with POST /api/v1/code and pass trialCodeRef"
+                422, f"{exc} (the dispatcher must be able to read it); or upload the code with POST /api/v1/code "
+                "and pass trialCodeRef"
             ) from None
-        return await upload(store, archive, ref)
 
     async def put_code(self, archive: bytes) -> str:
-        from services.common.code import CodeError, check_archive, upload
+        """Store an uploaded tar.gz snapshot (after checking it is one) under its sha256."""
+        from services.common.code import check_archive, store_archive
 
         try:
             ref = await asyncio.to_thread(check_archive, archive)
-        except CodeError as exc:
+        except ValueError as exc:
             raise ApiError(400, str(exc)) from None
-        return await upload(await self.bus.code_store(), archive, ref)
+        return await store_archive(self.bus, archive, ref)
 
     async def stop_experiment(self, experiment_id: str) -> ExperimentState:
         async with self._locks[experiment_id]:
@@ -172,8 +173,6 @@ class Dispatcher:
         async with self._locks[experiment_id]:
             state = self.experiment(experiment_id)
             config = state.config
-            if state.status != ExperimentStatus.RUNNING:
-                raise ApiError(409, f"experiment {experiment_id} is {state.status.value}; it takes no more trials")
             if config.max_trial_number is not None and state.trial_count >= config.max_trial_number:
                 raise ApiError(
                     409,
@@ -184,6 +183,8 @@ class Dispatcher:
                 raise ApiError(
                     409, f"experiment {experiment_id} has passed maxExperimentDuration ({config.max_experiment_duration:g}s)"
                 )
+            if state.status != ExperimentStatus.RUNNING:
+                raise ApiError(409, f"experiment {experiment_id} is {state.status.value}; it takes no more trials")
             sequence_id = state.trial_count
             trial = TrialState(
                 id=self._new_id(self.store.trials, 6, string.ascii_letters + string.digits, first=string.ascii_letters),

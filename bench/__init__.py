@@ -1,0 +1,1 @@
+"""``make bench``: the speed figures of the issues, measured on this machine."""

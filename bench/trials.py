@@ -1,0 +1,113 @@
+"""Trial throughput and latency against the spawn-only rate of the same trial command.
+
+For each concurrency the tuner keeps exactly that many trials in flight (a new submit as
+soon as one ends), as a real tuner does, so submit→RUNNING measures dispatch, not queueing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trialbus.client import AsyncClient
+
+NOOP_TRIAL = "import nni\nnni.get_next_parameter()\nnni.report_final_result(1.0)\n"
+
+
+@dataclass
+class TrialFigures:
+    concurrency: int
+    trials: int
+    rate: float
+    spawn_rate: float
+    to_running: list[float]
+    to_final: list[float]
+
+    @property
+    def ratio(self) -> float:
+        return self.rate / self.spawn_rate
+
+
+def write_noop(code_dir: Path) -> str:
+    code_dir.mkdir(parents=True, exist_ok=True)
+    (code_dir / "noop.py").write_text(NOOP_TRIAL)
+    return f"{sys.executable} noop.py"
+
+
+def spawn_rate(command: str, cwd: Path, env: dict[str, str], concurrency: int, count: int) -> float:
+    """Trials per second when the machine merely spawns the trial command, `concurrency` at a time."""
+    argv = ["/bin/sh", "-c", command]
+    os.chdir(cwd)
+    running: set[int] = set()
+    started = done = 0
+    begin = time.perf_counter()
+    while done < count:
+        while started < count and len(running) < concurrency:
+            running.add(os.posix_spawn(argv[0], argv, env))
+            started += 1
+        pid, _ = os.waitpid(-1, 0)
+        if pid in running:
+            running.discard(pid)
+            done += 1
+    return count / (time.perf_counter() - begin)
+
+
+async def trial_rate(nats_url: str, command: str, code_dir: Path, concurrency: int, count: int) -> TrialFigures:
+    """Run `count` no-op trials through the stack, `concurrency` in flight."""
+    async with AsyncClient(nats_url) as client:
+        experiment = await client.create_experiment({
+            "experimentName": f"bench-c{concurrency}",
+            "trialCommand": command,
+            "trialCodeDirectory": str(code_dir),
+            "trialConcurrency": concurrency,
+            "maxTrialNumber": count,
+            "trainingService": {"platform": "local"},
+        })
+        submitted: dict[str, float] = {}
+        running_at: dict[str, float] = {}
+        final_at: dict[str, float] = {}
+
+        async def watch_events() -> None:
+            async for event in client.events(experiment):
+                if event.status == "RUNNING" and event.trial_id in submitted:
+                    running_at.setdefault(event.trial_id, time.perf_counter())
+
+        watcher = asyncio.create_task(watch_events())
+        await asyncio.sleep(0.2)
+
+        async def one() -> None:
+            start = time.perf_counter()
+            trial = await client.submit_trial(experiment, {"i": len(submitted)})
+            submitted[trial.id] = start
+            await client.wait_final(trial.id, timeout=120)
+            final_at[trial.id] = time.perf_counter()
+
+        async def lane(n: int) -> None:
+            for _ in range(n):
+                await one()
+
+        begin = time.perf_counter()
+        lanes = [count // concurrency + (1 if i < count % concurrency else 0) for i in range(concurrency)]
+        await asyncio.gather(*(lane(n) for n in lanes))
+        elapsed = time.perf_counter() - begin
+        await asyncio.sleep(0.2)
+        watcher.cancel()
+        return TrialFigures(
+            concurrency=concurrency,
+            trials=count,
+            rate=count / elapsed,
+            spawn_rate=0.0,
+            to_running=sorted(running_at[t] - submitted[t] for t in submitted if t in running_at),
+            to_final=sorted(final_at[t] - submitted[t] for t in submitted),
+        )
+
+
+def percentile(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[int(p) - 1] if len(values) > 1 else values[0]

@@ -1,0 +1,34 @@
+"""The exceptions that decide what happens to a trial after something went wrong.
+
+An adapter never decides retries itself: it raises one of these and the shared consume
+loop (:class:`services.adapters.base.AdapterService`) acts on it, the same way for
+every platform. Each adapter maps its platform's errors to them in one function.
+
+- :class:`TransientError` — try again later (the platform is busy, a connection
+  dropped, a quota is exhausted for now). The dispatch message is nak'ed with the
+  error's ``delay`` and redelivered, possibly to another replica.
+- :class:`PermanentError` — retrying the same request cannot help (bad credentials,
+  a code snapshot that does not exist, a command the platform refuses). The attempt
+  ends FAILED with the error's message, and the dispatch message is acked.
+
+Anything else is a bug: it is logged with its traceback and handled like a transient
+error with back-off, so a bad release never loses a trial.
+"""
+
+from __future__ import annotations
+
+
+class AdapterError(Exception):
+    """Base of the errors an adapter raises on purpose. The message reaches users: no secrets."""
+
+
+class TransientError(AdapterError):
+    """Retry later: after ``delay`` seconds the request is redelivered."""
+
+    def __init__(self, message: str, delay: float = 1.0) -> None:
+        super().__init__(message)
+        self.delay = max(0.0, float(delay))
+
+
+class PermanentError(AdapterError):
+    """Retrying cannot help: the attempt ends FAILED with this message."""

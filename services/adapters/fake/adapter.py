@@ -1,0 +1,83 @@
+"""An in-memory platform and its adapter: the worked example of a :class:`PlatformAdapter`.
+
+A trial "runs" for ``duration`` seconds and "exits" with ``exitCode``, both read from its
+parameters (``{"duration": 0.1, "exitCode": 3}``; defaults 0 and 0). :class:`FakePlatform`
+plays the compute platform: it outlives any one adapter, so a restart can be tested by
+making a second :class:`FakeAdapter` on the same platform. It reports no metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+from contracts import TrialRequest, TrialStatus
+from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
+
+
+@dataclass
+class FakeRun:
+    handle: TrialHandle
+    ends_at: float  # monotonic seconds
+    exit_code: int
+    canceled: bool = False
+    reported: bool = False
+
+
+@dataclass
+class FakePlatform:
+    """The "cluster": runs by ``<trial>:<attempt>``; ``starts`` counts how often each really started."""
+
+    capacity: int = 8
+    runs: dict[str, FakeRun] = field(default_factory=dict)
+    starts: dict[str, int] = field(default_factory=dict)
+
+    def running(self) -> int:
+        return sum(1 for run in self.runs.values() if not run.canceled and run.ends_at > time.monotonic())
+
+
+class FakeAdapter(PlatformAdapter):
+    name = "fake"
+
+    def __init__(self, platform: FakePlatform | None = None) -> None:
+        self.platform = platform or FakePlatform()
+
+    async def launch(self, request: TrialRequest) -> TrialHandle | None:
+        key = f"{request.trial_id}:{request.attempt}"
+        if (run := self.platform.runs.get(key)) is not None:  # idempotent: the same attempt, not a new run
+            return run.handle
+        if self.platform.running() >= self.platform.capacity:
+            return None  # no capacity now: the service offers the request again later
+        record = json.loads(request.parameter_record)
+        parameters = record.get("parameters", record)
+        duration = float(parameters.get("duration", 0.0))
+        handle = TrialHandle(request.experiment_id, request.trial_id, request.attempt, ref=key)
+        self.platform.runs[key] = FakeRun(handle, time.monotonic() + duration, int(parameters.get("exitCode", 0)))
+        self.platform.starts[request.trial_id] = self.platform.starts.get(request.trial_id, 0) + 1
+        asyncio.get_running_loop().call_later(duration, self.notify, handle)  # the platform's "it exited" callback
+        return handle
+
+    async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
+        run = self.platform.runs[handle.ref]
+        if run.canceled:
+            return TrialOutcome.exited(-15)
+        if time.monotonic() < run.ends_at:
+            return None
+        return TrialOutcome.exited(run.exit_code)
+
+    async def cancel(self, handle: TrialHandle) -> None:
+        run = self.platform.runs[handle.ref]
+        if time.monotonic() < run.ends_at:
+            run.canceled = True
+            self.notify(handle)
+
+    async def adopt(self) -> list[TrialHandle]:
+        return [run.handle for run in self.platform.runs.values() if not run.reported]
+
+    async def release(self, handle: TrialHandle) -> None:
+        self.platform.runs[handle.ref].reported = True
+
+    async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
+        return f"[fake] trial {handle.trial_id} attempt {handle.attempt}\n"[-max_bytes:]

@@ -1,0 +1,344 @@
+"""The local-gpu adapter: each trial is a trial keeper process group on this host.
+
+A launch creates ``<work_dir>/trials/<experiment>/<trial>-<attempt>/`` — ``mkdir`` is the
+idempotency point: a directory that exists means the attempt was launched already, and its
+handle is returned instead of a second run — and spawns the keeper there, which runs the
+command and relays metrics (docs/internals.md §1). The keeper's exit reaches the event loop
+through a pidfd, so the end of a trial is reported at once, not at the next poll.
+
+Everything survives an adapter restart: the trial directory holds the keeper's pid and its
+``state.json``; :meth:`LocalGpuAdapter.adopt` rebuilds the picture from them, and
+:meth:`~LocalGpuAdapter.release` marks a trial ``reported`` once its end is published.
+
+GPUs: :meth:`LocalGpuAdapter.place` is where GPU placement goes (a later issue); for now
+trials run on CPUs, and ``trialGpuNumber: 0`` hides every GPU as NNI does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import re
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import nats.errors
+from nats.js.errors import NotFoundError
+
+from contracts import TrialRequest, TrialStatus
+from contracts.base import utcnow
+from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
+from services.adapters.errors import PermanentError, TransientError
+from services.adapters.local_gpu import client
+from services.adapters.local_gpu.settings import LocalGpuSettings
+from services.common.bus import Bus
+
+log = logging.getLogger(__name__)
+
+#: Seconds a trial directory may wait for its keeper's first ``state.json`` before the trial
+#: counts as failed: a restart caught the keeper starting (~15 ms), or it died starting.
+UNBORN_GRACE = 10.0
+_CODE_REF = re.compile(r"^sha256:([0-9a-f]{64})$")
+
+
+@dataclass(eq=False)
+class Trial:
+    handle: TrialHandle
+    dir: str
+    keeper: client.Keeper | None  # None: the keeper's pid is not known (yet)
+    outcome: TrialOutcome | None = None
+    kill: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+    @property
+    def running(self) -> bool:
+        return self.outcome is None and (self.keeper is None or self.keeper.alive)
+
+
+class LocalGpuAdapter(PlatformAdapter):
+    name = "local-gpu"
+
+    def __init__(self, settings: LocalGpuSettings, keeper_path: Path | None = None, shim_path: Path | None = None):
+        if keeper_path is None or shim_path is None:
+            from services.trial_keeper import KEEPER_PATH, SHIM_PATH
+
+            keeper_path, shim_path = keeper_path or KEEPER_PATH, shim_path or SHIM_PATH
+        self.settings = settings
+        self.keeper_path, self.shim_path = str(keeper_path), str(shim_path)
+        self.work_dir = settings.work_dir
+        self.trials: dict[tuple[str, int], Trial] = {}
+        self._code: dict[str, str] = {}  # sha256 hex → unpacked directory
+        self._downloads: dict[str, asyncio.Task] = {}
+        self._env: dict[str, str] = {}
+        self._bus: Bus | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, bus: Bus) -> None:
+        self._bus = bus
+        (self.work_dir / "trials").mkdir(parents=True, exist_ok=True)
+        # The trial sees the keeper's environment minus TRIALBUS_*: never pass ours (NATS secrets) on.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+        env.update(
+            TRIALBUS_GATEWAY_URL=self.settings.gateway_url,
+            TRIALBUS_KILL_GRACE=str(self.settings.kill_grace),
+            TRIALBUS_FLUSH_TIMEOUT=str(self.settings.flush_timeout),
+        )
+        shim = self.settings.nni_shim == "always" or (
+            self.settings.nni_shim == "auto" and not await asyncio.to_thread(client.python_has_nni, env)
+        )
+        if shim:
+            env["TRIALBUS_PYTHONPATH_PREPEND"] = self.shim_path
+        log.info("work dir %s; nni shim %s", self.work_dir, "on" if shim else "off")
+        self._env = env
+
+    async def stop(self) -> None:
+        for trial in self.trials.values():  # stop watching; the trials run on
+            if trial.kill is not None:
+                trial.kill.cancel()
+            if trial.keeper is not None:
+                trial.keeper.close()
+        for task in self._downloads.values():
+            task.cancel()
+
+    # ------------------------------------------------------------------ launch
+
+    async def launch(self, request: TrialRequest) -> TrialHandle | None:
+        key = (request.trial_id, request.attempt)
+        if (trial := self.trials.get(key)) is not None:
+            return trial.handle
+        trial_dir = f"{self.work_dir}/trials/{request.experiment_id}/{request.trial_id}-{request.attempt}"
+        if self._running() >= self.settings.max_trials:
+            return self._adopt(trial_dir, *key, request.experiment_id).handle if os.path.isdir(trial_dir) else None
+        code_dir = await self._code_dir(request.code_ref) if request.code_ref else None
+        # No await from here on: the checks and the spawn happen as one step of the event loop.
+        if (trial := self.trials.get(key)) is not None:
+            return trial.handle
+        placement = self.place(request)
+        try:
+            os.mkdir(trial_dir)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(trial_dir), exist_ok=True)
+            os.mkdir(trial_dir)
+        except FileExistsError:  # launched before (a redelivery after a restart): never twice
+            return self._adopt(trial_dir, *key, request.experiment_id).handle
+        if self._running() >= self.settings.max_trials:  # filled up during the download
+            os.rmdir(trial_dir)
+            return None
+        os.mkdir(f"{trial_dir}/.trialbus")
+        env = dict(self._env)
+        env.update(
+            TRIALBUS_TRIAL_DIR=trial_dir,
+            TRIALBUS_TRIAL_COMMAND=request.trial_command,
+            TRIALBUS_EXPERIMENT_ID=request.experiment_id,
+            TRIALBUS_TRIAL_ID=request.trial_id,
+            TRIALBUS_SEQUENCE_ID=str(request.sequence_id),
+            TRIALBUS_ATTEMPT=str(request.attempt),
+            TRIALBUS_PARAMETERS=request.parameter_record,
+            TRIALBUS_TRIAL_TOKEN=request.token.get_secret_value(),
+            **placement,
+        )
+        if code_dir is not None:
+            env["TRIALBUS_CODE_DIR"] = code_dir
+        try:
+            pid = client.spawn_keeper(self.settings.keeper_python, self.keeper_path, env, trial_dir)
+        except OSError as exc:
+            shutil.rmtree(trial_dir, ignore_errors=True)  # never launched: nothing to adopt later
+            raise PermanentError(f"cannot start the trial keeper with {self.settings.keeper_python}: {exc}") from exc
+        return self._track(request.experiment_id, *key, trial_dir, client.Keeper(pid), utcnow()).handle
+
+    def place(self, request: TrialRequest) -> dict[str, str]:
+        """Where the trial runs on this host, as keeper environment. The GPU placement seam.
+
+        ``trialGpuNumber`` unset: nothing (the trial sees what the host has); ``0``: no GPU
+        (``CUDA_VISIBLE_DEVICES=""``, as NNI v3 does). Handing out GPU indices (NNI's
+        local scheduler, nni-protocols.md §4.4) will live here, with its release on the
+        trial's end.
+        """
+        if request.trial_gpu_number is None:
+            return {}
+        if request.trial_gpu_number == 0:
+            return {"TRIALBUS_GPUS": ""}
+        raise PermanentError(
+            f"trialGpuNumber is {request.trial_gpu_number}, but this release of the local-gpu adapter "
+            "runs CPU trials only; set trialGpuNumber to 0 or leave it out"
+        )
+
+    async def _code_dir(self, code_ref: str) -> str:
+        """The unpacked snapshot for ``code_ref``: downloaded once per hash, shared by every trial."""
+        match = _CODE_REF.match(code_ref)
+        if match is None:
+            raise PermanentError(f"code reference {code_ref!r} is not sha256:<64 hex digits>")
+        digest = match.group(1)
+        if (path := self._code.get(digest)) is not None:
+            return path
+        dest = self.work_dir / "code" / digest
+        if not dest.is_dir():
+            task = self._downloads.get(digest)
+            if task is None:
+                task = self._downloads[digest] = asyncio.create_task(self._download(digest, dest))
+                task.add_done_callback(lambda _: self._downloads.pop(digest, None))
+            await asyncio.shield(task)  # one launch giving up must not abort the others' download
+        self._code[digest] = str(dest)
+        return str(dest)
+
+    async def _download(self, digest: str, dest: Path) -> None:
+        try:
+            store = await self._bus.code_store()
+            archive = (await store.get(digest)).data
+        except NotFoundError as exc:
+            raise PermanentError(f"code snapshot sha256:{digest} is not in the object store") from exc
+        except (nats.errors.Error, OSError) as exc:
+            raise TransientError(f"cannot download code snapshot sha256:{digest}: {exc}", delay=2.0) from exc
+        if hashlib.sha256(archive).hexdigest() != digest:
+            raise PermanentError(f"code snapshot sha256:{digest} does not match its hash")
+        try:
+            await asyncio.to_thread(client.extract_code, archive, dest)
+        except client.UnsafeArchive as exc:
+            raise PermanentError(f"code snapshot sha256:{digest}: {exc}") from exc
+
+    # ------------------------------------------------------------------ watching
+
+    async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
+        trial = self._find(handle)
+        if trial.outcome is not None:
+            return trial.outcome
+        if trial.keeper is None and not self._find_keeper(trial):
+            if time.time() - os.path.getmtime(trial.dir) < UNBORN_GRACE:
+                return None
+            return self._ended(trial)
+        if trial.keeper.check():
+            return None
+        return self._ended(trial)
+
+    def _ended(self, trial: Trial) -> TrialOutcome:
+        if trial.kill is not None:
+            trial.kill.cancel()
+        state = client.read_state(trial.dir)
+        if state.get("pgid") and "exitCode" not in state:  # the keeper died first: leave no orphans
+            client.kill_group(state["pgid"], signal.SIGKILL)
+        status = trial.keeper.status if trial.keeper else None
+        if not state and trial.keeper is not None:
+            client.record_early_death(trial.dir, trial.keeper.pid, status)
+        status = status if status is not None else state.get("keeperExit")
+        keeper_out = None if state.get("exitCode") is not None else client.tail(f"{trial.dir}/{client.KEEPER_OUT}", 300)
+        trial.outcome = outcome_of(state, status, keeper_out)
+        return trial.outcome
+
+    async def cancel(self, handle: TrialHandle) -> None:
+        """SIGTERM the keeper (it stops the trial's group); SIGKILL everything if it lingers."""
+        trial = self._find(handle)
+        if not trial.running:
+            return
+        if trial.keeper is None and not self._find_keeper(trial):
+            raise TransientError("the trial keeper has not started yet", delay=0.2)
+        trial.keeper.signal(signal.SIGTERM)
+        if trial.kill is None:
+            loop = asyncio.get_running_loop()
+            trial.kill = loop.call_later(self.settings.kill_grace + 1.0, self._force_stop, trial)
+
+    def _find_keeper(self, trial: Trial) -> bool:
+        """For a trial adopted before its keeper wrote ``state.json``: is its pid known now?"""
+        if pid := client.read_state(trial.dir).get("keeperPid"):
+            trial.keeper = client.Keeper.adopt(pid) or _dead(pid)
+            self._watch(trial)
+        return trial.keeper is not None
+
+    def _force_stop(self, trial: Trial) -> None:
+        if trial.running and trial.keeper is not None:
+            log.warning("trial %s still running %.1fs after cancel: SIGKILL", trial.handle.trial_id, self.settings.kill_grace + 1)
+            if pgid := client.read_state(trial.dir).get("pgid"):
+                client.kill_group(pgid, signal.SIGKILL)
+            trial.keeper.signal(signal.SIGKILL)
+
+    # ------------------------------------------------------------------ restarts
+
+    async def adopt(self) -> list[TrialHandle]:
+        handles = []
+        for experiment in sorted(os.scandir(f"{self.work_dir}/trials"), key=lambda e: e.name):
+            for entry in os.scandir(experiment.path) if experiment.is_dir() else ():
+                trial_id, _, attempt = entry.name.rpartition("-")
+                if not (entry.is_dir() and trial_id and attempt.isdigit()) or client.is_reported(entry.path):
+                    continue
+                handles.append(self._adopt(entry.path, trial_id, int(attempt), experiment.name).handle)
+        return handles
+
+    def _adopt(self, trial_dir: str, trial_id: str, attempt: int, experiment_id: str) -> Trial:
+        """A trial directory left by an earlier launch: watch its keeper if it still runs."""
+        if (trial := self.trials.get((trial_id, attempt))) is not None:
+            return trial
+        state = client.read_state(trial_dir)
+        pid = state.get("keeperPid")
+        keeper = (client.Keeper.adopt(pid) or _dead(pid)) if pid else None
+        started = state.get("startTime") or os.path.getmtime(trial_dir)
+        return self._track(experiment_id, trial_id, attempt, trial_dir, keeper, datetime.fromtimestamp(started, UTC))
+
+    async def release(self, handle: TrialHandle) -> None:
+        trial = self.trials.pop((handle.trial_id, handle.attempt), None)
+        client.mark_reported(trial.dir if trial else handle.ref)
+        if trial is not None and trial.keeper is not None:
+            trial.keeper.close()
+
+    async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
+        parts = []
+        for name in ("stdout", "stderr", "trial.log"):
+            text = client.tail(f"{handle.ref}/{name}", max_bytes)
+            if text is not None:
+                parts.append(f"==> {name} <==\n{text}")
+        return "\n".join(parts)
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _track(self, experiment_id, trial_id, attempt, trial_dir, keeper, started) -> Trial:
+        handle = TrialHandle(experiment_id, trial_id, attempt, ref=trial_dir, start_time=started)
+        trial = self.trials[(trial_id, attempt)] = Trial(handle, trial_dir, keeper)
+        self._watch(trial)
+        return trial
+
+    def _watch(self, trial: Trial) -> None:
+        if trial.keeper is not None and trial.keeper.alive:
+            trial.keeper.watch(lambda: self.notify(trial.handle))
+
+    def _find(self, handle: TrialHandle) -> Trial:
+        """The trial of a handle, from memory or, for one this instance never saw, from its directory."""
+        trial = self.trials.get((handle.trial_id, handle.attempt))
+        if trial is None:
+            if not os.path.isdir(handle.ref):
+                raise PermanentError(f"trial directory {handle.ref} is gone")
+            trial = self._adopt(handle.ref, handle.trial_id, handle.attempt, handle.experiment_id)
+        return trial
+
+    def _running(self) -> int:
+        return sum(1 for trial in self.trials.values() if trial.running)
+
+
+def _dead(pid: int) -> client.Keeper:
+    keeper = client.Keeper(pid)
+    keeper.alive = False
+    return keeper
+
+
+def outcome_of(state: dict, keeper_status: int | None, keeper_out: str | None = None) -> TrialOutcome:
+    """How a trial ended, from the keeper's ``state.json`` once the keeper is gone (§1)."""
+    end = datetime.fromtimestamp(state["endTime"], UTC) if state.get("endTime") else None
+    exit_code = state.get("exitCode")
+    if state.get("error"):
+        return TrialOutcome(TrialStatus.FAILED, exit_code, str(state["error"]), "unknown", end)
+    if exit_code is not None and state.get("done"):
+        return TrialOutcome.exited(exit_code, end)
+    if exit_code is not None:
+        return TrialOutcome.exited(exit_code, end, note="the trial keeper was killed before it finished: metrics may be incomplete")
+    if keeper_status is None:
+        why = "no exit status recorded"
+    elif keeper_status < 0:
+        why = f"killed by signal {-keeper_status}"
+    else:
+        why = f"exit status {keeper_status}"
+    last = (keeper_out or "").strip().splitlines()[-1:]
+    detail = f": {last[0][:200]}" if last else ""
+    return TrialOutcome(TrialStatus.FAILED, None, f"trial keeper exited unexpectedly ({why}){detail}", "unknown", end)

@@ -1,0 +1,230 @@
+"""Everything the local-gpu adapter does to the operating system, in one module.
+
+The adapter's "platform" is this host: a trial is a trial keeper process (docs/internals.md
+§1) that the adapter spawns and watches. This module is the only one that spawns, signals
+or waits for processes, reads the keeper's state files, and unpacks code snapshots.
+
+Speed matters here: a no-op trial costs the keeper's ~12 ms start, so every millisecond
+the adapter adds per trial is visible in throughput on a small machine. Hence
+``os.posix_spawn`` (vfork-based, no Python between fork and exec) instead of
+``subprocess`` or asyncio's subprocess transport, and a pidfd in the event loop instead of
+a child watcher thread: the loop hears of a keeper's exit the moment it happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+#: Files of a trial directory the adapter reads or writes (the keeper writes the others).
+STATE = ".trialbus/state.json"
+KEEPER_OUT = ".trialbus/keeper.out"
+REPORTED = ".trialbus/reported"
+
+
+def spawn_keeper(python: str, keeper: str, env: Mapping[str, str], trial_dir: str) -> int:
+    """Start ``python -S -I keeper`` in its own session; return its pid.
+
+    stdin is /dev/null; stdout and stderr go to ``.trialbus/keeper.out`` (the keeper's
+    own crashes). ``<trial dir>/.trialbus`` must exist. A restarted adapter finds the
+    keeper through ``keeperPid`` in ``state.json``, which the keeper writes at once.
+    """
+    return os.posix_spawn(
+        python, [python, "-S", "-I", keeper], env, setsid=True,
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, f"{trial_dir}/{KEEPER_OUT}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ],
+    )  # fmt: skip
+
+
+class Keeper:
+    """A keeper process the adapter watches: our child, or one adopted after a restart.
+
+    ``watch`` registers a pidfd with the event loop, so ``on_exit`` runs as soon as the
+    process ends. Signals go through the pidfd, which cannot hit a recycled pid.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.pidfd: int | None = None
+        self.alive = True
+        #: The keeper's own exit status (``waitstatus_to_exitcode``), when it was our child.
+        self.status: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def adopt(cls, pid: int) -> Keeper | None:
+        """The running keeper with this pid, or None when the pid is gone or reused."""
+        keeper = cls(pid)
+        try:
+            keeper.pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return None
+        except OSError:  # no pidfd support: fall back to liveness checks
+            keeper.pidfd = None
+        if not is_keeper(pid):  # checked after pidfd_open: the pidfd now pins this very process
+            keeper.close()
+            keeper._exited()  # a zombie of ours (same process, earlier adapter): reap it
+            return None
+        return keeper
+
+    def watch(self, on_exit: Callable[[], None]) -> None:
+        if self.pidfd is None:
+            try:
+                self.pidfd = os.pidfd_open(self.pid)
+            except ProcessLookupError:  # it exited already
+                self._exited()
+                on_exit()
+                return
+            except OSError:
+                return  # no pidfd support: poll() checks liveness instead
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self.pidfd, self._on_readable, on_exit)
+
+    def _on_readable(self, on_exit: Callable[[], None]) -> None:
+        self._exited()
+        on_exit()
+
+    def _exited(self) -> None:
+        self.alive = False
+        try:  # reap it if it is our child; an adopted one is reaped by its parent (init)
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:
+            pass
+        self.close()
+
+    def check(self) -> bool:
+        """Liveness without a pidfd (old kernels)."""
+        if self.alive and self.pidfd is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.alive, self.status = False, os.waitstatus_to_exitcode(status)
+            except ChildProcessError:
+                self.alive = is_keeper(self.pid)
+        return self.alive
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum``; a keeper that is already gone is not an error."""
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signum)
+            elif self.alive:
+                os.kill(self.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def close(self) -> None:
+        """Stop watching (the process is left alone)."""
+        if self.pidfd is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd, self._loop = None, None
+
+
+def is_keeper(pid: int) -> bool:
+    """True when ``pid`` is a live trial keeper (not a recycled pid, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"trial_keeper" in f.read()
+    except OSError:
+        return False
+
+
+def kill_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone (or the id was reused by someone else's)
+
+
+def read_state(trial_dir: str) -> dict:
+    """``state.json`` as written by the keeper; ``{}`` before the keeper wrote it."""
+    try:
+        with open(f"{trial_dir}/{STATE}", "rb") as f:
+            return json.loads(f.read())
+    except (FileNotFoundError, ValueError):  # ValueError: a writer without atomic rename
+        return {}
+
+
+def record_early_death(trial_dir: str, pid: int, status: int | None) -> None:
+    """Write ``state.json`` for a keeper that died before writing it (e.g. canceled while
+    starting), so that a restarted adapter need not wait to learn that it is gone."""
+    tmp = f"{trial_dir}/{STATE}.adapter"
+    with open(tmp, "w") as f:
+        json.dump({"keeperPid": pid, "keeperExit": status}, f)
+    os.replace(tmp, f"{trial_dir}/{STATE}")
+
+
+def mark_reported(trial_dir: str) -> None:
+    os.close(os.open(f"{trial_dir}/{REPORTED}", os.O_WRONLY | os.O_CREAT, 0o644))
+
+
+def is_reported(trial_dir: str) -> bool:
+    return os.path.exists(f"{trial_dir}/{REPORTED}")
+
+
+def tail(path: str, max_bytes: int) -> str | None:
+    """The last ``max_bytes`` of a file as text; None when it does not exist."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - max_bytes))
+            return f.read(max_bytes).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+
+
+def python_has_nni(env: Mapping[str, str]) -> bool:
+    """Whether ``python3`` on the trials' PATH can import ``nni`` (checked once, at start)."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('nni') is None)"
+    try:
+        return subprocess.run(["python3", "-c", probe], env=dict(env), capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+class UnsafeArchive(ValueError):
+    """A code snapshot that is not a tar.gz, or would write outside its directory."""
+
+
+def extract_code(archive: bytes, dest: Path) -> None:
+    """Unpack a code snapshot (tar.gz) into ``dest`` atomically.
+
+    Unpacks into a temporary sibling, then renames it: a reader sees all of it or none.
+    Members with absolute paths, ``..``, links leaving the tree or device files are
+    refused (tarfile's ``data`` filter, plus an explicit check that names the member).
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    try:
+        try:
+            with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+                for member in tar.getmembers():
+                    parts = Path(member.name).parts
+                    if member.name.startswith("/") or ".." in parts:
+                        raise UnsafeArchive(f"member {member.name!r} would be written outside the code directory")
+                tar.extractall(tmp, filter="data")
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            raise UnsafeArchive(f"cannot unpack the code snapshot: {exc}") from exc
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not dest.is_dir():  # not "another process won the race"
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,41 @@
+"""Settings of the local-gpu adapter: environment ``TRIALBUS_<NAME>``, e.g. ``TRIALBUS_MAX_TRIALS=8``.
+
+The service-wide ones (``TRIALBUS_NATS_URL``, ``TRIALBUS_REPLICA``, ``TRIALBUS_POLL_INTERVAL``…)
+are in :class:`~services.adapters.service.AdapterSettings`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from services.adapters.base import AdapterSettings
+
+
+class LocalGpuSettings(AdapterSettings):
+    #: Directory of code snapshots (``code/``) and trial directories
+    #: (``trials/<experiment>/<trial>-<attempt>/``). Default: ``<data_dir>/local-gpu/<replica>``.
+    work_dir: Path | None = None
+    #: Base URL of the metrics gateway, as trials on this host reach it.
+    gateway_url: str = "http://127.0.0.1:8081"
+    #: Trials this host runs at once (trials, default 64); more wait in the dispatch queue.
+    max_trials: int = Field(default=64, gt=0)
+    #: Seconds between SIGTERM and SIGKILL when a trial is canceled (default 5).
+    kill_grace: float = Field(default=5.0, ge=0)
+    #: Seconds a keeper keeps retrying unsent metrics after its trial ended (default 600).
+    flush_timeout: float = Field(default=600.0, ge=0)
+    #: Put the stdlib ``nni`` shim on trials' PYTHONPATH: ``auto`` (default) when ``python3``
+    #: on PATH cannot import ``nni`` (checked once at start), ``always`` or ``never``.
+    nni_shim: Literal["auto", "always", "never"] = "auto"
+    #: The Python that runs the trial keeper (default: the adapter's own interpreter).
+    keeper_python: str = sys.executable
+
+    @model_validator(mode="after")
+    def _default_work_dir(self) -> LocalGpuSettings:
+        if self.work_dir is None:
+            self.work_dir = self.data_dir / "local-gpu" / self.replica
+        self.work_dir = self.work_dir.expanduser().absolute()
+        return self

@@ -1,0 +1,252 @@
+"""The gateway's HTTP API: ``POST /api/v1/trials/{trialId}/metrics`` (docs/internals.md §2).
+
+Checks run cheapest first, and nothing is published unless the whole batch passes:
+
+    version header (400 missing, 409 other major.minor) → bearer token present (401)
+    → body size (413) → body shape (400) → record count (413) → token HMAC (401)
+    → every record (400, naming its index) → NATS connected (503)
+    → publish all, await every ack (503 on timeout) → 200 {"accepted": n}
+
+Records go out with ``js.publish_async`` and are awaited together, so a batch costs one
+round of acks rather than one per record. Resent batches are harmless: each record's
+``Nats-Msg-Id`` is ``<trial>:<type>:<sequence>`` and JetStream drops duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+import orjson
+from fastapi import FastAPI, Request, Response
+from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
+from prometheus_client import Counter, Histogram
+
+import trialbus
+from contracts import MetricRecord, subjects
+from contracts.base import utcnow
+from services.common import logs, tokens
+from services.common.bus import Bus
+from services.common.http import health_routes
+from services.metrics_gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+VERSION_HEADER = "x-trialbus-keeper-version"
+RECORD_TYPES = frozenset({"PERIODICAL", "FINAL", "REQUEST_PARAMETER"})
+NOT_IN_SUBJECTS = frozenset(".*> \t\r\n")
+
+# Prometheus metrics belong to the process-wide registry that /metrics serves, so they
+# are created once per process (prometheus_client refuses a second registration).
+RECORDS = Counter("trialbus_gateway_records", "Metric records accepted, by outcome", ["outcome"])
+BATCHES = Counter("trialbus_gateway_batches", "Batches answered 200")
+REJECTIONS = Counter("trialbus_gateway_rejections", "Requests refused, by reason", ["reason"])
+PUBLISH_SECONDS = Histogram("trialbus_gateway_publish_seconds", "From a batch's first publish to its last ack")
+
+
+class Refused(Exception):
+    """A request answered with an error status; ``reason`` labels the rejection metric."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+
+
+def major_minor(version: str) -> tuple[int, int] | None:
+    """``"0.1.0"`` → ``(0, 1)``; ``"2.10"`` → ``(2, 10)`` (not NNI's regex, which reads 2.1)."""
+    parts = version.strip().removeprefix("v").split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def check_version(announced: str | None) -> None:
+    if announced is None:
+        raise Refused(400, "version", "the trial keeper must announce its version in X-Trialbus-Keeper-Version")
+    if major_minor(announced) != major_minor(trialbus.__version__):
+        raise Refused(
+            409,
+            "version",
+            f"trial keeper version {announced} does not match metrics gateway version {trialbus.__version__} "
+            "(major.minor must be equal): run the keeper shipped with this Trialbus release",
+        )
+
+
+def bearer(header: str | None) -> str:
+    scheme, _, token = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Refused(401, "token", "missing trial token: send 'Authorization: Bearer <token>'")
+    return token.strip()
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise Refused(413, "too_large", f"request body of {declared} bytes is over the limit of {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise Refused(413, "too_large", f"request body is over the limit of {limit} bytes")
+    return bytes(body)
+
+
+def loads(text: str | bytes) -> object:
+    """JSON as NNI writes it: orjson first (fast), ``json`` for NaN / Infinity (json_tricks emits them)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+
+
+def parse_batch(body: bytes, max_records: int) -> tuple[str, list]:
+    """``{"experimentId": str, "records": [...]}`` → (experiment id, raw records)."""
+    try:
+        batch = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise Refused(400, "bad_request", f"request body is not JSON: {exc}") from None
+    if not isinstance(batch, dict):
+        raise Refused(400, "bad_request", 'request body must be {"experimentId": "...", "records": [...]}')
+    experiment_id, records = batch.get("experimentId"), batch.get("records")
+    if not isinstance(experiment_id, str) or not experiment_id or NOT_IN_SUBJECTS.intersection(experiment_id):
+        raise Refused(400, "bad_request", "experimentId must be a non-empty id without '.', '*', '>' or spaces")
+    if not isinstance(records, list):
+        raise Refused(400, "bad_request", "records must be a list of NNI metric records (JSON strings)")
+    if len(records) > max_records:
+        raise Refused(413, "too_large", f"a batch of {len(records)} records is over the limit of {max_records}")
+    return experiment_id, records
+
+
+def parse_record(raw: object, index: int, experiment_id: str, trial_id: str, now: datetime) -> MetricRecord | None:
+    """One NNI record → a MetricRecord, None for REQUEST_PARAMETER; Refused(400) names the problem."""
+
+    def bad(problem: str) -> Refused:
+        return Refused(400, "bad_record", f"record {index}: {problem}")
+
+    try:
+        record = loads(raw) if isinstance(raw, str) else raw
+    except ValueError as exc:
+        raise bad(f"not JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise bad("must be a JSON object")
+    if record.get("trial_job_id") != trial_id:
+        raise bad(f"trial_job_id {record.get('trial_job_id')!r} is not this trial ({trial_id!r})")
+    kind, sequence, parameter_id = record.get("type"), record.get("sequence"), record.get("parameter_id")
+    if kind not in RECORD_TYPES:
+        raise bad(f"type {kind!r} is not one of {', '.join(sorted(RECORD_TYPES))}")
+    if type(sequence) is not int or sequence < 0:
+        raise bad(f"sequence {sequence!r} must be an integer >= 0")
+    if kind == "REQUEST_PARAMETER":
+        return None
+    if parameter_id is not None and type(parameter_id) not in (int, str):
+        raise bad(f"parameter_id {parameter_id!r} must be an integer, a string or null")
+    if "value" not in record:
+        raise bad("has no value")
+    value = record["value"]
+    if isinstance(value, str):
+        try:
+            loads(value)
+        except ValueError:
+            raise bad(f"value {value[:100]!r} is not JSON text") from None
+    else:  # a plain JSON value: encode it the way the NNI SDK would have
+        value = json.dumps(value)
+    return MetricRecord(
+        experiment_id=experiment_id,
+        trial_id=trial_id,
+        parameter_id=parameter_id,
+        type=kind,
+        sequence=sequence,
+        value=value,
+        timestamp=now,
+    )
+
+
+async def publish(js: JetStreamContext, records: list[MetricRecord], timeout: float) -> int:
+    """Publish every record and await every ack; returns how many were duplicates."""
+    if not records:
+        return 0
+    subject = subjects.metrics(records[0].experiment_id, records[0].trial_id)
+    futures: list[asyncio.Future] = []
+    started = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout):
+            for record in records:
+                msg_id = subjects.metric_id(record.trial_id, record.type.value, record.sequence)
+                futures.append(await js.publish_async(subject, record.encode(), headers={"Nats-Msg-Id": msg_id}))
+            acks = await asyncio.gather(*futures)
+    except BaseException:
+        for future in futures:  # releases nats-py's pending-ack slots
+            future.cancel()
+        raise
+    PUBLISH_SECONDS.observe(time.perf_counter() - started)
+    return sum(1 for ack in acks if ack.duplicate)
+
+
+class Intake:
+    """The route's logic: checks, validation, publishing (see the module docstring for order)."""
+
+    def __init__(self, settings: GatewaySettings, bus: Callable[[], Bus | None]) -> None:
+        self.settings = settings
+        self.bus = bus
+
+    async def accept(self, trial_id: str, request: Request) -> int:
+        """The number of records accepted; raises Refused with the answer otherwise."""
+        experiment_id = None
+        try:
+            check_version(request.headers.get(VERSION_HEADER))
+            token = bearer(request.headers.get("authorization"))
+            body = await read_body(request, self.settings.gateway_max_body)
+            experiment_id, raw_records = parse_batch(body, self.settings.gateway_max_records)
+            secret = self.settings.trial_secret.get_secret_value()
+            if NOT_IN_SUBJECTS.intersection(trial_id) or not tokens.check_token(secret, experiment_id, trial_id, token):
+                raise Refused(401, "token", f"wrong token for trial {trial_id} of experiment {experiment_id}")
+            now = utcnow()
+            records = [parse_record(raw, i, experiment_id, trial_id, now) for i, raw in enumerate(raw_records)]
+            metrics = [record for record in records if record is not None]
+            duplicates = await self._publish(metrics)
+        except Refused as exc:
+            REJECTIONS.labels(exc.reason).inc()
+            with logs.bind(experiment=experiment_id, trial=trial_id):
+                log.warning("refused a batch with %d: %s", exc.status, exc.message)
+            raise
+        BATCHES.inc()
+        RECORDS.labels("published").inc(len(metrics) - duplicates)
+        RECORDS.labels("duplicate").inc(duplicates)
+        RECORDS.labels("request_parameter").inc(len(records) - len(metrics))
+        return len(records)
+
+    async def _publish(self, metrics: list[MetricRecord]) -> int:
+        bus = self.bus()
+        if bus is None or not bus.nc.is_connected:
+            raise Refused(503, "unavailable", "NATS is unavailable; retry later")
+        try:
+            return await publish(bus.js, metrics, self.settings.gateway_publish_timeout)
+        except (TimeoutError, NatsError, OSError) as exc:
+            raise Refused(503, "unavailable", f"JetStream did not ack the batch ({exc!r}); retry later") from None
+
+
+def json_response(body: dict, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def create_app(settings: GatewaySettings, bus: Callable[[], Bus | None]) -> FastAPI:
+    """The gateway's app: the metrics route plus ``/healthz`` and ``/metrics``."""
+    app = FastAPI(title="Trialbus metrics gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(health_routes(bus))
+    intake = Intake(settings, bus)
+
+    @app.post("/api/v1/trials/{trial_id}/metrics")
+    async def post_metrics(trial_id: str, request: Request) -> Response:
+        try:
+            accepted = await intake.accept(trial_id, request)
+        except Refused as exc:
+            return json_response({"error": exc.message}, exc.status)
+        return json_response({"accepted": accepted})
+
+    return app

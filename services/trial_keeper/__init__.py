@@ -1,0 +1,16 @@
+"""The trial keeper and the ``nni`` shim that adapters ship next to every trial.
+
+Neither file is imported by the services: adapters copy them to the trial's host and run
+``python3 -S -I <KEEPER_PATH>`` there (docs/internals.md §1). When the trial's Python has
+no ``nni`` package, adapters set ``TRIALBUS_PYTHONPATH_PREPEND`` to ``SHIM_PATH`` so that
+``import nni`` finds the stdlib-only stand-in.
+"""
+
+from pathlib import Path
+
+#: The keeper: one stdlib-only file, run as ``python3 -S -I trial_keeper.py``.
+KEEPER_PATH = Path(__file__).with_name("trial_keeper.py")
+#: The directory holding the ``nni`` shim package (put it on the trial's PYTHONPATH).
+SHIM_PATH = Path(__file__).with_name("nni_shim")
+
+__all__ = ["KEEPER_PATH", "SHIM_PATH"]

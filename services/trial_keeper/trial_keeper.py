@@ -1,0 +1,536 @@
+"""Trialbus trial keeper: runs one trial and relays its NNI metrics to the metrics gateway.
+
+Adapters ship this one stdlib-only file next to the trial and start it as
+``python3 -S -I trial_keeper.py`` with ``TRIALBUS_*`` variables (docs/internals.md §1). It
+writes ``parameter.cfg``; runs the command with ``/bin/sh -c`` in a new session with NNI's
+environment; tees stdout to ``stdout`` (stderr goes straight to ``stderr``) picking up
+``NNISDK_MEb'…'`` lines; tails ``.nni/metrics`` (``ME%06d`` frames); POSTs the records to
+the gateway in batches (after a hello without records, so a version mismatch shows at
+once), retrying with back-off and spooling to ``.trialbus/spool/`` while it is unreachable
+(§2); and records the outcome in ``.trialbus/state.json`` (atomically) and ``.nni/state``.
+
+Guarantees: records reach the gateway in the order the trial wrote them (per channel), at
+least once while the keeper lives (the gateway dedupes by ``<trial>:<type>:<sequence>``);
+nothing in the trial's process group outlives its main process; ``state.json`` ends with
+``done: true`` unless the keeper itself is SIGKILLed. Exit status: the trial's exit code
+(128 + n for signal n, as shells report it); 2 for a bad configuration.
+
+Speed: this starts once per trial, so its start-up is per-trial CPU. Python compiles a
+script on every run (~15 µs a line: keep this file short). It imports builtin modules only
+(``posix``, not ``os``, which costs ~2 ms; no ``json``, ``re``, ``subprocess``, ``socket``,
+``signal``); ``select`` and ``_socket`` are shared libraries, loaded where first used. HTTP
+and JSON are written by hand; heavier modules load on rare paths (errors, https).
+"""
+
+import _signal
+import posix
+import sys
+import time
+
+VERSION = "0.1.0"  # must equal trialbus.__version__ (a test checks; the keeper cannot import it)
+
+MARKER = b"NNISDK_MEb'"  # the stdout channel: NNISDK_MEb'<json>' on a line of its own
+MAX_LINE = 900_000  # bytes: a longer stdout line is no record (NNI's SDK caps them at 999,999)
+MAX_BATCH, MAX_BATCH_BYTES = 500, 1 << 20  # per POST (the gateway's defaults: 5000, 4 MiB)
+TICK = 0.05  # seconds: the longest the loop sleeps, and the shortest gap between POSTs
+BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0
+DRAIN_AFTER_EXIT = 1.0  # seconds stdout is still read after the trial exited (escaped holders)
+WRITE = posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC
+
+_ESCAPES = {i: "\\u%04x" % i for i in range(32)}  # str.translate table for JSON strings
+_ESCAPES.update({34: '\\"', 92: "\\\\", 10: "\\n", 13: "\\r", 9: "\\t"})
+_LITERALS = {None: "null", True: "true", False: "false"}
+
+
+def json_string(text):
+    """``text`` as a JSON string literal (non-ASCII passes through, as JSON allows)."""
+    return '"' + text.translate(_ESCAPES) + '"'
+
+
+def json_object(values):
+    """A flat dict of str / int / float / bool / None as JSON text (for state.json)."""
+    items = []
+    for key, value in values.items():
+        if value is None or value is True or value is False:
+            text = _LITERALS[value]
+        else:
+            text = json_string(value) if isinstance(value, str) else repr(value)
+        items.append(json_string(key) + ": " + text)
+    return "{" + ", ".join(items) + "}"
+
+
+def parse_frames(buf):
+    """Split NNI's ``ME%06d<json>\\n`` frames off ``buf``: ``(records, rest)``.
+
+    The length counts the newline. A partial frame stays in ``rest`` for the next read;
+    bytes that cannot start a frame are skipped up to the next ``ME``.
+    """
+    records, pos, size = [], 0, len(buf)
+    while size - pos >= 8:
+        if buf[pos : pos + 2] != b"ME" or not buf[pos + 2 : pos + 8].isdigit():
+            found = buf.find(b"ME", pos + 1)
+            pos = found if found >= 0 else size - 1  # keep a last "M" that may begin "ME"
+            continue
+        end = pos + 8 + int(buf[pos + 2 : pos + 8])
+        if end > size:
+            break
+        data = buf[pos + 8 : end].strip()
+        if data:
+            records.append(data.decode("utf-8", "replace"))
+        pos = end
+    return records, buf[pos:]
+
+
+def extract_records(buf):
+    """Records in the complete lines of ``buf`` (``NNISDK_MEb'<json>'``): ``(records, rest)``.
+
+    As NNI's own keeper (``NNISDK_MEb'.*'$``), a record runs to the last quote, which must
+    end the line. String operations only: most output holds no marker at all.
+    """
+    cut = buf.rfind(b"\n") + 1
+    rest = buf[cut:] if len(buf) - cut <= MAX_LINE else b""
+    records = []
+    if MARKER in buf[:cut]:
+        for line in buf[:cut].split(b"\n"):
+            start, line = line.find(MARKER), line.rstrip(b"\r")
+            if start >= 0 and line.endswith(b"'") and len(line) > start + len(MARKER) + 1:
+                records.append(line[start + len(MARKER) : -1].decode("utf-8", "replace"))
+    return records, rest
+
+
+def frame(record):
+    """A spool-file frame: the ``ME%06d`` framing of the NNI SDK."""
+    data = record.encode() + b"\n"
+    return b"ME%06d" % len(data) + data
+
+
+def write_file(path, data, atomic=False):
+    """Write ``data``; ``atomic``: through a temporary file and a rename (readers never see half)."""
+    with open(path + ".tmp" if atomic else path, "wb") as file:  # io is loaded at start-up anyway
+        file.write(data)
+    if atomic:
+        posix.replace(path + ".tmp", path)
+
+
+def read_file(path):
+    with open(path, "rb") as file:
+        return file.read()
+
+
+def mkdir(path):
+    try:
+        posix.mkdir(path, 0o755)
+    except FileExistsError:
+        pass
+
+
+def error_message(body):
+    """The ``error`` of a gateway answer (a rare path: ``json`` is imported only here)."""
+    import json
+
+    try:
+        return str(json.loads(body)["error"])
+    except (ValueError, KeyError, TypeError):
+        return body[:500]
+
+
+class Gateway:
+    """A minimal HTTP/1.1 client for ``POST <url>/api/v1/trials/<trial>/metrics``.
+
+    One connection per request (``Connection: close``): POSTs are at least ``TICK`` apart,
+    and a fresh connection never trips over a keep-alive the server has closed meanwhile.
+    """
+
+    def __init__(self, url, experiment, trial, token):
+        scheme, _, rest = url.partition("://")
+        hostport, _, prefix = rest.partition("/")
+        self.tls = scheme == "https"
+        host, colon, port = hostport.rpartition(":")
+        if not colon or host.startswith("[") and not host.endswith("]"):  # no port
+            host, port = hostport, "443" if self.tls else "80"
+        self.host, self.port = host.strip("[]"), int(port)
+        path = ("/" + prefix).rstrip("/") + "/api/v1/trials/" + trial + "/metrics"
+        self.head = (
+            f"POST {path} HTTP/1.1\r\nHost: {hostport}\r\nAuthorization: Bearer {token}\r\n"
+            f"X-Trialbus-Keeper-Version: {VERSION}\r\nContent-Type: application/json\r\n"
+            "Connection: close\r\nContent-Length: "
+        )
+        self.body_start = '{"experimentId": ' + json_string(experiment) + ', "records": ['
+
+    def post(self, records, timeout=10.0):
+        """``(status, body)``; status 0 when the gateway could not be reached."""
+        body = (self.body_start + ", ".join(map(json_string, records)) + "]}").encode()
+        request, chunks = (self.head + str(len(body)) + "\r\n\r\n").encode() + body, []
+        try:
+            sock = self.connect(timeout)
+            try:
+                try:
+                    sock.sendall(request)
+                except OSError:  # the server may answer (413) and close before reading all
+                    pass
+                while chunk := sock.recv(65536):
+                    chunks.append(chunk)
+            finally:
+                sock.close()
+        except OSError as exc:
+            if not chunks:
+                return 0, "cannot reach the gateway: %s" % (exc,)
+        head, _, reply = b"".join(chunks).partition(b"\r\n\r\n")
+        status = head.split(b" ", 2)[1:2]
+        if not status or not status[0].isdigit():
+            return 0, "malformed answer from the gateway"
+        return int(status[0]), reply.decode("utf-8", "replace")
+
+    def connect(self, timeout):
+        if self.tls:  # rare: the heavy modules only when asked for https
+            import socket
+            import ssl
+
+            raw = socket.create_connection((self.host, self.port), timeout)
+            return ssl.create_default_context().wrap_socket(raw, server_hostname=self.host)
+        import _socket
+
+        # A str host would go through the idna codec, whose import (re, enum) costs 15 ms.
+        host = self.host.encode("ascii" if self.host.isascii() else "idna")
+        family, kind, proto, _, address = _socket.getaddrinfo(host, self.port, 0, _socket.SOCK_STREAM)[0]
+        sock = _socket.socket(family, kind, proto)
+        sock.settimeout(timeout)
+        sock.connect(address)  # on failure, the socket is closed when collected
+        return sock
+
+
+class Keeper:
+    """One trial: spawn, watch, relay, flush, record. ``run`` returns the exit status.
+
+    ``environ`` is ``posix.environ`` (bytes): the trial's environment is built from it as
+    is, and only the keeper's own settings are decoded.
+    """
+
+    def __init__(self, environ):
+        def setting(name, default=None):
+            value = environ.get(b"TRIALBUS_" + name)
+            return default if value is None else value.decode("utf-8", "surrogateescape")
+
+        self.environ = environ
+        self.dir = environ[b"TRIALBUS_TRIAL_DIR"].decode("utf-8", "surrogateescape")
+        if not self.dir.startswith("/"):
+            self.dir = posix.getcwd() + "/" + self.dir
+        self.command = environ[b"TRIALBUS_TRIAL_COMMAND"]
+        self.code_dir = setting(b"CODE_DIR") or self.dir
+        self.experiment, self.trial = setting(b"EXPERIMENT_ID", ""), setting(b"TRIAL_ID", "")
+        self.kill_grace = float(setting(b"KILL_GRACE") or 5)
+        self.flush_timeout = float(setting(b"FLUSH_TIMEOUT") or 600)
+        url = setting(b"GATEWAY_URL")
+        self.gateway = url and Gateway(url, self.experiment, self.trial, setting(b"TRIAL_TOKEN", ""))
+        self.sending, self.hello_ok = bool(self.gateway), False
+        self.state, self.error = {}, None
+        self.pid = self.pgid = 0
+        self.pidfd = self.out_r = self.metrics_fd = self.wake_r = -1
+        self.exit_code, self.exited_at, self.kill_at = None, 0.0, 0.0
+        self.line_rest = self.frame_rest = b""
+        self.queue, self.spool = [], []  # records in memory; spool files, oldest first
+        self.spool_seq = self.unsent = 0  # unsent: never to be sent (no gateway, 401/403/409)
+        self.next_try, self.delay = 0.0, BACKOFF_MIN
+        self.signals = self.signals_seen = 0
+        self.canceled = self.abandon = False
+
+    def path(self, name):
+        return self.dir + "/" + name
+
+    def log(self, message):
+        self.log_file.write((time.strftime("%Y-%m-%d %H:%M:%S ") + message + "\n").encode("utf-8", "replace"))
+
+    def update_state(self, **values):
+        self.state.update(values)
+        write_file(self.path(".trialbus/state.json"), json_object(self.state).encode(), atomic=True)
+
+    # -- the trial -----------------------------------------------------------------------
+
+    def prepare(self):
+        for sub in ("", "/.nni", "/.trialbus"):
+            mkdir(self.dir + sub)
+        self.log_file = open(self.path(".trialbus/keeper.log"), "ab", buffering=0)  # noqa: SIM115
+        if b"TRIALBUS_PARAMETERS" in self.environ:  # read by the trial only: no rename needed
+            write_file(self.path("parameter.cfg"), self.environ[b"TRIALBUS_PARAMETERS"])
+        if not self.gateway:
+            self.log("no TRIALBUS_GATEWAY_URL: metrics stay in the trial directory")
+        # Signal handlers only count; the wake-up pipe makes select return at once.
+        self.wake_r, wake_w = posix.pipe()
+        posix.set_blocking(wake_w, False)
+        _signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        for signum in (_signal.SIGTERM, _signal.SIGINT):
+            _signal.signal(signum, self.on_signal)
+
+    def on_signal(self, signum, frame):
+        self.signals += 1
+
+    def trial_env(self):
+        environ, encode = self.environ, lambda text: text.encode("utf-8", "surrogateescape")
+        env = {k: v for k, v in environ.items() if not k.startswith(b"TRIALBUS_")}
+        env[b"NNI_PLATFORM"] = environ.get(b"TRIALBUS_NNI_PLATFORM") or b"local"
+        env[b"NNI_EXP_ID"], env[b"NNI_TRIAL_JOB_ID"] = encode(self.experiment), encode(self.trial)
+        env[b"NNI_SYS_DIR"] = env[b"NNI_OUTPUT_DIR"] = encode(self.dir)
+        env[b"NNI_TRIAL_SEQ_ID"] = environ.get(b"TRIALBUS_SEQUENCE_ID", b"-1")
+        env[b"NNI_CODE_DIR"], env[b"MULTI_PHASE"] = encode(self.code_dir), b"false"
+        if b"TRIALBUS_GPUS" in environ:
+            env[b"CUDA_VISIBLE_DEVICES"] = environ[b"TRIALBUS_GPUS"]
+        if environ.get(b"TRIALBUS_PYTHONPATH_PREPEND"):
+            paths = [environ[b"TRIALBUS_PYTHONPATH_PREPEND"], env.get(b"PYTHONPATH")]
+            env[b"PYTHONPATH"] = b":".join(filter(None, paths))
+        return env
+
+    def spawn(self):
+        out_r, out_w = posix.pipe()  # close-on-exec both; dup2 onto fd 1 clears it there
+        actions = [
+            (posix.POSIX_SPAWN_OPEN, 0, "/dev/null", posix.O_RDONLY, 0),
+            (posix.POSIX_SPAWN_DUP2, out_w, 1),
+            (posix.POSIX_SPAWN_OPEN, 2, self.path("stderr"), WRITE, 0o644),
+        ]
+        self.out = open(self.path("stdout"), "wb", buffering=0)  # noqa: SIM115
+        posix.chdir(self.code_dir)
+        # setsid: the trial leads its own group, which one killpg reaches. Python ignores
+        # SIGPIPE and SIGXFSZ; the trial gets their defaults back, as with subprocess.
+        self.pid = posix.posix_spawn(
+            b"/bin/sh", [b"/bin/sh", b"-c", self.command], self.trial_env(), file_actions=actions,
+            setsid=True, setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),
+        )  # fmt: skip
+        posix.close(out_w)
+        self.pgid, self.out_r = self.pid, out_r
+        try:  # a pidfd wakes select the moment the trial exits (Linux >= 5.3)
+            self.pidfd = posix.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self.pidfd = -1
+        self.update_state(keeperPid=posix.getpid(), trialPid=self.pid, pgid=self.pgid, startTime=time.time())
+        self.log("started trial %s (pid %d)" % (self.trial, self.pid))
+
+    def loop(self):
+        """Relay output and metrics until the trial is over, then flush what is left."""
+        from select import select
+
+        self.pump()
+        while True:
+            running = self.pid or self.out_r >= 0
+            if running:
+                timeout = TICK
+            elif (self.queue or self.spool) and self.sending and not self.abandon:
+                deadline = self.exited_at + self.flush_timeout
+                if time.monotonic() >= deadline:
+                    return self.log("flush timeout: records left unsent")
+                timeout = min(self.next_try, deadline) - time.monotonic()
+            else:
+                return
+            fds = [fd for fd in (self.wake_r, self.out_r, self.pidfd) if fd >= 0]
+            ready = select(fds, [], [], max(timeout, 0))[0]
+            if self.wake_r in ready:
+                posix.read(self.wake_r, 512)
+            if self.out_r in ready:
+                self.read_stdout()
+            if self.pid:
+                self.reap()
+            elif self.out_r >= 0 and time.monotonic() - self.exited_at > DRAIN_AFTER_EXIT:
+                self.close_stdout()  # a daemon that left the group still holds the pipe
+            self.read_metrics()
+            self.control()
+            self.pump()
+
+    def read_stdout(self):
+        data = posix.read(self.out_r, 65536)
+        if not data:
+            return self.close_stdout()
+        try:
+            self.out.write(data)
+        except OSError as exc:  # disk full: relay metrics all the same
+            self.log("cannot write stdout: %s" % exc)
+        records, self.line_rest = extract_records(self.line_rest + data if self.line_rest else data)
+        self.take(records)
+
+    def close_stdout(self):
+        if self.line_rest:  # a last line without a newline
+            self.take(extract_records(self.line_rest + b"\n")[0])
+            self.line_rest = b""
+        posix.close(self.out_r)
+        self.out_r = -1
+
+    def read_metrics(self):
+        if self.metrics_fd < 0:
+            try:
+                self.metrics_fd = posix.open(self.path(".nni/metrics"), posix.O_RDONLY)
+            except OSError:
+                return  # not written yet
+        data = self.frame_rest
+        while chunk := posix.read(self.metrics_fd, 1 << 20):
+            data += chunk
+        records, self.frame_rest = parse_frames(data)
+        self.take(records)
+
+    def take(self, records):
+        if self.sending:
+            self.queue += records
+        else:
+            self.unsent += len(records)
+
+    def reap(self):
+        pid, status = posix.waitpid(self.pid, posix.WNOHANG)
+        if pid == 0:
+            return
+        self.exit_code, self.pid, self.exited_at = posix.waitstatus_to_exitcode(status), 0, time.monotonic()
+        self.killpg(_signal.SIGKILL)  # whatever the trial left behind in its group
+        if self.pidfd >= 0:
+            posix.close(self.pidfd)
+            self.pidfd = -1
+        now = time.time()
+        self.update_state(exitCode=self.exit_code, endTime=now)
+        write_file(self.path(".nni/state"), b"%d %d\n" % (self.exit_code, int(now * 1000)))
+        self.log("trial exited with %d" % self.exit_code)
+
+    def killpg(self, signum):
+        try:
+            posix.killpg(self.pgid, signum)
+        except ProcessLookupError:
+            pass  # the group is gone already
+
+    def stop_trial(self, why):
+        """SIGTERM to the group now, SIGKILL after the grace period (see ``control``)."""
+        self.log("stopping the trial: %s" % why)
+        self.killpg(_signal.SIGTERM)
+        self.kill_at = time.monotonic() + self.kill_grace
+
+    def control(self):
+        """Act on the signals received and on the kill deadline."""
+        if self.signals != self.signals_seen:
+            self.signals_seen = self.signals
+            if not self.pid:
+                self.abandon = True  # the trial is over already: stop flushing, exit
+            elif self.canceled:
+                self.kill_at = time.monotonic()  # a second signal: SIGKILL now
+            else:
+                self.canceled = True
+                self.stop_trial("the keeper received a stop signal")
+        if self.pid and self.kill_at and time.monotonic() >= self.kill_at:
+            self.log("SIGKILL to the trial's group")
+            self.killpg(_signal.SIGKILL)
+            self.kill_at = 0.0
+
+    # -- the gateway ---------------------------------------------------------------------
+
+    def pump(self):
+        """Send what is due: the hello, spooled batches (oldest first), then the queue."""
+        if not self.sending or time.monotonic() < self.next_try:
+            return
+        if not self.hello_ok:
+            if self.deliver([]) is not None:
+                return self.fail([])
+            self.hello_ok = True
+        while self.spool and self.sending:
+            left = self.deliver(parse_frames(read_file(self.spool[0]))[0])
+            if left is not None:
+                write_file(self.spool[0], b"".join(map(frame, left)), atomic=True)
+                return self.fail([])
+            if self.sending:  # batches refused with 401/403/409 stay on disk
+                posix.unlink(self.spool.pop(0))
+        while self.queue and self.sending:
+            count = size = 0
+            while count < len(self.queue) and count < MAX_BATCH and size < MAX_BATCH_BYTES:
+                size, count = size + len(self.queue[count]), count + 1
+            batch, self.queue = self.queue[:count], self.queue[count:]
+            left = self.deliver(batch)
+            if left is not None:
+                return self.fail(left)
+        self.delay, self.next_try = BACKOFF_MIN, time.monotonic() + TICK
+
+    def deliver(self, records):
+        """POST ``records``: None once settled, else the records to retry later."""
+        status, body = self.gateway.post(records)
+        if status == 200:
+            return None
+        if status in (400, 413) and len(records) > 1:
+            half = len(records) // 2  # 413: halve; 400: one by one, to drop only the bad
+            parts = [[r] for r in records] if status == 400 else [records[:half], records[half:]]
+            for i, part in enumerate(parts):
+                left = self.deliver(part)
+                if left is not None:
+                    return left + [r for later in parts[i + 1 :] for r in later]
+            return None
+        if status in (400, 413):
+            dropped = records[0][:300] if records else "(hello)"
+            self.log("gateway refused (%d): %s; dropped %s" % (status, error_message(body), dropped))
+            return None
+        if status in (401, 403, 409):
+            self.error = "metrics gateway answered %d: %s" % (status, error_message(body))
+            self.log(self.error + "; no more metrics will be sent")
+            self.unsent += len(records) + len(self.queue)  # and the spool stays unsent
+            self.sending, self.queue = False, []
+            if status == 409 and self.pid:
+                self.stop_trial("keeper version refused by the gateway")
+            return None
+        self.log("%s (%d); retrying in %.1fs" % (error_message(body) if status else body, status, self.delay))
+        return records
+
+    def fail(self, left):
+        """A send failed: spool what is unsent, and back off."""
+        records, self.queue = left + self.queue, []
+        if records:
+            if not self.spool_seq:
+                mkdir(self.path(".trialbus/spool"))  # only now: each new inode costs
+            self.spool_seq += 1
+            self.spool.append(self.path(".trialbus/spool/%08d" % self.spool_seq))
+            write_file(self.spool[-1], b"".join(map(frame, records)), atomic=True)
+        self.next_try = time.monotonic() + self.delay
+        self.delay = min(self.delay * 2, BACKOFF_MAX)
+
+    # -- start and end -------------------------------------------------------------------
+
+    def run(self):
+        self.prepare()
+        if self.signals:  # stopped before the trial started
+            self.canceled = True
+        else:
+            try:
+                self.spawn()
+            except OSError as exc:
+                self.error = "cannot start the trial: %s" % exc
+                self.log(self.error)
+                self.exit_code = 127  # what /bin/sh answers for a command it cannot run
+                self.state.update(exitCode=127, endTime=time.time())
+            else:
+                self.loop()
+        if self.queue:  # keep unsent records on disk, where an operator can find them
+            self.fail([])
+        flushed = not self.queue and not self.spool and self.unsent == 0
+        self.update_state(done=True, metricsFlushed=flushed, canceled=self.canceled, error=self.error)
+        self.log("done: metricsFlushed=%s canceled=%s error=%s" % (flushed, self.canceled, self.error))
+        code = 1 if self.exit_code is None else self.exit_code
+        return 128 - code if code < 0 else code
+
+    def crash(self, exc):
+        """The keeper itself failed: leave no trial behind and say why in state.json."""
+        import traceback
+
+        if self.pid:
+            self.killpg(_signal.SIGKILL)
+        self.error = "keeper failed: %r" % (exc,)
+        sys.stderr.write("".join(traceback.format_exception(exc)))
+        try:
+            self.update_state(done=True, metricsFlushed=False, canceled=self.canceled, error=self.error)
+        except OSError:
+            pass
+
+
+def main():
+    if sys.argv[1:2] == ["--version"]:
+        print(VERSION)
+        return 0
+    try:
+        keeper = Keeper(posix.environ)
+    except (KeyError, ValueError) as exc:
+        sys.stderr.write("trial_keeper: bad configuration (missing or invalid %s)\n" % exc)
+        return 2
+    try:
+        return keeper.run()
+    except BaseException as exc:  # noqa: BLE001 - never leave a trial orphaned; say why
+        keeper.crash(exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

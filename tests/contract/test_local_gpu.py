@@ -1,0 +1,177 @@
+"""The adapter contract against the local-gpu adapter: real keeper processes on this host,
+plus what only this platform promises (process groups, code snapshots, GPU visibility)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import os
+import signal
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from contracts import TrialStatus
+from services.adapters.errors import PermanentError
+from services.adapters.local_gpu import LocalGpuAdapter, LocalGpuSettings
+from services.adapters.local_gpu import client as local_client
+from tests.contract.adapter_contract import AdapterContract, Harness
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process is in the group; init may reap orphans late."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except (OSError, ValueError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def tar_gz(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+class TestLocalGpuAdapter(AdapterContract):
+    capacity = 2
+
+    def make_adapter(self, workspace: Path) -> LocalGpuAdapter:
+        settings = LocalGpuSettings(
+            work_dir=workspace / "work", replica="contract", max_trials=self.capacity, kill_grace=1,
+            nni_shim="never", gateway_url="http://127.0.0.1:9",  # no gateway: trials here report no metrics
+        )
+        return LocalGpuAdapter(settings)
+
+    def starts(self, workspace: Path, trial_id: str) -> int:
+        marker = workspace / "starts" / trial_id
+        return len(marker.read_text().splitlines()) if marker.exists() else 0
+
+    # ------------------------------------------------------------------ local-gpu only
+
+    async def test_cancel_leaves_no_process_of_the_trials_group(self, platform: Harness) -> None:
+        adapter = await platform.adapter()
+        request = platform.request(duration=60)
+        request = request.model_copy(update={"trial_command": f"sleep 60 & sleep 60 & {request.trial_command}"})
+        handle = await adapter.launch(request)
+        await platform.until_started(handle)
+        pgid = local_client.read_state(handle.ref)["pgid"]
+
+        await adapter.cancel(handle)
+        outcome = await platform.outcome(handle, timeout=2)
+
+        assert outcome.exit_code == -signal.SIGTERM
+        assert not group_alive(pgid)
+
+    async def test_a_killed_keeper_fails_the_trial_and_takes_its_group_along(self, platform: Harness) -> None:
+        adapter = await platform.adapter()
+        handle = await adapter.launch(platform.request(duration=60))
+        await platform.until_started(handle)
+        state = local_client.read_state(handle.ref)
+
+        os.kill(state["keeperPid"], signal.SIGKILL)
+        outcome = await platform.outcome(handle)
+
+        assert outcome.status is TrialStatus.FAILED
+        assert "trial keeper exited unexpectedly (killed by signal 9)" in outcome.message
+        await asyncio.sleep(0.05)
+        assert not group_alive(state["pgid"])
+
+    async def test_trials_run_in_their_code_snapshot(self, platform: Harness, workspace: Path) -> None:
+        archive = tar_gz({"data.txt": b"from the snapshot\n", "pkg/inner.txt": b"inner\n"})
+        digest = hashlib.sha256(archive).hexdigest()
+        await (await platform.bus.code_store()).put(digest, archive)
+        adapter = await platform.adapter()
+        requests = [platform.request() for _ in range(2)]
+        requests = [r.model_copy(update={"code_ref": f"sha256:{digest}", "trial_command": "cat data.txt pkg/inner.txt"})
+                    for r in requests]
+
+        handles = await asyncio.gather(*(adapter.launch(r) for r in requests))
+        outcomes = [await platform.outcome(h) for h in handles]
+
+        assert [o.status for o in outcomes] == [TrialStatus.SUCCEEDED] * 2
+        assert (Path(handles[0].ref) / "stdout").read_text() == "from the snapshot\ninner\n"
+        assert os.listdir(workspace / "work" / "code") == [digest]  # one download, no leftovers
+
+    async def test_an_unsafe_snapshot_fails_the_trial_for_good(self, platform: Harness) -> None:
+        archive = tar_gz({"../escape.txt": b"no\n"})
+        digest = hashlib.sha256(archive).hexdigest()
+        await (await platform.bus.code_store()).put(digest, archive)
+        adapter = await platform.adapter()
+        request = platform.request().model_copy(update={"code_ref": f"sha256:{digest}"})
+
+        with pytest.raises(PermanentError, match="outside the code directory"):
+            await adapter.launch(request)
+        with pytest.raises(PermanentError, match="not in the object store"):
+            await adapter.launch(request.model_copy(update={"code_ref": "sha256:" + "0" * 64}))
+
+    @pytest.mark.parametrize(("gpus", "seen"), [(None, "unset"), (0, "")])
+    async def test_gpu_visibility_follows_trial_gpu_number(self, platform: Harness, gpus, seen) -> None:
+        adapter = await platform.adapter()
+        request = platform.request().model_copy(
+            update={"trial_gpu_number": gpus, "trial_command": 'echo "[${CUDA_VISIBLE_DEVICES-unset}]"'}
+        )
+
+        handle = await adapter.launch(request)
+        await platform.outcome(handle)
+
+        assert (Path(handle.ref) / "stdout").read_text() == f"[{seen}]\n"
+
+    async def test_the_log_tail_shows_stdout_and_stderr(self, platform: Harness) -> None:
+        adapter = await platform.adapter()
+        request = platform.request().model_copy(update={"trial_command": "echo to-out; echo to-err >&2"})
+        handle = await adapter.launch(request)
+        await platform.outcome(handle)
+
+        text = await adapter.log_tail(handle, 4096)
+
+        assert "==> stdout <==\nto-out" in text and "==> stderr <==\nto-err" in text
+        assert "secret" not in text
+
+    async def test_the_trial_sees_nni_variables_and_not_the_adapters(self, platform: Harness, monkeypatch) -> None:
+        monkeypatch.setenv("TRIALBUS_NATS_PASSWORD", "hunter2")
+        adapter = await platform.adapter()
+        request = platform.request().model_copy(update={"trial_command": "env; cat parameter.cfg"})
+        handle = await adapter.launch(request)
+        await platform.outcome(handle)
+
+        out = (Path(handle.ref) / "stdout").read_text()
+
+        assert f"NNI_TRIAL_JOB_ID={request.trial_id}" in out and "NNI_PLATFORM=local" in out
+        assert "hunter2" not in out and "TRIALBUS_" not in out and "not-a-secret" not in out
+        assert out.endswith(request.parameter_record)
+
+    async def test_a_keeper_that_cannot_start_is_a_permanent_failure(self, workspace: Path, bus) -> None:
+        settings = LocalGpuSettings(work_dir=workspace / "work", replica="x", nni_shim="never",
+                                    keeper_python=str(workspace / "no-python"))
+        adapter = LocalGpuAdapter(settings)
+        await adapter.start(bus)
+        request = self.request(workspace)
+
+        with pytest.raises(PermanentError, match="cannot start the trial keeper"):
+            await adapter.launch(request)
+        assert await adapter.adopt() == []  # nothing half-launched is left to adopt
+        await adapter.stop()
+
+    async def test_launch_is_fast(self, platform: Harness) -> None:
+        adapter = await platform.adapter()
+        requests = [platform.request() for _ in range(self.capacity)]
+
+        began = time.perf_counter()
+        handles = [await adapter.launch(r) for r in requests]
+        per_launch = (time.perf_counter() - began) / len(requests)
+
+        for handle in handles:
+            await platform.outcome(handle)
+        assert per_launch < 0.02, f"a launch took {per_launch * 1000:.1f} ms"

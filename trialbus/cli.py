@@ -1,0 +1,343 @@
+"""The ``trialbus`` command: run the stack, manage experiments and trials, watch progress.
+
+Every command that talks to the stack connects to NATS at ``--nats-url`` (or
+``TRIALBUS_NATS_URL``). A failure prints one line, ``error: <what to do>``, and exits 1;
+a wrong argument prints the usage and exits 2, as click does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from contracts import ExperimentStatus, MetricType, TrialStatus
+from trialbus import __version__
+from trialbus.client import DEFAULT_NATS_URL, AsyncClient, TrialbusError, as_config
+from services.common.code import PackingError
+from trialbus.stack import StackError, StackOptions
+from trialbus.stack import run as run_stack
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="trialbus",
+    help="Run hyperparameter-tuning trials over NATS JetStream, NNI-compatible.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+experiment_app = typer.Typer(help="Create, list, show and stop experiments.", no_args_is_help=True)
+trial_app = typer.Typer(help="List, show, cancel trials and read their logs.", no_args_is_help=True)
+app.add_typer(experiment_app, name="experiment")
+app.add_typer(trial_app, name="trial")
+
+STATUS_STYLE = {
+    "WAITING": "dim", "RUNNING": "cyan", "SUCCEEDED": "green", "FAILED": "red",
+    "USER_CANCELED": "yellow", "SYS_CANCELED": "yellow", "EARLY_STOPPED": "magenta",
+    "DONE": "green", "STOPPED": "yellow",
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    nats_url: str
+    timeout: float
+
+
+def _console() -> Console:
+    return Console(highlight=False)
+
+
+def fail(message: str) -> typer.Exit:
+    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    return typer.Exit(1)
+
+
+def with_client(ctx: typer.Context, work: Callable[[AsyncClient], Awaitable[T]]) -> T:
+    """Connect, run ``work``, close; known failures become one line and exit 1."""
+    options: Options = ctx.obj
+
+    async def main() -> T:
+        async with AsyncClient(options.nats_url, request_timeout=options.timeout) as client:
+            return await work(client)
+
+    try:
+        return asyncio.run(main())
+    except (TrialbusError, PackingError, ValueError, OSError, TimeoutError) as exc:
+        raise fail(str(exc)) from None
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    nats_url: Annotated[
+        str, typer.Option("--nats-url", envvar="TRIALBUS_NATS_URL", help="NATS server(s), comma-separated.")
+    ] = DEFAULT_NATS_URL,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the dispatcher.")] = 10.0,
+) -> None:
+    ctx.obj = Options(nats_url=nats_url, timeout=timeout)
+
+
+@app.command()
+def version() -> None:
+    """Print the Trialbus version."""
+    print(__version__)
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def up(
+    command: Annotated[
+        list[str] | None, typer.Argument(help="After `--`: a command to run once the stack is ready.")
+    ] = None,
+    nats_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the embedded nats-server.")] = 4222,
+    api_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the dispatcher's REST API.")] = 8080,
+    gateway_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the metrics gateway.")] = 8081,
+    data_dir: Annotated[
+        Path, typer.Option(envvar="TRIALBUS_DATA_DIR", help="Where the stack keeps its data and logs.")
+    ] = Path(".trialbus"),
+) -> None:
+    """Start nats-server, the dispatcher, the local adapter and the metrics gateway.
+
+    Runs until Ctrl-C or SIGTERM, then stops everything in reverse order, nats-server last.
+
+    With `trialbus up -- CMD ARGS…` it runs CMD once the stack is ready, with TRIALBUS_NATS_URL
+    and TRIALBUS_API_URL set, then stops the stack and exits with CMD's exit code.
+    """
+    options = StackOptions(data_dir=data_dir, nats_port=nats_port, api_port=api_port, gateway_port=gateway_port)
+    console = Console(stderr=True, highlight=False)
+    try:
+        code = run_stack(options, command, console)
+    except StackError as exc:
+        if exc.log_tail:
+            console.print(f"[dim]{escape(exc.log_tail)}[/]")
+        raise fail(str(exc)) from None
+    raise typer.Exit(code)
+
+
+# -- experiments ---------------------------------------------------------------------------
+
+
+@experiment_app.command("create")
+def experiment_create(
+    ctx: typer.Context,
+    config: Annotated[Path, typer.Option("--config", "-f", help="NNI v2 experiment config (YAML).")],
+) -> None:
+    """Create an experiment from a config file; its code directory is packed and uploaded."""
+    try:
+        loaded = as_config(config)  # config errors show before any connection is tried
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    experiment_id = with_client(ctx, lambda c: c.create_experiment(loaded))
+    _console().print(f"created experiment [bold]{experiment_id}[/]")
+
+
+@experiment_app.command("list")
+def experiment_list(ctx: typer.Context) -> None:
+    """List experiments, newest first."""
+    experiments = with_client(ctx, lambda c: c.list_experiments())
+    table = Table("id", "name", "status", "trials", "started", box=None)
+    for e in experiments:
+        counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(e.trial_counts.items()) if n) or "-"
+        table.add_row(e.id, e.config.experiment_name or "", _status(e.status), counts, _time(e.start_time))
+    _console().print(table)
+
+
+@experiment_app.command("show")
+def experiment_show(ctx: typer.Context, experiment_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:
+    """Show an experiment as JSON."""
+    experiment = with_client(ctx, lambda c: c.get_experiment(experiment_id))
+    shown = experiment.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"kind", "v"})
+    _console().print_json(data=shown)
+
+
+@experiment_app.command("stop")
+def experiment_stop(ctx: typer.Context, experiment_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:
+    """Stop an experiment: no new trials, running ones are canceled."""
+    experiment = with_client(ctx, lambda c: c.stop_experiment(experiment_id))
+    _console().print(f"experiment {experiment.id}: {_status(experiment.status)}")
+
+
+# -- trials --------------------------------------------------------------------------------
+
+
+@trial_app.command("list")
+def trial_list(ctx: typer.Context, experiment_id: Annotated[str, typer.Argument(metavar="EXP")]) -> None:
+    """List the trials of an experiment."""
+    trials = with_client(ctx, lambda c: c.list_trials(experiment_id))
+    table = Table("trial", "seq", "status", "intermediate", "final", "duration", box=None)
+    for t in sorted(trials, key=lambda t: t.sequence_id):
+        table.add_row(t.id, str(t.sequence_id), _status(t.status), str(t.intermediate_count),
+                      _metric(t.final_metric), _duration(t.start_time, t.end_time))
+    _console().print(table)
+
+
+@trial_app.command("show")
+def trial_show(ctx: typer.Context, trial_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:
+    """Show a trial as JSON."""
+    trial = with_client(ctx, lambda c: c.get_trial(trial_id))
+    _console().print_json(data=trial.view())
+
+
+@trial_app.command("cancel")
+def trial_cancel(ctx: typer.Context, trial_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:
+    """Cancel a trial (it ends USER_CANCELED)."""
+    status = with_client(ctx, lambda c: c.cancel_trial(trial_id))
+    _console().print(f"trial {trial_id}: {_status(status)}")
+
+
+@trial_app.command("log")
+def trial_log(
+    ctx: typer.Context,
+    trial_id: Annotated[str, typer.Argument(metavar="ID")],
+    max_bytes: Annotated[int, typer.Option(min=1, help="At most this many bytes of the tail.")] = 64 * 1024,
+) -> None:
+    """Print the tail of a trial's stdout and stderr."""
+    print(with_client(ctx, lambda c: c.trial_log(trial_id, max_bytes)), end="")
+
+
+# -- watch ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    id: str
+    seq: int | None = None
+    status: str = TrialStatus.WAITING.value
+    intermediate: int = 0
+    latest: Any = None
+    final: Any = None
+    start: datetime | None = None
+    end: datetime | None = None
+
+
+class WatchView:
+    """Trial rows kept up to date from the event and metric streams."""
+
+    def __init__(self, experiment_id: str, max_rows: int) -> None:
+        self.experiment_id = experiment_id
+        self.max_rows = max_rows
+        self.status = "?"
+        self.name = ""
+        self.rows: dict[str, Row] = {}
+
+    def row(self, trial_id: str) -> Row:
+        return self.rows.setdefault(trial_id, Row(trial_id))
+
+    def __rich__(self) -> Table:
+        rows = sorted(self.rows.values(), key=lambda r: (r.seq is None, r.seq or 0, r.id))
+        shown = rows[-self.max_rows :]
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r.status] = counts.get(r.status, 0) + 1
+        summary = "  ".join(f"{_status(s)} {n}" for s, n in sorted(counts.items())) or "no trials yet"
+        more = f" (last {len(shown)} of {len(rows)})" if len(shown) < len(rows) else ""
+        table = Table(
+            "trial", "seq", "status", "intermediate", "latest", "final", "duration",
+            title=f"experiment {self.experiment_id} {escape(self.name)} {_status(self.status)}",
+            caption=summary + more,
+        )
+        for r in shown:
+            table.add_row(r.id, "" if r.seq is None else str(r.seq), _status(r.status), str(r.intermediate),
+                          _metric(r.latest), _metric(r.final), _duration(r.start, r.end))
+        return table
+
+
+async def _watch(client: AsyncClient, experiment_id: str, console: Console) -> None:
+    view = WatchView(experiment_id, max_rows=max(5, console.size.height - 10))
+
+    async def refresh() -> None:
+        """Experiment status and sequence ids; the streams carry everything else."""
+        experiment = await client.get_experiment(experiment_id)
+        view.status, view.name = experiment.status.value, experiment.config.experiment_name or ""
+        for trial in await client.list_trials(experiment_id):
+            row = view.row(trial.id)
+            row.seq = trial.sequence_id
+            row.start, row.end = row.start or trial.start_time, row.end or trial.end_time
+            if trial.final_metric is not None:
+                row.final = trial.final_metric
+
+    async def follow_events() -> None:
+        async for event in client.events(experiment_id):
+            row = view.row(event.trial_id)
+            row.status = event.status.value
+            if event.status is TrialStatus.RUNNING:
+                row.start, row.end = event.time, None
+            elif event.status.terminal:
+                row.end = event.time
+
+    async def follow_metrics() -> None:
+        async for record in client.metrics(experiment_id):
+            row = view.row(record.trial_id)
+            try:
+                value = record.decoded()
+            except ValueError:
+                value = record.value
+            if record.type is MetricType.FINAL:
+                row.final = value
+            else:
+                row.intermediate += 1
+                row.latest = value
+
+    await refresh()
+    followers = [asyncio.create_task(follow_events()), asyncio.create_task(follow_metrics())]
+    try:
+        with Live(view, console=console, refresh_per_second=4):
+            while view.status not in (ExperimentStatus.DONE.value, ExperimentStatus.STOPPED.value):
+                done = next((f for f in followers if f.done()), None)
+                if done is not None:
+                    done.result()  # a follower failed: say why
+                await asyncio.sleep(2)
+                await refresh()
+    finally:
+        for follower in followers:
+            follower.cancel()
+        await asyncio.gather(*followers, return_exceptions=True)
+
+
+@app.command()
+def watch(ctx: typer.Context, experiment_id: Annotated[str, typer.Argument(metavar="EXP")]) -> None:
+    """Live table of an experiment's trials; exits when it is DONE or STOPPED, or on Ctrl-C."""
+    console = _console()
+    with contextlib.suppress(KeyboardInterrupt):
+        with_client(ctx, lambda c: _watch(c, experiment_id, console))
+
+
+# -- formatting ----------------------------------------------------------------------------
+
+
+def _status(status: str) -> str:
+    return f"[{STATUS_STYLE.get(str(status), 'white')}]{status}[/]"
+
+
+def _metric(value: Any) -> str:
+    if isinstance(value, dict) and "default" in value:
+        value = value["default"]
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return escape(value if isinstance(value, str) else json.dumps(value))
+
+
+def _time(moment: datetime | None) -> str:
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S") if moment else ""
+
+
+def _duration(start: datetime | None, end: datetime | None) -> str:
+    if start is None:
+        return ""
+    hours, rest = divmod(int(((end or datetime.now(UTC)) - start).total_seconds()), 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"

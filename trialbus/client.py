@@ -1,0 +1,496 @@
+"""The client tuners use: experiments, trials and metrics over the dispatcher's NATS API.
+
+:class:`AsyncClient` speaks request/reply to ``trialbus.api.<op>`` (docs/internals.md §3)
+and reads the EVENTS and METRICS streams; :class:`Client` is the same API for plain,
+synchronous Python, running an event loop in a background thread.
+
+Guarantees:
+
+- An API error raises :class:`TrialbusError` with the dispatcher's HTTP-like status and
+  message; no dispatcher answering is a 503, no answer in ``request_timeout`` a 504.
+- ``events()`` and ``metrics()`` read from the start of their stream with ordered
+  consumers and yield each record once, even when it was published twice.
+- ``wait_final()`` costs no request per trial and no polling: each experiment has one
+  :class:`~trialbus.watcher.ExperimentWatcher` whose two subscriptions resolve the futures
+  of every trial awaited in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
+
+import nats
+import yaml
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+from nats.js.errors import NotFoundError
+from pydantic import BaseModel, Field, ValidationError
+
+from contracts import (
+    ExperimentConfig,
+    ExperimentState,
+    MetricRecord,
+    MetricType,
+    TrialEvent,
+    TrialState,
+    TrialStatus,
+    subjects,
+)
+from contracts.base import Contract, ContractError
+from contracts.experiment import format_validation_error, load_experiment_config
+from contracts.streams import EVENTS, METRICS
+from services.common.code import CodeUpload, upload_code
+from trialbus.watcher import ExperimentWatcher, TrialOutcome
+
+__all__ = [
+    "DEFAULT_NATS_URL", "AsyncClient", "Client", "CodeUpload", "ExperimentView", "SubmittedTrial",
+    "TrialMetric", "TrialOutcome", "TrialbusError", "as_config",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+#: Initial connection attempts before giving up (later drops are retried forever).
+CONNECT_ATTEMPTS = 3
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+
+class TrialbusError(Exception):
+    """The dispatcher refused a request, or could not be reached. ``status`` is HTTP-like."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class SubmittedTrial(NamedTuple):
+    id: str
+    sequence_id: int
+    status: TrialStatus
+
+
+class TrialMetric(Contract):
+    """One metric of a trial as ``trial.metrics`` answers it; ``value`` already decoded."""
+
+    type: MetricType
+    sequence: int
+    value: Any
+    timestamp: datetime
+
+
+class ExperimentView(ExperimentState):
+    """An experiment as the API shows it: its state, config secrets masked, trial counts."""
+
+    #: Number of trials by status, e.g. ``{"RUNNING": 4, "SUCCEEDED": 12}``.
+    trial_counts: dict[str, int] = Field(default_factory=dict)
+
+
+def as_config(config: ExperimentConfig | Mapping[str, Any] | str | Path) -> ExperimentConfig:
+    """An ExperimentConfig from a model, a dict (paths relative to the cwd) or a YAML file.
+
+    As NNI does, a ``searchSpaceFile`` is read into ``searchSpace`` here, on the user's
+    machine, so the dispatcher never needs the file.
+    """
+    if isinstance(config, str | Path):
+        config = load_experiment_config(config)
+    elif not isinstance(config, ExperimentConfig):
+        try:
+            config = ExperimentConfig.model_validate(dict(config))
+        except ValidationError as exc:
+            raise ValueError(format_validation_error(exc)) from None
+    update: dict[str, Any] = {"trial_code_directory": str(Path(config.trial_code_directory).expanduser().resolve())}
+    if config.search_space is None and config.search_space_file:
+        path = Path(config.search_space_file).expanduser()
+        try:
+            space = yaml.safe_load(path.read_text())  # JSON is YAML
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"cannot read searchSpaceFile {path}: {exc}") from None
+        if not isinstance(space, dict):
+            raise ValueError(f"searchSpaceFile {path} must hold a mapping of parameter names to specs")
+        update["search_space"] = space
+    return config.model_copy(update=update)
+
+
+def _parse(model: type[M], data: Any) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise TrialbusError(502, f"unexpected answer from the dispatcher for {model.__name__}: {exc}") from None
+
+
+class AsyncClient:
+    """Connect, then call; use as ``async with AsyncClient(url) as client: ...``.
+
+    ``url`` may list several servers, comma-separated. ``user``/``password`` or ``creds``
+    (a ``.creds`` file) authenticate when the server requires it. ``request_timeout`` is in
+    seconds. After the first connection, a lost connection is retried forever.
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_NATS_URL,
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        creds: str | Path | None = None,
+        request_timeout: float = 10.0,
+    ) -> None:
+        self.url = url
+        self.request_timeout = request_timeout
+        self._auth = {"user": user, "password": password, "creds": creds}
+        self._nc: NatsClient | None = None
+        self._js: JetStreamContext | None = None
+        self._watchers: dict[str, ExperimentWatcher] = {}
+        self._watchers_lock = asyncio.Lock()
+        self._trial_experiment: dict[str, str] = {}
+
+    async def __aenter__(self) -> AsyncClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(
+        self,
+        url: str | None = None,
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        creds: str | Path | None = None,
+    ) -> AsyncClient:
+        """Connect to NATS; arguments given here replace those of the constructor."""
+        if self._nc is not None and not self._nc.is_closed:
+            return self
+        self.url = url or self.url
+        auth = {**self._auth, **{k: v for k, v in {"user": user, "password": password, "creds": creds}.items() if v}}
+
+        async def quiet(*_: object) -> None:  # the default callbacks log every retry at ERROR
+            pass
+
+        options: dict[str, Any] = dict(
+            servers=[s.strip() for s in self.url.split(",")],
+            name="trialbus-client",
+            connect_timeout=2,
+            reconnect_time_wait=0.5,
+            # nats-py retries a first connection forever when this is -1; try a few times,
+            # then say so, and switch to reconnect-forever once connected (below).
+            max_reconnect_attempts=CONNECT_ATTEMPTS,
+            error_cb=quiet,
+            disconnected_cb=quiet,
+        )
+        if auth["user"]:
+            options.update(user=auth["user"], password=auth["password"] or "")
+        if auth["creds"]:
+            options["user_credentials"] = str(auth["creds"])
+        try:
+            self._nc = await nats.connect(**options)
+        except (OSError, TimeoutError, nats.errors.Error) as exc:
+            reason = str(exc) or type(exc).__name__
+            raise TrialbusError(
+                503, f"cannot connect to NATS at {self.url} ({reason}); is the stack running (`trialbus up`)?"
+            ) from None
+        self._nc.options["max_reconnect_attempts"] = -1
+        self._js = self._nc.jetstream()
+        return self
+
+    async def close(self) -> None:
+        """Stop the watchers and drain the connection. Safe to call twice."""
+        watchers, self._watchers = list(self._watchers.values()), {}
+        for watcher in watchers:
+            await watcher.stop()
+        if self._nc is not None and not self._nc.is_closed:
+            try:
+                await self._nc.drain()
+            except (OSError, TimeoutError, nats.errors.Error):
+                await self._nc.close()
+
+    @property
+    def js(self) -> JetStreamContext:
+        if self._js is None:
+            raise TrialbusError(503, "the client is not connected: call connect() first")
+        return self._js
+
+    # -- the dispatcher's API --------------------------------------------------------------
+
+    async def _call(self, operation: str, body: Mapping[str, Any]) -> Any:
+        if self._nc is None:
+            raise TrialbusError(503, "the client is not connected: call connect() first")
+        subject = subjects.api(operation)
+        try:
+            payload = json.dumps(body).encode()
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{operation}: the request is not JSON-serialisable: {exc}") from None
+        try:
+            msg = await self._nc.request(subject, payload, timeout=self.request_timeout)
+        except nats.errors.NoRespondersError:
+            raise TrialbusError(503, f"no dispatcher answers on {subject}; is the stack running?") from None
+        except TimeoutError:
+            waited = f"{self.request_timeout:g}s"
+            raise TrialbusError(504, f"the dispatcher did not answer {operation} in {waited}") from None
+        try:
+            reply = json.loads(msg.data)
+        except ValueError:
+            raise TrialbusError(502, f"the dispatcher's answer to {operation} is not JSON") from None
+        if not isinstance(reply, dict):
+            raise TrialbusError(502, f"the dispatcher's answer to {operation} is not a JSON object")
+        if reply.get("ok"):
+            return reply.get("result")
+        raise TrialbusError(int(reply.get("status") or 500), str(reply.get("error") or "unknown error"))
+
+    async def upload_code(self, directory: str | Path) -> CodeUpload:
+        """Pack a code directory and store it unless the store has it; see :mod:`services.common.code`."""
+        return await upload_code(self.js, directory)
+
+    async def create_experiment(self, config: ExperimentConfig | Mapping[str, Any] | str | Path) -> str:
+        """Create an experiment; its code is packed and uploaded unless ``trialCodeRef`` is set."""
+        config = as_config(config)
+        if config.trial_code_ref is None:
+            upload = await self.upload_code(config.trial_code_directory)
+            config = config.model_copy(update={"trial_code_ref": upload.ref})
+        body = {"config": config.model_dump(mode="json", by_alias=True, exclude_none=True)}
+        return str((await self._call("experiment.create", body))["id"])
+
+    async def list_experiments(self) -> list[ExperimentView]:
+        """Every experiment, newest first."""
+        return [_parse(ExperimentView, e) for e in await self._call("experiment.list", {})]
+
+    async def get_experiment(self, experiment_id: str) -> ExperimentView:
+        return _parse(ExperimentView, await self._call("experiment.get", {"id": experiment_id}))
+
+    async def stop_experiment(self, experiment_id: str) -> ExperimentView:
+        """Stop taking trials and cancel the running ones."""
+        return _parse(ExperimentView, await self._call("experiment.stop", {"id": experiment_id}))
+
+    async def submit_trial(
+        self, experiment_id: str, parameters: Mapping[str, Any], parameter_id: int | str | None = None
+    ) -> SubmittedTrial:
+        """Queue a trial; it waits (WAITING) until the experiment has a free slot."""
+        body: dict[str, Any] = {"experimentId": experiment_id, "parameters": dict(parameters)}
+        if parameter_id is not None:
+            body["parameterId"] = parameter_id
+        result = await self._call("trial.submit", body)
+        trial = SubmittedTrial(str(result["id"]), int(result["sequenceId"]), TrialStatus(result["status"]))
+        self._trial_experiment[trial.id] = experiment_id
+        return trial
+
+    async def list_trials(self, experiment_id: str) -> list[TrialState]:
+        """The experiment's trials. Only the fields of the API view are filled in."""
+        trials = [_parse(TrialState, t) for t in await self._call("trial.list", {"experimentId": experiment_id})]
+        self._trial_experiment.update((t.id, t.experiment_id) for t in trials)
+        return trials
+
+    async def get_trial(self, trial_id: str) -> TrialState:
+        """One trial. Only the fields of the API view are filled in."""
+        trial = _parse(TrialState, await self._call("trial.get", {"id": trial_id}))
+        self._trial_experiment[trial.id] = trial.experiment_id
+        return trial
+
+    async def cancel_trial(self, trial_id: str) -> TrialStatus:
+        """Ask for the trial to stop (USER_CANCELED); returns its status at that moment."""
+        return TrialStatus((await self._call("trial.cancel", {"id": trial_id}))["status"])
+
+    async def trial_metrics(self, trial_id: str) -> list[TrialMetric]:
+        return [_parse(TrialMetric, m) for m in await self._call("trial.metrics", {"id": trial_id})]
+
+    async def trial_log(self, trial_id: str, max_bytes: int | None = None) -> str:
+        """The tail of the trial's stdout and stderr."""
+        body: dict[str, Any] = {"id": trial_id}
+        if max_bytes is not None:
+            body["maxBytes"] = max_bytes
+        return str((await self._call("trial.log", body))["text"])
+
+    # -- streams ---------------------------------------------------------------------------
+
+    async def _follow(self, stream: str, subject: str) -> AsyncIterator[bytes]:
+        try:
+            sub = await self.js.subscribe(
+                subject, stream=stream, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+            )
+        except NotFoundError:
+            raise TrialbusError(503, f"stream {stream} does not exist yet; is the stack running?") from None
+        try:
+            async for msg in sub.messages:
+                yield msg.data
+        finally:
+            await sub.unsubscribe()
+
+    async def events(self, experiment_id: str, trial_id: str = "*") -> AsyncIterator[TrialEvent]:
+        """Every status change of the experiment's trials (or one trial), history first, then live."""
+        seen: set[tuple[str, str, int]] = set()
+        async for data in self._follow(EVENTS.name, subjects.events(experiment_id, trial_id)):
+            try:
+                event = TrialEvent.decode(data)
+            except ContractError as exc:
+                log.warning("skipping an event: %s", exc)
+                continue
+            key = (event.trial_id, event.status.value, event.attempt)
+            if key not in seen:
+                seen.add(key)
+                yield event
+
+    async def metrics(self, experiment_id: str, trial_id: str = "*") -> AsyncIterator[MetricRecord]:
+        """Every metric of the experiment's trials (or one trial), history first, then live."""
+        seen: set[tuple[str, str, int]] = set()
+        async for data in self._follow(METRICS.name, subjects.metrics(experiment_id, trial_id)):
+            try:
+                record = MetricRecord.decode(data)
+            except ContractError as exc:
+                log.warning("skipping a metric: %s", exc)
+                continue
+            key = (record.trial_id, record.type.value, record.sequence)
+            if key not in seen:
+                seen.add(key)
+                yield record
+
+    async def _watcher(self, experiment_id: str) -> ExperimentWatcher:
+        async with self._watchers_lock:
+            watcher = self._watchers.get(experiment_id)
+            if watcher is None or watcher.broken:
+                watcher = ExperimentWatcher(self.js, experiment_id, confirm=self.get_trial)
+                try:
+                    await watcher.start()
+                except NotFoundError:
+                    await watcher.stop()
+                    missing = "streams EVENTS and METRICS do not exist yet; is the stack running?"
+                    raise TrialbusError(503, missing) from None
+                self._watchers[experiment_id] = watcher
+            return watcher
+
+    async def _await(self, trial_id: str, experiment_id: str | None, timeout: float | None, final: bool) -> Any:
+        experiment_id = experiment_id or self._trial_experiment.get(trial_id)
+        if experiment_id is None:
+            experiment_id = (await self.get_trial(trial_id)).experiment_id
+        watcher = await self._watcher(experiment_id)
+        future = watcher.expect(trial_id, final=final)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            what = "a final metric" if final else "its end"
+            raise TimeoutError(f"trial {trial_id} did not report {what} within {timeout:g}s") from None
+        finally:
+            watcher.forget(trial_id, future)
+
+    async def wait_final(
+        self, trial_id: str, timeout: float | None = None, *, experiment_id: str | None = None
+    ) -> Any:
+        """The trial's FINAL metric, decoded, as soon as it is reported; None if the trial
+        ended without one. Raises TimeoutError after ``timeout`` seconds (None: no limit)."""
+        return await self._await(trial_id, experiment_id, timeout, final=True)
+
+    async def wait_trial(
+        self, trial_id: str, timeout: float | None = None, *, experiment_id: str | None = None
+    ) -> TrialOutcome:
+        """Wait until the trial ended; its final status and FINAL metric."""
+        return await self._await(trial_id, experiment_id, timeout, final=False)
+
+
+class Client:
+    """The :class:`AsyncClient` API for synchronous code: ``with Client(url) as client: ...``.
+
+    Calls run on an event loop in a daemon thread owned by this object; ``close`` stops it.
+    """
+
+    def __init__(self, url: str = DEFAULT_NATS_URL, **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="trialbus-client", daemon=True)
+        self._thread.start()
+        self._client = AsyncClient(url, **options)
+
+    def _run(self, coro: Awaitable[T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
+
+    def __enter__(self) -> Client:
+        try:
+            return self.connect()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def connect(self, url: str | None = None, **auth: Any) -> Client:
+        self._run(self._client.connect(url, **auth))
+        return self
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self._client.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    def upload_code(self, directory: str | Path) -> CodeUpload:
+        return self._run(self._client.upload_code(directory))
+
+    def create_experiment(self, config: ExperimentConfig | Mapping[str, Any] | str | Path) -> str:
+        return self._run(self._client.create_experiment(config))
+
+    def list_experiments(self) -> list[ExperimentView]:
+        return self._run(self._client.list_experiments())
+
+    def get_experiment(self, experiment_id: str) -> ExperimentView:
+        return self._run(self._client.get_experiment(experiment_id))
+
+    def stop_experiment(self, experiment_id: str) -> ExperimentView:
+        return self._run(self._client.stop_experiment(experiment_id))
+
+    def submit_trial(
+        self, experiment_id: str, parameters: Mapping[str, Any], parameter_id: int | str | None = None
+    ) -> SubmittedTrial:
+        return self._run(self._client.submit_trial(experiment_id, parameters, parameter_id))
+
+    def list_trials(self, experiment_id: str) -> list[TrialState]:
+        return self._run(self._client.list_trials(experiment_id))
+
+    def get_trial(self, trial_id: str) -> TrialState:
+        return self._run(self._client.get_trial(trial_id))
+
+    def cancel_trial(self, trial_id: str) -> TrialStatus:
+        return self._run(self._client.cancel_trial(trial_id))
+
+    def trial_metrics(self, trial_id: str) -> list[TrialMetric]:
+        return self._run(self._client.trial_metrics(trial_id))
+
+    def trial_log(self, trial_id: str, max_bytes: int | None = None) -> str:
+        return self._run(self._client.trial_log(trial_id, max_bytes))
+
+    def wait_final(self, trial_id: str, timeout: float | None = None, *, experiment_id: str | None = None) -> Any:
+        return self._run(self._client.wait_final(trial_id, timeout, experiment_id=experiment_id))
+
+    def wait_trial(
+        self, trial_id: str, timeout: float | None = None, *, experiment_id: str | None = None
+    ) -> TrialOutcome:
+        return self._run(self._client.wait_trial(trial_id, timeout, experiment_id=experiment_id))
+
+    def _iterate(self, records: AsyncIterator[T]) -> Iterator[T]:
+        try:
+            while True:
+                try:
+                    yield self._run(records.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._loop.is_closed():
+                self._run(records.aclose())  # type: ignore[attr-defined]
+
+    def events(self, experiment_id: str, trial_id: str = "*") -> Iterator[TrialEvent]:
+        return self._iterate(self._client.events(experiment_id, trial_id))
+
+    def metrics(self, experiment_id: str, trial_id: str = "*") -> Iterator[MetricRecord]:
+        return self._iterate(self._client.metrics(experiment_id, trial_id))
