@@ -68,8 +68,6 @@ class TrialState(Contract):
     message: str | None = None
     #: True once the request is on ``dispatch.<platform>`` (the trial holds a slot).
     dispatched: bool = False
-    #: Sequence number of the dispatch message, so a cancel can withdraw it unclaimed.
-    dispatch_seq: int | None = None
     #: Set when a cancel was asked for: the status the trial ends with.
     cancel_status: TrialStatus | None = None
     #: The adapter replica that owns the trial (from its RUNNING event).

@@ -70,11 +70,14 @@ def adapter_consumer(adapter: str, ack_wait: float = 30.0, max_ack_pending: int 
 
 
 def dispatcher_consumer(stream: str) -> ConsumerConfig:
-    """The dispatcher's durable consumer on EVENTS or METRICS: state is rebuilt from it."""
+    """The dispatcher's durable consumer on EVENTS or METRICS: state is rebuilt from it.
+
+    Acks are cumulative (``AckPolicy.ALL``): one ack after a whole batch is applied and in KV.
+    """
     return ConsumerConfig(
         durable_name=f"dispatcher-{stream.lower()}",
         deliver_policy=DeliverPolicy.ALL,
-        ack_policy=AckPolicy.EXPLICIT,
+        ack_policy=AckPolicy.ALL,
         ack_wait=30.0,
         max_ack_pending=20000,
         max_deliver=-1,

@@ -1,10 +1,12 @@
-"""The platform adapter plug-in point, and the one consume loop every adapter runs under.
+"""The platform adapter plug-in point: what a platform implements, and the types it uses.
 
 A :class:`PlatformAdapter` knows how to start, watch and stop one trial on one compute
 platform, and nothing else. Every policy decision — when a dispatch message is acked,
 nak'ed or terminated, which event is published when, which replica answers a cancel,
-what survives a restart — lives once in :class:`AdapterService`, so a new platform is one
-small class (``docs/adding-a-platform.md``) and every platform behaves the same on the bus.
+what survives a restart — lives once in :class:`~services.adapters.service.AdapterService`
+(the consume loop), so a new platform is one small class (``docs/adding-a-platform.md``)
+and every platform behaves the same on the bus. ``services/adapters/fake`` is the
+in-memory reference implementation; ``tests/contract`` the suite every adapter passes.
 
 Call order, as :class:`AdapterService` guarantees it::
 
@@ -52,9 +54,9 @@ class AdapterSettings(ServiceSettings):
     #: Seconds of the longest back-off after an unexpected launch error or a failed publish.
     max_backoff: float = Field(default=30.0, gt=0)
     #: Port of ``/healthz`` and ``/metrics`` (Prometheus); none served when unset.
-    http_port: int | None = Field(default=None, ge=0, le=65535)
+    adapter_http_port: int | None = Field(default=None, ge=0, le=65535)
     #: Address the health and metrics endpoints bind to.
-    http_host: str = "127.0.0.1"
+    adapter_http_host: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)

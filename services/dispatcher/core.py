@@ -62,16 +62,27 @@ class Dispatcher:
         self._active: dict[str, set[str]] = defaultdict(set)
         #: trial → loop time of the last cancel request sent to its adapter
         self._cancel_sent: dict[str, float] = {}
+        #: trial → sequence of its request in DISPATCH, so a cancel can withdraw it unclaimed
+        self._dispatch_seq: dict[str, int] = {}
+        #: trials marked dispatched whose request is not (known to be) on the stream yet
+        self._unsent: set[str] = set()
 
     # ------------------------------------------------------------------ start
 
     def rebuild(self) -> None:
-        """Derive queues and slots from the loaded state."""
+        """Derive queues and slots from the loaded state.
+
+        Requests of trials dispatched but not yet RUNNING are sent again: a crash may have
+        come between the KV write and the publish, and the dedupe id makes a resend of a
+        request that did reach the stream a no-op.
+        """
         for trial in self.store.trials.values():
             if trial.status.terminal:
                 continue
             if trial.dispatched:
                 self._active[trial.experiment_id].add(trial.id)
+                if trial.status == TrialStatus.WAITING:
+                    self._unsent.add(trial.id)
             else:
                 self._queue[trial.experiment_id].append(trial.id)
 
@@ -196,11 +207,20 @@ class Dispatcher:
                 submit_time=utcnow(),
                 message=f"waiting for a free slot (trialConcurrency {config.trial_concurrency})",
             )
-            await self.store.put_trial(trial)
-            await self.store.put_experiment(state.model_copy(update={"trial_count": sequence_id + 1}))
+            # One round trip: the trial, the counter, the WAITING event and (when a slot is
+            # free) the dispatch go out together. A failure leaves nothing the client was
+            # told about; a resend after a crash is deduplicated.
+            self.store.stage_trial(trial)
             self._queue[experiment_id].append(trial.id)
-            await self._publish_event(trial, TrialStatus.WAITING)
-            await self._dispatch_ready(experiment_id)
+            sends = self._take_ready(experiment_id)
+            writes = [
+                self.store.put_experiment(state.model_copy(update={"trial_count": sequence_id + 1})),
+                self._publish_event(trial, TrialStatus.WAITING),
+                *(self._send(t) for t in sends),
+            ]
+            if all(t.id != trial.id for t in sends):
+                writes.append(self.store.put_trial(trial))
+            await asyncio.gather(*writes)
             return self.store.trials[trial.id]
 
     async def cancel_trial(
@@ -298,6 +318,11 @@ class Dispatcher:
         """Once a second: limits that depend on time, cancels not yet honoured, finished experiments."""
         now = utcnow()
         loop_time = asyncio.get_running_loop().time()
+        for trial_id in list(self._unsent):
+            trial = self.store.trials[trial_id]
+            async with self._locks[trial.experiment_id]:
+                if trial_id in self._unsent and not self.store.trials[trial_id].status.terminal:
+                    await self._send(self.store.trials[trial_id])
         for state in list(self.store.experiments.values()):
             if state.status != ExperimentStatus.RUNNING:
                 continue
@@ -326,40 +351,57 @@ class Dispatcher:
 
     async def _dispatch_ready(self, experiment_id: str) -> None:
         """Dispatch queued trials while the experiment has free slots."""
+        await asyncio.gather(*(self._send(trial) for trial in self._take_ready(experiment_id)))
+
+    def _take_ready(self, experiment_id: str) -> list[TrialState]:
+        """Move queued trials into free slots (in the cache); the caller sends them."""
         state = self.store.experiments[experiment_id]
         queue, active = self._queue[experiment_id], self._active[experiment_id]
+        taken = []
         while queue and len(active) < state.config.trial_concurrency and state.status == ExperimentStatus.RUNNING:
-            trial = self.store.trials[queue[0]]
-            request = TrialRequest(
-                experiment_id=experiment_id,
-                trial_id=trial.id,
-                sequence_id=trial.sequence_id,
-                attempt=trial.attempt,
-                trial_command=state.config.trial_command,
-                code_ref=state.code_ref,
-                parameter_record=json.dumps({
-                    "parameter_id": trial.parameter_id,
-                    "parameter_source": "algorithm",
-                    "parameters": trial.parameters,
-                    "parameter_index": 0,
-                }),
-                trial_gpu_number=state.config.gpus_per_trial,
-                training_service=state.config.training_service,
-                token=SecretStr(trial_token(self.settings.trial_secret.get_secret_value(), experiment_id, trial.id)),
-                max_trial_duration=state.config.max_trial_duration,
-            )
-            ack = await self.bus.js.publish(
-                subjects.dispatch(state.config.adapter),
-                request.encode(),
-                headers={"Nats-Msg-Id": subjects.dispatch_id(trial.id, trial.attempt)},
-            )
-            trial = trial.model_copy(update={
-                "dispatched": True, "dispatch_seq": ack.seq,
+            trial = self.store.trials[queue.popleft()].model_copy(update={
+                "dispatched": True,
                 "message": f"dispatched to {state.config.adapter}; waiting for an adapter replica to start it",
             })
-            await self.store.put_trial(trial)
-            queue.popleft()
+            self.store.stage_trial(trial)
             active.add(trial.id)
+            self._unsent.add(trial.id)
+            taken.append(trial)
+        return taken
+
+    async def _send(self, trial: TrialState) -> None:
+        """Persist a dispatched trial and publish its request (concurrently; see ``rebuild``)."""
+        state = self.store.experiments[trial.experiment_id]
+        request = TrialRequest(
+            experiment_id=trial.experiment_id,
+            trial_id=trial.id,
+            sequence_id=trial.sequence_id,
+            attempt=trial.attempt,
+            trial_command=state.config.trial_command,
+            code_ref=state.code_ref,
+            parameter_record=json.dumps({
+                "parameter_id": trial.parameter_id,
+                "parameter_source": "algorithm",
+                "parameters": trial.parameters,
+                "parameter_index": 0,
+            }),
+            trial_gpu_number=state.config.gpus_per_trial,
+            training_service=state.config.training_service,
+            token=SecretStr(trial_token(self.settings.trial_secret.get_secret_value(), trial.experiment_id, trial.id)),
+            max_trial_duration=state.config.max_trial_duration,
+        )
+        publish = self.bus.js.publish(
+            subjects.dispatch(state.config.adapter),
+            request.encode(),
+            headers={"Nats-Msg-Id": subjects.dispatch_id(trial.id, trial.attempt)},
+        )
+        try:
+            _, ack = await asyncio.gather(self.store.put_trial(trial), publish)
+        except Exception as exc:  # the broker is away: the sweep sends it again
+            log.warning("dispatching trial %s failed (%s); will retry", trial.id, exc)
+            return
+        self._dispatch_seq[trial.id] = ack.seq
+        self._unsent.discard(trial.id)
 
     async def _cancel(self, trial: TrialState, status: TrialStatus, message: str | None) -> TrialState:
         if not trial.dispatched:
@@ -367,9 +409,10 @@ class Dispatcher:
         if trial.cancel_status is None:
             trial = trial.model_copy(update={"cancel_status": status, "message": message})
             await self.store.put_trial(trial)
-        if trial.status == TrialStatus.WAITING and trial.dispatch_seq is not None:
+        seq = self._dispatch_seq.get(trial.id)
+        if trial.status == TrialStatus.WAITING and seq is not None:
             try:  # withdraw the request if no replica has claimed it yet
-                withdrawn = await self.bus.js.delete_msg("DISPATCH", trial.dispatch_seq)
+                withdrawn = await self.bus.js.delete_msg("DISPATCH", seq)
             except Exception:
                 withdrawn = False
             if withdrawn:
@@ -404,6 +447,8 @@ class Dispatcher:
         if trial.id in self._queue[trial.experiment_id]:
             self._queue[trial.experiment_id].remove(trial.id)
         self._cancel_sent.pop(trial.id, None)
+        self._dispatch_seq.pop(trial.id, None)
+        self._unsent.discard(trial.id)
         if publish:  # a decision of the dispatcher's own: put it in the history too
             await self._publish_event(trial, status)
         log.info("trial %s %s%s", trial.id, status.value, f": {message}" if message else "")

@@ -86,10 +86,9 @@ class DispatcherService(Service):
                 event = TrialEvent.decode(msg.data)
             except ContractError as exc:
                 log.error("dropping malformed event on %s: %s", msg.subject, exc)
-                await msg.term()
                 continue
             await self.core.on_event(event)
-            await msg.ack()
+        await msgs[-1].ack()  # cumulative: the whole batch is applied
 
     async def _on_metrics(self, msgs: list[Msg]) -> None:
         records = []
@@ -99,8 +98,7 @@ class DispatcherService(Service):
             except ContractError as exc:
                 log.error("dropping malformed metric on %s: %s", msg.subject, exc)
         await self.core.on_metrics(records)
-        for msg in msgs:  # acked only once the state they produced is in KV
-            await msg.ack()
+        await msgs[-1].ack()  # cumulative, once the state they produced is in KV
 
     async def _consume(self, stream: str, handle: Callable[[list[Msg]], Awaitable[None]], batch: int) -> None:
         config = streams.dispatcher_consumer(stream)

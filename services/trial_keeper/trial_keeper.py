@@ -118,10 +118,14 @@ def read_file(path):
 
 
 def mkdir(path):
+    """``mkdir -p``."""
     try:
         posix.mkdir(path, 0o755)
     except FileExistsError:
         pass
+    except FileNotFoundError:
+        mkdir(path.rsplit("/", 1)[0])
+        posix.mkdir(path, 0o755)
 
 
 def error_message(body):
@@ -370,11 +374,13 @@ class Keeper:
             self.unsent += len(records)
 
     def reap(self):
-        pid, status = posix.waitpid(self.pid, posix.WNOHANG)
-        if pid == 0:
+        # Peek (WNOWAIT) before reaping: while the trial is an unreaped zombie its pid, the
+        # group's id, cannot be reused, so the killpg cannot reach an unrelated group.
+        if posix.waitid(posix.P_PID, self.pid, posix.WEXITED | posix.WNOHANG | posix.WNOWAIT) is None:
             return
-        self.exit_code, self.pid, self.exited_at = posix.waitstatus_to_exitcode(status), 0, time.monotonic()
         self.killpg(_signal.SIGKILL)  # whatever the trial left behind in its group
+        status = posix.waitpid(self.pid, 0)[1]
+        self.exit_code, self.pid, self.exited_at = posix.waitstatus_to_exitcode(status), 0, time.monotonic()
         if self.pidfd >= 0:
             posix.close(self.pidfd)
             self.pidfd = -1

@@ -57,7 +57,8 @@ class AdapterContract:
         ``duration`` and ``exitCode`` for platforms that do not run commands."""
         trial = f"t{next(_ids)}x{time.monotonic_ns() % 10**6}"
         command = f'echo started >> "{workspace}/starts/{trial}"; sleep {duration}; exit {exit_code}'
-        record = {"parameter_id": 0, "parameter_source": "algorithm", "parameters": {"duration": duration, "exitCode": exit_code}}
+        parameters = {"duration": duration, "exitCode": exit_code}
+        record = {"parameter_id": 0, "parameter_source": "algorithm", "parameters": parameters}
         return TrialRequest(
             experiment_id="contract", trial_id=trial, sequence_id=0, attempt=attempt, trial_command=command,
             parameter_record=json.dumps(record), training_service=LocalConfig(), token="not-a-secret",

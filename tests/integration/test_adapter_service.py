@@ -17,8 +17,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import nats.errors
 import pytest
+from prometheus_client import CollectorRegistry
 
 from contracts import CancelReply, CancelRequest, LocalConfig, LogReply, LogRequest, TrialEvent, TrialRequest
 from contracts import TrialStatus, subjects
@@ -63,7 +65,7 @@ class Stack:
             nats_url=self.url, replica=replica, poll_interval=0.1, capacity_backoff=0.2, stop_timeout=3, **settings
         )
         bus = await connect(config, f"adapter-{replica}")
-        service = AdapterService(adapter, config)
+        service = AdapterService(adapter, config, registry=CollectorRegistry())
         await service.start(bus)
         self.services.append((service, bus))
         return service
@@ -134,7 +136,7 @@ def statuses(events: list[TrialEvent], trial: str) -> list[TrialStatus]:
 
 
 async def test_a_trial_is_announced_running_then_ended_with_dedupe_ids(stack: Stack) -> None:
-    await stack.replica(FakeAdapter(), replica="r1")
+    service = await stack.replica(FakeAdapter(), replica="r1", adapter_http_port=0)
 
     await stack.submit("ok", duration=0.1)
     await stack.submit("bad", exit_code=3)
@@ -149,6 +151,11 @@ async def test_a_trial_is_announced_running_then_ended_with_dedupe_ids(stack: St
     assert "exited with code 3" in ended["bad"].message
     queue = await stack.dispatch_queue()
     assert (queue.num_pending, queue.num_ack_pending) == (0, 0)
+    async with httpx.AsyncClient() as http:
+        health = await http.get(f"http://127.0.0.1:{service.http_port}/healthz")
+    assert health.status_code == 200 and health.json()["nats"] == "connected"
+    labels = {"platform": "fake", "status": "FAILED"}
+    assert service.registry.get_sample_value("trialbus_adapter_trials_ended_total", labels) == 1
 
 
 async def test_cancel_over_the_control_subject_ends_the_trial_with_the_cancels_status(stack: Stack) -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 
 import httpx
 import nats
@@ -16,6 +17,7 @@ import trialbus
 from contracts import MetricRecord, subjects
 from services.common.bus import Bus, bootstrap, connect
 from services.common.tokens import trial_token
+from services.metrics_gateway.app import Metric, encode
 from services.metrics_gateway.service import GatewayService
 from services.metrics_gateway.settings import GatewaySettings
 
@@ -105,14 +107,12 @@ async def test_plain_json_values_are_encoded_as_the_sdk_would(gateway):
     assert [r.value for _, r in await gateway.stored()] == ["0.25", '{"default": 1}']
 
 
-@pytest.mark.parametrize(
-    "token", [None, "0" * 64, trial_token(SECRET, EXP, "Other"), trial_token("another-secret", EXP, TRIAL)]
-)
-async def test_a_wrong_or_missing_token_is_401(gateway, token):
-    auth = headers(token) if token else {"X-Trialbus-Keeper-Version": trialbus.__version__}
-    answer = await gateway.post([record()], headers=auth)
-    assert answer.status_code == 401
-    assert "token" in answer.json()["error"]
+async def test_a_wrong_or_missing_token_is_401(gateway):
+    for token in (None, "0" * 64, trial_token(SECRET, EXP, "Other"), trial_token("another-secret", EXP, TRIAL)):
+        auth = headers(token) if token else {"X-Trialbus-Keeper-Version": trialbus.__version__}
+        answer = await gateway.post([record()], headers=auth)
+        assert answer.status_code == 401, token
+        assert "token" in answer.json()["error"]
     assert await gateway.stored() == []
 
 
@@ -121,12 +121,12 @@ async def test_a_token_is_only_good_for_its_own_trial(gateway):
     assert answer.status_code == 401
 
 
-@pytest.mark.parametrize("version", ["9.9.0", "0.10.0", "1.1", "garbage"])
-async def test_another_major_minor_is_409_naming_both_versions(gateway, version):
-    answer = await gateway.post([record()], headers=headers(version=version))
-    assert answer.status_code == 409
-    message = answer.json()["error"]
-    assert version in message and trialbus.__version__ in message
+async def test_another_major_minor_is_409_naming_both_versions(gateway):
+    for version in ("9.9.0", "0.10.0", "1.1", "garbage"):  # 0.10 is not 0.1 (NNI's regex would say it is)
+        answer = await gateway.post([record()], headers=headers(version=version))
+        assert answer.status_code == 409, version
+        message = answer.json()["error"]
+        assert version in message and trialbus.__version__ in message
     assert await gateway.stored() == []
 
 
@@ -142,9 +142,7 @@ async def test_a_keeper_must_announce_its_version(gateway):
     assert "announce its version" in answer.json()["error"]
 
 
-@pytest.mark.parametrize(
-    ("bad", "problem"),
-    [
+BAD_RECORDS = (
         ("not json", "not JSON"),
         ("[1, 2]", "JSON object"),
         (record(trial_job_id="Other"), "trial_job_id"),
@@ -156,20 +154,22 @@ async def test_a_keeper_must_announce_its_version(gateway):
         (record(parameter_id=1.5), "parameter_id"),
         (json.dumps({"trial_job_id": TRIAL, "type": "FINAL", "sequence": 0}), "no value"),
         (42, "JSON object"),
-    ],
 )
-async def test_a_bad_record_is_400_naming_it_and_nothing_is_published(gateway, bad, problem):
-    answer = await gateway.post([record(sequence=0), record(sequence=1), bad])
-    assert answer.status_code == 400
-    message = answer.json()["error"]
-    assert message.startswith("record 2:") and problem in message
+
+
+async def test_a_bad_record_is_400_naming_it_and_nothing_is_published(gateway):
+    for bad, problem in BAD_RECORDS:
+        answer = await gateway.post([record(sequence=0), record(sequence=1), bad])
+        assert answer.status_code == 400, bad
+        message = answer.json()["error"]
+        assert message.startswith("record 2:") and problem in message, (bad, message)
     assert await gateway.stored() == []
 
 
-@pytest.mark.parametrize("body", [b"{", b"[]", b'{"experimentId": "a.b", "records": []}', b'{"experimentId": "x"}'])
-async def test_a_malformed_body_is_400(gateway, body):
-    answer = await gateway.http.post(f"/api/v1/trials/{TRIAL}/metrics", content=body, headers=headers())
-    assert answer.status_code == 400
+async def test_a_malformed_body_is_400(gateway):
+    for body in (b"{", b"[]", b'{"experimentId": "a.b", "records": []}', b'{"experimentId": "x"}'):
+        answer = await gateway.http.post(f"/api/v1/trials/{TRIAL}/metrics", content=body, headers=headers())
+        assert answer.status_code == 400, body
 
 
 @pytest.mark.parametrize("gateway", [{"gateway_max_body": 2000, "gateway_max_records": 3}], indirect=True)
@@ -228,3 +228,15 @@ def test_the_service_refuses_to_start_without_the_trial_secret():
                           text=True, timeout=30)
     assert done.returncode == 1
     assert "TRIALBUS_TRIAL_SECRET" in done.stderr and "dispatcher" in done.stderr
+
+
+@pytest.mark.parametrize("microsecond", [0, 1000, 123456])
+@pytest.mark.parametrize(
+    "metric",
+    [Metric("PERIODICAL", 3, 7, "0.5"), Metric("FINAL", 0, None, '{"default": NaN}'), Metric("FINAL", 0, "3_0_11", '"é"')],
+)
+def test_the_fast_encoding_is_the_contract_encoding(metric, microsecond):
+    now = datetime(2026, 1, 2, 3, 4, 5, microsecond, tzinfo=UTC)
+    model = MetricRecord(experiment_id=EXP, trial_id=TRIAL, parameter_id=metric.parameter_id, type=metric.type,
+                         sequence=metric.sequence, value=metric.value, timestamp=now)
+    assert encode(EXP, TRIAL, metric, now) == model.encode()

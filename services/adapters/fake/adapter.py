@@ -13,7 +13,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from contracts import TrialRequest, TrialStatus
+from contracts import TrialRequest
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 
 

@@ -45,10 +45,14 @@ log = logging.getLogger(__name__)
 #: counts as failed: a restart caught the keeper starting (~15 ms), or it died starting.
 UNBORN_GRACE = 10.0
 _CODE_REF = re.compile(r"^sha256:([0-9a-f]{64})$")
+#: Experiment and trial ids name directories: no separators, no dot-only names.
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
 @dataclass(eq=False)
 class Trial:
+    """One attempt on this host: its directory, its keeper, and its outcome once known."""
+
     handle: TrialHandle
     dir: str
     keeper: client.Keeper | None  # None: the keeper's pid is not known (yet)
@@ -103,8 +107,10 @@ class LocalGpuAdapter(PlatformAdapter):
                 trial.kill.cancel()
             if trial.keeper is not None:
                 trial.keeper.close()
-        for task in self._downloads.values():
+        downloads = list(self._downloads.values())
+        for task in downloads:
             task.cancel()
+        await asyncio.gather(*downloads, return_exceptions=True)
 
     # ------------------------------------------------------------------ launch
 
@@ -112,13 +118,17 @@ class LocalGpuAdapter(PlatformAdapter):
         key = (request.trial_id, request.attempt)
         if (trial := self.trials.get(key)) is not None:
             return trial.handle
+        if not (_SAFE_ID.match(request.experiment_id) and _SAFE_ID.match(request.trial_id)):
+            raise PermanentError(f"ids {request.experiment_id!r}/{request.trial_id!r} cannot name a trial directory")
         trial_dir = f"{self.work_dir}/trials/{request.experiment_id}/{request.trial_id}-{request.attempt}"
         if self._running() >= self.settings.max_trials:
-            return self._adopt(trial_dir, *key, request.experiment_id).handle if os.path.isdir(trial_dir) else None
+            return self._existing(trial_dir, request)
         code_dir = await self._code_dir(request.code_ref) if request.code_ref else None
         # No await from here on: the checks and the spawn happen as one step of the event loop.
         if (trial := self.trials.get(key)) is not None:
             return trial.handle
+        if self._running() >= self.settings.max_trials:  # filled up during the download
+            return self._existing(trial_dir, request)
         placement = self.place(request)
         try:
             os.mkdir(trial_dir)
@@ -127,9 +137,6 @@ class LocalGpuAdapter(PlatformAdapter):
             os.mkdir(trial_dir)
         except FileExistsError:  # launched before (a redelivery after a restart): never twice
             return self._adopt(trial_dir, *key, request.experiment_id).handle
-        if self._running() >= self.settings.max_trials:  # filled up during the download
-            os.rmdir(trial_dir)
-            return None
         os.mkdir(f"{trial_dir}/.trialbus")
         env = dict(self._env)
         env.update(
@@ -151,6 +158,12 @@ class LocalGpuAdapter(PlatformAdapter):
             shutil.rmtree(trial_dir, ignore_errors=True)  # never launched: nothing to adopt later
             raise PermanentError(f"cannot start the trial keeper with {self.settings.keeper_python}: {exc}") from exc
         return self._track(request.experiment_id, *key, trial_dir, client.Keeper(pid), utcnow()).handle
+
+    def _existing(self, trial_dir: str, request: TrialRequest) -> TrialHandle | None:
+        """No room for a new trial: only an attempt launched before can be returned."""
+        if not os.path.isdir(trial_dir):
+            return None
+        return self._adopt(trial_dir, request.trial_id, request.attempt, request.experiment_id).handle
 
     def place(self, request: TrialRequest) -> dict[str, str]:
         """Where the trial runs on this host, as keeper environment. The GPU placement seam.
@@ -251,7 +264,8 @@ class LocalGpuAdapter(PlatformAdapter):
 
     def _force_stop(self, trial: Trial) -> None:
         if trial.running and trial.keeper is not None:
-            log.warning("trial %s still running %.1fs after cancel: SIGKILL", trial.handle.trial_id, self.settings.kill_grace + 1)
+            grace = self.settings.kill_grace + 1
+            log.warning("trial %s still running %.1fs after cancel: SIGKILL", trial.handle.trial_id, grace)
             if pgid := client.read_state(trial.dir).get("pgid"):
                 client.kill_group(pgid, signal.SIGKILL)
             trial.keeper.signal(signal.SIGKILL)
@@ -332,7 +346,10 @@ def outcome_of(state: dict, keeper_status: int | None, keeper_out: str | None = 
     if exit_code is not None and state.get("done"):
         return TrialOutcome.exited(exit_code, end)
     if exit_code is not None:
-        return TrialOutcome.exited(exit_code, end, note="the trial keeper was killed before it finished: metrics may be incomplete")
+        note = "the trial keeper was killed before it finished: metrics may be incomplete"
+        return TrialOutcome.exited(exit_code, end, note=note)
+    if state.get("done") and state.get("canceled"):
+        return TrialOutcome(TrialStatus.FAILED, None, "stopped before the trial command started", "unknown", end)
     if keeper_status is None:
         why = "no exit status recorded"
     elif keeper_status < 0:

@@ -71,7 +71,7 @@ class Keeper:
             keeper.pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
             return None
-        except OSError:  # no pidfd support: fall back to liveness checks
+        except (OSError, AttributeError):  # no pidfd (Linux < 5.3): fall back to liveness checks
             keeper.pidfd = None
         if not is_keeper(pid):  # checked after pidfd_open: the pidfd now pins this very process
             keeper.close()
@@ -87,7 +87,7 @@ class Keeper:
                 self._exited()
                 on_exit()
                 return
-            except OSError:
+            except (OSError, AttributeError):
                 return  # no pidfd support: poll() checks liveness instead
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self.pidfd, self._on_readable, on_exit)

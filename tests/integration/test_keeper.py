@@ -1,0 +1,346 @@
+"""The trial keeper as adapters run it: ``python -S -I trial_keeper.py``, a real gateway
+process, a real nats-server, and NNI-style trials that use the ``nni`` shim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import nats
+import pytest
+
+import trialbus
+from contracts import MetricRecord, subjects
+from services.common.tokens import trial_token
+from services.trial_keeper import KEEPER_PATH, SHIM_PATH
+from tests.fixtures.nats import NatsServer, free_port
+
+SECRET = "keeper-test-secret"
+EXP = "k3x9a2bq"
+PARAMETERS = '{"parameter_id": 3, "parameter_source": "algorithm", "parameters": {"x": 0.5, "n": 3}, "parameter_index": 0}'
+
+TRIAL = textwrap.dedent(
+    """
+    import os, sys, time
+    import nni
+
+    params = nni.get_next_parameter()
+    print("env", sorted(k for k in os.environ if k.startswith(("NNI_", "TRIALBUS_", "CUDA_", "MULTI_"))), flush=True)
+    print("cwd", os.getcwd(), flush=True)
+    for i in range(params["n"]):
+        nni.report_intermediate_result(params["x"] * (i + 1))
+    time.sleep(float(os.environ.get("TRIAL_SLEEP", "0")))
+    nni.report_final_result({"default": params["x"], "seq": nni.get_sequence_id()})
+    print("to stderr", file=sys.stderr)
+    sys.exit(int(os.environ.get("TRIAL_EXIT", "0")))
+    """
+)
+
+
+class GatewayProcess:
+    """``python -m services.metrics_gateway`` on a fixed port, started and stopped at will."""
+
+    def __init__(self, nats_url: str, root: Path) -> None:
+        self.port, self.root, self.proc = free_port(), root, None
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+        self.env.update(TRIALBUS_NATS_URL=nats_url, TRIALBUS_TRIAL_SECRET=SECRET, TRIALBUS_CONTRACTS_STRICT="1",
+                        TRIALBUS_GATEWAY_PORT=str(self.port), TRIALBUS_STOP_TIMEOUT="5")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> GatewayProcess:
+        with open(self.root / "gateway.log", "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "services.metrics_gateway"], env=self.env,
+                                         stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.root / "gateway.log").read_text()
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise RuntimeError("gateway did not start")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    """A nats-server and a gateway shared by this module's tests (each uses its own trial ids)."""
+    root = tmp_path_factory.mktemp("gateway")
+    server = NatsServer(root / "jetstream").start()
+    gateway = GatewayProcess(server.url, root).start()
+    yield gateway, server
+    gateway.stop()
+    server.stop()
+
+
+@pytest.fixture
+def gateway(running) -> GatewayProcess:
+    return running[0]
+
+
+@pytest.fixture
+def nats_url(running) -> str:
+    return running[1].url
+
+
+@pytest.fixture
+def code_dir(tmp_path: Path) -> Path:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "trial.py").write_text(TRIAL)
+    return code
+
+
+class Trial:
+    """One keeper process for one trial; ``state`` is its ``.trialbus/state.json``."""
+
+    def __init__(self, tmp_path: Path, code_dir: Path, gateway_url: str, trial: str, command: str | None = None,
+                 keeper: Path = KEEPER_PATH, **env: str) -> None:
+        self.id, self.dir = trial, tmp_path / "trials" / trial
+        self.env = {
+            "PATH": os.environ["PATH"],
+            "TRIALBUS_TRIAL_DIR": str(self.dir),
+            "TRIALBUS_TRIAL_COMMAND": command or f"{shlex.quote(sys.executable)} trial.py",
+            "TRIALBUS_CODE_DIR": str(code_dir),
+            "TRIALBUS_EXPERIMENT_ID": EXP,
+            "TRIALBUS_TRIAL_ID": trial,
+            "TRIALBUS_SEQUENCE_ID": "4",
+            "TRIALBUS_PARAMETERS": PARAMETERS,
+            "TRIALBUS_GATEWAY_URL": gateway_url,
+            "TRIALBUS_TRIAL_TOKEN": trial_token(SECRET, EXP, trial),
+            "TRIALBUS_PYTHONPATH_PREPEND": str(SHIM_PATH),
+            "TRIALBUS_KILL_GRACE": "0.5",
+            "TRIALBUS_FLUSH_TIMEOUT": "20",
+            **env,
+        }
+        self.proc = subprocess.Popen([sys.executable, "-S", "-I", str(keeper)], env=self.env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def wait(self, timeout: float = 30) -> int:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        output = self.proc.stdout.read().decode(errors="replace")
+        self.proc.stdout.close()
+        assert not output, f"the keeper wrote to its own stdout/stderr:\n{output}"
+        return self.proc.returncode
+
+    @property
+    def state(self) -> dict:
+        return json.loads((self.dir / ".trialbus" / "state.json").read_text())
+
+    def read(self, name: str) -> str:
+        return (self.dir / name).read_text()
+
+    def wait_for(self, predicate, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out; keeper log:\n{self.read('.trialbus/keeper.log')}"
+            time.sleep(0.02)
+
+
+def stored(nats_url: str, trial: str) -> list[MetricRecord]:
+    """The trial's records in the METRICS stream, in stream order."""
+
+    async def read() -> list[MetricRecord]:
+        nc = await nats.connect(nats_url)
+        try:
+            js = nc.jetstream()
+            info = await js.stream_info("METRICS", subjects_filter=subjects.metrics(EXP, trial))
+            count = (info.state.subjects or {}).get(subjects.metrics(EXP, trial), 0)
+            sub = await js.subscribe(subjects.metrics(EXP, trial), ordered_consumer=True) if count else None
+            msgs = [await sub.next_msg(timeout=5) for _ in range(count)]
+            return [MetricRecord.decode(msg.data) for msg in msgs]
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def group_is_gone(pgid: int) -> bool:
+    """No live process in the group (killed ones may linger as zombies until init reaps them)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return False
+    return True
+
+
+def summary(records: list[MetricRecord]) -> list[tuple[str, int, object]]:
+    return [(r.type.value, r.sequence, r.decoded()) for r in records]
+
+
+EXPECTED = [("PERIODICAL", 0, 0.5), ("PERIODICAL", 1, 1.0), ("PERIODICAL", 2, 1.5),
+            ("FINAL", 0, {"default": 0.5, "seq": 4})]
+
+
+def test_file_channel_trial_reports_through_the_gateway(tmp_path, code_dir, gateway, nats_url):
+    trial = Trial(tmp_path, code_dir, gateway.url, "Tfile1")
+    assert trial.wait() == 0
+    state = trial.state
+    assert state["done"] is True and state["metricsFlushed"] is True
+    assert (state["exitCode"], state["canceled"], state["error"]) == (0, False, None)
+    assert state["startTime"] <= state["endTime"] and state["pgid"] == state["trialPid"]
+    assert summary(stored(nats_url, "Tfile1")) == EXPECTED
+    # The trial saw NNI's environment (and never the keeper's secrets), in its code directory
+    out = trial.read("stdout")
+    assert "env ['MULTI_PHASE', 'NNI_CODE_DIR', 'NNI_EXP_ID', 'NNI_OUTPUT_DIR', 'NNI_PLATFORM', 'NNI_SYS_DIR', " \
+           "'NNI_TRIAL_JOB_ID', 'NNI_TRIAL_SEQ_ID']" in out
+    assert f"cwd {code_dir}" in out
+    assert trial.read("stderr") == "to stderr\n"
+    assert trial.read("parameter.cfg") == PARAMETERS
+    exit_code, millis = trial.read(".nni/state").split()
+    assert exit_code == "0" and abs(int(millis) / 1000 - state["endTime"]) < 1
+
+
+def test_stdout_channel_trial_reports_through_the_gateway(tmp_path, code_dir, gateway, nats_url):
+    trial = Trial(tmp_path, code_dir, gateway.url, "Tout1", TRIALBUS_NNI_PLATFORM="remote", TRIALBUS_GPUS="")
+    assert trial.wait() == 0
+    assert trial.state["metricsFlushed"] is True
+    assert summary(stored(nats_url, "Tout1")) == EXPECTED
+    assert trial.read("stdout").count("NNISDK_MEb'") == 4  # the output is kept whole
+    assert "CUDA_VISIBLE_DEVICES" in trial.read("stdout")
+    assert not (trial.dir / ".nni" / "metrics").exists()
+
+
+def test_exit_codes_are_recorded(tmp_path, code_dir, gateway):
+    failed = Trial(tmp_path, code_dir, gateway.url, "Texit3", TRIAL_EXIT="3")
+    killed = Trial(tmp_path, code_dir, gateway.url, "Tsig9", command="kill -9 $$")
+    assert failed.wait() == 3
+    assert (failed.state["exitCode"], failed.state["metricsFlushed"]) == (3, True)
+    assert failed.read(".nni/state").startswith("3 ")
+    assert killed.wait() == 128 + 9
+    assert killed.state["exitCode"] == -9
+    assert killed.read(".nni/state").startswith("-9 ")
+
+
+def test_what_the_trial_leaves_behind_is_killed(tmp_path, code_dir, gateway):
+    trial = Trial(tmp_path, code_dir, gateway.url, "Torphan", command="sleep 300 & echo started")
+    assert trial.wait() == 0
+    assert trial.read("stdout") == "started\n"
+    assert group_is_gone(trial.state["pgid"])
+
+
+def test_sigterm_stops_the_whole_group(tmp_path, code_dir, gateway):
+    trial = Trial(tmp_path, code_dir, gateway.url, "Tterm", command="sleep 300 & sleep 300 & echo up; wait")
+    trial.wait_for(lambda: (trial.dir / "stdout").exists() and trial.read("stdout") == "up\n")
+    trial.proc.send_signal(signal.SIGTERM)
+    assert trial.wait(10) == 128 + signal.SIGTERM
+    state = trial.state
+    assert (state["canceled"], state["exitCode"], state["done"]) == (True, -signal.SIGTERM, True)
+    assert group_is_gone(state["pgid"])
+
+
+def test_a_trial_that_ignores_sigterm_is_killed_after_the_grace(tmp_path, code_dir, gateway):
+    trial = Trial(tmp_path, code_dir, gateway.url, "Tstub", command="trap '' TERM; echo up; sleep 300")
+    trial.wait_for(lambda: (trial.dir / "stdout").exists() and trial.read("stdout") == "up\n")
+    started = time.monotonic()
+    trial.proc.send_signal(signal.SIGINT)
+    assert trial.wait(10) == 128 + signal.SIGKILL
+    assert 0.4 < time.monotonic() - started < 5  # TRIALBUS_KILL_GRACE=0.5
+    assert (trial.state["canceled"], trial.state["exitCode"]) == (True, -signal.SIGKILL)
+    assert group_is_gone(trial.state["pgid"])
+
+
+def test_metrics_are_spooled_while_the_gateway_is_down_and_delivered_once(tmp_path, code_dir, nats_server):
+    # Given no gateway when the trial starts and reports
+    gateway = GatewayProcess(nats_server.url, tmp_path)
+    trial = Trial(tmp_path, code_dir, gateway.url, "Tspool", TRIAL_SLEEP="0.3")
+    spool = trial.dir / ".trialbus" / "spool"
+    trial.wait_for(lambda: spool.exists() and any(spool.iterdir()))
+    # when the gateway comes up (the trial may have ended meanwhile)
+    try:
+        gateway.start()
+        # then every record arrives, exactly once and in order, and the spool is emptied
+        assert trial.wait() == 0
+    finally:
+        gateway.stop()
+    assert trial.state["metricsFlushed"] is True
+    assert summary(stored(nats_server.url, "Tspool")) == EXPECTED
+    assert not any(spool.iterdir())
+    assert "retrying" in trial.read(".trialbus/keeper.log")
+
+
+def test_the_flush_gives_up_after_the_flush_timeout(tmp_path, code_dir):
+    trial = Trial(tmp_path, code_dir, f"http://127.0.0.1:{free_port()}", "Tgone", TRIALBUS_FLUSH_TIMEOUT="0.5")
+    assert trial.wait() == 0
+    state = trial.state
+    assert (state["exitCode"], state["metricsFlushed"], state["done"]) == (0, False, True)
+    spooled = b"".join(p.read_bytes() for p in sorted((trial.dir / ".trialbus" / "spool").iterdir()))
+    assert spooled.count(b"ME0") == 4  # nothing lost: the records wait on disk
+
+
+def test_a_keeper_of_another_version_stops_its_trial(tmp_path, code_dir, gateway):
+    old = tmp_path / "trial_keeper.py"
+    old.write_text(KEEPER_PATH.read_text().replace(f'VERSION = "{trialbus.__version__}"', 'VERSION = "9.9.0"'))
+    trial = Trial(tmp_path, code_dir, gateway.url, "Tvers", command="sleep 300", keeper=old)
+    assert trial.wait(10) == 128 + signal.SIGTERM
+    state = trial.state
+    assert "409" in state["error"] and "9.9.0" in state["error"] and trialbus.__version__ in state["error"]
+    assert (state["canceled"], state["metricsFlushed"]) == (False, True)
+    assert group_is_gone(state["pgid"])
+
+
+def test_a_refused_token_stops_sending_but_not_the_trial(tmp_path, code_dir, gateway, nats_url):
+    trial = Trial(tmp_path, code_dir, gateway.url, "Ttoken", TRIALBUS_TRIAL_TOKEN="0" * 64)
+    assert trial.wait() == 0
+    state = trial.state
+    assert "401" in state["error"] and state["metricsFlushed"] is False and state["exitCode"] == 0
+    assert stored(nats_url, "Ttoken") == []
+
+
+def test_batches_are_split_on_413_and_bad_records_dropped_on_400(tmp_path, code_dir, nats_server):
+    # Given a gateway that takes at most 3 records or 200 kB per request
+    gateway = GatewayProcess(nats_server.url, tmp_path)
+    gateway.env.update(TRIALBUS_GATEWAY_MAX_RECORDS="3", TRIALBUS_GATEWAY_MAX_BODY=str(200_000))
+    (code_dir / "big.py").write_text(textwrap.dedent(
+        """
+        import json
+        for i in range(40):  # 40 x 30 kB: more than a batch of the keeper, far more than the gateway takes
+            record = {"parameter_id": 1, "trial_job_id": "Tsplit", "type": "PERIODICAL", "sequence": i,
+                      "value": json.dumps("x" * 30000)}
+            print("NNISDK_MEb'%s'" % json.dumps(record))
+            if i == 20:  # and one record that is not for this trial
+                print("NNISDK_MEb'%s'" % json.dumps(dict(record, trial_job_id="Other")))
+        """
+    ))
+    try:
+        gateway.start()
+        # when a trial reports through the stdout channel
+        trial = Trial(tmp_path, code_dir, gateway.url, "Tsplit", command=f"{shlex.quote(sys.executable)} big.py",
+                      TRIALBUS_NNI_PLATFORM="remote")
+        assert trial.wait() == 0
+    finally:
+        gateway.stop()
+    # then every good record arrives once, in order, and the bad one is dropped and logged
+    assert [r.sequence for r in stored(nats_server.url, "Tsplit")] == list(range(40))
+    assert trial.state["metricsFlushed"] is True
+    assert "gateway refused (400)" in trial.read(".trialbus/keeper.log")
