@@ -41,7 +41,7 @@ def write_noop(code_dir: Path) -> str:
 
 def spawn_rate(command: str, cwd: Path, env: dict[str, str], concurrency: int, count: int) -> float:
     """Trials per second when the machine merely spawns the trial command, `concurrency` at a time."""
-    argv = ["/bin/sh", "-c", command]
+    argv = ["/bin/sh", "-c", f"exec {command} >/dev/null 2>&1"]  # trials' output goes to files, not a terminal
     os.chdir(cwd)
     running: set[int] = set()
     started = done = 0
@@ -86,6 +86,9 @@ async def trial_rate(nats_url: str, command: str, code_dir: Path, concurrency: i
             submitted[trial.id] = start
             await client.wait_final(trial.id, timeout=120)
             final_at[trial.id] = time.perf_counter()
+            # The slot frees when the trial has ended (its SUCCEEDED event), which may come
+            # just after its final metric: submit the next one then, as NNI does.
+            await client.wait_trial(trial.id, timeout=120)
 
         async def lane(n: int) -> None:
             for _ in range(n):

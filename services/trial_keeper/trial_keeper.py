@@ -539,4 +539,9 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip the interpreter's teardown (module cleanup, a last GC): ~3 ms per trial, and
+    # every file the keeper wrote is closed already.
+    posix._exit(status)
