@@ -13,6 +13,7 @@ All mutations of one experiment run under that experiment's lock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -66,6 +67,9 @@ class Dispatcher:
         self._dispatch_seq: dict[str, int] = {}
         #: trials marked dispatched whose request is not (known to be) on the stream yet
         self._unsent: set[str] = set()
+        #: METRICS stream sequence up to which metric records are applied
+        self._metrics_seq = 0
+        self._metrics_applied = asyncio.Event()
 
     # ------------------------------------------------------------------ start
 
@@ -276,6 +280,8 @@ class Dispatcher:
         trial = self.store.trials.get(event.trial_id)
         if trial is None or event.attempt != trial.attempt or event.status == TrialStatus.WAITING:
             return
+        if event.status.terminal and not trial.status.terminal:
+            await self.metrics_caught_up()
         async with self._locks[trial.experiment_id]:
             trial = self.store.trials[event.trial_id]
             with bind(experiment=trial.experiment_id, trial=trial.id):
@@ -296,23 +302,54 @@ class Dispatcher:
                 await self._end(trial, event.status, event.message, exit_code=event.exit_code, when=event.time,
                                 publish=False)
 
-    async def on_metrics(self, records: list[MetricRecord]) -> None:
-        """Fold a batch of metric records into trial state (final metric, intermediate count)."""
-        touched: set[str] = set()
+    async def on_metrics(self, records: list[MetricRecord], stream_seq: int = 0) -> None:
+        """Fold a batch of metric records into trial state (final metric, intermediate count).
+
+        ``stream_seq`` is the METRICS sequence of the batch's last record: once applied,
+        terminal events waiting in :meth:`metrics_caught_up` may proceed.
+        """
+        by_experiment: dict[str, list[MetricRecord]] = defaultdict(list)
         for record in records:
-            trial = self.store.trials.get(record.trial_id)
-            if trial is None:
-                continue
-            if record.type == MetricType.FINAL:
-                try:
-                    update = {"final_metric": record.decoded()}
-                except ValueError:
-                    update = {"final_metric": record.value}
-            else:
-                update = {"intermediate_count": max(trial.intermediate_count, record.sequence + 1)}
-            self.store.stage_trial(trial.model_copy(update=update))
-            touched.add(trial.id)
-        await self.store.flush(touched)
+            if record.trial_id in self.store.trials:
+                by_experiment[record.experiment_id].append(record)
+        for experiment_id, batch in by_experiment.items():
+            async with self._locks[experiment_id]:  # no lost update against an event
+                touched: set[str] = set()
+                for record in batch:
+                    trial = self.store.trials[record.trial_id]
+                    if record.type == MetricType.FINAL:
+                        try:
+                            update = {"final_metric": record.decoded()}
+                        except ValueError:
+                            update = {"final_metric": record.value}
+                    else:
+                        update = {"intermediate_count": max(trial.intermediate_count, record.sequence + 1)}
+                    self.store.stage_trial(trial.model_copy(update=update))
+                    touched.add(trial.id)
+                await self.store.flush(touched)
+        self._metrics_seq = max(self._metrics_seq, stream_seq)
+        self._metrics_applied.set()
+
+    def metrics_applied_up_to(self, stream_seq: int) -> None:
+        """At start: everything up to the consumer's ack floor was applied by an earlier run."""
+        self._metrics_seq = max(self._metrics_seq, stream_seq)
+
+    async def metrics_caught_up(self, timeout: float = 2.0) -> None:
+        """Wait until every metric now in the stream is applied (bounded).
+
+        A keeper delivers a trial's metrics before its adapter reports the end, so after
+        this a trial that ended has its final metric, and a DONE experiment all of them.
+        """
+        try:
+            target = (await self.bus.js.stream_info("METRICS")).state.last_seq
+        except Exception:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._metrics_seq < target and loop.time() < deadline:
+            self._metrics_applied.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._metrics_applied.wait(), deadline - loop.time())
 
     async def sweep(self) -> None:
         """Once a second: limits that depend on time, cancels not yet honoured, finished experiments."""

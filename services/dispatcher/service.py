@@ -97,7 +97,7 @@ class DispatcherService(Service):
                 records.append(MetricRecord.decode(msg.data))
             except ContractError as exc:
                 log.error("dropping malformed metric on %s: %s", msg.subject, exc)
-        await self.core.on_metrics(records)
+        await self.core.on_metrics(records, msgs[-1].metadata.sequence.stream)
         await msgs[-1].ack()  # cumulative, once the state they produced is in KV
 
     async def _consume(self, stream: str, handle: Callable[[list[Msg]], Awaitable[None]], batch: int) -> None:
@@ -109,6 +109,8 @@ class DispatcherService(Service):
                 if sub is None:
                     sub = await self.bus.js.pull_subscribe(subject, durable=config.durable_name, stream=stream, config=config)
                     self._pulls.append(sub)
+                    if stream == "METRICS":
+                        self.core.metrics_applied_up_to((await sub.consumer_info()).ack_floor.stream_seq)
                 msgs = await sub.fetch(batch, timeout=1.0)
             except (TimeoutError, NatsTimeoutError):
                 continue

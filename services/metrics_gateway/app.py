@@ -219,6 +219,9 @@ class Intake:
             with logs.bind(experiment=experiment_id, trial=trial_id):
                 log.warning("refused a batch with %d: %s", exc.status, exc.message)
             raise
+        if log.isEnabledFor(logging.DEBUG):
+            with logs.bind(experiment=experiment_id, trial=trial_id):
+                log.debug("accepted %d records (%d duplicates)", len(records), duplicates)
         BATCHES.inc()
         RECORDS.labels("published").inc(len(metrics) - duplicates)
         RECORDS.labels("duplicate").inc(duplicates)

@@ -13,7 +13,7 @@ Guarantees: records reach the gateway in the order the trial wrote them (per cha
 least once while the keeper lives (the gateway dedupes by ``<trial>:<type>:<sequence>``);
 nothing in the trial's process group outlives its main process; ``state.json`` ends with
 ``done: true`` unless the keeper itself is SIGKILLed. Exit status: the trial's exit code
-(128 + n for signal n, as shells report it); 2 for a bad configuration.
+(128 + n for signal n, as shells report it); 2 for a bad configuration; 1 if the keeper failed.
 
 Speed: this starts once per trial, so its start-up is per-trial CPU. Python compiles a
 script on every run (~15 µs a line: keep this file short). It imports builtin modules only

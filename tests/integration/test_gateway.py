@@ -233,7 +233,11 @@ def test_the_service_refuses_to_start_without_the_trial_secret():
 @pytest.mark.parametrize("microsecond", [0, 1000, 123456])
 @pytest.mark.parametrize(
     "metric",
-    [Metric("PERIODICAL", 3, 7, "0.5"), Metric("FINAL", 0, None, '{"default": NaN}'), Metric("FINAL", 0, "3_0_11", '"é"')],
+    [
+        Metric("PERIODICAL", 3, 7, "0.5"),
+        Metric("FINAL", 0, None, '{"default": NaN}'),
+        Metric("FINAL", 0, "3_0_11", '"é"'),
+    ],
 )
 def test_the_fast_encoding_is_the_contract_encoding(metric, microsecond):
     now = datetime(2026, 1, 2, 3, 4, 5, microsecond, tzinfo=UTC)

@@ -27,7 +27,9 @@ from tests.fixtures.nats import NatsServer, free_port
 
 SECRET = "keeper-test-secret"
 EXP = "k3x9a2bq"
-PARAMETERS = '{"parameter_id": 3, "parameter_source": "algorithm", "parameters": {"x": 0.5, "n": 3}, "parameter_index": 0}'
+PARAMETERS = (
+    '{"parameter_id": 3, "parameter_source": "algorithm", "parameters": {"x": 0.5, "n": 3}, "parameter_index": 0}'
+)
 
 TRIAL = textwrap.dedent(
     """

@@ -93,9 +93,8 @@ def test_other_platforms_print_nnisdk_lines(load, tmp_path, capsys, platform, en
     nni.get_next_parameter()
     nni.report_final_result(0.75)
     out = capsys.readouterr().out
-    assert out == (
-        """NNISDK_MEb'{"parameter_id": 7, "trial_job_id": "Ab3dE", "type": "FINAL", "sequence": 0, "value": "0.75"}'\n"""
-    )
+    record = '{"parameter_id": 7, "trial_job_id": "Ab3dE", "type": "FINAL", "sequence": 0, "value": "0.75"}'
+    assert out == f"NNISDK_MEb'{record}'\n"
     assert not (tmp_path / ".nni" / "metrics").exists()
 
 

@@ -86,6 +86,9 @@ class LocalGpuAdapter(PlatformAdapter):
     async def start(self, bus: Bus) -> None:
         self._bus = bus
         (self.work_dir / "trials").mkdir(parents=True, exist_ok=True)
+        self.keeper_path = await asyncio.to_thread(
+            client.compile_keeper, self.settings.keeper_python, self.keeper_path, self.work_dir / "trial_keeper.pyc"
+        )
         # The trial sees the keeper's environment minus TRIALBUS_*: never pass ours (NATS secrets) on.
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
         env.update(

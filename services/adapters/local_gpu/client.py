@@ -31,6 +31,23 @@ KEEPER_OUT = ".trialbus/keeper.out"
 REPORTED = ".trialbus/reported"
 
 
+def compile_keeper(python: str, source: str, dest: Path) -> str:
+    """Byte-compile the keeper once, with the interpreter that will run it; the path to start.
+
+    A script run as ``python file.py`` is compiled on every start (about 7 ms of CPU per
+    trial on a 2-core machine); a ``.pyc`` run directly is not. Falls back to the source
+    when compiling fails (an interpreter that cannot write ``dest``, say).
+    """
+    import subprocess
+
+    code = "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)"
+    try:
+        subprocess.run([python, "-S", "-I", "-c", code, source, str(dest)], check=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return source
+    return str(dest)
+
+
 def spawn_keeper(python: str, keeper: str, env: Mapping[str, str], trial_dir: str) -> int:
     """Start ``python -S -I keeper`` in its own session; return its pid.
 
