@@ -85,7 +85,8 @@ class TestLocalGpuAdapter(AdapterContract):
         outcome = await platform.outcome(handle)
 
         assert outcome.status is TrialStatus.FAILED
-        assert "trial keeper exited unexpectedly (killed by signal 9)" in outcome.message
+        # A keeper forked by the zygote is not the adapter's child, so its signal is unknown.
+        assert "trial keeper exited unexpectedly" in outcome.message
         await asyncio.sleep(0.05)
         assert not group_alive(state["pgid"])
 

@@ -80,6 +80,7 @@ class LocalGpuAdapter(PlatformAdapter):
         self._downloads: dict[str, asyncio.Task] = {}
         self._env: dict[str, str] = {}
         self._bus: Bus | None = None
+        self._zygote: client.KeeperZygote | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -89,6 +90,13 @@ class LocalGpuAdapter(PlatformAdapter):
         self.keeper_path = await asyncio.to_thread(
             client.compile_keeper, self.settings.keeper_python, self.keeper_path, self.work_dir / "trial_keeper.pyc"
         )
+        if self.settings.keeper_zygote:
+            zygote = client.KeeperZygote(self.settings.keeper_python, self.keeper_path, self.work_dir / "zygote.log")
+            try:
+                zygote.start()
+                self._zygote = zygote
+            except OSError as exc:  # each launch will say what is wrong
+                log.warning("cannot start the keeper zygote with %s (%s)", self.settings.keeper_python, exc)
         # The trial sees the keeper's environment minus TRIALBUS_*: never pass ours (NATS secrets) on.
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
         env.update(
@@ -105,6 +113,8 @@ class LocalGpuAdapter(PlatformAdapter):
         self._env = env
 
     async def stop(self) -> None:
+        if self._zygote is not None:
+            self._zygote.close()
         for trial in self.trials.values():  # stop watching; the trials run on
             if trial.kill is not None:
                 trial.kill.cancel()
@@ -156,7 +166,10 @@ class LocalGpuAdapter(PlatformAdapter):
         if code_dir is not None:
             env["TRIALBUS_CODE_DIR"] = code_dir
         try:
-            pid = client.spawn_keeper(self.settings.keeper_python, self.keeper_path, env, trial_dir)
+            if self._zygote is not None:
+                pid = self._zygote.spawn(env)
+            else:
+                pid = client.spawn_keeper(self.settings.keeper_python, self.keeper_path, env, trial_dir)
         except OSError as exc:
             shutil.rmtree(trial_dir, ignore_errors=True)  # never launched: nothing to adopt later
             raise PermanentError(f"cannot start the trial keeper with {self.settings.keeper_python}: {exc}") from exc

@@ -65,6 +65,73 @@ def spawn_keeper(python: str, keeper: str, env: Mapping[str, str], trial_dir: st
     )  # fmt: skip
 
 
+class KeeperZygote:
+    """A pre-started keeper that forks one keeper per trial (``trial_keeper --zygote``).
+
+    Starting a Python interpreter costs about 13 ms of CPU on a 2-core machine; a fork of
+    one that is already running costs about 1 ms. The forked keeper is the same program
+    with the same environment, files and session as one started with :func:`spawn_keeper`,
+    so watching, cancelling and adopting it are unchanged. The zygote exits when its
+    adapter does (EOF on its stdin); keepers it forked run on.
+    """
+
+    def __init__(self, python: str, keeper: str, log: Path) -> None:
+        self.python, self.keeper, self.log = python, keeper, log
+        self.pid = 0
+        self._to = self._from = -1
+
+    def start(self) -> None:
+        to_r, self._to = os.pipe()
+        self._from, from_w = os.pipe()
+        os.set_inheritable(to_r, True)
+        os.set_inheritable(from_w, True)
+        try:
+            self.pid = os.posix_spawn(
+                self.python, [self.python, "-S", "-I", self.keeper, "--zygote"], os.environ, setsid=True,
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, to_r, 0),
+                    (os.POSIX_SPAWN_DUP2, from_w, 1),
+                    (os.POSIX_SPAWN_OPEN, 2, str(self.log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+                ],
+            )  # fmt: skip
+        finally:
+            os.close(to_r)
+            os.close(from_w)
+
+    def spawn(self, env: Mapping[str, str]) -> int:
+        """Fork a keeper with ``env``; its pid. Restarts a zygote that died, once."""
+        payload = b"\0".join(f"{k}={v}".encode("utf-8", "surrogateescape") for k, v in env.items())
+        request = b"%08d" % len(payload) + payload
+        for attempt in (1, 2):
+            try:
+                os.write(self._to, request)
+                answer = b""
+                while not answer.endswith(b"\n"):
+                    chunk = os.read(self._from, 32)
+                    if not chunk:
+                        raise BrokenPipeError("the keeper zygote closed its output")
+                    answer += chunk
+                return int(answer)
+            except OSError:
+                if attempt == 2:
+                    raise
+                self.close()
+                self.start()
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        for fd in (self._to, self._from):
+            if fd >= 0:
+                os.close(fd)
+        self._to = self._from = -1
+        if self.pid:
+            try:  # it exits at EOF; reap it
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+            self.pid = 0
+
+
 class Keeper:
     """A keeper process the adapter watches: our child, or one adopted after a restart.
 

@@ -32,6 +32,9 @@ class LocalGpuSettings(AdapterSettings):
     nni_shim: Literal["auto", "always", "never"] = "auto"
     #: The Python that runs the trial keeper (default: the adapter's own interpreter).
     keeper_python: str = sys.executable
+    #: Fork each trial's keeper from one pre-started keeper (saves ~12 ms of CPU per trial);
+    #: false starts a new interpreter per trial.
+    keeper_zygote: bool = True
 
     @model_validator(mode="after")
     def _default_work_dir(self) -> LocalGpuSettings:
