@@ -98,16 +98,15 @@ class ExperimentState(Contract):
     code_ref: str | None = None
     start_time: datetime
     end_time: datetime | None = None
-    #: Trials submitted so far; the next trial's sequence id.
-    trial_count: int = 0
     message: str | None = None
 
     def view(self, trial_counts: dict[str, int]) -> dict[str, Any]:
         """The REST shape of ``GET /api/v1/experiments/{id}`` (secrets masked)."""
         body = self.model_dump(
             mode="json", by_alias=True,
-            include={"id", "status", "code_ref", "start_time", "end_time", "trial_count", "message"},
+            include={"id", "status", "code_ref", "start_time", "end_time", "message"},
         )
         body["config"] = self.config.public_json()
+        body["trialCount"] = sum(trial_counts.values())
         body["trialCounts"] = trial_counts
         return body

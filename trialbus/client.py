@@ -92,6 +92,8 @@ class TrialMetric(Contract):
 class ExperimentView(ExperimentState):
     """An experiment as the API shows it: its state, config secrets masked, trial counts."""
 
+    #: Trials submitted so far.
+    trial_count: int = 0
     #: Number of trials by status, e.g. ``{"RUNNING": 4, "SUCCEEDED": 12}``.
     trial_counts: dict[str, int] = Field(default_factory=dict)
 

@@ -188,7 +188,8 @@ class Dispatcher:
         async with self._locks[experiment_id]:
             state = self.experiment(experiment_id)
             config = state.config
-            if config.max_trial_number is not None and state.trial_count >= config.max_trial_number:
+            submitted = len(self.store.trials_of[experiment_id])  # trials are never deleted
+            if config.max_trial_number is not None and submitted >= config.max_trial_number:
                 raise ApiError(
                     409,
                     f"experiment {experiment_id} has reached maxTrialNumber ({config.max_trial_number}); "
@@ -200,7 +201,7 @@ class Dispatcher:
                 )
             if state.status != ExperimentStatus.RUNNING:
                 raise ApiError(409, f"experiment {experiment_id} is {state.status.value}; it takes no more trials")
-            sequence_id = state.trial_count
+            sequence_id = submitted
             trial = TrialState(
                 id=self._new_id(self.store.trials, 6, string.ascii_letters + string.digits, first=string.ascii_letters),
                 experiment_id=experiment_id,
@@ -211,14 +212,13 @@ class Dispatcher:
                 submit_time=utcnow(),
                 message=f"waiting for a free slot (trialConcurrency {config.trial_concurrency})",
             )
-            # One round trip: the trial, the counter, the WAITING event and (when a slot is
+            # One round trip: the trial, the WAITING event and (when a slot is
             # free) the dispatch go out together. A failure leaves nothing the client was
             # told about; a resend after a crash is deduplicated.
             self.store.stage_trial(trial)
             self._queue[experiment_id].append(trial.id)
             sends = self._take_ready(experiment_id)
             writes = [
-                self.store.put_experiment(state.model_copy(update={"trial_count": sequence_id + 1})),
                 self._publish_event(trial, TrialStatus.WAITING),
                 *(self._send(t) for t in sends),
             ]
@@ -498,7 +498,8 @@ class Dispatcher:
         if state.status != ExperimentStatus.RUNNING:
             return
         limit = state.config.max_trial_number
-        exhausted = (limit is not None and state.trial_count >= limit) or self._duration_over(state)
+        submitted = len(self.store.trials_of[experiment_id])
+        exhausted = (limit is not None and submitted >= limit) or self._duration_over(state)
         if exhausted and all(t.status.terminal for t in self.store.trials_for(experiment_id)):
             await self.store.put_experiment(state.model_copy(update={"status": ExperimentStatus.DONE, "end_time": utcnow()}))
             log.info("experiment %s is DONE", experiment_id)
