@@ -8,6 +8,7 @@ exist (created or updated) before a service starts work.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import nats
@@ -30,6 +31,8 @@ class Bus:
 
     nc: Client
     js: JetStreamContext
+    #: Called by ``close`` before draining, so the disconnect that follows is not reported.
+    on_close: Callable[[], None] = lambda: None
 
     async def kv(self, bucket: str) -> KeyValue:
         return await self.js.key_value(bucket)
@@ -39,6 +42,7 @@ class Bus:
 
     async def close(self) -> None:
         """Drain: deliver what is buffered, then close. Safe to call twice."""
+        self.on_close()
         if not self.nc.is_closed:
             try:
                 await self.nc.drain()
@@ -50,8 +54,11 @@ class Bus:
 async def connect(settings: ServiceSettings, name: str) -> Bus:
     """Connect (retrying until the server answers) with reconnect-forever semantics."""
 
+    closing = False  # set once the service drains: a disconnect then is expected
+
     async def disconnected() -> None:
-        log.warning("NATS connection lost; reconnecting")
+        if not closing:
+            log.warning("NATS connection lost; reconnecting")
 
     async def reconnected() -> None:
         log.info("NATS connection re-established")
@@ -82,7 +89,14 @@ async def connect(settings: ServiceSettings, name: str) -> Bus:
             if attempt.retry_state.attempt_number > 1:
                 log.info("waiting for NATS at %s", settings.nats_url)
             nc = await nats.connect(**options)
-    return Bus(nc=nc, js=nc.jetstream())
+    bus = Bus(nc=nc, js=nc.jetstream())
+
+    def on_close() -> None:
+        nonlocal closing
+        closing = True
+
+    bus.on_close = on_close
+    return bus
 
 
 async def bootstrap(js: JetStreamContext) -> None:
