@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run up test bench schemas lint clean
+.PHONY: install run up test bench schemas clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,9 @@ run: $(STAMP)  ## the whole stack on an embedded nats-server, plus the demo expe
 up: $(STAMP)  ## the stack in the foreground until Ctrl-C
 	$(BIN)/trialbus up
 
-test: $(STAMP)
+test: $(STAMP)  ## lint, layering, then the suite
+	$(BIN)/ruff check contracts services trialbus bench tests
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -35,17 +35,27 @@ def free_port() -> int:
 def main() -> None:
     console = Console()
     root = Path(tempfile.mkdtemp(prefix="trialbus-bench-"))
-    options = StackOptions(data_dir=root / "data", nats_port=free_port(), api_port=free_port(),
-                           gateway_port=free_port(), stop_grace=5)
+    options = StackOptions(
+        data_dir=root / "data", nats_port=free_port(), api_port=free_port(), gateway_port=free_port(), stop_grace=5
+    )
     stack = Stack(options, console)
     code = root / "code"
     command = write_noop(code)
-    console.print(f"[bold]Trialbus bench[/] on {os.cpu_count()} cores, Python {sys.version.split()[0]}; work dir {root}")
+    console.print(
+        f"[bold]Trialbus bench[/] on {os.cpu_count()} cores, Python {sys.version.split()[0]}; work dir {root}"
+    )
     stack.start()
     try:
         table = Table(title="no-op trials (one final metric each)")
-        for column in ("concurrency", "trials", "submit→RUNNING p50/p99 ms", "submit→final p50/p99 ms",
-                       "trials/s", "spawn-only/s", "ratio"):
+        for column in (
+            "concurrency",
+            "trials",
+            "submit→RUNNING p50/p99 ms",
+            "submit→final p50/p99 ms",
+            "trials/s",
+            "spawn-only/s",
+            "ratio",
+        ):
             table.add_column(column, justify="right")
         spawn_env = {**os.environ, "PYTHONPATH": str(SHIM_PATH)}
         for concurrency, count in COUNTS.items():
@@ -54,17 +64,23 @@ def main() -> None:
             run_ms = [x * 1000 for x in figures.to_running]
             fin_ms = [x * 1000 for x in figures.to_final]
             table.add_row(
-                str(concurrency), str(count),
+                str(concurrency),
+                str(count),
                 f"{percentile(run_ms, 50):.1f} / {percentile(run_ms, 99):.1f}",
                 f"{percentile(fin_ms, 50):.1f} / {percentile(fin_ms, 99):.1f}",
-                f"{figures.rate:.1f}", f"{figures.spawn_rate:.1f}", f"{figures.ratio:.2f}",
+                f"{figures.rate:.1f}",
+                f"{figures.spawn_rate:.1f}",
+                f"{figures.ratio:.2f}",
             )
-            console.print(f"  concurrency {concurrency}: {figures.rate:.1f} trials/s "
-                          f"(spawn-only {figures.spawn_rate:.1f}/s, ratio {figures.ratio:.2f})")
+            console.print(
+                f"  concurrency {concurrency}: {figures.rate:.1f} trials/s "
+                f"(spawn-only {figures.spawn_rate:.1f}/s, ratio {figures.ratio:.2f})"
+            )
         console.print(table)
         secret = trial_secret(stack.data_dir)
-        rate = asyncio.run(metric_rate(options.nats_url, f"http://127.0.0.1:{options.gateway_port}", secret,
-                                       "benchmetrics"))
+        rate = asyncio.run(
+            metric_rate(options.nats_url, f"http://127.0.0.1:{options.gateway_port}", secret, "benchmetrics")
+        )
         console.print(f"metric records through the gateway to a subscribed tuner: [bold]{rate:,.0f}[/] records/s")
     finally:
         stack.stop()

@@ -17,13 +17,21 @@ from trialbus import __version__
 from trialbus.client import AsyncClient
 
 
-async def metric_rate(nats_url: str, gateway_url: str, secret: str, experiment: str,
-                      trials: int = 8, per_trial: int = 5000, batch: int = 500) -> float:
+async def metric_rate(
+    nats_url: str,
+    gateway_url: str,
+    secret: str,
+    experiment: str,
+    trials: int = 8,
+    per_trial: int = 5000,
+    batch: int = 500,
+) -> float:
     total = trials * per_trial
     seen = 0
     done = asyncio.Event()
 
     async with AsyncClient(nats_url) as client:
+
         async def tuner() -> None:
             nonlocal seen
             async for _ in client.metrics(experiment):
@@ -40,12 +48,22 @@ async def metric_rate(nats_url: str, gateway_url: str, secret: str, experiment: 
             headers = {"Authorization": f"Bearer {token}", "X-Trialbus-Keeper-Version": __version__}
             for start in range(0, per_trial, batch):
                 records = [
-                    json.dumps({"parameter_id": 0, "trial_job_id": trial, "type": "PERIODICAL",
-                                "sequence": i, "value": json.dumps(i * 0.5)})
+                    json.dumps(
+                        {
+                            "parameter_id": 0,
+                            "trial_job_id": trial,
+                            "type": "PERIODICAL",
+                            "sequence": i,
+                            "value": json.dumps(i * 0.5),
+                        }
+                    )
                     for i in range(start, min(start + batch, per_trial))
                 ]
-                answer = await http.post(f"{gateway_url}/api/v1/trials/{trial}/metrics", headers=headers,
-                                         json={"experimentId": experiment, "records": records})
+                answer = await http.post(
+                    f"{gateway_url}/api/v1/trials/{trial}/metrics",
+                    headers=headers,
+                    json={"experimentId": experiment, "records": records},
+                )
                 answer.raise_for_status()
 
         begin = time.perf_counter()

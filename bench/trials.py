@@ -60,14 +60,16 @@ def spawn_rate(command: str, cwd: Path, env: dict[str, str], concurrency: int, c
 async def trial_rate(nats_url: str, command: str, code_dir: Path, concurrency: int, count: int) -> TrialFigures:
     """Run `count` no-op trials through the stack, `concurrency` in flight."""
     async with AsyncClient(nats_url) as client:
-        experiment = await client.create_experiment({
-            "experimentName": f"bench-c{concurrency}",
-            "trialCommand": command,
-            "trialCodeDirectory": str(code_dir),
-            "trialConcurrency": concurrency,
-            "maxTrialNumber": count,
-            "trainingService": {"platform": "local"},
-        })
+        experiment = await client.create_experiment(
+            {
+                "experimentName": f"bench-c{concurrency}",
+                "trialCommand": command,
+                "trialCodeDirectory": str(code_dir),
+                "trialConcurrency": concurrency,
+                "maxTrialNumber": count,
+                "trainingService": {"platform": "local"},
+            }
+        )
         submitted: dict[str, float] = {}
         running_at: dict[str, float] = {}
         final_at: dict[str, float] = {}

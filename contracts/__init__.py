@@ -19,8 +19,10 @@ from contracts.messages import (
     TrialRequest,
 )
 from contracts.state import ExperimentState, ExperimentStatus, TrialState, TrialStatus
+from contracts.version import VERSION
 
 __all__ = [
+    "VERSION",
     "CancelReply",
     "CancelRequest",
     "Contract",

@@ -115,7 +115,9 @@ def parse_training_service(value: Any) -> TrainingService:
     model = PLATFORMS.get(str(platform))
     if model is None:
         if platform in PLANNED:
-            raise ValueError(f"platform {platform!r} is not available in this release; available: {', '.join(PLATFORMS)}")
+            raise ValueError(
+                f"platform {platform!r} is not available in this release; available: {', '.join(PLATFORMS)}"
+            )
         raise ValueError(f"unknown platform {platform!r}; available: {', '.join(PLATFORMS)}")
     return model.model_validate(value)
 

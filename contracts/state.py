@@ -79,9 +79,21 @@ class TrialState(Contract):
             mode="json",
             by_alias=True,
             include={
-                "id", "experiment_id", "sequence_id", "status", "parameters", "parameter_id",
-                "submit_time", "start_time", "end_time", "exit_code", "final_metric",
-                "intermediate_count", "platform", "message", "attempt",
+                "id",
+                "experiment_id",
+                "sequence_id",
+                "status",
+                "parameters",
+                "parameter_id",
+                "submit_time",
+                "start_time",
+                "end_time",
+                "exit_code",
+                "final_metric",
+                "intermediate_count",
+                "platform",
+                "message",
+                "attempt",
             },
         )
 
@@ -103,7 +115,8 @@ class ExperimentState(Contract):
     def view(self, trial_counts: dict[str, int]) -> dict[str, Any]:
         """The REST shape of ``GET /api/v1/experiments/{id}`` (secrets masked)."""
         body = self.model_dump(
-            mode="json", by_alias=True,
+            mode="json",
+            by_alias=True,
             include={"id", "status", "code_ref", "start_time", "end_time", "message"},
         )
         body["config"] = self.config.public_json()

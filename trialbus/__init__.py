@@ -3,4 +3,6 @@
 What tuners import: :class:`trialbus.client.AsyncClient` and :class:`trialbus.client.Client`.
 """
 
-__version__ = "0.1.0"
+from contracts import VERSION as __version__
+
+__all__ = ["__version__"]

@@ -23,9 +23,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from contracts import ExperimentStatus, MetricType, TrialStatus
+from services.common.code import PackingError
 from trialbus import __version__
 from trialbus.client import DEFAULT_NATS_URL, AsyncClient, TrialbusError, as_config
-from services.common.code import PackingError
 from trialbus.stack import StackError, StackOptions
 from trialbus.stack import run as run_stack
 

@@ -31,8 +31,17 @@ import nats.errors
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from contracts import CancelReply, CancelRequest, ContractError, LogReply, LogRequest, TrialRequest, TrialStatus
-from contracts import streams, subjects
+from contracts import (
+    CancelReply,
+    CancelRequest,
+    ContractError,
+    LogReply,
+    LogRequest,
+    TrialRequest,
+    TrialStatus,
+    streams,
+    subjects,
+)
 from services.adapters.base import AdapterSettings, PlatformAdapter, TrialOutcome
 from services.adapters.errors import PermanentError, TransientError
 from services.adapters.trials import Owned, OwnedTrials

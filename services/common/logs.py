@@ -14,13 +14,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
-_context: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("trialbus_log_context", default={})
+_context: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("trialbus_log_context")
 
 
 @contextmanager
 def bind(**ids: str | None) -> Iterator[None]:
     """Attach ids (experiment, trial, …) to every log line in this block."""
-    token = _context.set({**_context.get(), **{k: v for k, v in ids.items() if v is not None}})
+    token = _context.set({**_context.get({}), **{k: v for k, v in ids.items() if v is not None}})
     try:
         yield
     finally:
@@ -29,7 +29,7 @@ def bind(**ids: str | None) -> Iterator[None]:
 
 class _ContextFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        record.ctx = _context.get()
+        record.ctx = _context.get({})
         return True
 
 

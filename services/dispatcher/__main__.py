@@ -14,8 +14,10 @@ def main() -> None:
         settings = DispatcherSettings()
     except ValidationError as exc:
         missing = [".".join(map(str, e["loc"])) for e in exc.errors()]
-        sys.exit(f"dispatcher: invalid settings ({exc.error_count()} problem(s): {', '.join(missing)}). "
-                 "TRIALBUS_TRIAL_SECRET is required and must match the metrics gateway's.")
+        sys.exit(
+            f"dispatcher: invalid settings ({exc.error_count()} problem(s): {', '.join(missing)}). "
+            "TRIALBUS_TRIAL_SECRET is required and must match the metrics gateway's."
+        )
     run(lambda: (DispatcherService(settings), settings))
 
 

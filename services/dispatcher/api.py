@@ -17,11 +17,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common.bus import Bus
 from services.common.http import health_routes
-from services.dispatcher.core import ApiError, Dispatcher
+from services.dispatcher.core import Dispatcher
+from services.dispatcher.errors import ApiError
 from services.dispatcher.settings import DispatcherSettings
 
 
-def create_app(settings: DispatcherSettings, dispatcher: Callable[[], Dispatcher], bus: Callable[[], Bus | None]) -> FastAPI:
+def create_app(
+    settings: DispatcherSettings, dispatcher: Callable[[], Dispatcher], bus: Callable[[], Bus | None]
+) -> FastAPI:
     app = FastAPI(title="Trialbus dispatcher", version="1", docs_url="/api/docs", openapi_url="/api/openapi.json")
     app.include_router(health_routes(bus))
 
@@ -101,7 +104,7 @@ def create_app(settings: DispatcherSettings, dispatcher: Callable[[], Dispatcher
         if unknown:
             raise ApiError(422, f"unknown field(s) {', '.join(sorted(unknown))}; expected parameters and parameterId")
         if "parameters" not in data:
-            raise ApiError(422, "parameters is required, e.g. {\"parameters\": {\"lr\": 0.01}}")
+            raise ApiError(422, 'parameters is required, e.g. {"parameters": {"lr": 0.01}}')
         trial = await dispatcher().submit_trial(experiment_id, data["parameters"], data.get("parameterId"))
         return {"id": trial.id, "sequenceId": trial.sequence_id, "status": trial.status.value}
 

@@ -17,7 +17,8 @@ from nats.aio.subscription import Subscription
 
 from contracts import subjects
 from services.common.bus import Bus
-from services.dispatcher.core import ApiError, Dispatcher
+from services.dispatcher.core import Dispatcher
+from services.dispatcher.errors import ApiError
 
 log = logging.getLogger(__name__)
 

@@ -32,6 +32,8 @@ from contracts.state import ExperimentState, ExperimentStatus, TrialState, Trial
 from services.common.bus import Bus
 from services.common.logs import bind
 from services.common.tokens import trial_token
+from services.dispatcher import history, snapshots
+from services.dispatcher.errors import ApiError
 from services.dispatcher.settings import DispatcherSettings
 from services.dispatcher.store import StateStore
 
@@ -40,15 +42,6 @@ log = logging.getLogger(__name__)
 _ALNUM = string.ascii_lowercase + string.digits
 #: Seconds between two cancel requests for a trial whose owner has not ended it yet.
 CANCEL_RETRY = 3.0
-
-
-class ApiError(Exception):
-    """An API call that cannot be served; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class Dispatcher:
@@ -115,7 +108,7 @@ class Dispatcher:
             config = ExperimentConfig.model_validate(data)
         except ValidationError as exc:
             raise ApiError(422, format_validation_error(exc)) from None
-        code_ref = await self._code_for(config)
+        code_ref = await snapshots.code_ref_for(self.bus, config)
         if code_ref != config.trial_code_ref:
             config = config.model_copy(update={"trial_code_ref": code_ref})
         experiment_id = self._new_id(self.store.experiments, 8, _ALNUM)
@@ -124,37 +117,8 @@ class Dispatcher:
         log.info("experiment %s created (%s, concurrency %d)", experiment_id, config.platform, config.trial_concurrency)
         return state
 
-    async def _code_for(self, config: ExperimentConfig) -> str | None:
-        store = await self.bus.code_store()
-        if config.trial_code_ref:
-            try:
-                await store.get_info(config.trial_code_ref.removeprefix("sha256:"))
-            except Exception:
-                raise ApiError(
-                    422, f"trialCodeRef {config.trial_code_ref} is not in the code store; upload it first (POST /api/v1/code)"
-                ) from None
-            return config.trial_code_ref
-        if "trial_code_directory" not in config.model_fields_set:
-            return None  # no code: trials run in their own directory
-        from services.common.code import PackingError, upload_code
-
-        try:
-            return (await upload_code(self.bus, config.trial_code_directory)).ref
-        except PackingError as exc:
-            raise ApiError(
-                422, f"{exc} (the dispatcher must be able to read it); or upload the code with POST /api/v1/code "
-                "and pass trialCodeRef"
-            ) from None
-
     async def put_code(self, archive: bytes) -> str:
-        """Store an uploaded tar.gz snapshot (after checking it is one) under its sha256."""
-        from services.common.code import check_archive, store_archive
-
-        try:
-            ref = await asyncio.to_thread(check_archive, archive)
-        except ValueError as exc:
-            raise ApiError(400, str(exc)) from None
-        return await store_archive(self.bus, archive, ref)
+        return await snapshots.put_code(self.bus, archive)
 
     async def stop_experiment(self, experiment_id: str) -> ExperimentState:
         async with self._locks[experiment_id]:
@@ -182,7 +146,7 @@ class Dispatcher:
 
     async def submit_trial(self, experiment_id: str, parameters: Any, parameter_id: Any = None) -> TrialState:
         if not isinstance(parameters, dict):
-            raise ApiError(422, "parameters must be a JSON object, e.g. {\"lr\": 0.01}")
+            raise ApiError(422, 'parameters must be a JSON object, e.g. {"lr": 0.01}')
         if parameter_id is not None and (isinstance(parameter_id, bool) or not isinstance(parameter_id, int | str)):
             raise ApiError(422, "parameterId must be an integer or a string")
         async with self._locks[experiment_id]:
@@ -197,7 +161,9 @@ class Dispatcher:
                 )
             if self._duration_over(state):
                 raise ApiError(
-                    409, f"experiment {experiment_id} has passed maxExperimentDuration ({config.max_experiment_duration:g}s)"
+                    409,
+                    f"experiment {experiment_id} has passed maxExperimentDuration "
+                    f"({config.max_experiment_duration:g}s)",
                 )
             if state.status != ExperimentStatus.RUNNING:
                 raise ApiError(409, f"experiment {experiment_id} is {state.status.value}; it takes no more trials")
@@ -238,40 +204,18 @@ class Dispatcher:
             return await self._cancel(trial, status, message or "canceled by the user")
 
     async def trial_metrics(self, trial_id: str) -> list[dict[str, Any]]:
-        trial = self.trial(trial_id)
-        subject = subjects.metrics(trial.experiment_id, trial.id)
-        info = await self.bus.js.stream_info("METRICS", subjects_filter=subject)
-        count = (info.state.subjects or {}).get(subject, 0)
-        records: dict[tuple[str, int], MetricRecord] = {}
-        if count:
-            sub = await self.bus.js.subscribe(subject, ordered_consumer=True)
-            try:
-                for _ in range(count):
-                    record = MetricRecord.decode((await sub.next_msg(timeout=5)).data)
-                    records.setdefault((record.type.value, record.sequence), record)
-            finally:
-                await sub.unsubscribe()
-        return [
-            {"type": r.type.value, "sequence": r.sequence, "value": r.decoded(), "timestamp": r.timestamp.isoformat()}
-            for r in records.values()
-        ]
+        return await history.trial_metrics(self.bus, self.trial(trial_id))
 
     async def trial_log(self, trial_id: str, max_bytes: int = 64 * 1024) -> str:
-        from contracts.messages import LogReply, LogRequest
-
         trial = self.trial(trial_id)
         if not trial.dispatched and trial.status == TrialStatus.WAITING:
             raise ApiError(409, f"trial {trial_id} has not started yet; it has no log")
-        request = LogRequest(experiment_id=trial.experiment_id, trial_id=trial.id, max_bytes=max_bytes)
-        try:
-            reply = await self.bus.nc.request(
-                subjects.control(trial.platform, "log"), request.encode(), timeout=self.settings.control_timeout
-            )
-        except Exception:
+        text = await history.trial_log(self.bus, trial, max_bytes, self.settings.control_timeout)
+        if text is None:
             raise ApiError(
                 503, f"no {trial.platform} adapter replica holds the log of trial {trial_id} right now; is it running?"
-            ) from None
-        return LogReply.decode(reply.data).text
+            )
+        return text
 
     # ------------------------------------------------------------ bus inputs
 
@@ -292,15 +236,20 @@ class Dispatcher:
                 if event.status == TrialStatus.RUNNING:
                     if trial.status == TrialStatus.WAITING:
                         trial = trial.model_copy(
-                            update={"status": TrialStatus.RUNNING, "start_time": event.time,
-                                    "replica": event.replica, "message": None}
+                            update={
+                                "status": TrialStatus.RUNNING,
+                                "start_time": event.time,
+                                "replica": event.replica,
+                                "message": None,
+                            }
                         )
                         await self.store.put_trial(trial)
                     if trial.cancel_status:
                         await self._request_cancel(trial)
                     return
-                await self._end(trial, event.status, event.message, exit_code=event.exit_code, when=event.time,
-                                publish=False)
+                await self._end(
+                    trial, event.status, event.message, exit_code=event.exit_code, when=event.time, publish=False
+                )
 
     async def on_metrics(self, records: list[MetricRecord], stream_seq: int = 0) -> None:
         """Fold a batch of metric records into trial state (final metric, intermediate count).
@@ -372,11 +321,16 @@ class Dispatcher:
                         if loop_time - self._cancel_sent.get(trial.id, 0.0) > CANCEL_RETRY:
                             await self._cancel(trial, trial.cancel_status, trial.message)
                     elif limit and trial.start_time and now - trial.start_time > timedelta(seconds=limit):
-                        await self._cancel(trial, TrialStatus.EARLY_STOPPED, f"trial ran longer than maxTrialDuration ({limit:g}s)")
+                        await self._cancel(
+                            trial, TrialStatus.EARLY_STOPPED, f"trial ran longer than maxTrialDuration ({limit:g}s)"
+                        )
                 if self._duration_over(state):
                     for trial_id in list(self._queue[state.id]):
-                        await self._end(self.store.trials[trial_id], TrialStatus.SYS_CANCELED,
-                                        "maxExperimentDuration was reached before the trial could start")
+                        await self._end(
+                            self.store.trials[trial_id],
+                            TrialStatus.SYS_CANCELED,
+                            "maxExperimentDuration was reached before the trial could start",
+                        )
                 await self._dispatch_ready(state.id)
                 await self._finish_if_done(state.id)
 
@@ -396,10 +350,12 @@ class Dispatcher:
         queue, active = self._queue[experiment_id], self._active[experiment_id]
         taken = []
         while queue and len(active) < state.config.trial_concurrency and state.status == ExperimentStatus.RUNNING:
-            trial = self.store.trials[queue.popleft()].model_copy(update={
-                "dispatched": True,
-                "message": f"dispatched to {state.config.adapter}; waiting for an adapter replica to start it",
-            })
+            trial = self.store.trials[queue.popleft()].model_copy(
+                update={
+                    "dispatched": True,
+                    "message": f"dispatched to {state.config.adapter}; waiting for an adapter replica to start it",
+                }
+            )
             self.store.stage_trial(trial)
             active.add(trial.id)
             self._unsent.add(trial.id)
@@ -416,12 +372,14 @@ class Dispatcher:
             attempt=trial.attempt,
             trial_command=state.config.trial_command,
             code_ref=state.code_ref,
-            parameter_record=json.dumps({
-                "parameter_id": trial.parameter_id,
-                "parameter_source": "algorithm",
-                "parameters": trial.parameters,
-                "parameter_index": 0,
-            }),
+            parameter_record=json.dumps(
+                {
+                    "parameter_id": trial.parameter_id,
+                    "parameter_source": "algorithm",
+                    "parameters": trial.parameters,
+                    "parameter_index": 0,
+                }
+            ),
             trial_gpu_number=state.config.gpus_per_trial,
             training_service=state.config.training_service,
             token=SecretStr(trial_token(self.settings.trial_secret.get_secret_value(), trial.experiment_id, trial.id)),
@@ -461,8 +419,10 @@ class Dispatcher:
         """Ask the owning replica to stop the trial; no answer is retried by the sweep."""
         self._cancel_sent[trial.id] = asyncio.get_running_loop().time()
         request = CancelRequest(
-            experiment_id=trial.experiment_id, trial_id=trial.id,
-            status=trial.cancel_status or TrialStatus.USER_CANCELED, message=trial.message,
+            experiment_id=trial.experiment_id,
+            trial_id=trial.id,
+            status=trial.cancel_status or TrialStatus.USER_CANCELED,
+            message=trial.message,
         )
         try:
             await self.bus.nc.request(
@@ -472,13 +432,23 @@ class Dispatcher:
             log.info("no %s replica answered the cancel of %s yet; will retry", trial.platform, trial.id)
 
     async def _end(
-        self, trial: TrialState, status: TrialStatus, message: str | None, *,
-        exit_code: int | None = None, when=None, publish: bool = True,
+        self,
+        trial: TrialState,
+        status: TrialStatus,
+        message: str | None,
+        *,
+        exit_code: int | None = None,
+        when=None,
+        publish: bool = True,
     ) -> TrialState:
-        trial = trial.model_copy(update={
-            "status": status, "end_time": when or utcnow(), "message": message,
-            "exit_code": exit_code if exit_code is not None else trial.exit_code,
-        })
+        trial = trial.model_copy(
+            update={
+                "status": status,
+                "end_time": when or utcnow(),
+                "message": message,
+                "exit_code": exit_code if exit_code is not None else trial.exit_code,
+            }
+        )
         await self.store.put_trial(trial)
         self._active[trial.experiment_id].discard(trial.id)
         if trial.id in self._queue[trial.experiment_id]:
@@ -501,16 +471,25 @@ class Dispatcher:
         submitted = len(self.store.trials_of[experiment_id])
         exhausted = (limit is not None and submitted >= limit) or self._duration_over(state)
         if exhausted and all(t.status.terminal for t in self.store.trials_for(experiment_id)):
-            await self.store.put_experiment(state.model_copy(update={"status": ExperimentStatus.DONE, "end_time": utcnow()}))
+            await self.store.put_experiment(
+                state.model_copy(update={"status": ExperimentStatus.DONE, "end_time": utcnow()})
+            )
             log.info("experiment %s is DONE", experiment_id)
 
     async def _publish_event(self, trial: TrialState, status: TrialStatus) -> None:
         event = TrialEvent(
-            experiment_id=trial.experiment_id, trial_id=trial.id, attempt=trial.attempt, status=status,
-            time=utcnow(), message=trial.message, platform=trial.platform, exit_code=trial.exit_code,
+            experiment_id=trial.experiment_id,
+            trial_id=trial.id,
+            attempt=trial.attempt,
+            status=status,
+            time=utcnow(),
+            message=trial.message,
+            platform=trial.platform,
+            exit_code=trial.exit_code,
         )
         await self.bus.js.publish(
-            subjects.events(trial.experiment_id, trial.id), event.encode(),
+            subjects.events(trial.experiment_id, trial.id),
+            event.encode(),
             headers={"Nats-Msg-Id": subjects.event_id(trial.id, status.value, trial.attempt)},
         )
 

@@ -57,8 +57,11 @@ class DispatcherService(Service):
             asyncio.create_task(self._sweep()),
         ]
         self._api = await bus_api.serve(bus, self.core)
-        self.http = HttpServer(create_app(self.settings, lambda: self.core, lambda: self.bus),
-                               self.settings.api_host, self.settings.api_port)
+        self.http = HttpServer(
+            create_app(self.settings, lambda: self.core, lambda: self.bus),
+            self.settings.api_host,
+            self.settings.api_port,
+        )
         await self.http.start()
         log.info("REST API on http://%s:%d/api/v1", self.settings.api_host, self.http.port)
 
@@ -107,7 +110,9 @@ class DispatcherService(Service):
         while not self._stopping.is_set():
             try:
                 if sub is None:
-                    sub = await self.bus.js.pull_subscribe(subject, durable=config.durable_name, stream=stream, config=config)
+                    sub = await self.bus.js.pull_subscribe(
+                        subject, durable=config.durable_name, stream=stream, config=config
+                    )
                     self._pulls.append(sub)
                     if stream == "METRICS":
                         self.core.metrics_applied_up_to((await sub.consumer_info()).ack_floor.stream_seq)

@@ -26,8 +26,7 @@ from fastapi import FastAPI, Request, Response
 from nats.errors import Error as NatsError
 from prometheus_client import Counter, Histogram
 
-import trialbus
-from contracts import MetricRecord, subjects
+from contracts import VERSION, MetricRecord, subjects
 from contracts.base import utcnow
 from services.common import logs, tokens
 from services.common.bus import Bus
@@ -76,11 +75,11 @@ def major_minor(version: str) -> tuple[int, int] | None:
 def check_version(announced: str | None) -> None:
     if announced is None:
         raise Refused(400, "version", "the trial keeper must announce its version in X-Trialbus-Keeper-Version")
-    if major_minor(announced) != major_minor(trialbus.__version__):
+    if major_minor(announced) != major_minor(VERSION):
         raise Refused(
             409,
             "version",
-            f"trial keeper version {announced} does not match metrics gateway version {trialbus.__version__} "
+            f"trial keeper version {announced} does not match metrics gateway version {VERSION} "
             "(major.minor must be equal): run the keeper shipped with this Trialbus release",
         )
 

@@ -15,7 +15,9 @@ GOOD = {"trialCommand": "python3 trial.py", "trialConcurrency": 1, "trainingServ
 
 @pytest.fixture
 def api(tmp_path, nats_server):
-    stack = Stack(root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_API_TOKEN": TOKEN, "TRIALBUS_API_MAX_BODY": "4096"})
+    stack = Stack(
+        root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_API_TOKEN": TOKEN, "TRIALBUS_API_MAX_BODY": "4096"}
+    )
     stack.start("dispatcher")
     yield stack
     stack.stop()
@@ -50,13 +52,34 @@ def test_bad_requests_are_refused_and_change_nothing(api):
         ("POST", "/experiments", {"content": b"{not json"}, TOKEN, 400, "not valid JSON"),
         ("POST", "/experiments", {"json": [1, 2]}, TOKEN, 400, "JSON object"),
         ("POST", "/experiments", {"json": {**GOOD, "trialConcurrency": -2}}, TOKEN, 422, "trialConcurrency"),
-        ("POST", "/experiments", {"json": {**GOOD, "trainingService": {"platform": "mars"}}}, TOKEN, 422, "unknown platform 'mars'"),
+        (
+            "POST",
+            "/experiments",
+            {"json": {**GOOD, "trainingService": {"platform": "mars"}}},
+            TOKEN,
+            422,
+            "unknown platform 'mars'",
+        ),
         ("POST", "/experiments", {"json": {**GOOD, "tunerr": {}}}, TOKEN, 422, "does not have field(s) tunerr"),
         ("POST", "/experiments", {"content": b"{" + b" " * 5000 + b"}"}, TOKEN, 413, "over the limit"),
-        ("POST", "/experiments", {"json": {**GOOD, "trialCodeDirectory": "/nonexistent/code"}}, TOKEN, 422, "/nonexistent/code"),
+        (
+            "POST",
+            "/experiments",
+            {"json": {**GOOD, "trialCodeDirectory": "/nonexistent/code"}},
+            TOKEN,
+            422,
+            "/nonexistent/code",
+        ),
         ("GET", "/experiments/nope", {}, TOKEN, 404, "experiment 'nope' not found"),
         ("POST", "/experiments/nope/trials", {"json": {"parameters": {}}}, TOKEN, 404, "experiment 'nope' not found"),
-        ("POST", f"/experiments/{experiment}/trials", {"json": {"parameters": [1]}}, TOKEN, 422, "parameters must be a JSON object"),
+        (
+            "POST",
+            f"/experiments/{experiment}/trials",
+            {"json": {"parameters": [1]}},
+            TOKEN,
+            422,
+            "parameters must be a JSON object",
+        ),
         ("POST", f"/experiments/{experiment}/trials", {"json": {"params": {}}}, TOKEN, 422, "unknown field(s) params"),
         ("GET", "/trials/nope", {}, TOKEN, 404, "trial 'nope' not found"),
         ("POST", "/trials/nope/cancel", {}, TOKEN, 404, "trial 'nope' not found"),
@@ -75,11 +98,17 @@ def test_bad_requests_over_nats_get_the_same_answers(api):
     async def scenario():
         nc = await nats.connect(api.nats.url)
         try:
+
             async def ask(op: str, payload: bytes) -> dict:
                 import json
+
                 return json.loads((await nc.request(f"trialbus.api.{op}", payload, timeout=5)).data)
 
-            assert (await ask("trial.get", b'{"id": "nope"}')) == {"ok": False, "status": 404, "error": "trial 'nope' not found"}
+            assert (await ask("trial.get", b'{"id": "nope"}')) == {
+                "ok": False,
+                "status": 404,
+                "error": "trial 'nope' not found",
+            }
             bad = await ask("experiment.create", b"{oops")
             assert bad["status"] == 400 and "not valid JSON" in bad["error"]
             unknown = await ask("experiment.explode", b"{}")

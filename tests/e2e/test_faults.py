@@ -19,7 +19,8 @@ def trials_of(stack, experiment: str) -> list[dict]:
 def done(stack, experiment: str, timeout: float = 60) -> dict:
     return wait_until(
         lambda: (b := stack.rest("GET", f"/experiments/{experiment}").json())["status"] == "DONE" and b,
-        timeout, f"experiment {experiment} DONE",
+        timeout,
+        f"experiment {experiment} DONE",
     )
 
 
@@ -39,7 +40,9 @@ async def stream_counts(url: str, stream: str, experiment: str) -> Counter:
 
 def test_adapter_killed_with_trials_queued_and_running(stack, code_dir, run_log):
     # Given 6 trials of 2 s at concurrency 2: two running, four queued
-    experiment = stack.rest("POST", "/experiments", json=config(code_dir, trialConcurrency=2, maxTrialNumber=6)).json()["id"]
+    experiment = stack.rest("POST", "/experiments", json=config(code_dir, trialConcurrency=2, maxTrialNumber=6)).json()[
+        "id"
+    ]
     ids = [submit(stack, experiment, {"x": i, "sleep": 2}) for i in range(6)]
     wait_until(lambda: sum(t["status"] == "RUNNING" for t in trials_of(stack, experiment)) == 2, 30, "2 RUNNING")
     # When the adapter is killed -9 and comes back a second later
@@ -55,7 +58,9 @@ def test_adapter_killed_with_trials_queued_and_running(stack, code_dir, run_log)
 
 
 def test_gateway_killed_while_trials_report(stack, code_dir):
-    experiment = stack.rest("POST", "/experiments", json=config(code_dir, trialConcurrency=4, maxTrialNumber=8)).json()["id"]
+    experiment = stack.rest("POST", "/experiments", json=config(code_dir, trialConcurrency=4, maxTrialNumber=8)).json()[
+        "id"
+    ]
     ids = [submit(stack, experiment, {"x": i, "intermediate": 20, "pause": 0.1}) for i in range(8)]
     wait_until(lambda: sum(t["intermediateCount"] > 2 for t in trials_of(stack, experiment)) >= 2, 30, "reporting")
     # When the gateway dies mid-report and is back 1.5 s later
@@ -73,7 +78,9 @@ def test_gateway_killed_while_trials_report(stack, code_dir):
 
 
 def test_broker_restart_mid_experiment(stack, code_dir, run_log):
-    experiment = stack.rest("POST", "/experiments", json=config(code_dir, trialConcurrency=3, maxTrialNumber=9)).json()["id"]
+    experiment = stack.rest("POST", "/experiments", json=config(code_dir, trialConcurrency=3, maxTrialNumber=9)).json()[
+        "id"
+    ]
     ids = [submit(stack, experiment, {"x": i, "intermediate": 5, "pause": 0.2}) for i in range(9)]
     wait_until(lambda: sum(t["status"] == "RUNNING" for t in trials_of(stack, experiment)) >= 2, 30, "RUNNING")
     # When nats-server restarts on the same store

@@ -60,8 +60,11 @@ async def test_fifty_trials_every_metric_exactly_once_and_never_over_concurrency
         assert sorted(runs(run_log)) == sorted(t.id for t in trials)
 
     # And the REST API agrees
-    body = wait_until(lambda: (b := stack.rest("GET", f"/experiments/{experiment}").json())["status"] == "DONE" and b,
-                      10, "experiment DONE")
+    body = wait_until(
+        lambda: (b := stack.rest("GET", f"/experiments/{experiment}").json())["status"] == "DONE" and b,
+        10,
+        "experiment DONE",
+    )
     assert body["trialCounts"]["SUCCEEDED"] == 50
     listed = stack.rest("GET", f"/experiments/{experiment}/trials").json()
     assert all(t["status"] == "SUCCEEDED" and t["exitCode"] == 0 and t["intermediateCount"] == 20 for t in listed)
@@ -78,10 +81,14 @@ async def test_fifty_trials_every_metric_exactly_once_and_never_over_concurrency
 
 def test_failing_trial_reports_exit_code_and_stderr(stack, code_dir):
     experiment = stack.rest("POST", "/experiments", json=config(code_dir)).json()["id"]
-    trial = stack.rest("POST", f"/experiments/{experiment}/trials",
-                       json={"parameters": {"x": 1, "exit": 3, "stderr": "CUDA out of patience"}}).json()["id"]
-    body = wait_until(lambda: (b := stack.rest("GET", f"/trials/{trial}").json())["status"] == "FAILED" and b,
-                      30, "trial FAILED")
+    trial = stack.rest(
+        "POST",
+        f"/experiments/{experiment}/trials",
+        json={"parameters": {"x": 1, "exit": 3, "stderr": "CUDA out of patience"}},
+    ).json()["id"]
+    body = wait_until(
+        lambda: (b := stack.rest("GET", f"/trials/{trial}").json())["status"] == "FAILED" and b, 30, "trial FAILED"
+    )
     assert body["exitCode"] == 3
     assert "3" in body["message"]
     log = stack.rest("GET", f"/trials/{trial}/log")
@@ -91,8 +98,9 @@ def test_failing_trial_reports_exit_code_and_stderr(stack, code_dir):
 
 def test_cancel_running_trial_ends_it_and_its_whole_process_group(stack, code_dir, run_log):
     experiment = stack.rest("POST", "/experiments", json=config(code_dir)).json()["id"]
-    trial = stack.rest("POST", f"/experiments/{experiment}/trials",
-                       json={"parameters": {"x": 1, "sleep": 300, "child": True}}).json()["id"]
+    trial = stack.rest(
+        "POST", f"/experiments/{experiment}/trials", json={"parameters": {"x": 1, "sleep": 300, "child": True}}
+    ).json()["id"]
     wait_until(lambda: stack.rest("GET", f"/trials/{trial}").json()["status"] == "RUNNING", 30, "RUNNING")
     _, pid, pgid = wait_until(lambda: run_log.exists() and run_log.read_text().split(), 30, "trial started")
     time.sleep(0.3)  # let the trial start its child
@@ -100,11 +108,13 @@ def test_cancel_running_trial_ends_it_and_its_whole_process_group(stack, code_di
     assert stack.rest("POST", f"/trials/{trial}/cancel").status_code == 202
     wait_until(lambda: stack.rest("GET", f"/trials/{trial}").json()["status"] == "USER_CANCELED", 2, "USER_CANCELED")
     assert time.monotonic() - started < 2
+
     def group_gone() -> bool:
         try:
             os.killpg(int(pgid), 0)
         except ProcessLookupError:
             return True
         return False
+
     wait_until(group_gone, 2, f"process group {pgid} gone")
     assert not Path(f"/proc/{pid}").exists()

@@ -22,8 +22,17 @@ import nats.errors
 import pytest
 from prometheus_client import CollectorRegistry
 
-from contracts import CancelReply, CancelRequest, LocalConfig, LogReply, LogRequest, TrialEvent, TrialRequest
-from contracts import TrialStatus, subjects
+from contracts import (
+    CancelReply,
+    CancelRequest,
+    LocalConfig,
+    LogReply,
+    LogRequest,
+    TrialEvent,
+    TrialRequest,
+    TrialStatus,
+    subjects,
+)
 from services.adapters import AdapterService, AdapterSettings, PermanentError, TransientError
 from services.adapters.fake import FakeAdapter, FakePlatform
 from services.common.bus import Bus, bootstrap, connect

@@ -20,9 +20,9 @@ from nats.js import JetStreamContext
 
 from contracts import MetricRecord, MetricType, TrialEvent, TrialStatus, subjects
 from contracts.streams import CODE_STORE, STREAMS
+from services.common.code import upload_code
 from tests.fixtures.nats import NatsServer
 from trialbus.client import AsyncClient, Client, TrialbusError
-from services.common.code import upload_code
 
 EXP = "exp1"
 

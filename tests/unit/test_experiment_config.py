@@ -36,7 +36,12 @@ def errors_of(data: dict) -> str:
 
 
 def minimal(**extra) -> dict:
-    return {"trialCommand": "python3 trial.py", "trialConcurrency": 1, "trainingService": {"platform": "local"}, **extra}
+    return {
+        "trialCommand": "python3 trial.py",
+        "trialConcurrency": 1,
+        "trainingService": {"platform": "local"},
+        **extra,
+    }
 
 
 def test_nni_example_config_loads_with_paths_resolved_against_the_file(tmp_path: Path) -> None:

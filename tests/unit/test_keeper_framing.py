@@ -34,7 +34,7 @@ FRAME = b"ME000098" + RECORD.encode() + b"\n"
 
 
 def test_keeper_version_is_the_release_version():
-    assert keeper.VERSION == trialbus.__version__
+    assert trialbus.__version__ == keeper.VERSION
 
 
 def test_paths_point_at_the_shipped_files():

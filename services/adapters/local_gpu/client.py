@@ -14,6 +14,7 @@ a child watcher thread: the loop hears of a keeper's exit the moment it happens.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -125,10 +126,8 @@ class KeeperZygote:
                 os.close(fd)
         self._to = self._from = -1
         if self.pid:
-            try:  # it exits at EOF; reap it
+            with contextlib.suppress(ChildProcessError):  # it exits at EOF; reap it
                 os.waitpid(self.pid, 0)
-            except ChildProcessError:
-                pass
             self.pid = 0
 
 
@@ -230,10 +229,8 @@ def is_keeper(pid: int) -> bool:
 
 
 def kill_group(pgid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or reused by someone else's
         os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is gone (or the id was reused by someone else's)
 
 
 def read_state(trial_dir: str) -> dict:
