@@ -18,6 +18,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -326,7 +327,9 @@ class AsyncClient:
             async for msg in sub.messages:
                 yield msg.data
         finally:
-            await sub.unsubscribe()
+            # The connection may be draining or closed already (the client is closing).
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
 
     async def events(self, experiment_id: str, trial_id: str = "*") -> AsyncIterator[TrialEvent]:
         """Every status change of the experiment's trials (or one trial), history first, then live."""
