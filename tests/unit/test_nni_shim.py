@@ -9,6 +9,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,3 +144,25 @@ def test_standalone_without_nni_platform(load, capsys):
     assert "Intermediate result: 0.5  (Index 0)" in out
     assert "Final result: 0.9" in out
     assert "NNISDK" not in out
+
+
+def test_an_installed_nni_wins_over_the_shim(tmp_path: Path) -> None:
+    """The shim is on PYTHONPATH first, yet a trial whose interpreter has NNI gets NNI."""
+    real = tmp_path / "site" / "nni"
+    real.mkdir(parents=True)
+    (real / "__init__.py").write_text("REAL = True\nfrom nni import sub\n")
+    (real / "sub.py").write_text("VALUE = 42\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SHIM_PATH), str(tmp_path / "site")])}
+    out = subprocess.run(
+        [sys.executable, "-c", "import nni; print(nni.__file__, nni.REAL, nni.sub.VALUE)"],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout.split()
+    assert out == [str(real / "__init__.py"), "True", "42"]
+
+
+def test_without_an_installed_nni_the_shim_is_used() -> None:
+    env = {**os.environ, "PYTHONPATH": str(SHIM_PATH)}
+    out = subprocess.run(
+        [sys.executable, "-c", "import nni; print(nni.__file__)"], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == str(SHIM_PATH / "nni" / "__init__.py")

@@ -22,6 +22,10 @@ It behaves like NNI 2.x's legacy channel (docs/reference: nni-protocols.md §1.2
   are ``{}``, ids are ``STANDALONE``, results are printed instead of sent.
 
 Numpy and torch scalars (anything with ``.item()``) are reported as plain numbers.
+
+A real NNI wins: when an ``nni`` package is importable from the rest of ``sys.path`` (the
+trial's interpreter has NNI installed), importing this stand-in loads that one instead, so
+the shim on ``PYTHONPATH`` never shadows the real SDK.
 """
 
 from __future__ import annotations
@@ -31,6 +35,26 @@ import os
 import sys
 import time
 from typing import Any
+
+
+def _real_nni() -> bool:
+    """Load an installed NNI in place of this module; True when there was one."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec(__name__, rest)
+    if spec is None or spec.origin == os.path.abspath(__file__):
+        return False
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[__name__] = module  # what `import nni` returns once this file has run
+    spec.loader.exec_module(module)
+    return True
+
+
+if _real_nni():
+    pass  # the real NNI is in sys.modules; the definitions below are not used
 
 __all__ = [
     "get_current_parameter",
