@@ -22,7 +22,7 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -331,33 +331,36 @@ class AsyncClient:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
 
-    async def events(self, experiment_id: str, trial_id: str = "*") -> AsyncIterator[TrialEvent]:
+    def events(self, experiment_id: str, trial_id: str = "*") -> AsyncIterator[TrialEvent]:
         """Every status change of the experiment's trials (or one trial), history first, then live."""
-        seen: set[tuple[str, str, int]] = set()
-        async for data in self._follow(EVENTS.name, subjects.events(experiment_id, trial_id)):
-            try:
-                event = TrialEvent.decode(data)
-            except ContractError as exc:
-                log.warning("skipping an event: %s", exc)
-                continue
-            key = (event.trial_id, event.status.value, event.attempt)
-            if key not in seen:
-                seen.add(key)
-                yield event
+        return self._unique(
+            EVENTS.name, subjects.events(experiment_id, trial_id), TrialEvent,
+            lambda e: subjects.event_id(e.trial_id, e.status.value, e.attempt),
+        )
 
-    async def metrics(self, experiment_id: str, trial_id: str = "*") -> AsyncIterator[MetricRecord]:
+    def metrics(self, experiment_id: str, trial_id: str = "*") -> AsyncIterator[MetricRecord]:
         """Every metric of the experiment's trials (or one trial), history first, then live."""
-        seen: set[tuple[str, str, int]] = set()
-        async for data in self._follow(METRICS.name, subjects.metrics(experiment_id, trial_id)):
+        return self._unique(
+            METRICS.name, subjects.metrics(experiment_id, trial_id), MetricRecord,
+            lambda r: subjects.metric_id(r.trial_id, r.type.value, r.sequence),
+        )
+
+    async def _unique(
+        self, stream: str, subject: str, model: type[M], dedupe_id: Callable[[M], str]
+    ) -> AsyncIterator[M]:
+        """Decoded messages, each once: the stream's own dedupe id, applied again here in
+        case a message was stored twice (a resend after the stream's dedupe window)."""
+        seen: set[str] = set()
+        async for data in self._follow(stream, subject):
             try:
-                record = MetricRecord.decode(data)
+                item = model.decode(data)
             except ContractError as exc:
-                log.warning("skipping a metric: %s", exc)
+                log.warning("skipping a message on %s: %s", subject, exc)
                 continue
-            key = (record.trial_id, record.type.value, record.sequence)
+            key = dedupe_id(item)
             if key not in seen:
                 seen.add(key)
-                yield record
+                yield item
 
     async def _watcher(self, experiment_id: str) -> ExperimentWatcher:
         async with self._watchers_lock:
