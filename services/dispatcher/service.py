@@ -146,6 +146,12 @@ class DispatcherService(Service):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # broker not ready yet: retry, never lose the loop
+                if "deliver_subject is required" in str(exc):
+                    # A store from a release whose dispatcher pulled: replace that consumer.
+                    # The stream is replayed from its start, which changes nothing (idempotent).
+                    log.warning("replacing the pull consumer %s on %s", config.durable_name, stream)
+                    await self.bus.js.delete_consumer(stream, config.durable_name)
+                    continue
                 log.warning("subscribing to %s failed (%s); retrying", stream, exc)
                 await asyncio.sleep(0.5)
         self._subs.append(sub)
