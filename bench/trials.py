@@ -71,23 +71,14 @@ async def trial_rate(nats_url: str, command: str, code_dir: Path, concurrency: i
             }
         )
         submitted: dict[str, float] = {}
-        running_at: dict[str, float] = {}
         final_at: dict[str, float] = {}
 
-        async def watch_events() -> None:
-            async for event in client.events(experiment):
-                if event.status == "RUNNING" and event.trial_id in submitted:
-                    running_at.setdefault(event.trial_id, time.perf_counter())
-
-        watcher = asyncio.create_task(watch_events())
-        await asyncio.sleep(0.2)
-
         async def one() -> None:
-            start = time.perf_counter()
+            start = time.time()
             trial = await client.submit_trial(experiment, {"i": len(submitted)})
             submitted[trial.id] = start
             await client.wait_final(trial.id, timeout=120)
-            final_at[trial.id] = time.perf_counter()
+            final_at[trial.id] = time.time()
             # The slot frees when the trial has ended (its SUCCEEDED event), which may come
             # just after its final metric: submit the next one then, as NNI does.
             await client.wait_trial(trial.id, timeout=120)
@@ -100,8 +91,9 @@ async def trial_rate(nats_url: str, command: str, code_dir: Path, concurrency: i
         lanes = [count // concurrency + (1 if i < count % concurrency else 0) for i in range(concurrency)]
         await asyncio.gather(*(lane(n) for n in lanes))
         elapsed = time.perf_counter() - begin
-        await asyncio.sleep(0.2)
-        watcher.cancel()
+        # RUNNING times from the events' own timestamps (set by the adapter when the trial
+        # started), read after the run so that no extra consumer competes during it.
+        running_at = await _running_times(client, experiment, len(submitted))
         return TrialFigures(
             concurrency=concurrency,
             trials=count,
@@ -110,6 +102,20 @@ async def trial_rate(nats_url: str, command: str, code_dir: Path, concurrency: i
             to_running=sorted(running_at[t] - submitted[t] for t in submitted if t in running_at),
             to_final=sorted(final_at[t] - submitted[t] for t in submitted),
         )
+
+
+async def _running_times(client: AsyncClient, experiment: str, count: int) -> dict[str, float]:
+    running: dict[str, float] = {}
+
+    async def read() -> None:
+        async for event in client.events(experiment):
+            if event.status == "RUNNING":
+                running[event.trial_id] = event.time.timestamp()
+                if len(running) == count:
+                    return
+
+    await asyncio.wait_for(read(), 30)
+    return running
 
 
 def percentile(values: list[float], p: float) -> float:

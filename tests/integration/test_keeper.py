@@ -311,6 +311,16 @@ def test_a_keeper_of_another_version_stops_its_trial(tmp_path, code_dir, gateway
     assert group_is_gone(state["pgid"])
 
 
+def test_a_short_trial_of_another_version_is_refused_by_its_first_batch(tmp_path, code_dir, gateway, nats_url):
+    old = tmp_path / "trial_keeper.py"
+    old.write_text(KEEPER_PATH.read_text().replace(f'VERSION = "{trialbus.__version__}"', 'VERSION = "9.9.0"'))
+    trial = Trial(tmp_path, code_dir, gateway.url, "Tvers2", keeper=old)
+    trial.wait(10)
+    state = trial.state
+    assert "409" in state["error"] and "9.9.0" in state["error"] and trialbus.__version__ in state["error"]
+    assert stored(nats_url, "Tvers2") == []
+
+
 def test_a_refused_token_stops_sending_but_not_the_trial(tmp_path, code_dir, gateway, nats_url):
     trial = Trial(tmp_path, code_dir, gateway.url, "Ttoken", TRIALBUS_TRIAL_TOKEN="0" * 64)
     assert trial.wait() == 0
