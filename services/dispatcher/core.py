@@ -19,23 +19,22 @@ import logging
 import secrets
 import string
 from collections import defaultdict, deque
-from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from pydantic import SecretStr, ValidationError
+from pydantic import ValidationError
 
 from contracts import subjects
 from contracts.base import utcnow
 from contracts.experiment import ExperimentConfig, format_validation_error
-from contracts.messages import CancelRequest, TrialEvent, TrialRequest
+from contracts.messages import CancelRequest, TrialEvent
 from contracts.state import ExperimentState, ExperimentStatus, TrialState, TrialStatus
 from services.common.bus import Bus
 from services.common.logs import bind
-from services.common.tokens import trial_token
 from services.dispatcher import history, snapshots
 from services.dispatcher.errors import ApiError
+from services.dispatcher.folds import MetricFold
+from services.dispatcher.requests import trial_request
 from services.dispatcher.settings import DispatcherSettings
 from services.dispatcher.store import StateStore
 
@@ -44,31 +43,6 @@ log = logging.getLogger(__name__)
 _ALNUM = string.ascii_lowercase + string.digits
 #: Seconds between two cancel requests for a trial whose owner has not ended it yet.
 CANCEL_RETRY = 3.0
-
-
-@dataclass
-class MetricFold:
-    """What a batch of metric records changes in one trial's state."""
-
-    experiment_id: str
-    trial_id: str
-    #: Intermediate results reported so far: the highest PERIODICAL sequence + 1.
-    periodical: int = 0
-    #: The FINAL value as reported (NNI-encoded JSON text), if the batch holds it.
-    final: str | None = None
-
-    @staticmethod
-    def fold(records: Iterable[dict[str, Any]]) -> list[MetricFold]:
-        """Records (``MetricRecord`` JSON) → one fold per trial."""
-        folds: dict[str, MetricFold] = {}
-        for record in records:
-            trial = record["trialId"]
-            fold = folds.get(trial) or folds.setdefault(trial, MetricFold(record["experimentId"], trial))
-            if record["type"] == "FINAL":
-                fold.final = record["value"]
-            else:
-                fold.periodical = max(fold.periodical, record["sequence"] + 1)
-        return list(folds.values())
 
 
 class Dispatcher:
@@ -391,26 +365,7 @@ class Dispatcher:
     async def _send(self, trial: TrialState) -> None:
         """Persist a dispatched trial and publish its request (concurrently; see ``rebuild``)."""
         state = self.store.experiments[trial.experiment_id]
-        request = TrialRequest(
-            experiment_id=trial.experiment_id,
-            trial_id=trial.id,
-            sequence_id=trial.sequence_id,
-            attempt=trial.attempt,
-            trial_command=state.config.trial_command,
-            code_ref=state.code_ref,
-            parameter_record=json.dumps(
-                {
-                    "parameter_id": trial.parameter_id,
-                    "parameter_source": "algorithm",
-                    "parameters": trial.parameters,
-                    "parameter_index": 0,
-                }
-            ),
-            trial_gpu_number=state.config.gpus_per_trial,
-            training_service=state.config.training_service,
-            token=SecretStr(trial_token(self.settings.trial_secret.get_secret_value(), trial.experiment_id, trial.id)),
-            max_trial_duration=state.config.max_trial_duration,
-        )
+        request = trial_request(state, trial, self.settings.trial_secret.get_secret_value())
         publish = self.bus.js.publish(
             subjects.dispatch(state.config.adapter),
             request.encode(),

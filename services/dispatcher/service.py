@@ -25,7 +25,8 @@ from services.common.http import HttpServer
 from services.common.lifecycle import Service
 from services.dispatcher import bus_api
 from services.dispatcher.api import create_app
-from services.dispatcher.core import Dispatcher, MetricFold
+from services.dispatcher.core import Dispatcher
+from services.dispatcher.folds import MetricFold
 from services.dispatcher.settings import DispatcherSettings
 from services.dispatcher.store import StateStore
 

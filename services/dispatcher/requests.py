@@ -1,0 +1,40 @@
+"""The request an adapter receives for one attempt of a trial (``dispatch.<adapter>``)."""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import SecretStr
+
+from contracts.messages import TrialRequest
+from contracts.state import ExperimentState, TrialState
+from services.common.tokens import trial_token
+
+
+def trial_request(state: ExperimentState, trial: TrialState, secret: str) -> TrialRequest:
+    """Everything the platform needs to run the trial, with its gateway token.
+
+    The parameter record is NNI's (``msg_dispatcher._pack_parameter``): the keeper writes it
+    verbatim to ``parameter.cfg``, where ``nni.get_next_parameter()`` reads it.
+    """
+    config = state.config
+    return TrialRequest(
+        experiment_id=trial.experiment_id,
+        trial_id=trial.id,
+        sequence_id=trial.sequence_id,
+        attempt=trial.attempt,
+        trial_command=config.trial_command,
+        code_ref=state.code_ref,
+        parameter_record=json.dumps(
+            {
+                "parameter_id": trial.parameter_id,
+                "parameter_source": "algorithm",
+                "parameters": trial.parameters,
+                "parameter_index": 0,
+            }
+        ),
+        trial_gpu_number=config.gpus_per_trial,
+        training_service=config.training_service,
+        token=SecretStr(trial_token(secret, trial.experiment_id, trial.id)),
+        max_trial_duration=config.max_trial_duration,
+    )
