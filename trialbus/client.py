@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Any, NamedTuple, TypeVar
 import nats
 import yaml
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
@@ -61,6 +63,8 @@ log = logging.getLogger(__name__)
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 #: Initial connection attempts before giving up (later drops are retried forever).
 CONNECT_ATTEMPTS = 3
+#: Messages an ``events()``/``metrics()`` iterator buffers ahead of its reader.
+FOLLOW_BUFFER = 4096
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -317,15 +321,40 @@ class AsyncClient:
     # -- streams ---------------------------------------------------------------------------
 
     async def _follow(self, stream: str, subject: str) -> AsyncIterator[bytes]:
+        """Payloads of an ordered consumer, oldest first.
+
+        A callback subscription fills a local buffer that this generator drains: nats-py's
+        ``sub.messages`` spends a task and two loop turns per message, which halved the rate
+        a tuner could read metrics at. When the buffer holds ``FOLLOW_BUFFER`` messages the
+        callback waits for the reader, so flow control holds the server back from a slow
+        tuner instead of memory filling up.
+        """
+        buffer: deque[bytes] = deque()
+        ready, room = asyncio.Event(), asyncio.Event()
+        room.set()
+
+        async def on_message(msg: Msg) -> None:
+            buffer.append(msg.data)
+            ready.set()
+            if len(buffer) >= FOLLOW_BUFFER:
+                room.clear()
+                await room.wait()
+
         try:
             sub = await self.js.subscribe(
-                subject, stream=stream, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+                subject, stream=stream, cb=on_message, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
             )
         except NotFoundError:
             raise TrialbusError(503, f"stream {stream} does not exist yet; is the stack running?") from None
         try:
-            async for msg in sub.messages:
-                yield msg.data
+            while True:
+                while buffer:
+                    yield buffer.popleft()
+                    if len(buffer) <= FOLLOW_BUFFER // 2:
+                        room.set()
+                room.set()
+                ready.clear()
+                await ready.wait()
         finally:
             # The connection may be draining or closed already (the client is closing).
             with contextlib.suppress(nats.errors.Error):

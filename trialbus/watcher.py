@@ -11,9 +11,9 @@ Rules:
   None once the trial ended without one.
 - An *end* future resolves once the trial ended, with a :class:`TrialOutcome`.
 - The gateway (metrics) and the adapters (events) publish on different streams, so the two
-  subscriptions may deliver out of order. Before it declares a trial ended, the watcher
-  looks up the stream sequence of the trial's last metric and waits until its metrics
-  subscription has delivered it: a FINAL is never missed because it came late.
+  subscriptions may deliver out of order. Before it declares a trial ended without a FINAL
+  seen, the watcher looks up the stream sequence of the trial's last metric and waits until
+  its metrics subscription has delivered it: a FINAL is never missed because it came late.
 - A failure the adapter calls ``transient`` may be retried by the dispatcher as a new
   attempt. For those, the watcher asks the dispatcher (``confirm``) whether the trial ended
   or runs again, and keeps waiting in the second case. This is the only request it makes.
@@ -201,7 +201,8 @@ class ExperimentWatcher:
             if trial.end_event is event:  # runs again: a later event ends it
                 trial.ending = False
                 return
-        await self._read_metrics_of(event.trial_id)
+        if trial.final is _NO_FINAL:  # a FINAL seen already: nothing later can change the outcome
+            await self._read_metrics_of(event.trial_id)
         final = None if trial.final is _NO_FINAL else trial.final
         trial.outcome = TrialOutcome(event.status, final, event.exit_code, event.message)
         self._resolve(trial)

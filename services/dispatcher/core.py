@@ -225,8 +225,8 @@ class Dispatcher:
         trial = self.store.trials.get(event.trial_id)
         if trial is None or event.attempt != trial.attempt or event.status == TrialStatus.WAITING:
             return
-        if event.status.terminal and not trial.status.terminal:
-            await self.metrics_caught_up()
+        if event.status.terminal and not trial.status.terminal and trial.final_metric is None:
+            await self.metrics_caught_up()  # with the FINAL applied, the trial's earlier records are too
         async with self._locks[trial.experiment_id]:
             trial = self.store.trials[event.trial_id]
             with bind(experiment=trial.experiment_id, trial=trial.id):

@@ -2,12 +2,13 @@
 
 Adapters ship this one stdlib-only file next to the trial and start it as
 ``python3 -S -I trial_keeper.py`` with ``TRIALBUS_*`` variables (docs/internals.md §1). It
-writes ``parameter.cfg``; runs the command with ``/bin/sh -c`` in a new session with NNI's
-environment; tees stdout to ``stdout`` (stderr goes straight to ``stderr``) picking up
-``NNISDK_MEb'…'`` lines; tails ``.nni/metrics`` (``ME%06d`` frames); POSTs the records to
-the gateway in batches (the first request announces the keeper's version: a hello without
-records once the trial has run 0.2 s without reporting, so a version mismatch shows at
-once), retrying with back-off and spooling to ``.trialbus/spool/`` while it is unreachable
+writes ``parameter.cfg``; runs the command in a new session with NNI's environment (a
+plain ``program arg…`` directly, anything a shell must read with ``/bin/sh -c``); tees
+stdout to ``stdout`` (stderr goes straight to ``stderr``) picking up ``NNISDK_MEb'…'``
+lines; tails ``.nni/metrics`` (``ME%06d`` frames); POSTs the records to the gateway in
+batches (the first request announces the keeper's version: a hello without records once
+the trial has run 1 s without reporting, so a version mismatch shows at once), retrying
+with back-off and spooling to ``.trialbus/spool/`` while it is unreachable
 (§2); and records the outcome in ``.trialbus/state.json`` (atomically) and ``.nni/state``.
 
 Guarantees: records reach the gateway in the order the trial wrote them (per channel), at
@@ -35,9 +36,12 @@ MAX_LINE = 900_000  # bytes: a longer stdout line is no record (NNI's SDK caps t
 MAX_BATCH, MAX_BATCH_BYTES = 500, 1 << 20  # per POST (the gateway's defaults: 5000, 4 MiB)
 TICK = 0.05  # seconds: the longest the loop sleeps, and the shortest gap between POSTs
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0
-HELLO_AFTER = 0.2  # seconds: a trial that reported nothing by then gets a hello (version check)
+HELLO_AFTER = 1.0  # seconds: a trial that reported nothing by then gets a hello (version check)
 DRAIN_AFTER_EXIT = 1.0  # seconds stdout is still read after the trial exited (escaped holders)
 WRITE = posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC
+# A command holding none of these bytes means the same to a shell as split on blanks, so it
+# is run directly: no shell process per trial (quotes, $, globs, ~, VAR=, ; | & … need one).
+SHELL_BYTES = frozenset(b"|&;<>()$`\\\"'*?[]#~=%{}!\n\r\v\f")
 
 _ESCAPES = {i: "\\u%04x" % i for i in range(32)}  # str.translate table for JSON strings
 _ESCAPES.update({34: '\\"', 92: "\\\\", 10: "\\n", 13: "\\r", 9: "\\t"})
@@ -296,10 +300,17 @@ class Keeper:
         posix.chdir(self.code_dir)
         # setsid: the trial leads its own group, which one killpg reaches. Python ignores
         # SIGPIPE and SIGXFSZ; the trial gets their defaults back, as with subprocess.
-        self.pid = posix.posix_spawn(
-            b"/bin/sh", [b"/bin/sh", b"-c", self.command], self.trial_env(), file_actions=actions,
-            setsid=True, setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),
-        )  # fmt: skip
+        argv, env, sigdef = self.command.split(), self.trial_env(), (_signal.SIGPIPE, _signal.SIGXFSZ)
+        self.pid = 0
+        if argv and SHELL_BYTES.isdisjoint(self.command):
+            try:  # looked up on the keeper's PATH, which the trial inherits
+                self.pid = posix.posix_spawnp(argv[0], argv, env, file_actions=actions, setsid=True, setsigdef=sigdef)
+            except OSError:
+                pass  # not found, not executable: let the shell say so in stderr, exit 127
+        if not self.pid:
+            self.pid = posix.posix_spawn(
+                b"/bin/sh", [b"/bin/sh", b"-c", self.command], env, file_actions=actions, setsid=True, setsigdef=sigdef
+            )
         posix.close(out_w)
         self.pgid, self.out_r = self.pid, out_r
         try:  # a pidfd wakes select the moment the trial exits (Linux >= 5.3)
@@ -561,6 +572,11 @@ def zygote():
     (its adapter is gone); it never waits for keepers: the kernel reaps them.
     """
     _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
+    # Load here what every keeper loads, once: shared libraries and the time zone.
+    import _socket  # noqa: F401
+    import select  # noqa: F401
+
+    time.strftime("%Z")
     while True:
         head = read_exact(0, 8)
         if not head:

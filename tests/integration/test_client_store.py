@@ -136,6 +136,31 @@ async def test_events_and_metrics_are_yielded_once_each(client: AsyncClient, js:
     assert [(m.type, m.decoded()) for m in metrics] == [(MetricType.PERIODICAL, 0.1), (MetricType.FINAL, 0.9)]
 
 
+async def test_a_slow_reader_gets_every_metric_in_order_with_a_bounded_buffer(
+    client: AsyncClient, js: JetStreamContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a history far longer than the iterator may buffer ahead of its reader
+    monkeypatch.setattr("trialbus.client.FOLLOW_BUFFER", 16)
+    for seq in range(300):
+        await publish_metric(js, "long", MetricType.PERIODICAL, seq, seq)
+    records = client.metrics(EXP, "long")
+    got = []
+
+    # When the tuner reads slowly, and more records arrive while it reads
+    async for record in records:
+        got.append(record.sequence)
+        if len(got) % 50 == 0:
+            await asyncio.sleep(0.05)  # the server is held back meanwhile (flow control)
+        if len(got) == 300:
+            await publish_metric(js, "long", MetricType.FINAL, 0, 1.0)
+        if len(got) == 301:
+            break
+    await records.aclose()
+
+    # Then it has seen each record once, in stream order, history then live
+    assert got == [*range(300), 0]
+
+
 async def test_wait_final_resolves_for_trials_that_ended_before_and_after_the_wait(
     client: AsyncClient, js: JetStreamContext
 ) -> None:

@@ -244,6 +244,26 @@ def test_exit_codes_are_recorded(tmp_path, code_dir, gateway):
     assert killed.read(".nni/state").startswith("-9 ")
 
 
+def test_a_plain_command_runs_without_a_shell(tmp_path, code_dir, gateway):
+    (code_dir / "pid.py").write_text("import os\nprint(os.getpid())\n")
+    trial = Trial(tmp_path, code_dir, gateway.url, "Tdirect", command=f"{shlex.quote(sys.executable)} pid.py")
+    assert trial.wait() == 0
+    assert int(trial.read("stdout")) == trial.state["trialPid"]  # the program itself, no /bin/sh between
+
+
+def test_a_command_that_needs_a_shell_gets_one(tmp_path, code_dir, gateway):
+    trial = Trial(tmp_path, code_dir, gateway.url, "Tshell", command='echo "$NNI_TRIAL_JOB_ID" | tr a-z A-Z')
+    assert trial.wait() == 0
+    assert trial.read("stdout") == "TSHELL\n"
+
+
+def test_an_unknown_program_fails_127_with_the_shells_message(tmp_path, code_dir, gateway):
+    trial = Trial(tmp_path, code_dir, gateway.url, "Tmissing", command="no-such-program-x1 --lr 0.1")
+    assert trial.wait() == 127
+    assert "no-such-program-x1" in trial.read("stderr") and "not found" in trial.read("stderr")
+    assert trial.state["exitCode"] == 127
+
+
 def test_what_the_trial_leaves_behind_is_killed(tmp_path, code_dir, gateway):
     trial = Trial(tmp_path, code_dir, gateway.url, "Torphan", command="sleep 300 & echo started")
     assert trial.wait() == 0
