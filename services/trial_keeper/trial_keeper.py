@@ -34,7 +34,8 @@ VERSION = "0.1.0"  # must equal trialbus.__version__ (a test checks; the keeper 
 MARKER = b"NNISDK_MEb'"  # the stdout channel: NNISDK_MEb'<json>' on a line of its own
 MAX_LINE = 900_000  # bytes: a longer stdout line is no record (NNI's SDK caps them at 999,999)
 MAX_BATCH, MAX_BATCH_BYTES = 500, 1 << 20  # per POST (the gateway's defaults: 5000, 4 MiB)
-TICK = 0.05  # seconds: the longest the loop sleeps, and the shortest gap between POSTs
+TICK = 0.05  # seconds: the shortest gap between POSTs, and how often a reporting trial's file is read
+TICK_MAX = 0.4  # seconds: a quiet trial's file is read ever less often, down to this (no wake-ups to spare)
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0
 HELLO_AFTER = 1.0  # seconds: a trial that reported nothing by then gets a hello (version check)
 DRAIN_AFTER_EXIT = 1.0  # seconds stdout is still read after the trial exited (escaped holders)
@@ -233,7 +234,9 @@ class Keeper:
         url = setting(b"GATEWAY_URL")
         self.gateway = url and Gateway(url, self.experiment, self.trial, setting(b"TRIAL_TOKEN", ""))
         self.sending, self.hello_ok = bool(self.gateway), False
-        self.state, self.error = {}, None
+        self.state, self.error, self.log_file = {}, None, None
+        self.exit_unrecorded = False  # the exit is in self.state, not yet in state.json
+        self.tick, self.taken = TICK, 0
         self.pid = self.pgid = 0
         self.pidfd = self.out_r = self.metrics_fd = self.wake_r = -1
         self.exit_code, self.exited_at, self.kill_at = None, 0.0, 0.0
@@ -248,6 +251,10 @@ class Keeper:
         return self.dir + "/" + name
 
     def log(self, message):
+        """A line in ``.trialbus/keeper.log``, created on first use: a trial that runs as it
+        should leaves none (``state.json`` says when it started and how it ended)."""
+        if self.log_file is None:
+            self.log_file = open(self.path(".trialbus/keeper.log"), "ab", buffering=0)  # noqa: SIM115
         self.log_file.write((time.strftime("%Y-%m-%d %H:%M:%S ") + message + "\n").encode("utf-8", "replace"))
 
     def update_state(self, **values):
@@ -257,9 +264,7 @@ class Keeper:
     # -- the trial -----------------------------------------------------------------------
 
     def prepare(self):
-        for sub in ("", "/.nni", "/.trialbus"):
-            mkdir(self.dir + sub)
-        self.log_file = open(self.path(".trialbus/keeper.log"), "ab", buffering=0)  # noqa: SIM115
+        mkdir(self.dir + "/.trialbus")  # .nni is made by the NNI SDK, or by reap when it writes there
         if b"TRIALBUS_PARAMETERS" in self.environ:  # read by the trial only: no rename needed
             write_file(self.path("parameter.cfg"), self.environ[b"TRIALBUS_PARAMETERS"])
         if not self.gateway:
@@ -318,7 +323,6 @@ class Keeper:
         except (AttributeError, OSError):
             self.pidfd = -1
         self.update_state(keeperPid=posix.getpid(), trialPid=self.pid, pgid=self.pgid, startTime=time.time())
-        self.log("started trial %s (pid %d)" % (self.trial, self.pid))
 
     def loop(self):
         """Relay output and metrics until the trial is over, then flush what is left."""
@@ -328,8 +332,11 @@ class Keeper:
         while True:
             running = self.pid or self.out_r >= 0
             if running:
-                timeout = TICK
+                timeout = min(self.tick, self.kill_at - time.monotonic()) if self.kill_at else self.tick
             elif (self.queue or self.spool) and self.sending and not self.abandon:
+                if self.exit_unrecorded:  # the gateway is slow to take the rest: say how the trial ended
+                    self.update_state()
+                    self.exit_unrecorded = False
                 deadline = self.exited_at + self.flush_timeout
                 if time.monotonic() >= deadline:
                     return self.log("flush timeout: records left unsent")
@@ -346,7 +353,9 @@ class Keeper:
                 self.reap()
             elif self.out_r >= 0 and time.monotonic() - self.exited_at > DRAIN_AFTER_EXIT:
                 self.close_stdout()  # a daemon that left the group still holds the pipe
+            taken = self.taken
             self.read_metrics()
+            self.tick = TICK if self.taken != taken or self.out_r in ready else min(self.tick * 2, TICK_MAX)
             self.control()
             self.pump()
 
@@ -381,6 +390,7 @@ class Keeper:
         self.take(records)
 
     def take(self, records):
+        self.taken += len(records)
         if self.sending:
             self.queue += records
         else:
@@ -398,9 +408,13 @@ class Keeper:
             posix.close(self.pidfd)
             self.pidfd = -1
         now = time.time()
-        self.update_state(exitCode=self.exit_code, endTime=now)
-        write_file(self.path(".nni/state"), b"%d %d\n" % (self.exit_code, int(now * 1000)))
-        self.log("trial exited with %d" % self.exit_code)
+        self.state.update(exitCode=self.exit_code, endTime=now)
+        self.exit_unrecorded = True
+        try:
+            write_file(self.path(".nni/state"), b"%d %d\n" % (self.exit_code, int(now * 1000)))
+        except FileNotFoundError:  # the trial never used NNI's file channel
+            mkdir(self.path(".nni"))
+            write_file(self.path(".nni/state"), b"%d %d\n" % (self.exit_code, int(now * 1000)))
 
     def killpg(self, signum):
         try:
@@ -520,7 +534,8 @@ class Keeper:
             self.fail([])
         flushed = not self.queue and not self.spool and self.unsent == 0
         self.update_state(done=True, metricsFlushed=flushed, canceled=self.canceled, error=self.error)
-        self.log("done: metricsFlushed=%s canceled=%s error=%s" % (flushed, self.canceled, self.error))
+        if not flushed or self.canceled or self.error:
+            self.log("done: metricsFlushed=%s canceled=%s error=%s" % (flushed, self.canceled, self.error))
         code = 1 if self.exit_code is None else self.exit_code
         return 128 - code if code < 0 else code
 
@@ -574,9 +589,11 @@ def zygote():
     _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
     # Load here what every keeper loads, once: shared libraries and the time zone.
     import _socket  # noqa: F401
+    import gc
     import select  # noqa: F401
 
     time.strftime("%Z")
+    gc.freeze()  # a keeper's collections then leave the zygote's objects (and their pages) alone
     while True:
         head = read_exact(0, 8)
         if not head:

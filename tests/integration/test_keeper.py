@@ -221,6 +221,7 @@ def test_file_channel_trial_reports_through_the_gateway(tmp_path, code_dir, gate
     assert trial.read("parameter.cfg") == PARAMETERS
     exit_code, millis = trial.read(".nni/state").split()
     assert exit_code == "0" and abs(int(millis) / 1000 - state["endTime"]) < 1
+    assert not (trial.dir / ".trialbus" / "keeper.log").exists()  # nothing went wrong: nothing to log
 
 
 def test_stdout_channel_trial_reports_through_the_gateway(tmp_path, code_dir, gateway, nats_url):
@@ -231,6 +232,7 @@ def test_stdout_channel_trial_reports_through_the_gateway(tmp_path, code_dir, ga
     assert trial.read("stdout").count("NNISDK_MEb'") == 4  # the output is kept whole
     assert "CUDA_VISIBLE_DEVICES" in trial.read("stdout")
     assert not (trial.dir / ".nni" / "metrics").exists()
+    assert trial.read(".nni/state").startswith("0 ")  # NNI's layout all the same
 
 
 def test_exit_codes_are_recorded(tmp_path, code_dir, gateway):
