@@ -220,8 +220,23 @@ class Dispatcher:
 
     # ------------------------------------------------------------ bus inputs
 
-    async def on_event(self, event: TrialEvent) -> None:
-        """Apply an adapter's event; idempotent (replays and duplicates change nothing)."""
+    async def on_events(self, events: list[TrialEvent]) -> None:
+        """Apply a batch of adapters' events; returns once their effect is in KV (then ack).
+
+        Idempotent: replays and duplicates change nothing. The trials' new states are
+        written together at the end (one write per trial, however many of its events the
+        batch holds); what the events set in motion (the next trials' dispatch) goes out
+        at once.
+        """
+        sends: list[TrialState] = []
+        for event in events:
+            await self.on_event(event, sends)
+        await asyncio.gather(self.store.flush(event.trial_id for event in events), *(self._send(t) for t in sends))
+
+    async def on_event(self, event: TrialEvent, sends: list[TrialState]) -> None:
+        """Apply one event to the cache. Its trial's state is left for :meth:`on_events` to
+        flush, and the trials it lets go (a slot freed) are added to ``sends``: no round trip
+        happens under the experiment lock."""
         trial = self.store.trials.get(event.trial_id)
         if trial is None or event.attempt != trial.attempt or event.status == TrialStatus.WAITING:
             return
@@ -244,21 +259,23 @@ class Dispatcher:
                                 "message": None,
                             }
                         )
-                        await self.store.put_trial(trial)
+                        self.store.defer(trial)
                     if trial.cancel_status:
                         await self._request_cancel(trial)
                     return
                 await self._end(
-                    trial, event.status, event.message, exit_code=event.exit_code, when=event.time, publish=False
-                )
+                    trial, event.status, event.message, exit_code=event.exit_code, when=event.time, publish=False,
+                    sends=sends,
+                )  # fmt: skip
 
     async def on_metrics(self, records: list[MetricFold], stream_seq: int = 0) -> None:
         """Fold a batch of metric records into trial state (final metric, intermediate count).
 
         Each record is folded into its trial's :class:`MetricFold` first, so a batch costs
         one state copy and one KV write per trial, not per record (records arrive by the
-        thousand). ``stream_seq`` is the METRICS sequence of the batch's last record: once
-        applied, terminal events waiting in :meth:`metrics_caught_up` may proceed.
+        thousand); the write happens outside the experiment lock. Returns once the folds
+        are in KV (then ack). ``stream_seq`` is the METRICS sequence of the batch's last
+        record: once applied, terminal events waiting in :meth:`metrics_caught_up` may proceed.
         """
         by_experiment: dict[str, list[MetricFold]] = defaultdict(list)
         for fold in records:
@@ -274,10 +291,11 @@ class Dispatcher:
                             update["final_metric"] = json.loads(fold.final)
                         except ValueError:
                             update["final_metric"] = fold.final
-                    self.store.stage_trial(trial.model_copy(update=update))
-                await self.store.flush({fold.trial_id for fold in folds})
+                    self.store.defer(trial.model_copy(update=update))
+        # Applied (in the cache): an end waiting in metrics_caught_up may go on.
         self._metrics_seq = max(self._metrics_seq, stream_seq)
         self._metrics_applied.set()
+        await self.store.flush(fold.trial_id for folds in by_experiment.values() for fold in folds)
 
     def metrics_applied_up_to(self, stream_seq: int) -> None:
         """At start: everything up to the consumer's ack floor was applied by an earlier run."""
@@ -304,6 +322,11 @@ class Dispatcher:
         """Once a second: limits that depend on time, cancels not yet honoured, finished experiments."""
         now = utcnow()
         loop_time = asyncio.get_running_loop().time()
+        if self.store.dirty:  # deferred states whose write failed: KV catches up
+            try:
+                await self.store.flush(list(self.store.dirty))
+            except Exception as exc:
+                log.warning("writing %d trial states failed (%s); will retry", len(self.store.dirty), exc)
         for trial_id in list(self._unsent):
             trial = self.store.trials[trial_id]
             async with self._locks[trial.experiment_id]:
@@ -364,6 +387,9 @@ class Dispatcher:
 
     async def _send(self, trial: TrialState) -> None:
         """Persist a dispatched trial and publish its request (concurrently; see ``rebuild``)."""
+        if self.store.trials[trial.id].status.terminal:  # ended (canceled) before it went out
+            self._unsent.discard(trial.id)
+            return
         state = self.store.experiments[trial.experiment_id]
         request = trial_request(state, trial, self.settings.trial_secret.get_secret_value())
         publish = self.bus.js.publish(
@@ -371,8 +397,8 @@ class Dispatcher:
             request.encode(),
             headers={"Nats-Msg-Id": subjects.dispatch_id(trial.id, trial.attempt)},
         )
-        try:
-            _, ack = await asyncio.gather(self.store.put_trial(trial), publish)
+        try:  # the cache holds the trial as dispatched (``_take_ready``), maybe changed since
+            _, ack = await asyncio.gather(self.store.write_cached(trial.id), publish)
         except Exception as exc:  # the broker is away: the sweep sends it again
             log.warning("dispatching trial %s failed (%s); will retry", trial.id, exc)
             return
@@ -421,7 +447,13 @@ class Dispatcher:
         exit_code: int | None = None,
         when=None,
         publish: bool = True,
+        sends: list[TrialState] | None = None,
     ) -> TrialState:
+        """End a trial: free its slot, dispatch what waits, maybe finish the experiment.
+
+        With ``sends``, the new state goes to the cache only, for the caller to ``flush``,
+        and the trials that take the slot are added to ``sends`` for the caller to send.
+        """
         trial = trial.model_copy(
             update={
                 "status": status,
@@ -430,17 +462,24 @@ class Dispatcher:
                 "exit_code": exit_code if exit_code is not None else trial.exit_code,
             }
         )
-        await self.store.put_trial(trial)
         self._active[trial.experiment_id].discard(trial.id)
         if trial.id in self._queue[trial.experiment_id]:
             self._queue[trial.experiment_id].remove(trial.id)
         self._cancel_sent.pop(trial.id, None)
         self._dispatch_seq.pop(trial.id, None)
         self._unsent.discard(trial.id)
+        # The slot is free at once (the platform's is: every caller ends a trial that is not
+        # running there): the next trial goes out while this end is written. A write-through
+        # that fails leaves the cache as it was, and the caller applies the end again; a
+        # deferred one stays dirty until written (see StateStore).
+        if sends is not None:
+            self.store.defer(trial)
+            sends += self._take_ready(trial.experiment_id)
+        else:
+            await asyncio.gather(self.store.put_trial(trial), self._dispatch_ready(trial.experiment_id))
         if publish:  # a decision of the dispatcher's own: put it in the history too
             await self._publish_event(trial, status)
         log.info("trial %s %s%s", trial.id, status.value, f": {message}" if message else "")
-        await self._dispatch_ready(trial.experiment_id)
         await self._finish_if_done(trial.experiment_id)
         return trial
 

@@ -86,14 +86,14 @@ class DispatcherService(Service):
                 await sub.unsubscribe()
 
     async def _on_events(self, msgs: list[Msg]) -> None:
+        events = []
         for msg in msgs:
             try:
-                event = TrialEvent.decode(msg.data)
+                events.append(TrialEvent.decode(msg.data))
             except ContractError as exc:
                 log.error("dropping malformed event on %s: %s", msg.subject, exc)
-                continue
-            await self.core.on_event(event)
-        await msgs[-1].ack()  # cumulative: the whole batch is applied
+        await self.core.on_events(events)
+        await msgs[-1].ack()  # cumulative: the whole batch is applied and in KV
 
     async def _on_metrics(self, msgs: list[Msg]) -> None:
         # The gateway validated every record against MetricRecord; here only the fields

@@ -1,13 +1,24 @@
 """Experiment and trial state: JetStream KV as the truth, an in-memory index for reads.
 
-The dispatcher is the only writer, so the cache is write-through and never stale.
-``load`` rebuilds it from the buckets at start (one watch per bucket, not one get per key).
+The dispatcher is the only writer, so the cache is never stale. Writes come two ways:
+
+- ``put_*``: write through (KV first, then the cache): API calls, whose answer must not
+  come before the state is stored.
+- ``defer`` then ``flush``: the cache first, KV once per batch (group commit). Events and
+  metric records are applied this way, a batch at a time, and acked only after ``flush``
+  returned; the experiment lock is then never held across a round trip for them. A trial
+  whose flush failed stays ``dirty`` (the cache is ahead of KV) until a later flush writes
+  it: the sweep retries, and a redelivered message flushes its trial before it is acked.
+
+``load`` rebuilds the cache from the buckets at start (one watch per bucket, not one get per key).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Iterable
 
 from nats.js.kv import KeyValue
 
@@ -24,6 +35,8 @@ class StateStore:
         self.trials: dict[str, TrialState] = {}
         #: experiment id → its trial ids in sequence order
         self.trials_of: dict[str, list[str]] = defaultdict(list)
+        #: trial id → its cached state that is not (known to be) in KV yet
+        self.dirty: dict[str, TrialState] = {}
         self._experiments_kv: KeyValue | None = None
         self._trials_kv: KeyValue | None = None
 
@@ -64,14 +77,43 @@ class StateStore:
     async def put_trial(self, trial: TrialState) -> None:
         await self._trials_kv.put(trial.id, trial.encode())
         self._index(trial)
+        self.dirty.pop(trial.id, None)  # what was deferred is in KV with this newer state
+
+    async def write_cached(self, trial_id: str) -> None:
+        """Write the trial as the cache holds it now (staged earlier, or deferred)."""
+        trial = self.trials[trial_id]
+        await self._trials_kv.put(trial_id, trial.encode())
+        if self.dirty.get(trial_id) is trial:
+            del self.dirty[trial_id]
 
     def stage_trial(self, trial: TrialState) -> None:
-        """Update the cache now; the caller persists it with ``flush`` (metric batches)."""
+        """Update the cache now; the caller writes it with ``put_trial`` right after."""
         self._index(trial)
 
-    async def flush(self, trial_ids: set[str]) -> None:
-        for trial_id in trial_ids:
-            await self._trials_kv.put(trial_id, self.trials[trial_id].encode())
+    def defer(self, trial: TrialState) -> None:
+        """Update the cache now; KV gets it with the next ``flush`` of the trial."""
+        self._index(trial)
+        self.dirty[trial.id] = trial
+
+    async def flush(self, trial_ids: Iterable[str]) -> None:
+        """Write the deferred state of these trials (one write each, concurrently).
+
+        Raises the first failure once all writes are settled; the trials that failed stay dirty.
+        """
+        states = [self.dirty[t] for t in set(trial_ids) if t in self.dirty]
+        if not states:
+            return
+        results = await asyncio.gather(
+            *(self._trials_kv.put(state.id, state.encode()) for state in states), return_exceptions=True
+        )
+        failure = None
+        for state, result in zip(states, results, strict=True):
+            if isinstance(result, BaseException):
+                failure = failure or result
+            elif self.dirty.get(state.id) is state:  # not deferred again meanwhile
+                del self.dirty[state.id]
+        if failure is not None:
+            raise failure
 
     def trials_for(self, experiment_id: str) -> list[TrialState]:
         return [self.trials[t] for t in self.trials_of.get(experiment_id, [])]
