@@ -180,8 +180,8 @@ class Dispatcher:
                 message=f"waiting for a free slot (trialConcurrency {config.trial_concurrency})",
             )
             # One round trip: the trial, the WAITING event and (when a slot is
-            # free) the dispatch go out together. A failure leaves nothing the client was
-            # told about; a resend after a crash is deduplicated.
+            # free) the dispatch go out together, after the lock is released. A failure
+            # leaves nothing the client was told about; a resend after a crash is deduplicated.
             self.store.stage_trial(trial)
             self._queue[experiment_id].append(trial.id)
             sends = self._take_ready(experiment_id)
@@ -190,9 +190,10 @@ class Dispatcher:
                 *(self._send(t) for t in sends),
             ]
             if all(t.id != trial.id for t in sends):
-                writes.append(self.store.put_trial(trial))
-            await asyncio.gather(*writes)
-            return self.store.trials[trial.id]
+                writes.append(self.store.write_cached(trial.id))  # as the cache holds it then
+            submitted = self.store.trials[trial.id]  # the answer: WAITING, whatever comes next
+        await asyncio.gather(*writes)
+        return submitted
 
     async def cancel_trial(
         self, trial_id: str, status: TrialStatus = TrialStatus.USER_CANCELED, message: str | None = None
