@@ -161,6 +161,8 @@ class AsyncClient:
         self._watchers: dict[str, ExperimentWatcher] = {}
         self._watchers_lock = asyncio.Lock()
         self._trial_experiment: dict[str, str] = {}
+        #: One callable per open events()/metrics() iterator: ends it when the client closes.
+        self._followers: set[Callable[[], None]] = set()
 
     async def __aenter__(self) -> AsyncClient:
         await self.connect()
@@ -196,6 +198,7 @@ class AsyncClient:
             max_reconnect_attempts=CONNECT_ATTEMPTS,
             error_cb=quiet,
             disconnected_cb=quiet,
+            closed_cb=self._end_followers,
         )
         if auth["user"]:
             options.update(user=auth["user"], password=auth["password"] or "")
@@ -213,15 +216,20 @@ class AsyncClient:
         return self
 
     async def close(self) -> None:
-        """Stop the watchers and drain the connection. Safe to call twice."""
+        """Stop the watchers, end the iterators, drain the connection. Safe to call twice."""
         watchers, self._watchers = list(self._watchers.values()), {}
         for watcher in watchers:
             await watcher.stop()
+        await self._end_followers()
         if self._nc is not None and not self._nc.is_closed:
             try:
                 await self._nc.drain()
             except (OSError, TimeoutError, nats.errors.Error):
                 await self._nc.close()
+
+    async def _end_followers(self) -> None:
+        for end in list(self._followers):
+            end()
 
     @property
     def js(self) -> JetStreamContext:
@@ -330,15 +338,20 @@ class AsyncClient:
         tuner instead of memory filling up.
         """
         buffer: deque[bytes] = deque()
-        ready, room = asyncio.Event(), asyncio.Event()
+        ready, room, ended = asyncio.Event(), asyncio.Event(), asyncio.Event()
         room.set()
 
         async def on_message(msg: Msg) -> None:
             buffer.append(msg.data)
             ready.set()
-            if len(buffer) >= FOLLOW_BUFFER:
+            if len(buffer) >= FOLLOW_BUFFER and not ended.is_set():
                 room.clear()
                 await room.wait()
+
+        def end() -> None:  # the client closes: the iterator ends after what it holds
+            ended.set()
+            room.set()
+            ready.set()
 
         try:
             sub = await self.js.subscribe(
@@ -346,16 +359,20 @@ class AsyncClient:
             )
         except NotFoundError:
             raise TrialbusError(503, f"stream {stream} does not exist yet; is the stack running?") from None
+        self._followers.add(end)
         try:
             while True:
                 while buffer:
                     yield buffer.popleft()
                     if len(buffer) <= FOLLOW_BUFFER // 2:
                         room.set()
+                if ended.is_set():
+                    return
                 room.set()
                 ready.clear()
                 await ready.wait()
         finally:
+            self._followers.discard(end)
             # The connection may be draining or closed already (the client is closing).
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()

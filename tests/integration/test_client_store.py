@@ -161,6 +161,24 @@ async def test_a_slow_reader_gets_every_metric_in_order_with_a_bounded_buffer(
     assert got == [*range(300), 0]
 
 
+async def test_closing_the_client_ends_its_iterators(nats_server: NatsServer, js: JetStreamContext) -> None:
+    await publish_metric(js, "t9", MetricType.PERIODICAL, 0, 0.1)
+    client = await AsyncClient(nats_server.url).connect()
+    seen = []
+
+    async def follow() -> None:
+        async for record in client.metrics(EXP):
+            seen.append(record.sequence)
+
+    reader = asyncio.create_task(follow())
+    while not seen:
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(client.close(), 10)
+
+    await asyncio.wait_for(reader, 5)  # ended, not left waiting for records that cannot come
+    assert seen == [0]
+
+
 async def test_wait_final_resolves_for_trials_that_ended_before_and_after_the_wait(
     client: AsyncClient, js: JetStreamContext
 ) -> None:
