@@ -3,7 +3,8 @@
 Prints, for no-op trials at concurrency 1, 4 and 16: submit→RUNNING and submit→final
 latency (p50/p99), trials per second next to the spawn-only rate of the same command
 measured in the same run, and their ratio; then metric records per second through the
-gateway to a subscribed tuner.
+gateway to a subscribed tuner. Spawn-only is measured right before and right after each
+concurrency's trials (the host's speed drifts), and the ratio uses their mean.
 """
 
 from __future__ import annotations
@@ -59,8 +60,11 @@ def main() -> None:
             table.add_column(column, justify="right")
         spawn_env = {**os.environ, "PYTHONPATH": str(SHIM_PATH)}
         for concurrency, count in COUNTS.items():
+            # The host's speed drifts: spawn-only is measured just before and just after the
+            # trials, and the ratio uses the mean of the two.
+            before = spawn_rate(command, code, spawn_env, concurrency, count)
             figures = asyncio.run(trial_rate(options.nats_url, command, code, concurrency, count))
-            figures.spawn_rate = spawn_rate(command, code, spawn_env, concurrency, count)
+            figures.spawn_rate = (before + spawn_rate(command, code, spawn_env, concurrency, count)) / 2
             run_ms = [x * 1000 for x in figures.to_running]
             fin_ms = [x * 1000 for x in figures.to_final]
             table.add_row(
