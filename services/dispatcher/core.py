@@ -13,7 +13,6 @@ All mutations of one experiment run under that experiment's lock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import secrets
@@ -33,7 +32,7 @@ from services.common.bus import Bus
 from services.common.logs import bind
 from services.dispatcher import history, snapshots
 from services.dispatcher.errors import ApiError
-from services.dispatcher.folds import MetricFold
+from services.dispatcher.folds import MetricFold, MetricsProgress
 from services.dispatcher.requests import trial_request
 from services.dispatcher.settings import DispatcherSettings
 from services.dispatcher.store import StateStore
@@ -61,9 +60,8 @@ class Dispatcher:
         self._dispatch_seq: dict[str, int] = {}
         #: trials marked dispatched whose request is not (known to be) on the stream yet
         self._unsent: set[str] = set()
-        #: METRICS stream sequence up to which metric records are applied
-        self._metrics_seq = 0
-        self._metrics_applied = asyncio.Event()
+        #: how far the METRICS stream is applied (a trial's end waits for its metrics)
+        self.metrics = MetricsProgress()
 
     # ------------------------------------------------------------------ start
 
@@ -226,8 +224,7 @@ class Dispatcher:
 
         Idempotent: replays and duplicates change nothing. The trials' new states are
         written together at the end (one write per trial, however many of its events the
-        batch holds); what the events set in motion (the next trials' dispatch) goes out
-        at once.
+        batch holds), together with the requests of the trials that took the freed slots.
         """
         sends: list[TrialState] = []
         for event in events:
@@ -236,13 +233,13 @@ class Dispatcher:
 
     async def on_event(self, event: TrialEvent, sends: list[TrialState]) -> None:
         """Apply one event to the cache. Its trial's state is left for :meth:`on_events` to
-        flush, and the trials it lets go (a slot freed) are added to ``sends``: no round trip
+        flush, and the trials that take a slot it freed are added to ``sends``: no round trip
         happens under the experiment lock."""
         trial = self.store.trials.get(event.trial_id)
         if trial is None or event.attempt != trial.attempt or event.status == TrialStatus.WAITING:
             return
         if event.status.terminal and not trial.status.terminal and trial.final_metric is None:
-            await self.metrics_caught_up()  # with the FINAL applied, the trial's earlier records are too
+            await self.metrics.caught_up(self.bus.js)  # with the FINAL applied, its earlier records are too
         async with self._locks[trial.experiment_id]:
             trial = self.store.trials[event.trial_id]
             with bind(experiment=trial.experiment_id, trial=trial.id):
@@ -276,7 +273,7 @@ class Dispatcher:
         one state copy and one KV write per trial, not per record (records arrive by the
         thousand); the write happens outside the experiment lock. Returns once the folds
         are in KV (then ack). ``stream_seq`` is the METRICS sequence of the batch's last
-        record: once applied, terminal events waiting in :meth:`metrics_caught_up` may proceed.
+        record: once applied, terminal events waiting in ``metrics.caught_up`` may proceed.
         """
         by_experiment: dict[str, list[MetricFold]] = defaultdict(list)
         for fold in records:
@@ -293,31 +290,8 @@ class Dispatcher:
                         except ValueError:
                             update["final_metric"] = fold.final
                     self.store.defer(trial.model_copy(update=update))
-        # Applied (in the cache): an end waiting in metrics_caught_up may go on.
-        self._metrics_seq = max(self._metrics_seq, stream_seq)
-        self._metrics_applied.set()
+        self.metrics.applied(stream_seq)  # in the cache: an end waiting for them may go on
         await self.store.flush(fold.trial_id for folds in by_experiment.values() for fold in folds)
-
-    def metrics_applied_up_to(self, stream_seq: int) -> None:
-        """At start: everything up to the consumer's ack floor was applied by an earlier run."""
-        self._metrics_seq = max(self._metrics_seq, stream_seq)
-
-    async def metrics_caught_up(self, timeout: float = 2.0) -> None:
-        """Wait until every metric now in the stream is applied (bounded).
-
-        A keeper delivers a trial's metrics before its adapter reports the end, so after
-        this a trial that ended has its final metric, and a DONE experiment all of them.
-        """
-        try:
-            target = (await self.bus.js.stream_info("METRICS")).state.last_seq
-        except Exception:
-            return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self._metrics_seq < target and loop.time() < deadline:
-            self._metrics_applied.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._metrics_applied.wait(), deadline - loop.time())
 
     async def sweep(self) -> None:
         """Once a second: limits that depend on time, cancels not yet honoured, finished experiments."""

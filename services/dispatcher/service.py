@@ -157,7 +157,7 @@ class DispatcherService(Service):
                 await asyncio.sleep(0.5)
         self._subs.append(sub)
         if stream == "METRICS":
-            self.core.metrics_applied_up_to((await sub.consumer_info()).ack_floor.stream_seq)
+            self.core.metrics.applied((await sub.consumer_info()).ack_floor.stream_seq)
         while not self._stopping.is_set():
             await ready.wait()
             ready.clear()
