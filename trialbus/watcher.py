@@ -79,7 +79,6 @@ class ExperimentWatcher:
         self._subs: list[Any] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._error: Exception | None = None
-        self._stopping = False
 
     @property
     def broken(self) -> bool:
@@ -91,14 +90,15 @@ class ExperimentWatcher:
             (METRICS.name, subjects.metrics(self.experiment_id, ">"), self._on_metric),
             (EVENTS.name, subjects.events(self.experiment_id, ">"), self._on_event),
         ):
+            # A callback per message: nats-py's ``sub.messages`` spends a task and two loop
+            # turns on each, and a tuner waiting on trials reads every metric they report.
             sub = await self._js.subscribe(
-                subject, stream=stream, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
-            )
+                subject, stream=stream, cb=self._callback(handle), ordered_consumer=True,
+                deliver_policy=DeliverPolicy.ALL,
+            )  # fmt: skip
             self._subs.append(sub)
-            self._spawn(self._consume(sub, handle))
 
     async def stop(self) -> None:
-        self._stopping = True
         for sub in self._subs:
             try:
                 await sub.unsubscribe()
@@ -137,18 +137,17 @@ class ExperimentWatcher:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _consume(self, sub: Any, handle: Callable[[Msg], None]) -> None:
-        try:
-            async for msg in sub.messages:
+    def _callback(self, handle: Callable[[Msg], None]) -> Callable[[Msg], Awaitable[None]]:
+        async def on_message(msg: Msg) -> None:
+            if self._error is not None:
+                return
+            try:
                 handle(msg)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.error("watching experiment %s failed: %s", self.experiment_id, exc)
-            self._fail(ConnectionError(f"watching experiment {self.experiment_id} failed: {exc}"))
-            return
-        if not self._stopping:
-            self._fail(ConnectionError(f"the subscription of experiment {self.experiment_id} ended"))
+            except Exception as exc:  # the watcher is broken: the client starts a new one
+                log.error("watching experiment %s failed: %s", self.experiment_id, exc)
+                self._fail(ConnectionError(f"watching experiment {self.experiment_id} failed: {exc}"))
+
+        return on_message
 
     def _on_metric(self, msg: Msg) -> None:
         self._metrics_seq = max(self._metrics_seq, msg.metadata.sequence.stream)
