@@ -180,7 +180,7 @@ class Dispatcher:
             # One round trip: the trial, the WAITING event and (when a slot is
             # free) the dispatch go out together, after the lock is released. A failure
             # leaves nothing the client was told about; a resend after a crash is deduplicated.
-            self.store.stage_trial(trial)
+            self.store.defer(trial)
             self._queue[experiment_id].append(trial.id)
             sends = self._take_ready(experiment_id)
             writes = [
@@ -188,7 +188,7 @@ class Dispatcher:
                 *(self._send(t) for t in sends),
             ]
             if all(t.id != trial.id for t in sends):
-                writes.append(self.store.write_cached(trial.id))  # as the cache holds it then
+                writes.append(self.store.flush([trial.id]))  # as the cache holds it then
             submitted = self.store.trials[trial.id]  # the answer: WAITING, whatever comes next
         await asyncio.gather(*writes)
         return submitted
@@ -354,7 +354,7 @@ class Dispatcher:
                     "message": f"dispatched to {state.config.adapter}; waiting for an adapter replica to start it",
                 }
             )
-            self.store.stage_trial(trial)
+            self.store.defer(trial)
             active.add(trial.id)
             self._unsent.add(trial.id)
             taken.append(trial)
@@ -373,7 +373,7 @@ class Dispatcher:
             headers={"Nats-Msg-Id": subjects.dispatch_id(trial.id, trial.attempt)},
         )
         try:  # the cache holds the trial as dispatched (``_take_ready``), maybe changed since
-            _, ack = await asyncio.gather(self.store.write_cached(trial.id), publish)
+            _, ack = await asyncio.gather(self.store.flush([trial.id]), publish)
         except Exception as exc:  # the broker is away: the sweep sends it again
             log.warning("dispatching trial %s failed (%s); will retry", trial.id, exc)
             return

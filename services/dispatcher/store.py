@@ -6,7 +6,8 @@ The dispatcher is the only writer, so the cache is never stale. Writes come two 
   come before the state is stored.
 - ``defer`` then ``flush``: the cache first, KV once per batch (group commit). Events and
   metric records are applied this way, a batch at a time, and acked only after ``flush``
-  returned; the experiment lock is then never held across a round trip for them. A trial
+  returned; the experiment lock is then never held across a round trip for them (a submit
+  and a dispatch too: their writes go out once the lock is released). A trial
   whose flush failed stays ``dirty`` (the cache is ahead of KV) until a later flush writes
   it: the sweep retries, and a redelivered message flushes its trial before it is acked.
 
@@ -78,17 +79,6 @@ class StateStore:
         await self._trials_kv.put(trial.id, trial.encode())
         self._index(trial)
         self.dirty.pop(trial.id, None)  # what was deferred is in KV with this newer state
-
-    async def write_cached(self, trial_id: str) -> None:
-        """Write the trial as the cache holds it now (staged earlier, or deferred)."""
-        trial = self.trials[trial_id]
-        await self._trials_kv.put(trial_id, trial.encode())
-        if self.dirty.get(trial_id) is trial:
-            del self.dirty[trial_id]
-
-    def stage_trial(self, trial: TrialState) -> None:
-        """Update the cache now; the caller writes it with ``put_trial`` right after."""
-        self._index(trial)
 
     def defer(self, trial: TrialState) -> None:
         """Update the cache now; KV gets it with the next ``flush`` of the trial."""
