@@ -128,3 +128,41 @@ class LogReply(Contract):
     trial_id: str
     replica: str
     text: str
+
+
+class GpuStatus(Contract):
+    """One GPU of an adapter's host, as its inventory (NVML or nvidia-smi) last read it."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_total_mib: int
+    memory_used_mib: int
+    gpu_util: int | None = None
+    memory_util: int | None = None
+    #: Our trials placed on it (``<trial>:<attempt>``).
+    trials: list[str] = []
+    #: Processes on it that are not Trialbus trials (compute or graphics).
+    foreign_processes: int = 0
+
+
+class PlatformStatus(Contract):
+    """KV ``platforms`` key ``<adapter>.<replica>``: one adapter replica's capacity, refreshed
+    every few seconds; the entry expires when the replica stops refreshing it."""
+
+    kind: Literal["platform.status"] = "platform.status"
+    v: Literal[1] = 1
+    adapter: str
+    replica: str
+    host: str
+    time: datetime
+    #: Trials this replica runs at once at most (None: the platform decides).
+    max_trials: int | None = None
+    running: int = 0
+    #: Requests it holds that wait for capacity (GPUs), oldest first: ``<trial>:<attempt>``.
+    waiting: list[str] = []
+    #: Where the GPU inventory comes from: ``nvml``, ``nvidia-smi`` or ``none``.
+    gpu_source: str | None = None
+    #: Why there are no GPUs, or why the last inventory read failed.
+    gpu_error: str | None = None
+    gpus: list[GpuStatus] = []

@@ -52,7 +52,10 @@ STREAMS = (DISPATCH, EVENTS, METRICS)
 
 EXPERIMENTS_BUCKET = KeyValueConfig(bucket="experiments", history=5, storage=StorageType.FILE)
 TRIALS_BUCKET = KeyValueConfig(bucket="trials", history=5, storage=StorageType.FILE)
-BUCKETS = (EXPERIMENTS_BUCKET, TRIALS_BUCKET)
+#: Adapter replicas' :class:`~contracts.messages.PlatformStatus`; an entry a replica stopped
+#: refreshing expires after ``ttl`` seconds.
+PLATFORMS_BUCKET = KeyValueConfig(bucket="platforms", history=1, ttl=30.0, storage=StorageType.FILE)
+BUCKETS = (EXPERIMENTS_BUCKET, TRIALS_BUCKET, PLATFORMS_BUCKET)
 
 CODE_STORE = ObjectStoreConfig(bucket="code", description="trialCodeDirectory snapshots by sha256")
 

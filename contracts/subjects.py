@@ -5,6 +5,8 @@ Every subject and ``Nats-Msg-Id`` in Trialbus is built here and nowhere else.
 
 from __future__ import annotations
 
+import hashlib
+
 API_PREFIX = "trialbus.api"
 
 
@@ -29,6 +31,18 @@ def control(adapter: str, verb: str) -> str:
 def api(operation: str) -> str:
     """``trialbus.api.<operation>``: the REST operations as NATS request/reply."""
     return f"{API_PREFIX}.{operation}"
+
+
+def platform_key(adapter: str, replica: str) -> str:
+    """Key of a replica's status in the ``platforms`` bucket; characters a key cannot hold
+    become ``_`` (KV keys: letters, digits, ``-/_=.``)."""
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_=") else "_" for c in replica)
+    return f"{adapter}.{safe}"
+
+
+def waiting_event_id(trial: str, attempt: int, reason: str) -> str:
+    """An adapter's WAITING event: one per reason (the dispatcher's own WAITING has ``event_id``)."""
+    return f"{trial}:WAITING:{attempt}:{hashlib.sha1(reason.encode()).hexdigest()[:12]}"
 
 
 def dispatch_id(trial: str, attempt: int) -> str:

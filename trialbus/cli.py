@@ -42,6 +42,8 @@ experiment_app = typer.Typer(help="Create, list, show and stop experiments.", no
 trial_app = typer.Typer(help="List, show, cancel trials and read their logs.", no_args_is_help=True)
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(trial_app, name="trial")
+platform_app = typer.Typer(help="The adapter replicas that run trials, with their GPUs.", no_args_is_help=True)
+app.add_typer(platform_app, name="platform")
 
 STATUS_STYLE = {
     "WAITING": "dim", "RUNNING": "cyan", "SUCCEEDED": "green", "FAILED": "red",
@@ -167,6 +169,31 @@ def experiment_stop(ctx: typer.Context, experiment_id: Annotated[str, typer.Argu
     """Stop an experiment: no new trials, running ones are canceled."""
     experiment = with_client(ctx, lambda c: c.stop_experiment(experiment_id))
     _console().print(f"experiment {experiment.id}: {_status(experiment.status)}")
+
+
+# -- platforms -----------------------------------------------------------------------------
+
+
+@platform_app.command("list")
+def platform_list(ctx: typer.Context) -> None:
+    """List adapter replicas: running and waiting trials, and each GPU with its load."""
+    replicas = with_client(ctx, lambda c: c.list_platforms())
+    if not replicas:
+        _console().print("no adapter replica is running")
+        return
+    table = Table("adapter", "replica", "trials", "waiting", "GPU", "memory MiB", "util", "our trials", "other",
+                  box=None)
+    for p in replicas:
+        trials = f"{p.running}/{p.max_trials}" if p.max_trials else str(p.running)
+        first = (p.adapter, p.replica, trials, str(len(p.waiting)))
+        if not p.gpus:
+            table.add_row(*first, f"none ({p.gpu_error})" if p.gpu_error else "none", "", "", "", "")
+        for n, g in enumerate(p.gpus):
+            util = "-" if g.gpu_util is None else f"{g.gpu_util}%"
+            table.add_row(*(first if n == 0 else ("",) * 4), f"{g.index}: {g.name}",
+                          f"{g.memory_used_mib}/{g.memory_total_mib}", util, str(len(g.trials)),
+                          str(g.foreign_processes))
+    _console().print(table)
 
 
 # -- trials --------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from contracts import (
     ExperimentState,
     MetricRecord,
     MetricType,
+    PlatformStatus,
     TrialEvent,
     TrialState,
     TrialStatus,
@@ -284,6 +285,10 @@ class AsyncClient:
     async def get_experiment(self, experiment_id: str) -> ExperimentView:
         return _parse(ExperimentView, await self._call("experiment.get", {"id": experiment_id}))
 
+    async def list_platforms(self) -> list[PlatformStatus]:
+        """Every live adapter replica with its capacity and GPUs."""
+        return [_parse(PlatformStatus, p) for p in await self._call("platform.list", {})]
+
     async def stop_experiment(self, experiment_id: str) -> ExperimentView:
         """Stop taking trials and cancel the running ones."""
         return _parse(ExperimentView, await self._call("experiment.stop", {"id": experiment_id}))
@@ -500,6 +505,9 @@ class Client:
 
     def get_experiment(self, experiment_id: str) -> ExperimentView:
         return self._run(self._client.get_experiment(experiment_id))
+
+    def list_platforms(self) -> list[PlatformStatus]:
+        return self._run(self._client.list_platforms())
 
     def stop_experiment(self, experiment_id: str) -> ExperimentView:
         return self._run(self._client.stop_experiment(experiment_id))

@@ -12,7 +12,16 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from contracts.experiment import ExperimentConfig
-from contracts.messages import CancelReply, CancelRequest, LogReply, LogRequest, MetricRecord, TrialEvent, TrialRequest
+from contracts.messages import (
+    CancelReply,
+    CancelRequest,
+    LogReply,
+    LogRequest,
+    MetricRecord,
+    PlatformStatus,
+    TrialEvent,
+    TrialRequest,
+)
 from contracts.state import ExperimentState, TrialState
 
 HERE = Path(__file__).parent
@@ -29,6 +38,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "cancel-reply": CancelReply,
     "log-request": LogRequest,
     "log-reply": LogReply,
+    "platform-status": PlatformStatus,
 }
 
 

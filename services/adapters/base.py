@@ -57,6 +57,11 @@ class AdapterSettings(ServiceSettings):
     adapter_http_port: int | None = Field(default=None, ge=0, le=65535)
     #: Address the health and metrics endpoints bind to.
     adapter_http_host: str = "127.0.0.1"
+    #: Seconds a request that waits for capacity (``Waiting``) is held before it goes back
+    #: to the queue, where another replica may take it.
+    wait_hold: float = Field(default=2.0, gt=0)
+    #: Seconds between two writes of this replica's status to the ``platforms`` bucket.
+    status_interval: float = Field(default=5.0, gt=0, le=20)
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,7 @@ class PlatformAdapter(ABC):
     name: ClassVar[str]
 
     _listener: Callable[[TrialHandle | None], None] | None = None
+    _capacity_listener: Callable[[], None] | None = None
 
     async def start(self, bus: Bus) -> None:
         """Open clients and check that the platform is usable; called once, first.
@@ -142,8 +148,10 @@ class PlatformAdapter(ABC):
         already launched — in this run, a previous run, or concurrently — returns the
         existing handle and never runs the trial twice, even when it has ended since.
         Return ``None`` when the platform has no capacity now: the request is redelivered
-        later. The service acks the dispatch message only after this returns a handle,
-        and heartbeats it while the launch takes long.
+        later. Raise :class:`~services.adapters.errors.Waiting` instead when users should
+        see why and the trial should start the moment room frees (GPU placement). The
+        service acks the dispatch message only after this returns a handle, and heartbeats
+        it while the launch takes long.
         """
 
     @abstractmethod
@@ -167,6 +175,11 @@ class PlatformAdapter(ABC):
         """The attempt's end is published: forget it, so :meth:`adopt` will not return it
         again (e.g. write a "reported" marker). Not called if publishing never succeeded."""
 
+    async def past(self, experiment_id: str, trial_id: str) -> TrialHandle | None:
+        """A released attempt this replica still keeps the logs of (the newest), for log
+        requests about trials that ended before this run; None when it has none."""
+        return None
+
     async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
         """The last ``max_bytes`` of the trial's stdout and stderr, labelled, for people."""
         return ""
@@ -182,6 +195,19 @@ class PlatformAdapter(ABC):
         if self._listener is not None:
             self._listener(handle)
 
-    def listen(self, callback: Callable[[TrialHandle | None], None] | None) -> None:
-        """Used by the service (and tests) to receive :meth:`notify` calls."""
-        self._listener = callback
+    def capacity_freed(self) -> None:
+        """Say that room may have freed outside any trial's end (a foreign process left a
+        GPU): requests held by :class:`~services.adapters.errors.Waiting` are offered again."""
+        if self._capacity_listener is not None:
+            self._capacity_listener()
+
+    def describe(self) -> dict:
+        """Platform fields of this replica's :class:`~contracts.PlatformStatus` (``maxTrials``,
+        GPUs…), published every few seconds; must be cheap (no I/O)."""
+        return {}
+
+    def listen(
+        self, callback: Callable[[TrialHandle | None], None] | None, capacity: Callable[[], None] | None = None
+    ) -> None:
+        """Used by the service (and tests) to receive :meth:`notify` and :meth:`capacity_freed` calls."""
+        self._listener, self._capacity_listener = callback, capacity

@@ -7,6 +7,10 @@ every platform. Each adapter maps its platform's errors to them in one function.
 - :class:`TransientError` — try again later (the platform is busy, a connection
   dropped, a quota is exhausted for now). The dispatch message is nak'ed with the
   error's ``delay`` and redelivered, possibly to another replica.
+- :class:`Waiting` — this replica has no room for the trial now but may have soon (its
+  GPUs are taken). The service holds the request, publishes WAITING with the reason, and
+  offers it to ``launch`` again whenever capacity may have freed; after ``wait_hold``
+  seconds it goes back to the queue, where any replica may take it.
 - :class:`PermanentError` — retrying the same request cannot help (bad credentials,
   a code snapshot that does not exist, a command the platform refuses). The attempt
   ends FAILED with the error's message, and the dispatch message is acked.
@@ -32,3 +36,7 @@ class TransientError(AdapterError):
 
 class PermanentError(AdapterError):
     """Retrying cannot help: the attempt ends FAILED with this message."""
+
+
+class Waiting(AdapterError):
+    """No room now, maybe soon: the message says what the trial waits for (users see it)."""

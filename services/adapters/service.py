@@ -16,6 +16,15 @@ Guarantees, for every platform:
   ``control.<name>.log``; only the replica that owns the trial replies. A cancel that
   arrives while the trial is still launching takes effect once it is launched (or ends
   it unlaunched, if the platform then refuses it).
+- **Waiting is visible and quick.** A request the platform has no room for yet
+  (:class:`~services.adapters.errors.Waiting`, e.g. its GPUs are taken) is held unacked,
+  its reason published as a WAITING event, and offered to ``launch`` again the moment a
+  trial ends or the adapter reports freed capacity; after ``wait_hold`` seconds it goes
+  back to the queue so another replica may take it. Held requests do not count against
+  ``launch_concurrency``: a trial that fits is never stuck behind one that waits.
+- **Capacity is published.** Every ``status_interval`` (and soon after a change) the
+  replica writes its :class:`~contracts.PlatformStatus` to the ``platforms`` bucket
+  (``GET /api/v1/platforms``); it deletes it when it stops.
 - **Trials outlive the service.** Stop (SIGTERM) stops intake, naks what was pulled but
   not launched, unsubscribes and returns, leaving trials running for the next start.
 """
@@ -25,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 
 import nats.errors
@@ -37,13 +47,15 @@ from contracts import (
     ContractError,
     LogReply,
     LogRequest,
+    PlatformStatus,
     TrialRequest,
     TrialStatus,
     streams,
     subjects,
 )
+from contracts.base import utcnow
 from services.adapters.base import AdapterSettings, PlatformAdapter, TrialOutcome
-from services.adapters.errors import PermanentError, TransientError
+from services.adapters.errors import PermanentError, TransientError, Waiting
 from services.adapters.trials import Owned, OwnedTrials
 from services.common import logs
 from services.common.bus import Bus
@@ -56,6 +68,8 @@ log = logging.getLogger(__name__)
 #: Seconds one fetch waits for work. Stop waits for the fetch in flight rather than
 #: cancelling it, so a message the server hands out at that moment is nak'ed, not stranded.
 FETCH_WAIT = 0.5
+#: Seconds between two status writes at least, however often capacity changes.
+STATUS_MIN_GAP = 0.25
 
 
 class AdapterMetrics:
@@ -76,6 +90,23 @@ class AdapterMetrics:
         ).labels(platform)
 
 
+class Signal:
+    """Wakes every waiter at once; each ``fire`` starts a new round."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout: float) -> None:
+        event = self._event
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await event.wait()
+
+
 class AdapterService(Service):
     """Runs one :class:`PlatformAdapter` on the bus (see the module docstring)."""
 
@@ -93,6 +124,12 @@ class AdapterService(Service):
         self._pull = None
         self._subs: list = []
         self._taking: dict[asyncio.Task, Msg] = {}  # launches in flight, with their messages
+        self._held: dict[asyncio.Task, Msg] = {}  # requests waiting for capacity (Waiting)
+        self._held_keys: dict[asyncio.Task, str] = {}
+        #: Fired when capacity may have freed: a trial ended, the adapter said so, a cancel came.
+        self.capacity = Signal()
+        self._status_due = asyncio.Event()
+        self._platforms = None  # the platforms KV bucket
         self._loops: list[asyncio.Task] = []
         self._launch_done = asyncio.Event()
         self._paused_until = 0.0
@@ -114,7 +151,8 @@ class AdapterService(Service):
     async def start(self, bus: Bus) -> None:
         self._bus = self.trials.bus = bus
         await self.adapter.start(bus)
-        self.adapter.listen(self.trials.notify)
+        self.adapter.listen(self.trials.notify, self._capacity_changed)
+        self.trials.on_end = self._capacity_changed
         adopted = await self.adapter.adopt()
         for handle in adopted:
             self.trials.adopt(handle)
@@ -135,7 +173,9 @@ class AdapterService(Service):
             app.include_router(health_routes(lambda: self._bus, lambda: {"trials": len(self.owned)}))
             self._http = HttpServer(app, self.settings.adapter_http_host, self.settings.adapter_http_port)
             await self._http.start()
-        self._loops = [asyncio.create_task(c()) for c in (self._fetch_loop, self.trials.watch, self._heartbeat_loop)]
+        self._platforms = await bus.kv(streams.PLATFORMS_BUCKET.bucket)
+        loops = (self._fetch_loop, self.trials.watch, self._heartbeat_loop, self._status_loop)
+        self._loops = [asyncio.create_task(c()) for c in loops]
 
     async def stop(self) -> None:
         """Stop intake, nak unlaunched work, leave trials running; bounded by ``stop_timeout``."""
@@ -145,7 +185,9 @@ class AdapterService(Service):
             await asyncio.wait(self._loops[:1], timeout=FETCH_WAIT + 0.5)
         for task in self._loops:
             task.cancel()
-        for group in (self._taking, self.trials.reporting):  # launches first: then nothing new is owned
+        for task in self._held:  # waiting requests go back to the queue at once
+            task.cancel()
+        for group in (self._taking, self._held, self.trials.reporting):  # launches first: nothing new is owned
             if group:
                 _, late = await asyncio.wait(list(group), timeout=grace)
                 for task in late:
@@ -157,6 +199,8 @@ class AdapterService(Service):
                 await sub.unsubscribe()
         self.adapter.listen(None)
         await self.adapter.stop()
+        with contextlib.suppress(nats.errors.Error, OSError):  # else it expires with the bucket's ttl
+            await self._platforms.delete(subjects.platform_key(self.adapter.name, self.settings.replica))
         if self._http is not None:
             await self._http.stop()
 
@@ -206,6 +250,9 @@ class AdapterService(Service):
 
     def _took(self, task: asyncio.Task) -> None:
         self._taking.pop(task, None)
+        if self._held.pop(task, None) is not None:
+            self._held_keys.pop(task, None)
+            self._status_due.set()
         self._launch_done.set()
 
     async def _take(self, msg: Msg) -> None:
@@ -224,21 +271,27 @@ class AdapterService(Service):
                 return
             settled = False
             try:
-                try:
-                    handle = await self.adapter.launch(request)
-                except TransientError as exc:
-                    log.info("launch will be retried in %.1fs: %s", exc.delay, exc)
-                    return await self._give_back(owned, msg, exc.delay)
-                except PermanentError as exc:
-                    log.warning("launch failed for good: %s", exc)
-                    settled = True
-                    owned.outcome = TrialOutcome(TrialStatus.FAILED, message=str(exc), failure="permanent")
-                    await self.trials.report(owned)
-                    return await msg.ack()
-                except Exception:
-                    delay = min(0.5 * 2 ** (msg.metadata.num_delivered - 1), self.settings.max_backoff)
-                    log.exception("unexpected error launching the trial; retrying in %.1fs", delay)
-                    return await self._give_back(owned, msg, delay)
+                while True:  # more than one round only for a request that waits for capacity
+                    try:
+                        handle = await self.adapter.launch(request)
+                    except Waiting as exc:
+                        if await self._wait(owned, msg, str(exc), received):
+                            continue
+                        return
+                    except TransientError as exc:
+                        log.info("launch will be retried in %.1fs: %s", exc.delay, exc)
+                        return await self._give_back(owned, msg, exc.delay)
+                    except PermanentError as exc:
+                        log.warning("launch failed for good: %s", exc)
+                        settled = True
+                        owned.outcome = TrialOutcome(TrialStatus.FAILED, message=str(exc), failure="permanent")
+                        await self.trials.report(owned)
+                        return await msg.ack()
+                    except Exception:
+                        delay = min(0.5 * 2 ** (msg.metadata.num_delivered - 1), self.settings.max_backoff)
+                        log.exception("unexpected error launching the trial; retrying in %.1fs", delay)
+                        return await self._give_back(owned, msg, delay)
+                    break
                 if handle is None:
                     self._paused_until = time.monotonic() + self.settings.capacity_backoff
                     return await self._give_back(owned, msg, self.settings.capacity_backoff)
@@ -255,6 +308,33 @@ class AdapterService(Service):
                         await msg.nak()
                 raise
 
+    async def _wait(self, owned: Owned, msg: Msg, reason: str, received: float) -> bool:
+        """Hold a request that waits for capacity; True to offer it to ``launch`` again.
+
+        The first wait moves the request out of ``launch_concurrency`` (so intake goes on)
+        and publishes its reason. It is offered again when capacity may have freed, and
+        handed back to the queue after ``wait_hold`` seconds or when it is canceled.
+        """
+        task = asyncio.current_task()
+        if task in self._taking:
+            self._held[task] = self._taking.pop(task)
+            self._held_keys[task] = subjects.dispatch_id(owned.trial_id, owned.attempt)
+            self._launch_done.set()
+            self._status_due.set()
+        if owned.waiting != reason:
+            owned.waiting = reason
+            await self.trials.waiting(owned, reason)
+        remaining = received + self.settings.wait_hold - time.monotonic()
+        if owned.cancel is not None or remaining <= 0 or self._stopping:
+            await self._give_back(owned, msg, 0.0)
+            return False
+        await self.capacity.wait(remaining)
+        return True
+
+    def _capacity_changed(self) -> None:
+        self.capacity.fire()
+        self._status_due.set()
+
     async def _give_back(self, owned: Owned, msg: Msg, delay: float) -> None:
         """Not launched: nak for later, unless a cancel came meanwhile (then it ends here)."""
         if owned.cancel is None:
@@ -269,9 +349,30 @@ class AdapterService(Service):
         """Keep long launches from being redelivered to another replica."""
         while True:
             await asyncio.sleep(self.consumer.ack_wait / 3)
-            for msg in list(self._taking.values()):
+            for msg in [*self._taking.values(), *self._held.values()]:
                 with contextlib.suppress(nats.errors.Error):
                     await msg.in_progress()
+
+    async def _status_loop(self) -> None:
+        """Publish this replica's :class:`PlatformStatus` every ``status_interval`` and
+        shortly after a change (at most every ``STATUS_MIN_GAP`` seconds)."""
+        key = subjects.platform_key(self.adapter.name, self.settings.replica)
+        host = socket.gethostname()
+        while True:
+            self._status_due.clear()
+            status = PlatformStatus(
+                adapter=self.adapter.name, replica=self.settings.replica, host=host, time=utcnow(),
+                running=sum(1 for o in self.owned.values() if o.handle is not None and o.outcome is None),
+                waiting=list(dict.fromkeys(self._held_keys.values())), **self.adapter.describe(),
+            )
+            try:
+                await self._platforms.put(key, status.encode())
+            except (nats.errors.Error, OSError) as exc:  # the broker restarts: next round
+                log.debug("cannot publish the platform status: %s", exc)
+            await asyncio.sleep(STATUS_MIN_GAP)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, self.settings.status_interval - STATUS_MIN_GAP)):
+                    await self._status_due.wait()
 
     # ---------------------------------------------------------------- control subjects
 
@@ -292,6 +393,8 @@ class AdapterService(Service):
                 if owned.announced:  # else: sent once launched and announced
                     with logs.bind(experiment=owned.experiment_id, trial=owned.trial_id):
                         await self.trials.send_cancel(owned)
+                elif owned.waiting is not None:  # held for capacity: end it now
+                    self.capacity.fire()
         reply = CancelReply(trial_id=request.trial_id, replica=self.settings.replica, accepted=accepted)
         await self._respond(msg, reply)
 
@@ -302,6 +405,11 @@ class AdapterService(Service):
             log.warning("ignoring a malformed log request: %s", exc)
             return
         handle = self.trials.latest_handle(request.trial_id)
+        if handle is None:
+            try:
+                handle = await self.adapter.past(request.experiment_id, request.trial_id)
+            except Exception:
+                log.exception("cannot look for the logs of trial %s", request.trial_id)
         if handle is None:
             return
         try:

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import nats.errors
@@ -52,6 +53,7 @@ class Owned:
     cancel: CancelRequest | None = None  # accepted cancel: the status it ends with
     cancel_sent: bool = False  # adapter.cancel succeeded
     outcome: TrialOutcome | None = None  # ended: the terminal event is being published
+    waiting: str | None = None  # held for capacity: the reason last published
     retry_at: float = 0.0  # monotonic time before which it is not polled (after a poll error)
 
 
@@ -70,6 +72,8 @@ class OwnedTrials:
         self._wake = asyncio.Event()
         self._due: set[TrialHandle] = set()
         self._poll_all = True
+        #: Called when a trial ends (its capacity is free again).
+        self.on_end: Callable[[], None] = lambda: None
 
     def own(self, experiment_id: str, trial_id: str, attempt: int) -> Owned:
         key = subjects.dispatch_id(trial_id, attempt)
@@ -179,6 +183,7 @@ class OwnedTrials:
         )
         self._ended_count.labels(self.adapter.name, status.value).inc()
         self.trial_ended.set()
+        self.on_end()
         if release and owned.handle is not None:
             try:
                 await self.adapter.release(owned.handle)
@@ -189,14 +194,20 @@ class OwnedTrials:
                 self._recent.popitem(last=False)
         self.drop(owned)
 
-    async def publish(self, owned: Owned, status: TrialStatus, **fields) -> None:
+    async def waiting(self, owned: Owned, reason: str) -> None:
+        """Publish WAITING with what the trial waits for (one event per distinct reason)."""
+        log.info("the trial waits: %s", reason)
+        msg_id = subjects.waiting_event_id(owned.trial_id, owned.attempt, reason)
+        await self.publish(owned, TrialStatus.WAITING, msg_id=msg_id, time=utcnow(), message=reason)
+
+    async def publish(self, owned: Owned, status: TrialStatus, msg_id: str | None = None, **fields) -> None:
         """Publish one event and wait for JetStream's ack, retrying until it is stored."""
         event = TrialEvent(
             experiment_id=owned.experiment_id, trial_id=owned.trial_id, attempt=owned.attempt, status=status,
             platform=self.adapter.name, replica=self.settings.replica, **fields,
         )
         subject = subjects.events(owned.experiment_id, owned.trial_id)
-        headers = {"Nats-Msg-Id": subjects.event_id(owned.trial_id, status.value, owned.attempt)}
+        headers = {"Nats-Msg-Id": msg_id or subjects.event_id(owned.trial_id, status.value, owned.attempt)}
         payload, delay = event.encode(), 0.1
         while True:
             try:

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.common import platforms
 from services.common.bus import Bus
 from services.common.http import health_routes
 from services.dispatcher.core import Dispatcher
@@ -130,6 +131,10 @@ def create_app(
         if not 0 < maxBytes <= 4 * 1024 * 1024:
             raise ApiError(422, "maxBytes must be between 1 and 4194304")
         return await dispatcher().trial_log(trial_id, maxBytes)
+
+    @api.get("/platforms")
+    async def list_platforms() -> list[dict]:
+        return [status.to_json() for status in await platforms.statuses(dispatcher().bus)]
 
     app.include_router(api)
     return app

@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from contracts import subjects
+from services.common import platforms
 from services.common.bus import Bus
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.errors import ApiError
@@ -58,7 +59,12 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
         "trial.cancel": cancel,
         "trial.metrics": lambda body: core.trial_metrics(_text(body, "id")),
         "trial.log": log_tail,
+        "platform.list": lambda body: _platforms(core),
     }
+
+
+async def _platforms(core: Dispatcher) -> list[dict]:
+    return [status.to_json() for status in await platforms.statuses(core.bus)]
 
 
 def _text(body: dict, key: str) -> str:

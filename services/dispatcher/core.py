@@ -236,7 +236,11 @@ class Dispatcher:
         flush, and the trials that take a slot it freed are added to ``sends``: no round trip
         happens under the experiment lock."""
         trial = self.store.trials.get(event.trial_id)
-        if trial is None or event.attempt != trial.attempt or event.status == TrialStatus.WAITING:
+        if trial is None or event.attempt != trial.attempt:
+            return
+        if event.status == TrialStatus.WAITING:  # an adapter says what the dispatched trial waits for
+            if event.platform and trial.status == TrialStatus.WAITING and trial.message != event.message:
+                self.store.defer(trial.model_copy(update={"message": event.message}))
             return
         if event.status.terminal and not trial.status.terminal and trial.final_metric is None:
             await self.metrics.caught_up(self.bus.js)  # with the FINAL applied, its earlier records are too

@@ -10,14 +10,25 @@ Everything survives an adapter restart: the trial directory holds the keeper's p
 ``state.json``; :meth:`LocalGpuAdapter.adopt` rebuilds the picture from them, and
 :meth:`~LocalGpuAdapter.release` marks a trial ``reported`` once its end is published.
 
-GPUs: :meth:`LocalGpuAdapter.place` is where GPU placement goes (a later issue); for now
-trials run on CPUs, and ``trialGpuNumber: 0`` hides every GPU as NNI does.
+GPUs (``trialGpuNumber`` ≥ 1): the inventory (``gpus.py``: NVML, else ``nvidia-smi``) is
+read every ``gpu_refresh`` seconds; :meth:`LocalGpuAdapter.place` applies NNI's rules
+(``placement.py``) to it and to the GPUs our running trials hold, and sets
+``CUDA_VISIBLE_DEVICES``. A trial that cannot be placed now raises ``Waiting`` (the service
+holds it and retries the moment a trial ends); one no replica can ever place fails at once.
+The GPUs a trial holds are written to ``.trialbus/gpus.json`` in its directory, so an
+adopted trial keeps them. ``trialGpuNumber: 0`` hides every GPU (``CUDA_VISIBLE_DEVICES=""``);
+unset, the trial sees what the host has, as in NNI.
+
+Finished trials' directories stay for ``trial_retention`` (their logs are served from
+there, also after a restart), then are removed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
@@ -31,11 +42,12 @@ from pathlib import Path
 import nats.errors
 from nats.js.errors import NotFoundError
 
-from contracts import TrialRequest, TrialStatus
+from contracts import TrialRequest, TrialStatus, subjects
 from contracts.base import utcnow
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, TransientError
 from services.adapters.local_gpu import client
+from services.adapters.local_gpu.scheduler import GpuScheduler, Holding
 from services.adapters.local_gpu.settings import LocalGpuSettings
 from services.common.bus import Bus
 
@@ -47,6 +59,8 @@ UNBORN_GRACE = 10.0
 _CODE_REF = re.compile(r"^sha256:([0-9a-f]{64})$")
 #: Experiment and trial ids name directories: no separators, no dot-only names.
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+#: The GPUs a trial holds, in its directory: ``{"indices": [0, 2], "perGpu": 1}``.
+GPUS_FILE = ".trialbus/gpus.json"
 
 
 @dataclass(eq=False)
@@ -58,6 +72,9 @@ class Trial:
     keeper: client.Keeper | None  # None: the keeper's pid is not known (yet)
     outcome: TrialOutcome | None = None
     kill: asyncio.TimerHandle | None = field(default=None, repr=False)
+    gpus: tuple[int, ...] = ()  # the GPU indices it holds while it runs
+    per_gpu: int = 1  # its maxTrialNumberPerGpu
+    sid: int | None = None  # its session: processes on a GPU in it are ours
 
     @property
     def running(self) -> bool:
@@ -81,6 +98,8 @@ class LocalGpuAdapter(PlatformAdapter):
         self._env: dict[str, str] = {}
         self._bus: Bus | None = None
         self._zygote: client.KeeperZygote | None = None
+        self.gpus = GpuScheduler(settings, self.name, self._holdings, self.capacity_freed)
+        self._retention: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -111,8 +130,14 @@ class LocalGpuAdapter(PlatformAdapter):
             env["TRIALBUS_PYTHONPATH_PREPEND"] = self.shim_path
         log.info("work dir %s; nni shim %s", self.work_dir, "on" if shim else "off")
         self._env = env
+        await self.gpus.start()
+        self._retention = asyncio.create_task(self._retention_loop())
 
     async def stop(self) -> None:
+        if self._retention is not None:
+            self._retention.cancel()
+            await asyncio.gather(self._retention, return_exceptions=True)
+        await self.gpus.stop()
         if self._zygote is not None:
             self._zygote.close()
         for trial in self.trials.values():  # stop watching; the trials run on
@@ -137,12 +162,16 @@ class LocalGpuAdapter(PlatformAdapter):
         if self._running() >= self.settings.max_trials:
             return self._existing(trial_dir, request)
         code_dir = await self._code_dir(request.code_ref) if request.code_ref else None
+        if (ask := self.gpus.ask(request)) is not None:
+            await self.gpus.check_fits(ask, self._bus)
         # No await from here on: the checks and the spawn happen as one step of the event loop.
         if (trial := self.trials.get(key)) is not None:
             return trial.handle
         if self._running() >= self.settings.max_trials:  # filled up during the download
             return self._existing(trial_dir, request)
-        placement = self.place(request)
+        if os.path.isdir(trial_dir):  # launched before a restart: never twice, never re-placed
+            return self._adopt(trial_dir, *key, request.experiment_id).handle
+        where, held, per_gpu = self.place(request)
         try:
             os.mkdir(trial_dir)
         except FileNotFoundError:
@@ -151,6 +180,9 @@ class LocalGpuAdapter(PlatformAdapter):
         except FileExistsError:  # launched before (a redelivery after a restart): never twice
             return self._adopt(trial_dir, *key, request.experiment_id).handle
         os.mkdir(f"{trial_dir}/.trialbus")
+        if held:
+            with open(f"{trial_dir}/{GPUS_FILE}", "w") as f:
+                json.dump({"indices": list(held), "perGpu": per_gpu}, f)
         env = dict(self._env)
         env.update(
             TRIALBUS_TRIAL_DIR=trial_dir,
@@ -161,7 +193,7 @@ class LocalGpuAdapter(PlatformAdapter):
             TRIALBUS_ATTEMPT=str(request.attempt),
             TRIALBUS_PARAMETERS=request.parameter_record,
             TRIALBUS_TRIAL_TOKEN=request.token.get_secret_value(),
-            **placement,
+            **where,
         )
         if code_dir is not None:
             env["TRIALBUS_CODE_DIR"] = code_dir
@@ -173,7 +205,9 @@ class LocalGpuAdapter(PlatformAdapter):
         except OSError as exc:
             shutil.rmtree(trial_dir, ignore_errors=True)  # never launched: nothing to adopt later
             raise PermanentError(f"cannot start the trial keeper with {self.settings.keeper_python}: {exc}") from exc
-        return self._track(request.experiment_id, *key, trial_dir, client.Keeper(pid), utcnow()).handle
+        trial = self._track(request.experiment_id, *key, trial_dir, client.Keeper(pid), utcnow())
+        trial.gpus, trial.per_gpu = held, per_gpu
+        return trial.handle
 
     def _existing(self, trial_dir: str, request: TrialRequest) -> TrialHandle | None:
         """No room for a new trial: only an attempt launched before can be returned."""
@@ -181,22 +215,36 @@ class LocalGpuAdapter(PlatformAdapter):
             return None
         return self._adopt(trial_dir, request.trial_id, request.attempt, request.experiment_id).handle
 
-    def place(self, request: TrialRequest) -> dict[str, str]:
-        """Where the trial runs on this host, as keeper environment. The GPU placement seam.
+    # ------------------------------------------------------------------ GPUs
+
+    def place(self, request: TrialRequest) -> tuple[dict[str, str], tuple[int, ...], int]:
+        """Where the trial runs on this host: keeper environment, GPUs held, maxTrialNumberPerGpu.
 
         ``trialGpuNumber`` unset: nothing (the trial sees what the host has); ``0``: no GPU
-        (``CUDA_VISIBLE_DEVICES=""``, as NNI v3 does). Handing out GPU indices (NNI's
-        local scheduler, nni-protocols.md §4.4) will live here, with its release on the
-        trial's end.
+        (``CUDA_VISIBLE_DEVICES=""``, as NNI v3); ≥ 1: GPUs from the scheduler, numbered as
+        nvidia-smi does (``CUDA_DEVICE_ORDER=PCI_BUS_ID``). Raises Waiting with the reason
+        when they are not free now.
         """
-        if request.trial_gpu_number is None:
-            return {}
-        if request.trial_gpu_number == 0:
-            return {"TRIALBUS_GPUS": ""}
-        raise PermanentError(
-            f"trialGpuNumber is {request.trial_gpu_number}, but this release of the local-gpu adapter "
-            "runs CPU trials only; set trialGpuNumber to 0 or leave it out"
-        )
+        ask = self.gpus.ask(request)
+        if ask is None:
+            return ({} if request.trial_gpu_number is None else {"TRIALBUS_GPUS": ""}), (), 1
+        held = self.gpus.place(ask)
+        return {"TRIALBUS_GPUS": ",".join(map(str, held)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, held, ask.per_gpu
+
+    def _holdings(self) -> list[Holding]:
+        return [
+            Holding(subjects.dispatch_id(t.handle.trial_id, t.handle.attempt), t.gpus, t.per_gpu, self._session(t))
+            for t in self.trials.values()
+            if t.gpus and t.running
+        ]
+
+    def _session(self, trial: Trial) -> int | None:
+        if trial.sid is None:
+            trial.sid = client.read_state(trial.dir).get("pgid")
+        return trial.sid
+
+    def describe(self) -> dict:
+        return {"max_trials": self.settings.max_trials, **self.gpus.describe()}
 
     async def _code_dir(self, code_ref: str) -> str:
         """The unpacked snapshot for ``code_ref``: downloaded once per hash, shared by every trial."""
@@ -306,13 +354,52 @@ class LocalGpuAdapter(PlatformAdapter):
         pid = state.get("keeperPid")
         keeper = (client.Keeper.adopt(pid) or _dead(pid)) if pid else None
         started = state.get("startTime") or os.path.getmtime(trial_dir)
-        return self._track(experiment_id, trial_id, attempt, trial_dir, keeper, datetime.fromtimestamp(started, UTC))
+        trial = self._track(experiment_id, trial_id, attempt, trial_dir, keeper, datetime.fromtimestamp(started, UTC))
+        try:  # the GPUs it was given stay held while it runs
+            with open(f"{trial_dir}/{GPUS_FILE}", "rb") as f:
+                held = json.loads(f.read())
+            trial.gpus, trial.per_gpu = tuple(held["indices"]), int(held["perGpu"])
+        except FileNotFoundError:
+            pass
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("unreadable %s in %s (%s): its GPUs count as free", GPUS_FILE, trial_dir, exc)
+        return trial
 
     async def release(self, handle: TrialHandle) -> None:
         trial = self.trials.pop((handle.trial_id, handle.attempt), None)
         client.mark_reported(trial.dir if trial else handle.ref)
         if trial is not None and trial.keeper is not None:
             trial.keeper.close()
+
+    async def past(self, experiment_id: str, trial_id: str) -> TrialHandle | None:
+        """The newest attempt of a trial whose directory is still here (kept ``trial_retention``)."""
+        if not (_SAFE_ID.match(experiment_id) and _SAFE_ID.match(trial_id)):
+            return None
+        attempts = []
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for entry in os.scandir(f"{self.work_dir}/trials/{experiment_id}"):
+                name, _, attempt = entry.name.rpartition("-")
+                if name == trial_id and attempt.isdigit() and entry.is_dir():
+                    attempts.append((int(attempt), entry.path))
+        if not attempts:
+            return None
+        attempt, path = max(attempts)
+        return TrialHandle(experiment_id, trial_id, attempt, ref=path)
+
+    async def _retention_loop(self) -> None:
+        """Remove reported trials' directories ``trial_retention`` seconds after their end."""
+        retention = self.settings.trial_retention
+        if not retention:
+            return
+        while True:
+            try:
+                removed = await asyncio.to_thread(remove_expired, f"{self.work_dir}/trials", retention)
+                if removed:
+                    log.info("removed %d finished trial director%s older than %.0fs", removed,
+                             "y" if removed == 1 else "ies", retention)
+            except Exception:
+                log.exception("cannot clean up old trial directories")
+            await asyncio.sleep(min(3600.0, max(1.0, retention / 4)))
 
     async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
         parts = []
@@ -345,6 +432,24 @@ class LocalGpuAdapter(PlatformAdapter):
 
     def _running(self) -> int:
         return sum(1 for trial in self.trials.values() if trial.running)
+
+
+def remove_expired(trials_dir: str, retention: float) -> int:
+    """Delete trial directories reported more than ``retention`` seconds ago; the count."""
+    deadline, removed = time.time() - retention, 0
+    for experiment in os.scandir(trials_dir):
+        if not experiment.is_dir():
+            continue
+        for entry in os.scandir(experiment.path):
+            try:
+                if entry.is_dir() and os.path.getmtime(f"{entry.path}/{client.REPORTED}") < deadline:
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                    removed += 1
+            except FileNotFoundError:  # running, or never reported
+                continue
+        with contextlib.suppress(OSError):  # only when empty
+            os.rmdir(experiment.path)
+    return removed
 
 
 def _dead(pid: int) -> client.Keeper:

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from contracts.units import parse_seconds
 from services.adapters.base import AdapterSettings
 
 
@@ -35,6 +36,27 @@ class LocalGpuSettings(AdapterSettings):
     #: Fork each trial's keeper from one pre-started keeper (saves ~12 ms of CPU per trial);
     #: false starts a new interpreter per trial.
     keeper_zygote: bool = True
+    #: Where the GPU inventory comes from: ``auto`` (NVML, else ``nvidia-smi -q -x``, else no
+    #: GPUs), ``nvml``, ``nvidia-smi`` or ``none``.
+    gpu_source: Literal["auto", "nvml", "nvidia-smi", "none"] = "auto"
+    #: The ``nvidia-smi`` to run when NVML cannot be loaded (a name on PATH or a path).
+    nvidia_smi: str = "nvidia-smi"
+    #: Seconds between two reads of the GPU inventory (utilisation, foreign processes).
+    gpu_refresh: float = Field(default=3.0, gt=0)
+    #: Seconds a GPU trial may wait before GPUs are reserved for it, so that smaller trials
+    #: cannot starve it (see ``placement.py``).
+    gpu_reserve_after: float = Field(default=30.0, ge=0)
+    #: Seconds a finished trial's directory (logs, outputs) is kept after its end was
+    #: reported; NNI unit strings like ``7d`` work. Default 7 days; 0 keeps them forever.
+    trial_retention: float = Field(default=7 * 86400.0, ge=0)
+
+    @field_validator("trial_retention", mode="before")
+    @classmethod
+    def _duration(cls, value):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return parse_seconds(value)
 
     @model_validator(mode="after")
     def _default_work_dir(self) -> LocalGpuSettings:

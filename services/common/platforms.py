@@ -1,0 +1,46 @@
+"""Reading the ``platforms`` bucket: every live adapter replica's :class:`~contracts.PlatformStatus`.
+
+Each replica writes its own entry (``AdapterService``); an adapter reads its peers' to
+decide whether a trial it can never run here could run elsewhere, and the dispatcher
+answers ``GET /api/v1/platforms`` from them.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import nats.errors
+from nats.js.errors import NoKeysError
+
+from contracts import ContractError, PlatformStatus, streams
+from contracts.base import utcnow
+from services.common.bus import Bus
+
+log = logging.getLogger(__name__)
+
+
+async def statuses(bus: Bus, adapter: str | None = None) -> list[PlatformStatus]:
+    """Fresh statuses (younger than the bucket's ttl), of one adapter or of all, by key."""
+    kv = await bus.kv(streams.PLATFORMS_BUCKET.bucket)
+    try:
+        keys = await kv.keys(filters=[f"{adapter}.>"] if adapter else None)
+    except NoKeysError:
+        return []
+    oldest = utcnow() - timedelta(seconds=streams.PLATFORMS_BUCKET.ttl)
+    found = []
+    for key in sorted(keys):
+        try:
+            entry = await kv.get(key)
+        except (nats.errors.Error, KeyError):  # deleted or expired meanwhile
+            continue
+        if not entry.value:
+            continue
+        try:
+            status = PlatformStatus.decode(entry.value)
+        except ContractError as exc:
+            log.warning("ignoring the status under %s: %s", key, exc)
+            continue
+        if status.time >= oldest:
+            found.append(status)
+    return found
