@@ -3,7 +3,8 @@
 Prints, for no-op trials at concurrency 1, 4 and 16: submit→RUNNING and submit→final
 latency (p50/p99), trials per second next to the spawn-only rate of the same command
 measured in the same run, and their ratio; then metric records per second through the
-gateway to a subscribed tuner. Spawn-only is measured right before and right after each
+gateway to a subscribed tuner; and the GPU hand-off (a GPU frees → the next waiting trial
+RUNNING). Spawn-only is measured right before and right after each
 concurrency's trials (the host's speed drifts), and the ratio uses their mean.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bench.gpus import gpu_handoff, use_fake_gpu
 from bench.metrics import metric_rate
 from bench.trials import percentile, spawn_rate, trial_rate, write_noop
 from services.trial_keeper import SHIM_PATH
@@ -45,6 +47,7 @@ def main() -> None:
     console.print(
         f"[bold]Trialbus bench[/] on {os.cpu_count()} cores, Python {sys.version.split()[0]}; work dir {root}"
     )
+    use_fake_gpu(root / "gpu")
     stack.start()
     try:
         table = Table(title="no-op trials (one final metric each)")
@@ -86,6 +89,11 @@ def main() -> None:
             metric_rate(options.nats_url, f"http://127.0.0.1:{options.gateway_port}", secret, "benchmetrics")
         )
         console.print(f"metric records through the gateway to a subscribed tuner: [bold]{rate:,.0f}[/] records/s")
+        gaps = [gap * 1000 for gap in asyncio.run(gpu_handoff(options.nats_url, sys.executable, root / "gpu-code"))]
+        console.print(
+            f"GPU hand-off (a trial ends → the next waiting trial RUNNING on its GPU), {len(gaps)} hand-offs: "
+            f"p50 [bold]{percentile(gaps, 50):.1f}[/] ms, p99 {percentile(gaps, 99):.1f} ms, max {max(gaps):.1f} ms"
+        )
     finally:
         stack.stop()
 

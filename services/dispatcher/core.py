@@ -6,7 +6,6 @@ Guarantees:
 - a trial is dispatched at most once per attempt (``Nats-Msg-Id: <trial>:<attempt>``);
 - every decision is persisted to KV before it is acted on, and every input (API call,
   event, metric) is idempotent, so a restart replays instead of losing or doubling.
-
 All mutations of one experiment run under that experiment's lock.
 """
 

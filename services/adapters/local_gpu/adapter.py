@@ -45,7 +45,7 @@ from nats.js.errors import NotFoundError
 from contracts import TrialRequest, TrialStatus, subjects
 from contracts.base import utcnow
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
-from services.adapters.errors import PermanentError, TransientError
+from services.adapters.errors import PermanentError, TransientError, Waiting
 from services.adapters.local_gpu import client
 from services.adapters.local_gpu.scheduler import GpuScheduler, Holding
 from services.adapters.local_gpu.settings import LocalGpuSettings
@@ -130,6 +130,7 @@ class LocalGpuAdapter(PlatformAdapter):
             env["TRIALBUS_PYTHONPATH_PREPEND"] = self.shim_path
         log.info("work dir %s; nni shim %s", self.work_dir, "on" if shim else "off")
         self._env = env
+        self.gpus.bus = bus
         await self.gpus.start()
         self._retention = asyncio.create_task(self._retention_loop())
 
@@ -171,7 +172,12 @@ class LocalGpuAdapter(PlatformAdapter):
             return self._existing(trial_dir, request)
         if os.path.isdir(trial_dir):  # launched before a restart: never twice, never re-placed
             return self._adopt(trial_dir, *key, request.experiment_id).handle
-        where, held, per_gpu = self.place(request)
+        try:
+            where, held, per_gpu = self.place(request)
+        except Waiting as exc:  # a replica that can place it now should have it
+            if (peer := self.gpus.room_elsewhere(self.gpus.ask(request))) is not None:
+                raise TransientError(f"{exc}; offered to replica {peer}, which has idle GPUs", delay=0.2) from None
+            raise
         try:
             os.mkdir(trial_dir)
         except FileNotFoundError:

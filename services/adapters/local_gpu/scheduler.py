@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from contracts import GpuStatus, TrialRequest, subjects
+from contracts import GpuStatus, PlatformStatus, TrialRequest, subjects
 from services.adapters.errors import PermanentError, TransientError, Waiting
 from services.adapters.local_gpu import gpus, placement
 from services.adapters.local_gpu.settings import LocalGpuSettings
@@ -59,6 +59,9 @@ class GpuScheduler:
         self._foreign: dict[int, list[tuple[int, bool]]] = {}
         self._waiters: dict[str, _Waiter] = {}
         self._task: asyncio.Task | None = None
+        #: The other replicas' statuses, as of the last inventory read.
+        self.peers: list[PlatformStatus] = []
+        self.bus: Bus | None = None
 
     async def start(self) -> None:
         await self.read()
@@ -123,6 +126,18 @@ class GpuScheduler:
             why += f"; no other {self.adapter} replica has enough either (GPUs by replica: {counts})"
         raise PermanentError(why)
 
+    def room_elsewhere(self, ask: placement.GpuAsk) -> str | None:
+        """A peer replica whose last status shows enough idle GPUs for the trial now."""
+        for peer in self.peers:
+            idle = [
+                g for g in peer.gpus
+                if (ask.indices is None or g.index in ask.indices) and not g.trials
+                and (ask.use_active or not g.foreign_processes)
+            ]  # fmt: skip
+            if len(idle) >= ask.count:
+                return peer.replica
+        return None
+
     def _views(self) -> list[placement.GpuView]:
         held: dict[int, list[int]] = defaultdict(list)
         for holding in self._holdings():
@@ -178,8 +193,11 @@ class GpuScheduler:
             await asyncio.sleep(self.settings.gpu_refresh)
             try:
                 await self.read()
+                if self.bus is not None:
+                    found = await platforms.statuses(self.bus, self.adapter)
+                    self.peers = [s for s in found if s.replica != self.settings.replica]
             except Exception:  # never stop refreshing
-                log.exception("cannot read the GPU inventory")
+                log.exception("cannot read the GPU inventory or the other replicas' status")
 
     def describe(self) -> dict:
         """The GPU fields of the replica's :class:`~contracts.PlatformStatus`."""
