@@ -252,7 +252,7 @@ class AdapterService(Service):
         self._taking.pop(task, None)
         if self._held.pop(task, None) is not None:
             self._held_keys.pop(task, None)
-            self._status_due.set()
+        self._status_due.set()  # launched, handed back or ended: the published status changes
         self._launch_done.set()
 
     async def _take(self, msg: Msg) -> None:
@@ -329,6 +329,9 @@ class AdapterService(Service):
             await self._give_back(owned, msg, 0.0)
             return False
         await self.capacity.wait(remaining)
+        if owned.cancel is not None:  # canceled while held: end it, never launch it
+            await self._give_back(owned, msg, 0.0)
+            return False
         return True
 
     def _capacity_changed(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from services.adapters.local_gpu.gpus import Gpu, Inventory
 from services.adapters.local_gpu.placement import GpuAsk
 from services.adapters.local_gpu.scheduler import GpuScheduler, Holding
 from services.adapters.local_gpu.settings import LocalGpuSettings
+from tests.fixtures.gpus import install_fake_nvidia_smi, set_fake_gpus
 
 
 def scheduler(tmp_path: Path, holdings: list[Holding], gpus: int = 2, **settings) -> GpuScheduler:
@@ -59,3 +61,25 @@ def test_a_peer_with_idle_gpus_is_offered_the_trial(tmp_path):
     assert sched.room_elsewhere(GpuAsk("t:0", 1, use_active=True)) == "busy"  # GPU 1 only has a foreign process
     assert sched.room_elsewhere(GpuAsk("t:0", 3)) is None
     assert sched.room_elsewhere(GpuAsk("t:0", 1, indices=(5,))) is None
+
+
+async def test_a_foreign_process_that_exits_between_two_reads_wakes_the_waiting_trials(tmp_path, monkeypatch):
+    foreign = subprocess.Popen(["sleep", "60"])
+    try:
+        env = install_fake_nvidia_smi(tmp_path / "smi", [{"name": "A100", "processes": [{"pid": foreign.pid}]}])
+        monkeypatch.setenv("PATH", env["PATH"])
+        monkeypatch.setenv("FAKE_NVIDIA_SMI_STATE", env["FAKE_NVIDIA_SMI_STATE"])
+        config = LocalGpuSettings(work_dir=tmp_path, replica="here", gpu_source="nvidia-smi")
+        freed: list[bool] = []
+        sched = GpuScheduler(config, "local-gpu", lambda: [], lambda: freed.append(True))
+        await sched.read()
+        with pytest.raises(Waiting, match="not trials"):
+            sched.place(GpuAsk("t:0", 1))
+        foreign.kill()
+        foreign.wait()
+        set_fake_gpus(env, [{"name": "A100"}])  # nvidia-smi stops listing it
+        await sched.read()
+        assert freed == [True]  # the held trials are offered again at once
+        assert sched.place(GpuAsk("t:0", 1)) == (0,)
+    finally:
+        foreign.kill()

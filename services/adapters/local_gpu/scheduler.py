@@ -57,6 +57,7 @@ class GpuScheduler:
         self.inventory = gpus.Inventory("none")
         #: GPU index → processes on it that are not ours: (pid, visible to us when read).
         self._foreign: dict[int, list[tuple[int, bool]]] = {}
+        self._foreign_seen: dict[int, int] = {}  # foreign process counts at the last read
         self._waiters: dict[str, _Waiter] = {}
         self._task: asyncio.Task | None = None
         #: The other replicas' statuses, as of the last inventory read.
@@ -170,7 +171,6 @@ class GpuScheduler:
     async def read(self) -> None:
         """Read the inventory now; say so when a foreign process left a GPU."""
         inventory = await asyncio.to_thread(self._reader.read)
-        before = {i: self._foreign_now(i) for i in self._foreign}
         ours = {h.session for h in self._holdings() if h.session}
         foreign: dict[int, list[tuple[int, bool]]] = {}
         for gpu in inventory.gpus:
@@ -185,8 +185,10 @@ class GpuScheduler:
                     visible = True
                 foreign.setdefault(gpu.index, []).append((process.pid, visible))
         self.inventory, self._foreign = inventory, foreign
-        if any(self._foreign_now(i) < n for i, n in before.items()):
-            self._capacity_freed()
+        now = {i: self._foreign_now(i) for i in foreign}
+        if any(now.get(i, 0) < n for i, n in self._foreign_seen.items()):
+            self._capacity_freed()  # compared with the last read: a process that exited in between counts
+        self._foreign_seen = now
 
     async def _loop(self) -> None:
         while True:
