@@ -62,7 +62,8 @@ def stack(tmp_path: Path, nats_server, request):
     code = tmp_path / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)
-    stack = Stack(root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_GPU_REFRESH": "0.5"})
+    env = {"TRIALBUS_GPU_REFRESH": "0.5", "TRIALBUS_STATUS_INTERVAL": "1"}  # /platforms follows the GPUs closely
+    stack = Stack(root=tmp_path, nats=nats_server, extra_env=env)
     stack.start()
     stack.code = code
     yield stack
@@ -120,14 +121,14 @@ def test_nvml_inventory_matches_nvidia_smi():
 
 def test_a_trial_sees_exactly_its_gpu_and_counts_as_ours(stack):
     exp = experiment(stack, trialGpuNumber=1)
-    trial_id = submit(stack, exp, sleep=4)
+    trial_id = submit(stack, exp, sleep=8)
     wait_until(lambda: trial(stack, trial_id)["status"] == "RUNNING", 30, "RUNNING")
     # while it runs, the platform shows it on its GPU, and its CUDA process is not "foreign"
     def on_gpu():
         gpus = stack.rest("GET", "/platforms").json()[0]["gpus"]
         return next((g for g in gpus if f"{trial_id}:0" in g["trials"] and g["memoryUsedMib"] > 900), None)
 
-    gpu = wait_until(on_gpu, 15, "the trial on its GPU in /platforms")
+    gpu = wait_until(on_gpu, 20, "the trial on its GPU in /platforms")
     assert gpu["foreignProcesses"] == 0
     wait_until(lambda: trial(stack, trial_id)["status"] == "SUCCEEDED", 30, "SUCCEEDED")
     view = seen(stack, trial_id)
@@ -156,10 +157,13 @@ def test_a_foreign_process_holds_the_gpu_until_it_exits(stack):
     )
     try:
         assert hog.stdout.readline().strip() == "up"
+        # placement goes by the last inventory read: wait until the adapter has seen the hog
+        wait_until(lambda: any(g["foreignProcesses"] for g in stack.rest("GET", "/platforms").json()[0]["gpus"]),
+                   10, "the hog in /platforms")
         exp = experiment(stack, trialGpuNumber=len(indices))  # needs every GPU, so the hog's too
         trial_id = submit(stack, exp)
-        body = wait_until(lambda: (b := trial(stack, trial_id)).get("message", "").startswith("waiting") and b, 20,
-                          "a waiting message")
+        body = wait_until(lambda: (b := trial(stack, trial_id)).get("message") and "GPU" in b["message"] and b, 20,
+                          "a waiting message about GPUs")
         assert body["status"] == "WAITING" and "not trials (useActiveGpu is false)" in body["message"]
         time.sleep(1.0)
         assert trial(stack, trial_id)["status"] == "WAITING"
