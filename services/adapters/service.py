@@ -363,15 +363,17 @@ class AdapterService(Service):
         host = socket.gethostname()
         while True:
             self._status_due.clear()
-            status = PlatformStatus(
-                adapter=self.adapter.name, replica=self.settings.replica, host=host, time=utcnow(),
-                running=sum(1 for o in self.owned.values() if o.handle is not None and o.outcome is None),
-                waiting=list(dict.fromkeys(self._held_keys.values())), **self.adapter.describe(),
-            )
             try:
+                status = PlatformStatus(
+                    adapter=self.adapter.name, replica=self.settings.replica, host=host, time=utcnow(),
+                    running=sum(1 for o in self.owned.values() if o.handle is not None and o.outcome is None),
+                    waiting=list(dict.fromkeys(self._held_keys.values())), **self.adapter.describe(),
+                )
                 await self._platforms.put(key, status.encode())
             except (nats.errors.Error, OSError) as exc:  # the broker restarts: next round
                 log.debug("cannot publish the platform status: %s", exc)
+            except Exception:  # a bug in describe() must not stop the adapter
+                log.exception("cannot build the platform status")
             await asyncio.sleep(STATUS_MIN_GAP)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, self.settings.status_interval - STATUS_MIN_GAP)):
