@@ -195,29 +195,21 @@ def test_none_is_disabled():
 # -- auto on this machine: no NVML library ----------------------------------------------------
 
 
-@pytest.fixture
-def no_nvml():
-    pynvml = pytest.importorskip("pynvml")
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return
-    pynvml.nvmlShutdown()
-    pytest.skip("this host has NVML")
+#: NVML on a host without the NVIDIA driver, whatever the host running the tests has.
+def no_nvml() -> FakeNvml:
+    return FakeNvml([], init_error="NVML Shared Library Not Found")
 
 
-@pytest.mark.usefixtures("no_nvml")
 def test_auto_falls_back_to_nvidia_smi_on_path(tmp_path: Path, monkeypatch):
     for name, value in install_fake_nvidia_smi(tmp_path, THREE).items():
         monkeypatch.setenv(name, value)
-    inventory = GpuReader("auto").read()
+    inventory = GpuReader("auto", nvml=no_nvml()).read()
     assert (inventory.source, inventory.error, len(inventory.gpus)) == ("nvidia-smi", None, 3)
 
 
-@pytest.mark.usefixtures("no_nvml")
 def test_auto_without_nvml_or_nvidia_smi_has_no_gpus(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    reader = GpuReader("auto")
+    reader = GpuReader("auto", nvml=no_nvml())
     inventory = reader.read()
     assert (inventory.source, inventory.gpus) == ("none", ())
     assert "NVML cannot be loaded" in inventory.error
