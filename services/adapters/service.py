@@ -382,10 +382,7 @@ class AdapterService(Service):
     # ---------------------------------------------------------------- control subjects
 
     async def _on_cancel(self, msg: Msg) -> None:
-        try:
-            request = CancelRequest.decode(msg.data)
-        except ContractError as exc:
-            log.warning("ignoring a malformed cancel request: %s", exc)
+        if (request := _decode(CancelRequest, msg)) is None:
             return
         mine = self.trials.of_trial(request.trial_id)
         if not mine:
@@ -404,10 +401,7 @@ class AdapterService(Service):
         await self._respond(msg, reply)
 
     async def _on_log(self, msg: Msg) -> None:
-        try:
-            request = LogRequest.decode(msg.data)
-        except ContractError as exc:
-            log.warning("ignoring a malformed log request: %s", exc)
+        if (request := _decode(LogRequest, msg)) is None:
             return
         handle = self.trials.latest_handle(request.trial_id)
         if handle is None:
@@ -426,3 +420,12 @@ class AdapterService(Service):
     async def _respond(self, msg: Msg, reply: CancelReply | LogReply) -> None:
         with contextlib.suppress(nats.errors.Error):  # the requester times out and asks again
             await msg.respond(reply.encode())
+
+
+def _decode(model: type[CancelRequest] | type[LogRequest], msg: Msg) -> CancelRequest | LogRequest | None:
+    """A control request, or None (logged) when it is malformed: nobody answers it."""
+    try:
+        return model.decode(msg.data)
+    except ContractError as exc:
+        log.warning("ignoring a malformed %s on %s: %s", model.__name__, msg.subject, exc)
+        return None

@@ -47,6 +47,7 @@ from contracts.base import utcnow
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, TransientError, Waiting
 from services.adapters.local_gpu import client
+from services.adapters.local_gpu.placement import GpuAsk
 from services.adapters.local_gpu.scheduler import GpuScheduler, Holding
 from services.adapters.local_gpu.settings import LocalGpuSettings
 from services.common.bus import Bus
@@ -163,7 +164,8 @@ class LocalGpuAdapter(PlatformAdapter):
         if self._running() >= self.settings.max_trials:
             return self._existing(trial_dir, request)
         code_dir = await self._code_dir(request.code_ref) if request.code_ref else None
-        if (ask := self.gpus.ask(request)) is not None:
+        ask = self.gpus.ask(request)
+        if ask is not None:
             await self.gpus.check_fits(ask, self._bus)
         # No await from here on: the checks and the spawn happen as one step of the event loop.
         if (trial := self.trials.get(key)) is not None:
@@ -173,9 +175,9 @@ class LocalGpuAdapter(PlatformAdapter):
         if os.path.isdir(trial_dir):  # launched before a restart: never twice, never re-placed
             return self._adopt(trial_dir, *key, request.experiment_id).handle
         try:
-            where, held, per_gpu = self.place(request)
+            where, held, per_gpu = self.place(request, ask)
         except Waiting as exc:  # a replica that can place it now should have it
-            if (peer := self.gpus.room_elsewhere(self.gpus.ask(request))) is not None:
+            if (peer := self.gpus.room_elsewhere(ask)) is not None:
                 raise TransientError(f"{exc}; offered to replica {peer}, which has idle GPUs", delay=0.2) from None
             raise
         try:
@@ -223,15 +225,14 @@ class LocalGpuAdapter(PlatformAdapter):
 
     # ------------------------------------------------------------------ GPUs
 
-    def place(self, request: TrialRequest) -> tuple[dict[str, str], tuple[int, ...], int]:
+    def place(self, request: TrialRequest, ask: GpuAsk | None) -> tuple[dict[str, str], tuple[int, ...], int]:
         """Where the trial runs on this host: keeper environment, GPUs held, maxTrialNumberPerGpu.
 
         ``trialGpuNumber`` unset: nothing (the trial sees what the host has); ``0``: no GPU
         (``CUDA_VISIBLE_DEVICES=""``, as NNI v3); ≥ 1: GPUs from the scheduler, numbered as
         nvidia-smi does (``CUDA_DEVICE_ORDER=PCI_BUS_ID``). Raises Waiting with the reason
-        when they are not free now.
+        when they are not free now. ``ask`` is ``self.gpus.ask(request)``.
         """
-        ask = self.gpus.ask(request)
         if ask is None:
             return ({} if request.trial_gpu_number is None else {"TRIALBUS_GPUS": ""}), (), 1
         held = self.gpus.place(ask)
