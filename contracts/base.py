@@ -9,10 +9,31 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
-from typing import Self
+from typing import Annotated, Self
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    PlainSerializer,
+    SecretStr,
+    SerializationInfo,
+    ValidationError,
+)
 from pydantic.alias_generators import to_camel
+
+#: Serialization context under which :data:`Secret` fields are written in clear: the bus
+#: and KV writes only (:meth:`Contract.encode`, ``ExperimentConfig.wire_json``).
+REVEAL = {"reveal_secrets": True}
+
+
+def _secret_json(value: SecretStr, info: SerializationInfo) -> str:
+    return value.get_secret_value() if (info.context or {}).get("reveal_secrets") else str(value)
+
+
+#: A platform secret (password, passphrase, token, key): ``**********`` in repr, logs and
+#: every JSON dump (API answers), in clear only on the bus (see :data:`REVEAL`).
+Secret = Annotated[SecretStr, PlainSerializer(_secret_json, return_type=str, when_used="json")]
 
 #: Readers forbid unknown fields when this is set (tests), and ignore them otherwise,
 #: so that a newer writer never breaks an older reader in production.
@@ -43,8 +64,8 @@ class Contract(BaseModel):
             raise ContractError(f"invalid {cls.__name__}: {exc}") from exc
 
     def encode(self) -> bytes:
-        """Serialise for the bus (camelCase, ``None`` fields left out)."""
-        return self.model_dump_json(by_alias=True, exclude_none=True).encode()
+        """Serialise for the bus (camelCase, ``None`` fields left out, secrets in clear)."""
+        return self.model_dump_json(by_alias=True, exclude_none=True, context=REVEAL).encode()
 
     def to_json(self) -> dict:
         """The JSON-ready dict the REST API answers with."""

@@ -12,9 +12,19 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
+from contracts.base import REVEAL, Secret
 from contracts.units import parse_seconds
 
 
@@ -98,10 +108,60 @@ class LocalConfig(TrainingService):
     _gpu_indices = field_validator("gpu_indices", mode="before")(parse_gpu_indices)
 
 
+def _string_secret(value: Any) -> Any:
+    if value is not None and not isinstance(value, str):
+        raise ValueError("must be a string: quote it in YAML (password: '12345')")
+    return value
+
+
+class RemoteMachineConfig(NniModel):
+    """One SSH machine of ``platform: remote`` (``training_services/remote.py``)."""
+
+    host: str = Field(min_length=1)
+    port: int = Field(default=22, gt=0, lt=65536)
+    user: str = Field(min_length=1)
+    #: With a password, ``sshKeyFile`` is ignored (NNI's rule).
+    password: Secret | None = None
+    #: A private key file where the config is loaded; unset: ssh-agent and the default keys.
+    ssh_key_file: str | None = None
+    #: The key itself (Trialbus extension): what ``load_experiment_config`` reads
+    #: ``sshKeyFile`` into, so an adapter on another host needs no copy of the file.
+    ssh_key: Secret | None = None
+    ssh_passphrase: Secret | None = None
+    use_active_gpu: bool = False
+    max_trial_number_per_gpu: int = Field(default=1, gt=0)
+    gpu_indices: list[int] | None = None
+    #: A directory put first on the trial's PATH (where its ``python3`` is).
+    python_path: str | None = None
+
+    _gpu_indices = field_validator("gpu_indices", mode="before")(parse_gpu_indices)
+    _secrets = field_validator("password", "ssh_passphrase", "ssh_key", mode="before")(_string_secret)
+
+    @model_validator(mode="after")
+    def _password_wins(self) -> RemoteMachineConfig:
+        if self.password is not None and (self.ssh_key_file or self.ssh_key):
+            return self.model_copy(update={"ssh_key_file": None, "ssh_key": None})
+        return self
+
+    @property
+    def address(self) -> str:
+        """``user@host:port``, how people name the machine (no secret in it)."""
+        return f"{self.user}@{self.host}:{self.port}"
+
+
+class RemoteConfig(TrainingService):
+    """``platform: remote``: trials on a pool of SSH machines (``training_services/remote.py``)."""
+
+    adapter: ClassVar[str] = "remote"
+
+    platform: Literal["remote"] = "remote"
+    machine_list: list[RemoteMachineConfig] = Field(min_length=1)
+
+
 #: platform name → its config model. A new platform registers here.
-PLATFORMS: dict[str, type[TrainingService]] = {"local": LocalConfig}
+PLATFORMS: dict[str, type[TrainingService]] = {"local": LocalConfig, "remote": RemoteConfig}
 #: NNI platforms that Trialbus will support but whose adapters are not here yet.
-PLANNED = ("remote", "openpai", "frameworkcontroller")
+PLANNED = ("openpai", "frameworkcontroller")
 
 
 def parse_training_service(value: Any) -> TrainingService:
@@ -171,6 +231,12 @@ class ExperimentConfig(NniModel):
                 )
             if service.max_trial_number_per_gpu != 1 and not gpus:
                 raise ValueError("maxTrialNumberPerGpu only applies when trialGpuNumber is set")
+        if isinstance(service, RemoteConfig) and not gpus:
+            for machine in service.machine_list:
+                if machine.max_trial_number_per_gpu != 1:
+                    raise ValueError(
+                        f"machine {machine.address}: maxTrialNumberPerGpu only applies when trialGpuNumber is set"
+                    )
         return self
 
     @property
@@ -192,6 +258,10 @@ class ExperimentConfig(NniModel):
         """camelCase JSON with secrets masked, for API answers and logs."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
+    def wire_json(self) -> dict[str, Any]:
+        """camelCase JSON with secrets in clear: only for sending the config to the dispatcher."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True, context=REVEAL)
+
 
 def load_experiment_config(path: str | Path) -> ExperimentConfig:
     """Read a YAML config file; relative paths are resolved against its folder, as NNI does."""
@@ -209,9 +279,38 @@ def load_experiment_config(path: str | Path) -> ExperimentConfig:
         if _canonical(key) in ("trialcodedirectory", "searchspacefile") and isinstance(data[key], str):
             data[key] = str((base / Path(data[key]).expanduser()).resolve())
     try:
-        return ExperimentConfig.model_validate(data)
+        config = ExperimentConfig.model_validate(data)
     except ValidationError as exc:
         raise ValueError(format_validation_error(exc, str(path))) from None
+    return read_key_files(config, base)
+
+
+def read_key_files(config: ExperimentConfig, base: Path | None = None) -> ExperimentConfig:
+    """Read each remote machine's ``sshKeyFile`` (relative to ``base``, ``~`` expanded) into
+    ``sshKey``, where the user runs: a missing or unreadable file is an error now, as in NNI,
+    not a failed trial later on whatever host runs the adapter."""
+    service = config.training_service
+    if not isinstance(service, RemoteConfig):
+        return config
+    machines = []
+    for i, machine in enumerate(service.machine_list):
+        if machine.ssh_key_file and machine.ssh_key is None and machine.password is None:
+            path = Path(machine.ssh_key_file).expanduser()
+            path = (base or Path.cwd()) / path if not path.is_absolute() else path
+            try:
+                key = path.read_text()
+            except OSError as exc:
+                why = exc.strerror or str(exc)
+                raise ValueError(
+                    f"trainingService.machineList.{i}.sshKeyFile: cannot read {path} ({why}) for {machine.address}"
+                ) from None
+            except UnicodeDecodeError:
+                raise ValueError(
+                    f"trainingService.machineList.{i}.sshKeyFile: {path} is not a private key file (not text)"
+                ) from None
+            machine = machine.model_copy(update={"ssh_key_file": str(path), "ssh_key": SecretStr(key)})
+        machines.append(machine)
+    return config.model_copy(update={"training_service": service.model_copy(update={"machine_list": machines})})
 
 
 def format_validation_error(exc: ValidationError, where: str = "experiment config") -> str:

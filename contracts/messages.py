@@ -130,6 +130,25 @@ class LogReply(Contract):
     text: str
 
 
+class CheckRequest(Contract):
+    """``control.<adapter>.check`` request, sent when an experiment is created: can the
+    platform run its trials (machines reachable, credentials accepted)? One replica answers."""
+
+    kind: Literal["platform.check"] = "platform.check"
+    v: Literal[1] = 1
+    training_service: SerializeAsAny[TrainingService]
+
+    _service = field_validator("training_service", mode="before")(parse_training_service)
+
+
+class CheckReply(Contract):
+    kind: Literal["platform.check.reply"] = "platform.check.reply"
+    v: Literal[1] = 1
+    replica: str
+    #: What stops the platform from running the experiment's trials, one sentence each.
+    problems: list[str] = []
+
+
 class GpuStatus(Contract):
     """One GPU of an adapter's host, as its inventory (NVML or nvidia-smi) last read it."""
 
@@ -144,6 +163,20 @@ class GpuStatus(Contract):
     trials: list[str] = []
     #: Processes on it that are not Trialbus trials (compute or graphics).
     foreign_processes: int = 0
+
+
+class MachineStatus(Contract):
+    """One SSH machine of the remote adapter: reachable or not (and why), its load, its GPUs."""
+
+    #: ``user@host:port``.
+    name: str
+    up: bool
+    #: Why it is unreachable (None while up).
+    error: str | None = None
+    cpus: int = 1
+    #: Our trials running there.
+    running: int = 0
+    gpus: list[GpuStatus] = []
 
 
 class PlatformStatus(Contract):
@@ -166,3 +199,5 @@ class PlatformStatus(Contract):
     #: Why there are no GPUs, or why the last inventory read failed.
     gpu_error: str | None = None
     gpus: list[GpuStatus] = []
+    #: The remote adapter's SSH machines.
+    machines: list[MachineStatus] = []

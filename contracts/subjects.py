@@ -45,6 +45,11 @@ def waiting_event_id(trial: str, attempt: int, reason: str) -> str:
     return f"{trial}:WAITING:{attempt}:{hashlib.sha1(reason.encode()).hexdigest()[:12]}"
 
 
+def note_event_id(trial: str, attempt: int, note: str) -> str:
+    """An adapter's RUNNING event with a note (status stale, or current again): one per note."""
+    return f"{trial}:RUNNING:{attempt}:{hashlib.sha1(note.encode()).hexdigest()[:12]}"
+
+
 def dispatch_id(trial: str, attempt: int) -> str:
     return f"{trial}:{attempt}"
 

@@ -8,6 +8,7 @@ os.environ["TRIALBUS_CONTRACTS_STRICT"] = "1"
 import pytest  # noqa: E402
 
 from tests.fixtures.nats import nats_server  # noqa: E402,F401
+from tests.fixtures.sshd import ssh_key, sshd, sshd_pair  # noqa: E402,F401
 
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)

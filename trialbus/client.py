@@ -49,7 +49,7 @@ from contracts import (
     subjects,
 )
 from contracts.base import Contract, ContractError
-from contracts.experiment import format_validation_error, load_experiment_config
+from contracts.experiment import format_validation_error, load_experiment_config, read_key_files
 from contracts.streams import EVENTS, METRICS
 from services.common.code import CodeUpload, upload_code
 from trialbus.watcher import ExperimentWatcher, TrialOutcome
@@ -108,7 +108,7 @@ def as_config(config: ExperimentConfig | Mapping[str, Any] | str | Path) -> Expe
     """An ExperimentConfig from a model, a dict (paths relative to the cwd) or a YAML file.
 
     As NNI does, a ``searchSpaceFile`` is read into ``searchSpace`` here, on the user's
-    machine, so the dispatcher never needs the file.
+    machine, so the dispatcher never needs the file; so are remote machines' ``sshKeyFile``.
     """
     if isinstance(config, str | Path):
         config = load_experiment_config(config)
@@ -117,6 +117,7 @@ def as_config(config: ExperimentConfig | Mapping[str, Any] | str | Path) -> Expe
             config = ExperimentConfig.model_validate(dict(config))
         except ValidationError as exc:
             raise ValueError(format_validation_error(exc)) from None
+        config = read_key_files(config)
     update: dict[str, Any] = {"trial_code_directory": str(Path(config.trial_code_directory).expanduser().resolve())}
     if config.search_space is None and config.search_space_file:
         path = Path(config.search_space_file).expanduser()
@@ -275,7 +276,7 @@ class AsyncClient:
         if config.trial_code_ref is None:
             upload = await self.upload_code(config.trial_code_directory)
             config = config.model_copy(update={"trial_code_ref": upload.ref})
-        body = {"config": config.model_dump(mode="json", by_alias=True, exclude_none=True)}
+        body = {"config": config.wire_json()}
         return str((await self._call("experiment.create", body))["id"])
 
     async def list_experiments(self) -> list[ExperimentView]:

@@ -76,6 +76,11 @@ SERVICES: tuple[ServiceDef, ...] = (
             "TRIALBUS_GATEWAY_URL": "http://{host}:{gateway_port}",
         },
     ),
+    ServiceDef(
+        "remote",
+        ("-m", "services.adapters.remote"),
+        {"TRIALBUS_REPLICA": "remote-0", "TRIALBUS_GATEWAY_URL": "http://{host}:{gateway_port}"},
+    ),
 )
 
 

@@ -29,7 +29,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from contracts import TrialRequest, TrialStatus
+from contracts import TrainingService, TrialRequest, TrialStatus
 from contracts.base import utcnow
 from services.adapters.errors import PermanentError, TransientError
 from services.common.bus import Bus
@@ -118,6 +118,7 @@ class PlatformAdapter(ABC):
 
     _listener: Callable[[TrialHandle | None], None] | None = None
     _capacity_listener: Callable[[], None] | None = None
+    _found_listener: Callable[[TrialHandle], None] | None = None
 
     async def start(self, bus: Bus) -> None:
         """Open clients and check that the platform is usable; called once, first.
@@ -180,6 +181,12 @@ class PlatformAdapter(ABC):
         requests about trials that ended before this run; None when it has none."""
         return None
 
+    async def check(self, service: TrainingService) -> list[str]:
+        """What stops this platform from running an experiment with this ``trainingService``
+        (unreachable machines, refused credentials), one sentence each; asked when the
+        experiment is created, so users hear of it at once rather than from a failed trial."""
+        return []
+
     async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
         """The last ``max_bytes`` of the trial's stdout and stderr, labelled, for people."""
         return ""
@@ -201,13 +208,21 @@ class PlatformAdapter(ABC):
         if self._capacity_listener is not None:
             self._capacity_listener()
 
+    def found(self, handle: TrialHandle) -> None:
+        """Hand over a trial that :meth:`adopt` could not return (its machine was unreachable
+        at start): the service announces it and watches it like an adopted one."""
+        if self._found_listener is not None:
+            self._found_listener(handle)
+
     def describe(self) -> dict:
         """Platform fields of this replica's :class:`~contracts.PlatformStatus` (``maxTrials``,
         GPUs…), published every few seconds; must be cheap (no I/O)."""
         return {}
 
     def listen(
-        self, callback: Callable[[TrialHandle | None], None] | None, capacity: Callable[[], None] | None = None
-    ) -> None:
-        """Used by the service (and tests) to receive :meth:`notify` and :meth:`capacity_freed` calls."""
-        self._listener, self._capacity_listener = callback, capacity
+        self, callback: Callable[[TrialHandle | None], None] | None, capacity: Callable[[], None] | None = None,
+        found: Callable[[TrialHandle], None] | None = None,
+    ) -> None:  # fmt: skip
+        """Used by the service (and tests) to receive :meth:`notify`, :meth:`capacity_freed`
+        and :meth:`found` calls."""
+        self._listener, self._capacity_listener, self._found_listener = callback, capacity, found

@@ -15,6 +15,9 @@ every platform. Each adapter maps its platform's errors to them in one function.
   a code snapshot that does not exist, a command the platform refuses). The attempt
   ends FAILED with the error's message, and the dispatch message is acked.
 
+- :class:`Stale` (from ``poll``) — a transient error for a running trial: polled again
+  after ``delay``, and its message is shown on the trial (RUNNING) until a poll succeeds.
+
 Anything else is a bug: it is logged with its traceback and handled like a transient
 error with back-off, so a bad release never loses a trial.
 """
@@ -40,3 +43,8 @@ class PermanentError(AdapterError):
 
 class Waiting(AdapterError):
     """No room now, maybe soon: the message says what the trial waits for (users see it)."""
+
+
+class Stale(TransientError):
+    """The platform cannot be asked about a running trial now (its machine is unreachable):
+    the trial stays RUNNING and users see this message on it until the platform answers."""

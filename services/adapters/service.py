@@ -44,6 +44,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from contracts import (
     CancelReply,
     CancelRequest,
+    CheckReply,
+    CheckRequest,
     ContractError,
     LogReply,
     LogRequest,
@@ -151,7 +153,7 @@ class AdapterService(Service):
     async def start(self, bus: Bus) -> None:
         self._bus = self.trials.bus = bus
         await self.adapter.start(bus)
-        self.adapter.listen(self.trials.notify, self._capacity_changed)
+        self.adapter.listen(self.trials.notify, self._capacity_changed, self.trials.adopt)
         self.trials.on_end = self._capacity_changed
         adopted = await self.adapter.adopt()
         for handle in adopted:
@@ -163,6 +165,7 @@ class AdapterService(Service):
         self._subs = [
             await bus.nc.subscribe(subjects.control(self.adapter.name, "cancel"), cb=self._on_cancel),
             await bus.nc.subscribe(subjects.control(self.adapter.name, "log"), cb=self._on_log),
+            await bus.nc.subscribe(subjects.control(self.adapter.name, "check"), queue="check", cb=self._on_check),
         ]
         if self.settings.adapter_http_port is not None:
             from fastapi import FastAPI
@@ -417,12 +420,25 @@ class AdapterService(Service):
             text = f"[the trial's log cannot be read: {exc}]"
         await self._respond(msg, LogReply(trial_id=request.trial_id, replica=self.settings.replica, text=text))
 
-    async def _respond(self, msg: Msg, reply: CancelReply | LogReply) -> None:
+    async def _on_check(self, msg: Msg) -> None:
+        if (request := _decode(CheckRequest, msg)) is None:
+            return
+        try:
+            problems = await self.adapter.check(request.training_service)
+        except Exception as exc:  # a bug must not block creating experiments
+            log.exception("cannot check a training service")
+            problems = [f"the {self.adapter.name} adapter could not check the platform: {exc}"]
+        await self._respond(msg, CheckReply(replica=self.settings.replica, problems=problems))
+
+    async def _respond(self, msg: Msg, reply: CancelReply | LogReply | CheckReply) -> None:
         with contextlib.suppress(nats.errors.Error):  # the requester times out and asks again
             await msg.respond(reply.encode())
 
 
-def _decode(model: type[CancelRequest] | type[LogRequest], msg: Msg) -> CancelRequest | LogRequest | None:
+_Control = CancelRequest | LogRequest | CheckRequest
+
+
+def _decode(model: type[_Control], msg: Msg) -> _Control | None:
     """A control request, or None (logged) when it is malformed: nobody answers it."""
     try:
         return model.decode(msg.data)

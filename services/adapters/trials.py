@@ -31,7 +31,7 @@ from prometheus_client import Counter
 from contracts import CancelRequest, TrialEvent, TrialStatus, subjects
 from contracts.base import utcnow
 from services.adapters.base import AdapterSettings, PlatformAdapter, TrialHandle, TrialOutcome
-from services.adapters.errors import PermanentError, TransientError
+from services.adapters.errors import PermanentError, Stale, TransientError
 from services.common import logs
 from services.common.bus import Bus
 
@@ -54,6 +54,7 @@ class Owned:
     cancel_sent: bool = False  # adapter.cancel succeeded
     outcome: TrialOutcome | None = None  # ended: the terminal event is being published
     waiting: str | None = None  # held for capacity: the reason last published
+    note: str | None = None  # running, but its status is stale: the message last published
     retry_at: float = 0.0  # monotonic time before which it is not polled (after a poll error)
 
 
@@ -138,6 +139,12 @@ class OwnedTrials:
                 if owned.cancel is not None and not owned.cancel_sent:
                     await self.send_cancel(owned)
                 outcome = await self.adapter.poll(owned.handle)
+            except Stale as exc:
+                owned.retry_at = now + exc.delay
+                if owned.note != str(exc):
+                    owned.note = str(exc)
+                    self._spawn(self.note(owned, owned.note))
+                return
             except TransientError as exc:
                 log.warning("cannot poll the trial now (%s); retrying in %.1fs", exc, exc.delay)
                 owned.retry_at = now + exc.delay
@@ -148,6 +155,9 @@ class OwnedTrials:
                 log.exception("unexpected error polling the trial; retrying")
                 owned.retry_at = now + self.settings.poll_interval * 4
                 return
+        if outcome is None and owned.note is not None:  # answered again: its status is current
+            self._spawn(self.note(owned, None, after=owned.note))
+            owned.note = None
         if outcome is not None:
             owned.outcome = outcome
             self._spawn(self.report(owned, release=True))
@@ -193,6 +203,13 @@ class OwnedTrials:
             while len(self._recent) > RECENT:
                 self._recent.popitem(last=False)
         self.drop(owned)
+
+    async def note(self, owned: Owned, message: str | None, after: str | None = None) -> None:
+        """RUNNING again with a message on it (its status is stale, and why), or without one
+        once it is current again (``after`` the stale note); each note has its own dedupe id."""
+        key = message if message is not None else f"current again after: {after}"
+        msg_id = subjects.note_event_id(owned.trial_id, owned.attempt, key)
+        await self.publish(owned, TrialStatus.RUNNING, msg_id=msg_id, time=owned.handle.start_time, message=message)
 
     async def waiting(self, owned: Owned, reason: str) -> None:
         """Publish WAITING with what the trial waits for (one event per distinct reason)."""

@@ -106,6 +106,7 @@ class Dispatcher:
             config = ExperimentConfig.model_validate(data)
         except ValidationError as exc:
             raise ApiError(422, format_validation_error(exc)) from None
+        await history.check_platform(self.bus, config, self.settings.check_timeout)
         code_ref = await snapshots.code_ref_for(self.bus, config)
         if code_ref != config.trial_code_ref:
             config = config.model_copy(update={"trial_code_ref": code_ref})
@@ -252,15 +253,10 @@ class Dispatcher:
                     return
                 if event.status == TrialStatus.RUNNING:
                     if trial.status == TrialStatus.WAITING:
-                        trial = trial.model_copy(
-                            update={
-                                "status": TrialStatus.RUNNING,
-                                "start_time": event.time,
-                                "replica": event.replica,
-                                "message": None,
-                            }
-                        )
-                        self.store.defer(trial)
+                        update = {"status": TrialStatus.RUNNING, "start_time": event.time, "replica": event.replica}
+                        self.store.defer(trial := trial.model_copy(update={**update, "message": None}))
+                    elif event.message != trial.message and not trial.cancel_status:  # a note: status stale
+                        self.store.defer(trial := trial.model_copy(update={"message": event.message}))
                     if trial.cancel_status:
                         await self._request_cancel(trial)
                     return

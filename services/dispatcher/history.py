@@ -1,14 +1,22 @@
-"""What the dispatcher reads from elsewhere rather than from its state: a trial's metric
-history (the METRICS stream) and its log (the adapter replica that ran it)."""
+"""What the dispatcher asks elsewhere rather than its state: a trial's metric history (the
+METRICS stream), its log (the adapter replica that ran it), and whether a platform can run
+a new experiment (one replica of its adapter)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import nats.errors
+
 from contracts import subjects
-from contracts.messages import LogReply, LogRequest, MetricRecord
+from contracts.experiment import ExperimentConfig
+from contracts.messages import CheckReply, CheckRequest, LogReply, LogRequest, MetricRecord
 from contracts.state import TrialState
 from services.common.bus import Bus
+from services.dispatcher.errors import ApiError
+
+log = logging.getLogger(__name__)
 
 
 async def trial_metrics(bus: Bus, trial: TrialState) -> list[dict[str, Any]]:
@@ -39,3 +47,22 @@ async def trial_log(bus: Bus, trial: TrialState, max_bytes: int, timeout: float)
     except Exception:
         return None
     return LogReply.decode(reply.data).text
+
+
+async def check_platform(bus: Bus, config: ExperimentConfig, timeout: float) -> None:
+    """Ask the experiment's adapter whether it can run its trials; 422 with its problems if not.
+
+    No adapter running, or none answering in time, is no error: the trials wait for one.
+    """
+    request = CheckRequest(training_service=config.training_service)
+    try:
+        reply = await bus.nc.request(subjects.control(config.adapter, "check"), request.encode(), timeout=timeout)
+    except nats.errors.NoRespondersError:
+        log.info("no %s adapter is running to check the new experiment; its trials wait for one", config.adapter)
+        return
+    except (nats.errors.TimeoutError, TimeoutError):
+        log.warning("the %s adapter did not check the new experiment within %.0fs", config.adapter, timeout)
+        return
+    problems = CheckReply.decode(reply.data).problems
+    if problems:
+        raise ApiError(422, f"the {config.adapter} platform cannot run this experiment: " + "; ".join(problems))

@@ -22,3 +22,5 @@ class DispatcherSettings(ServiceSettings):
     api_max_code: int = Field(default=300 * 1024 * 1024, gt=0)
     #: Seconds to wait for an adapter replica to answer a cancel or log request.
     control_timeout: float = Field(default=2.0, gt=0)
+    #: Seconds to wait for an adapter to check a new experiment's platform (SSH connections).
+    check_timeout: float = Field(default=20.0, gt=0)

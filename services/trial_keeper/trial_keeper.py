@@ -458,7 +458,12 @@ class Keeper:
                     return self.fail([])
             self.hello_ok = True  # with records waiting, their batch carries the version
         while self.spool and self.sending:
-            left = self.deliver(parse_frames(read_file(self.spool[0]))[0])
+            try:
+                data = read_file(self.spool[0])
+            except FileNotFoundError:  # relayed by the adapter meanwhile (remote: over SSH)
+                self.spool.pop(0)
+                continue
+            left = self.deliver(parse_frames(data)[0])
             if left is not None:
                 write_file(self.spool[0], b"".join(map(frame, left)), atomic=True)
                 return self.fail([])
@@ -599,23 +604,37 @@ def zygote():
         if not head:
             return 0
         environ = dict(item.split(b"=", 1) for item in read_exact(0, int(head)).split(b"\0") if item)
-        pid = posix.fork()
-        if pid == 0:
-            _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the keeper waits for its trial
-            posix.setsid()
-            out = posix.open(environ[b"TRIALBUS_TRIAL_DIR"] + b"/.trialbus/keeper.out",
-                             posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND, 0o644)
-            null = posix.open(b"/dev/null", posix.O_RDONLY)
-            posix.dup2(null, 0)
-            posix.dup2(out, 1)
-            posix.dup2(out, 2)
-            posix.close(null)
-            posix.close(out)
-            status = run_keeper(environ)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            posix._exit(status)
-        posix.write(1, b"%d\n" % pid)
+        posix.write(1, b"%d\n" % fork_keeper(environ))
+
+
+def fork_keeper(environ, close_fds=()):
+    """Fork a keeper for ``environ`` in its own session, as if started on its own: stdin
+    /dev/null, stdout and stderr on ``.trialbus/keeper.out`` (which must exist); the pid.
+    ``close_fds``: the caller's descriptors the keeper must not hold (used by the remote agent)."""
+    pid = posix.fork()
+    if pid:
+        return pid
+    try:
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the keeper waits for its trial
+        posix.setsid()
+        for fd in close_fds:
+            posix.close(fd)
+        if b"PATH" in environ:  # the trial's command is looked up on the keeper's own PATH
+            posix.putenv(b"PATH", environ[b"PATH"])
+        out = posix.open(environ[b"TRIALBUS_TRIAL_DIR"] + b"/.trialbus/keeper.out",
+                         posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND, 0o644)
+        null = posix.open(b"/dev/null", posix.O_RDONLY)
+        posix.dup2(null, 0)
+        posix.dup2(out, 1)
+        posix.dup2(out, 2)
+        posix.close(null)
+        posix.close(out)
+        status = run_keeper(environ)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001 - never return into the caller's loop in the child
+        status = 1
+    posix._exit(status)
 
 
 def main():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from services.adapters.local_gpu.gpus import GpuReader
+from services.adapters.gpu.inventory import GpuReader
 from tests.e2e.helpers import wait_until
 from tests.fixtures.stack import Stack
 

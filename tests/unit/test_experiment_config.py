@@ -74,7 +74,7 @@ def test_unknown_keys_are_named() -> None:
     [
         ({"trialConcurrency": -1}, "trialConcurrency: Input should be greater than 0"),
         ({"trainingService": {"platform": "k8s"}}, "unknown platform 'k8s'; available: local"),
-        ({"trainingService": {"platform": "remote"}}, "platform 'remote' is not available in this release"),
+        ({"trainingService": {"platform": "openpai"}}, "platform 'openpai' is not available in this release"),
         ({"trainingService": [{"platform": "local"}]}, "hybrid mode) is not supported"),
         ({"maxTrialDuration": "3 years"}, "bad duration '3 years'"),
         ({"trialGpuNumber": 1}, "useActiveGpu must be set when trialGpuNumber > 0"),
@@ -110,3 +110,80 @@ def test_units_follow_nni() -> None:
     assert parse_megabytes("1.5kb") == 1  # rounded up to whole MiB
     with pytest.raises(ValueError, match="unit"):
         parse_megabytes("8 apples")
+
+
+# -- platform: remote ------------------------------------------------------------------------
+
+
+def remote(*machines: dict, **extra) -> dict:
+    return minimal(trainingService={"platform": "remote", "machineList": list(machines)}, **extra)
+
+
+def test_remote_machines_take_nni_names_and_defaults():
+    config = ExperimentConfig.model_validate(remote(
+        {"host": "gpu1", "user": "alice", "ssh_key_file": "~/.ssh/id_ed25519", "gpuIndices": "0,1"},
+        {"HOST": "gpu2", "port": 2222, "user": "bob", "password": "pw", "sshKeyFile": "/ignored"},
+    ))  # fmt: skip
+    first, second = config.training_service.machine_list
+    assert (first.port, first.gpu_indices, first.max_trial_number_per_gpu) == (22, [0, 1], 1)
+    assert first.use_active_gpu is False
+    assert second.address == "bob@gpu2:2222"
+    assert second.ssh_key_file is None, "with a password, NNI drops sshKeyFile"
+
+
+@pytest.mark.parametrize(
+    ("machine", "expected"),
+    [
+        ({"host": "h", "user": "u", "port": 0}, "port: Input should be greater than 0"),
+        ({"host": "h", "user": "u", "port": 65536}, "port: Input should be less than 65536"),
+        ({"host": "h", "user": "u", "password": 12345}, "password: must be a string: quote it in YAML"),
+        ({"host": "h"}, "user: Field required"),
+        ({"host": "h", "user": "u", "gpuIndices": [0, 0]}, "duplicates"),
+        ({"host": "h", "user": "u", "sshKeyPath": "x"}, "does not have field(s) sshKeyPath"),
+    ],
+)
+def test_bad_remote_machines_are_refused_with_a_reason(machine, expected):
+    assert expected in errors_of(remote(machine))
+
+
+def test_remote_needs_machines_and_trial_gpus_for_sharing():
+    assert "machineList: List should have at least 1 item" in errors_of(remote())
+    shared = {"host": "h", "user": "u", "maxTrialNumberPerGpu": 2}
+    assert "maxTrialNumberPerGpu only applies when trialGpuNumber is set" in errors_of(remote(shared))
+    assert ExperimentConfig.model_validate(remote(shared, trialGpuNumber=1))
+
+
+def test_secrets_are_masked_everywhere_but_on_the_bus():
+    config = ExperimentConfig.model_validate(remote({"host": "h", "user": "u", "password": "hunter2"}))
+    assert "hunter2" not in repr(config) and "hunter2" not in str(config.public_json())
+    assert config.public_json()["trainingService"]["machineList"][0]["password"] == "**********"
+    assert config.wire_json()["trainingService"]["machineList"][0]["password"] == "hunter2"
+    from contracts import ExperimentState
+    from contracts.base import utcnow
+
+    state = ExperimentState(id="e1", config=config, start_time=utcnow())
+    stored = ExperimentState.decode(state.encode()).config.training_service.machine_list[0]
+    assert stored.password.get_secret_value() == "hunter2", "the dispatcher keeps what adapters need"
+    assert "hunter2" not in str(state.view({}))
+
+
+def test_key_files_are_read_where_the_config_is_loaded(tmp_path: Path):
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "id").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n")
+    text = textwrap.dedent(
+        """
+        trialCommand: python3 trial.py
+        trialConcurrency: 1
+        trainingService:
+          platform: remote
+          machineList:
+            - {host: h, user: u, sshKeyFile: keys/id}
+        """
+    )
+    (tmp_path / "config.yml").write_text(text)
+    machine = load_experiment_config(tmp_path / "config.yml").training_service.machine_list[0]
+    assert machine.ssh_key_file == str(tmp_path / "keys" / "id")
+    assert machine.ssh_key.get_secret_value().startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    (tmp_path / "config.yml").write_text(text.replace("keys/id", "keys/missing"))
+    with pytest.raises(ValueError, match=r"machineList.0.sshKeyFile: cannot read .*keys/missing \(No such file"):
+        load_experiment_config(tmp_path / "config.yml")

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.adapters.local_gpu.gpus import Gpu, GpuProcess, GpuReader, Inventory, parse_nvidia_smi_xml
+from services.adapters.gpu.inventory import Gpu, GpuProcess, GpuReader, Inventory, parse_nvidia_smi_xml
 from tests.fixtures.gpus import install_fake_nvidia_smi, set_fake_gpus
 
 # Trimmed from `nvidia-smi -q -x` on an H100 (driver 580.159.04).

@@ -1,10 +1,10 @@
-"""GPU placement rules (services/adapters/local_gpu/placement.py) on injected inventories."""
+"""GPU placement rules (services/adapters/gpu/placement.py) on injected inventories."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.adapters.local_gpu.placement import GpuAsk, GpuView, Never, Placed, Snapshot, Wait, place, reserve
+from services.adapters.gpu.placement import GpuAsk, GpuView, Never, Placed, Snapshot, Wait, place, reserve
 
 
 def gpus(n: int, **by_index: GpuView) -> list[GpuView]:

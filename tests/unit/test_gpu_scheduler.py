@@ -10,9 +10,9 @@ import pytest
 from contracts import GpuStatus, PlatformStatus
 from contracts.base import utcnow
 from services.adapters.errors import Waiting
-from services.adapters.local_gpu.gpus import Gpu, Inventory
-from services.adapters.local_gpu.placement import GpuAsk
-from services.adapters.local_gpu.scheduler import GpuScheduler, Holding
+from services.adapters.gpu.inventory import Gpu, Inventory
+from services.adapters.gpu.placement import GpuAsk
+from services.adapters.gpu.scheduler import GpuScheduler, Holding
 from services.adapters.local_gpu.settings import LocalGpuSettings
 from tests.fixtures.gpus import install_fake_nvidia_smi, set_fake_gpus
 

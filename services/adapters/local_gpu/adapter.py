@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -39,16 +38,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-import nats.errors
-from nats.js.errors import NotFoundError
-
-from contracts import TrialRequest, TrialStatus, subjects
+from contracts import TrialRequest, subjects
 from contracts.base import utcnow
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, TransientError, Waiting
+from services.adapters.gpu.placement import GpuAsk
+from services.adapters.gpu.scheduler import GpuScheduler, Holding
+from services.adapters.keeper import fetch_code, outcome_of
 from services.adapters.local_gpu import client
-from services.adapters.local_gpu.placement import GpuAsk
-from services.adapters.local_gpu.scheduler import GpuScheduler, Holding
 from services.adapters.local_gpu.settings import LocalGpuSettings
 from services.common.bus import Bus
 
@@ -272,15 +269,7 @@ class LocalGpuAdapter(PlatformAdapter):
         return str(dest)
 
     async def _download(self, digest: str, dest: Path) -> None:
-        try:
-            store = await self._bus.code_store()
-            archive = (await store.get(digest)).data
-        except NotFoundError as exc:
-            raise PermanentError(f"code snapshot sha256:{digest} is not in the object store") from exc
-        except (nats.errors.Error, OSError) as exc:
-            raise TransientError(f"cannot download code snapshot sha256:{digest}: {exc}", delay=2.0) from exc
-        if hashlib.sha256(archive).hexdigest() != digest:
-            raise PermanentError(f"code snapshot sha256:{digest} does not match its hash")
+        archive = await fetch_code(self._bus, digest)
         try:
             await asyncio.to_thread(client.extract_code, archive, dest)
         except client.UnsafeArchive as exc:
@@ -463,27 +452,3 @@ def _dead(pid: int) -> client.Keeper:
     keeper = client.Keeper(pid)
     keeper.alive = False
     return keeper
-
-
-def outcome_of(state: dict, keeper_status: int | None, keeper_out: str | None = None) -> TrialOutcome:
-    """How a trial ended, from the keeper's ``state.json`` once the keeper is gone (§1)."""
-    end = datetime.fromtimestamp(state["endTime"], UTC) if state.get("endTime") else None
-    exit_code = state.get("exitCode")
-    if state.get("error"):
-        return TrialOutcome(TrialStatus.FAILED, exit_code, str(state["error"]), "unknown", end)
-    if exit_code is not None and state.get("done"):
-        return TrialOutcome.exited(exit_code, end)
-    if exit_code is not None:
-        note = "the trial keeper was killed before it finished: metrics may be incomplete"
-        return TrialOutcome.exited(exit_code, end, note=note)
-    if state.get("done") and state.get("canceled"):
-        return TrialOutcome(TrialStatus.FAILED, None, "stopped before the trial command started", "unknown", end)
-    if keeper_status is None:
-        why = "no exit status recorded"
-    elif keeper_status < 0:
-        why = f"killed by signal {-keeper_status}"
-    else:
-        why = f"exit status {keeper_status}"
-    last = (keeper_out or "").strip().splitlines()[-1:]
-    detail = f": {last[0][:200]}" if last else ""
-    return TrialOutcome(TrialStatus.FAILED, None, f"trial keeper exited unexpectedly ({why}){detail}", "unknown", end)

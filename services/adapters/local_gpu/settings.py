@@ -13,10 +13,10 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from contracts.units import parse_seconds
-from services.adapters.base import AdapterSettings
+from services.adapters.gpu.settings import GpuSettings
 
 
-class LocalGpuSettings(AdapterSettings):
+class LocalGpuSettings(GpuSettings):
     #: Directory of code snapshots (``code/``) and trial directories
     #: (``trials/<experiment>/<trial>-<attempt>/``). Default: ``<data_dir>/local-gpu/<replica>``.
     work_dir: Path | None = None
@@ -39,13 +39,6 @@ class LocalGpuSettings(AdapterSettings):
     #: Where the GPU inventory comes from: ``auto`` (NVML, else ``nvidia-smi -q -x``, else no
     #: GPUs), ``nvml``, ``nvidia-smi`` or ``none``.
     gpu_source: Literal["auto", "nvml", "nvidia-smi", "none"] = "auto"
-    #: The ``nvidia-smi`` to run when NVML cannot be loaded (a name on PATH or a path).
-    nvidia_smi: str = "nvidia-smi"
-    #: Seconds between two reads of the GPU inventory (utilisation, foreign processes).
-    gpu_refresh: float = Field(default=3.0, gt=0)
-    #: Seconds a GPU trial may wait before GPUs are reserved for it, so that smaller trials
-    #: cannot starve it (see ``placement.py``).
-    gpu_reserve_after: float = Field(default=30.0, ge=0)
     #: Seconds a finished trial's directory (logs, outputs) is kept after its end was
     #: reported; NNI unit strings like ``7d`` work. Default 7 days; 0 keeps them forever.
     trial_retention: float = Field(default=7 * 86400.0, ge=0)

@@ -1,6 +1,8 @@
-"""The local-gpu adapter's GPU scheduler: inventory, placement, reservations, status.
+"""GPU scheduling for one host: inventory, placement, reservations, status.
 
-It reads the inventory (``gpus.py``) every ``gpu_refresh`` seconds, tells our trials'
+The local-gpu adapter runs one for its host; the remote adapter one per SSH machine,
+whose inventory comes over SSH (``read``). It reads the inventory (``inventory.py``)
+every ``gpu_refresh`` seconds, tells our trials'
 processes on a GPU from foreign ones (by session: each trial runs in its own), and places
 requests with ``placement.py`` against the inventory and what our running trials hold
 (:class:`Holding`, supplied by the adapter). It keeps the requests that wait, to reserve
@@ -14,13 +16,14 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from contracts import GpuStatus, PlatformStatus, TrialRequest, subjects
 from services.adapters.errors import PermanentError, TransientError, Waiting
-from services.adapters.local_gpu import gpus, placement
-from services.adapters.local_gpu.settings import LocalGpuSettings
+from services.adapters.gpu import inventory as gpus
+from services.adapters.gpu import placement
+from services.adapters.gpu.settings import GpuSettings
 from services.common import platforms
 from services.common.bus import Bus
 
@@ -48,12 +51,15 @@ class GpuScheduler:
     """GPU placement for one adapter replica (see the module docstring)."""
 
     def __init__(
-        self, settings: LocalGpuSettings, adapter: str, holdings: Callable[[], Iterable[Holding]],
-        capacity_freed: Callable[[], None],
+        self, settings: GpuSettings, adapter: str, holdings: Callable[[], Iterable[Holding]],
+        capacity_freed: Callable[[], None], read: Callable[[], Awaitable[gpus.Inventory]] | None = None,
     ) -> None:  # fmt: skip
+        """``read``: the inventory of another host (default: this host's, NVML or nvidia-smi)."""
         self.settings, self.adapter = settings, adapter
         self._holdings, self._capacity_freed = holdings, capacity_freed
-        self._reader = gpus.GpuReader(settings.gpu_source, settings.nvidia_smi)
+        source = getattr(settings, "gpu_source", "auto")
+        self._reader = gpus.GpuReader(source, settings.nvidia_smi) if read is None else None
+        self._read = read or (lambda: asyncio.to_thread(self._reader.read))
         self.inventory = gpus.Inventory("none")
         #: GPU index → processes on it that are not ours: (pid, visible to us when read).
         self._foreign: dict[int, list[tuple[int, bool]]] = {}
@@ -74,7 +80,8 @@ class GpuScheduler:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await asyncio.to_thread(self._reader.close)
+        if self._reader is not None:
+            await asyncio.to_thread(self._reader.close)
 
     # ------------------------------------------------------------------ placement
 
@@ -170,19 +177,24 @@ class GpuScheduler:
 
     async def read(self) -> None:
         """Read the inventory now; say so when a foreign process left a GPU."""
-        inventory = await asyncio.to_thread(self._reader.read)
+        inventory = await self._read()
         ours = {h.session for h in self._holdings() if h.session}
         foreign: dict[int, list[tuple[int, bool]]] = {}
         for gpu in inventory.gpus:
             for process in gpu.processes:
-                try:
-                    if os.getsid(process.pid) in ours:
+                if inventory.sessions is not None:  # another host's: sessions as it saw them
+                    if inventory.sessions.get(process.pid) in ours:
                         continue
-                    visible = True
-                except ProcessLookupError:  # not in our PID namespace (or exited just now)
-                    visible = False
-                except PermissionError:
-                    visible = True
+                    visible = False  # its exit shows at the next read, not through a local pid
+                else:
+                    try:
+                        if os.getsid(process.pid) in ours:
+                            continue
+                        visible = True
+                    except ProcessLookupError:  # not in our PID namespace (or exited just now)
+                        visible = False
+                    except PermissionError:
+                        visible = True
                 foreign.setdefault(gpu.index, []).append((process.pid, visible))
         self.inventory, self._foreign = inventory, foreign
         now = {i: self._foreign_now(i) for i in foreign}

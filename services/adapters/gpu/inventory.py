@@ -1,4 +1,4 @@
-"""The GPUs of this host: devices, memory, utilisation and the processes on them.
+"""The GPUs of a host: devices, memory, utilisation and the processes on them.
 
 Sources, in order (``auto``): NVML through ``pynvml`` (initialised once and kept), else
 ``nvidia-smi -q -x`` run as a subprocess, else none (zero GPUs and an ``error`` saying why).
@@ -49,6 +49,9 @@ class Inventory:
     gpus: tuple[Gpu, ...] = ()
     error: str | None = None  # why there are no GPUs, or why the last read failed
     time: float = field(default_factory=time.time)
+    #: Another host's inventory: the session of each process pid there (None: not visible).
+    #: None for this host's, whose sessions the scheduler looks up itself.
+    sessions: dict[int, int | None] | None = None
 
 
 # -- nvidia-smi -q -x -------------------------------------------------------------------------

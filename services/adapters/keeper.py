@@ -1,0 +1,54 @@
+"""What the adapters that run the trial keeper themselves (local-gpu on its host, remote
+over SSH) share: fetching a code snapshot, and reading how a trial ended from the keeper's
+``state.json``."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+
+import nats.errors
+from nats.js.errors import NotFoundError
+
+from contracts import TrialStatus
+from services.adapters.base import TrialOutcome
+from services.adapters.errors import PermanentError, TransientError
+from services.common.bus import Bus
+
+
+async def fetch_code(bus: Bus, digest: str) -> bytes:
+    """The tar.gz of code snapshot ``sha256:<digest>`` from the ``code`` object store, checked."""
+    try:
+        store = await bus.code_store()
+        archive = (await store.get(digest)).data
+    except NotFoundError as exc:
+        raise PermanentError(f"code snapshot sha256:{digest} is not in the object store") from exc
+    except (nats.errors.Error, OSError) as exc:
+        raise TransientError(f"cannot download code snapshot sha256:{digest}: {exc}", delay=2.0) from exc
+    if hashlib.sha256(archive).hexdigest() != digest:
+        raise PermanentError(f"code snapshot sha256:{digest} does not match its hash")
+    return archive
+
+
+def outcome_of(state: dict, keeper_status: int | None, keeper_out: str | None = None) -> TrialOutcome:
+    """How a trial ended, from the keeper's ``state.json`` once the keeper is gone (§1)."""
+    end = datetime.fromtimestamp(state["endTime"], UTC) if state.get("endTime") else None
+    exit_code = state.get("exitCode")
+    if state.get("error"):
+        return TrialOutcome(TrialStatus.FAILED, exit_code, str(state["error"]), "unknown", end)
+    if exit_code is not None and state.get("done"):
+        return TrialOutcome.exited(exit_code, end)
+    if exit_code is not None:
+        note = "the trial keeper was killed before it finished: metrics may be incomplete"
+        return TrialOutcome.exited(exit_code, end, note=note)
+    if state.get("done") and state.get("canceled"):
+        return TrialOutcome(TrialStatus.FAILED, None, "stopped before the trial command started", "unknown", end)
+    if keeper_status is None:
+        why = "no exit status recorded"
+    elif keeper_status < 0:
+        why = f"killed by signal {-keeper_status}"
+    else:
+        why = f"exit status {keeper_status}"
+    last = (keeper_out or "").strip().splitlines()[-1:]
+    detail = f": {last[0][:200]}" if last else ""
+    return TrialOutcome(TrialStatus.FAILED, None, f"trial keeper exited unexpectedly ({why}){detail}", "unknown", end)

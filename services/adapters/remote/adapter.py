@@ -1,0 +1,568 @@
+"""The remote adapter: each trial is a trial keeper process group on one of the experiment's
+SSH machines (NNI's ``platform: remote``).
+
+Per machine there is one SSH connection and one agent on it (``client.py``, ``agent.py``).
+A launch picks the machine with the most free capacity — for GPU trials the one whose GPUs
+can take it (the same placement rules and scheduler as local-gpu, fed by ``nvidia-smi -q -x``
+over SSH), for others the one with the fewest of our trials per CPU — uploads the code
+snapshot there once, and has the agent create the trial directory (the idempotency point)
+and fork the keeper in its own session. The keeper runs detached: trials survive a dropped
+connection and an adapter restart, and their state lives in the trial directory.
+
+Status: the agent pushes a keeper's exit at once; every ``status_poll`` seconds the adapter
+also reads every running trial's ``state.json`` in one request per machine. While a machine
+is unreachable its trials are RUNNING with a message saying so (:class:`Stale`), until it is
+back or ``unreachable_timeout`` passes (then FAILED, end unknown; killed if it comes back).
+
+Metrics go from the keeper to the gateway over HTTP. When a machine cannot reach the
+gateway the keeper spools them; the adapter reads batches older than ``relay_after`` over
+SSH, posts them to the gateway with the trial's token, and deletes them: nothing is lost,
+and the gateway drops duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from contracts import TrainingService, TrialRequest, TrialStatus, subjects
+from contracts.base import utcnow
+from contracts.experiment import RemoteConfig, RemoteMachineConfig
+from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
+from services.adapters.errors import PermanentError, Stale, TransientError, Waiting
+from services.adapters.gpu import placement
+from services.adapters.gpu.inventory import Inventory, parse_nvidia_smi_xml
+from services.adapters.gpu.scheduler import GpuScheduler, Holding
+from services.adapters.keeper import fetch_code, outcome_of
+from services.adapters.remote.client import AgentError, Bundle, Machine, MachineDown, machine_key
+from services.adapters.remote.settings import RemoteSettings
+from services.common.bus import Bus
+
+log = logging.getLogger(__name__)
+
+#: Seconds a trial directory may wait for its keeper's first ``state.json`` (see local-gpu).
+UNBORN_GRACE = 10.0
+#: Seconds a machine's connection stays open with no trial on it and no experiment asking.
+IDLE_CLOSE = 600.0
+
+
+@dataclass(eq=False)
+class Trial:
+    handle: TrialHandle
+    machine: Machine
+    dir: str
+    outcome: TrialOutcome | None = None
+    status: dict = field(default_factory=dict)  # the agent's last word: state, alive, spool
+    gpus: tuple[int, ...] = ()
+    per_gpu: int = 1
+    kill: asyncio.TimerHandle | None = field(default=None, repr=False)
+    relaying: bool = False
+
+    @property
+    def running(self) -> bool:
+        return self.outcome is None
+
+
+class RemoteAdapter(PlatformAdapter):
+    name = "remote"
+
+    def __init__(self, settings: RemoteSettings, keeper_path: Path | None = None, shim_path: Path | None = None):
+        if keeper_path is None or shim_path is None:
+            from services.trial_keeper import KEEPER_PATH, SHIM_PATH
+
+            keeper_path, shim_path = keeper_path or KEEPER_PATH, shim_path or SHIM_PATH
+        self.settings = settings
+        self.bundle = Bundle(keeper_path, shim_path)
+        self.machines: dict[str, Machine] = {}
+        self.trials: dict[tuple[str, int], Trial] = {}
+        self.gpus: dict[str, GpuScheduler] = {}
+        self.abandoned: dict[str, set[str]] = {}  # machine → trial dirs given up on: kill when back
+        self.unreported: dict[str, set[str]] = {}  # machine → trial dirs to mark reported when back
+        self._bus: Bus | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._loops: list[asyncio.Task] = []
+        self._archives: dict[str, asyncio.Task] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, bus: Bus) -> None:
+        self._bus = bus
+        self._http = httpx.AsyncClient(timeout=10)
+        self._loops = [asyncio.create_task(self._status_loop()), asyncio.create_task(self._retention_loop())]
+
+    async def stop(self) -> None:
+        for task in self._loops:
+            task.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        for scheduler in self.gpus.values():
+            await scheduler.stop()
+        for trial in self.trials.values():
+            if trial.kill is not None:
+                trial.kill.cancel()
+        await asyncio.gather(*(m.close() for m in self.machines.values()), return_exceptions=True)
+        if self._http is not None:
+            await self._http.aclose()
+
+    def machine(self, config: RemoteMachineConfig) -> Machine:
+        """The pool's connection for a machine with these credentials (made on first use)."""
+        key = machine_key(config)
+        machine = self.machines.get(key)
+        if machine is None:
+            machine = self.machines[key] = Machine(config, self.settings, self.bundle, self._on_agent_event,
+                                                   self._on_up)  # fmt: skip
+            machine.start()
+        machine.last_used = time.monotonic()
+        return machine
+
+    async def _prune(self) -> None:
+        """Close the connections no trial and no experiment has needed for ``IDLE_CLOSE`` seconds."""
+        busy = {t.machine.key for t in self.trials.values()} | set(self.abandoned) | set(self.unreported)
+        idle = [m for m in self.machines.values()
+                if m.key not in busy and time.monotonic() - m.last_used > IDLE_CLOSE]  # fmt: skip
+        for machine in idle:
+            del self.machines[machine.key]
+            if (scheduler := self.gpus.pop(machine.key, None)) is not None:
+                await scheduler.stop()
+            await machine.close()
+            log.info("closed the idle connection to %s", machine.name)
+
+    async def check(self, service: TrainingService) -> list[str]:
+        """Connect to every machine (or reuse the connection) and find its ``python3``."""
+        if not isinstance(service, RemoteConfig):
+            return [f"the remote adapter cannot run platform {service.platform!r}"]
+        machines = [self.machine(config) for config in service.machine_list]
+        await asyncio.gather(*(m.ready(wait=0) for m in machines))
+        problems = [m.down_reason() for m in machines if not m.up.is_set()]
+        for machine in machines:
+            if machine.up.is_set():
+                try:
+                    await self._probe(machine, machine.config.python_path)
+                except (PermanentError, TransientError) as exc:
+                    problems.append(str(exc))
+        return problems
+
+    # ------------------------------------------------------------------ launch
+
+    async def launch(self, request: TrialRequest) -> TrialHandle | None:
+        key = (request.trial_id, request.attempt)
+        if (trial := self.trials.get(key)) is not None:
+            return trial.handle
+        service = request.training_service
+        if not isinstance(service, RemoteConfig):
+            raise PermanentError(f"the remote adapter cannot run platform {service.platform!r}")
+        machines = [self.machine(config) for config in service.machine_list]
+        await asyncio.gather(*(m.ready(wait=0) for m in machines))
+        up = [m for m in machines if m.up.is_set()]
+        if not up:
+            self._give_up_if_all_down(machines)
+            raise Waiting("no machine reachable: " + "; ".join(m.down_reason() for m in machines))
+        machine, where, held, per_gpu = await self._choose(request, up, machines)
+        if (trial := self.trials.get(key)) is not None:  # launched concurrently meanwhile
+            return trial.handle
+        env, files = await self._environment(request, machine, where)
+        trial_dir = f"{machine.root}/trials/{request.experiment_id}/{request.trial_id}-{request.attempt}"
+        if held:
+            files["gpus.json"] = json.dumps({"indices": list(held), "perGpu": per_gpu})
+        try:
+            result = await machine.call("launch", dir=trial_dir, env=env, files=files)
+        except AgentError as exc:
+            raise PermanentError(f"cannot start the trial on {machine.name}: {exc}") from None
+        if (trial := self.trials.get(key)) is not None:
+            return trial.handle
+        trial = self._track(request.experiment_id, request.trial_id, request.attempt, machine, trial_dir, utcnow())
+        if result.get("exists"):  # launched before a restart: never twice
+            await self._refresh(machine, [trial])
+        else:
+            trial.gpus, trial.per_gpu = held, per_gpu
+        return trial.handle
+
+    def _give_up_if_all_down(self, machines: list[Machine]) -> None:
+        if all(m.permanent for m in machines):
+            raise PermanentError("no machine can be used: " + "; ".join(m.down_reason() for m in machines))
+        now, timeout = time.monotonic(), self.settings.unreachable_timeout
+        if all(m.down_since is not None and now - m.down_since > timeout for m in machines):
+            raise PermanentError(
+                f"no machine reachable for {timeout:g}s: " + "; ".join(m.down_reason() for m in machines)
+            )
+
+    async def _choose(self, request: TrialRequest, up: list[Machine], machines: list[Machine]):
+        """The machine with most free room, its keeper environment for GPUs, the GPUs held."""
+        if not request.trial_gpu_number:
+            machine = min(up, key=lambda m: (self._running(m) / max(1, m.cpus), self._running(m)))
+            return machine, ({} if request.trial_gpu_number is None else {"TRIALBUS_GPUS": ""}), (), 1
+        waits, nevers = [], []
+        for machine in sorted(up, key=lambda m: self._running(m)):
+            config = machine.config
+            ask = placement.GpuAsk(
+                trial=subjects.dispatch_id(request.trial_id, request.attempt), count=request.trial_gpu_number,
+                indices=tuple(config.gpu_indices) if config.gpu_indices is not None else None,
+                per_gpu=config.max_trial_number_per_gpu, use_active=config.use_active_gpu,
+            )  # fmt: skip
+            scheduler = await self._scheduler(machine)
+            indices = [g.index for g in scheduler.inventory.gpus]
+            if (why := placement.never_reason(ask, indices, host=machine.name)) is not None:
+                error = scheduler.inventory.error
+                nevers.append(why + (f" ({error})" if error and not indices else ""))
+                continue
+            try:
+                held = scheduler.place(ask)
+            except Waiting as exc:
+                waits.append(f"{machine.name}: {exc}")
+                continue
+            where = {"TRIALBUS_GPUS": ",".join(map(str, held)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+            return machine, where, held, ask.per_gpu
+        if waits or len(up) < len(machines):
+            down = [m.down_reason() for m in machines if not m.up.is_set()]
+            raise Waiting("; ".join(waits + down))
+        raise PermanentError("no machine can ever run this trial: " + "; ".join(nevers))
+
+    async def _scheduler(self, machine: Machine) -> GpuScheduler:
+        """The machine's GPU scheduler, started (inventory read) on first use."""
+        scheduler = self.gpus.get(machine.key)
+        if scheduler is None:
+            scheduler = self.gpus[machine.key] = GpuScheduler(
+                self.settings, self.name, lambda: self._holdings(machine), self.capacity_freed,
+                read=lambda: self._inventory(machine),
+            )  # fmt: skip
+            await scheduler.start()
+        return scheduler
+
+    async def _inventory(self, machine: Machine) -> Inventory:
+        current = self.gpus[machine.key].inventory
+        try:
+            found = await machine.call("gpus", nvidiaSmi=self.settings.nvidia_smi)
+        except MachineDown:
+            return current  # as last seen: its trials hold their GPUs
+        if found.get("error"):
+            return Inventory("none", error=f"{machine.name}: {found['error']}")
+        try:
+            gpus = parse_nvidia_smi_xml(found["xml"])
+        except ValueError as exc:
+            return Inventory("none", error=f"{machine.name}: {exc}")
+        sessions = {int(pid): sid for pid, sid in found.get("sessions", {}).items()}
+        return Inventory("nvidia-smi", gpus, sessions=sessions)
+
+    def _holdings(self, machine: Machine) -> list[Holding]:
+        return [
+            Holding(subjects.dispatch_id(t.handle.trial_id, t.handle.attempt), t.gpus, t.per_gpu,
+                    (t.status.get("state") or {}).get("pgid"))
+            for t in self.trials.values()
+            if t.machine is machine and t.gpus and t.running
+        ]  # fmt: skip
+
+    async def _environment(self, request: TrialRequest, machine: Machine, where: dict) -> tuple[dict, dict]:
+        probe = await self._probe(machine, machine.config.python_path)
+        env = {
+            "PATH": probe["path"],
+            "TRIALBUS_GATEWAY_URL": self.settings.trials_gateway,
+            "TRIALBUS_KILL_GRACE": str(self.settings.kill_grace),
+            "TRIALBUS_FLUSH_TIMEOUT": str(self.settings.flush_timeout),
+            "TRIALBUS_NNI_PLATFORM": "remote",
+            "TRIALBUS_TRIAL_COMMAND": request.trial_command,
+            "TRIALBUS_EXPERIMENT_ID": request.experiment_id,
+            "TRIALBUS_TRIAL_ID": request.trial_id,
+            "TRIALBUS_SEQUENCE_ID": str(request.sequence_id),
+            "TRIALBUS_ATTEMPT": str(request.attempt),
+            "TRIALBUS_PARAMETERS": request.parameter_record,
+            "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value(),
+            **where,
+        }
+        shim = self.settings.nni_shim
+        if shim == "always" or (shim == "auto" and not probe["nni"]):
+            env["TRIALBUS_PYTHONPATH_PREPEND"] = f"{machine.root}/bin/{self.bundle.hash}/nni_shim"
+        if request.code_ref:
+            env["TRIALBUS_CODE_DIR"] = await machine.code_dir(request.code_ref.removeprefix("sha256:"),
+                                                              lambda: self._archive(request.code_ref))  # fmt: skip
+        return env, {"token": request.token.get_secret_value()}
+
+    async def _probe(self, machine: Machine, python_path: str | None) -> dict:
+        probe = machine.probes.get(python_path)
+        if probe is None:
+            probe = await machine.call("probe", pythonPath=python_path, timeout=90)
+            if not probe.get("python"):
+                where = f"with pythonPath {python_path}" if python_path else "on its PATH (set pythonPath)"
+                raise PermanentError(f"machine {machine.name} has no python3 {where}")
+            found = probe.get("where") or ""
+            if python_path and not found.startswith(python_path.rstrip("/") + "/"):
+                raise PermanentError(
+                    f"machine {machine.name} has no python3 in pythonPath {python_path} (trials would run {found})"
+                )
+            machine.probes[python_path] = probe
+        return probe
+
+    async def _archive(self, code_ref: str) -> bytes:
+        """A code snapshot from the object store, fetched once however many machines need it."""
+        task = self._archives.get(code_ref)
+        if task is None or (task.done() and task.exception() is not None):
+            digest = code_ref.removeprefix("sha256:")
+            task = self._archives[code_ref] = asyncio.create_task(fetch_code(self._bus, digest))
+        return await asyncio.shield(task)
+
+    # ------------------------------------------------------------------ watching
+
+    async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
+        trial = self._find(handle)
+        if trial.outcome is not None:
+            return trial.outcome
+        machine = trial.machine
+        if not machine.up.is_set():
+            down_for = time.monotonic() - (machine.down_since or time.monotonic())
+            if down_for > self.settings.unreachable_timeout:
+                self.abandoned.setdefault(machine.key, set()).add(trial.dir)
+                why = f"{machine.down_reason()}; gave up after {self.settings.unreachable_timeout:g}s"
+                trial.outcome = TrialOutcome(TrialStatus.FAILED, None, why + ": the trial's real end is unknown",
+                                             "transient")  # fmt: skip
+                return trial.outcome
+            raise Stale(f"{machine.down_reason()}; status and metrics resume when it is back", delay=1.0)
+        status = trial.status
+        if not status:
+            return None  # not read yet
+        state, alive = status.get("state") or {}, status.get("alive")
+        if alive:
+            return None
+        if status.get("spool"):  # the keeper is gone with metrics undelivered: relay them first
+            await self._relay(trial, min_age=0.0)
+        if not status.get("exists", True):
+            why = f"trial directory {trial.dir} is gone from {machine.name}"
+            trial.outcome = TrialOutcome(TrialStatus.FAILED, None, why, "unknown")
+            return trial.outcome
+        if not state:
+            if time.time() - trial.handle.start_time.timestamp() < UNBORN_GRACE:
+                return None
+            trial.outcome = outcome_of({}, None, None)
+            return trial.outcome
+        if not state.get("done") and "exitCode" not in state and state.get("keeperPid"):
+            await machine.call("signal", dir=trial.dir, signal=signal.SIGKILL, group=True)  # no orphans
+        trial.outcome = outcome_of(state, state.get("keeperExit"))
+        return trial.outcome
+
+    async def cancel(self, handle: TrialHandle) -> None:
+        trial = self._find(handle)
+        if not trial.running:
+            return
+        result = await trial.machine.call("signal", dir=trial.dir, signal=signal.SIGTERM)
+        if not result.get("sent") and not (trial.status.get("state") or {}).get("keeperPid"):
+            raise TransientError("the trial keeper has not started yet", delay=0.2)
+        if trial.kill is None:
+            loop = asyncio.get_running_loop()
+            trial.kill = loop.call_later(self.settings.kill_grace + 1.0, self._force_stop, trial)
+
+    def _force_stop(self, trial: Trial) -> None:
+        if trial.running and trial.machine.up.is_set():
+            log.warning("trial %s still running after cancel: SIGKILL", trial.handle.trial_id)
+            asyncio.ensure_future(trial.machine.call("signal", dir=trial.dir, signal=signal.SIGKILL, group=True))
+
+    async def _status_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.status_poll)
+            by_machine: dict[str, list[Trial]] = {}
+            for trial in self.trials.values():
+                if trial.running and trial.machine.up.is_set():
+                    by_machine.setdefault(trial.machine.key, []).append(trial)
+            results = await asyncio.gather(
+                *(self._refresh(self.machines[name], trials) for name, trials in by_machine.items()),
+                return_exceptions=True,
+            )
+            for result in results:
+                if isinstance(result, Exception) and not isinstance(result, MachineDown):
+                    log.warning("cannot read trial status: %s", result)
+            await self._prune()
+
+    async def _refresh(self, machine: Machine, trials: list[Trial]) -> None:
+        """Read the trials' status in one request; wake the ended ones; relay stuck metrics."""
+        found = await machine.call("status", dirs=[t.dir for t in trials])
+        for trial in trials:
+            status = found.get(trial.dir)
+            if status is None:
+                continue
+            trial.status = status
+            if not status["alive"]:
+                self.notify(trial.handle)
+            stuck = [name for name, age in status["spool"] if age >= self.settings.relay_after]
+            if stuck and not trial.relaying:
+                asyncio.ensure_future(self._relay(trial))
+
+    async def _relay(self, trial: Trial, min_age: float | None = None) -> None:
+        """Post a keeper's undelivered batches to the gateway ourselves, in order, then delete
+        them (one relay per trial at a time)."""
+        if trial.relaying:
+            return
+        trial.relaying = True
+        try:
+            age = self.settings.relay_after if min_age is None else min_age
+            found = await trial.machine.call("spool", dir=trial.dir, minAge=age)
+            url = f"{self.settings.gateway_url.rstrip('/')}/api/v1/trials/{trial.handle.trial_id}/metrics"
+            for name, records in found["files"]:
+                body = {"experimentId": trial.handle.experiment_id, "records": records}
+                headers = {"Authorization": f"Bearer {found['token']}",
+                           "X-Trialbus-Keeper-Version": trial.machine.keeper_version}  # fmt: skip
+                reply = await self._http.post(url, json=body, headers=headers)
+                if reply.status_code != 200:
+                    log.warning("the gateway refused relayed metrics of %s (%d): %s", trial.handle.trial_id,
+                                reply.status_code, reply.text[:300])  # fmt: skip
+                    return
+                await trial.machine.call("unspool", dir=trial.dir, names=[name])
+                log.info("relayed %d metric records of %s from %s over SSH", len(records), trial.handle.trial_id,
+                         trial.machine.name)  # fmt: skip
+        except (MachineDown, AgentError, httpx.HTTPError) as exc:
+            log.warning("cannot relay metrics of %s now: %s", trial.handle.trial_id, exc)
+        finally:
+            trial.relaying = False
+
+    def _on_agent_event(self, machine: Machine, message: dict) -> None:
+        if message.get("event") != "exit":
+            return
+        trials = [t for t in self.trials.values() if t.dir == message.get("dir") and t.machine is machine]
+        if trials:
+            asyncio.ensure_future(self._refresh_quietly(machine, trials))
+
+    async def _refresh_quietly(self, machine: Machine, trials: list[Trial]) -> None:
+        try:
+            await self._refresh(machine, trials)
+        except (MachineDown, AgentError) as exc:
+            log.warning("cannot read the status of an ended trial now: %s", exc)
+
+    def _on_up(self, machine: Machine) -> None:
+        """A machine is (back) up: settle what waited for it, look for trials, wake waiters."""
+        asyncio.ensure_future(self._reconnected(machine))
+
+    async def _reconnected(self, machine: Machine) -> None:
+        try:
+            for trial_dir in self.abandoned.pop(machine.key, set()):
+                await machine.call("signal", dir=trial_dir, signal=signal.SIGKILL, group=True)
+                await machine.call("report", dir=trial_dir)
+            for trial_dir in self.unreported.pop(machine.key, set()):
+                await machine.call("report", dir=trial_dir)
+            found = await machine.call("list")
+            for entry in found:
+                key = (entry["trial"], entry["attempt"])
+                if key not in self.trials:
+                    trial = self._adopt_entry(machine, entry)
+                    self.found(trial.handle)
+            ours = [t for t in self.trials.values() if t.machine is machine and t.running]
+            if ours:
+                await self._refresh(machine, ours)
+            if machine.key in self.gpus:
+                await self.gpus[machine.key].read()
+        except (MachineDown, AgentError) as exc:
+            log.warning("cannot settle %s after reconnecting: %s", machine.name, exc)
+        self.capacity_freed()
+        self.notify()
+
+    # ------------------------------------------------------------------ restarts
+
+    async def adopt(self) -> list[TrialHandle]:
+        """Trials on the machines of the experiments on the bus that this adapter left running."""
+        configs = await self._known_machines()
+        for config in configs:
+            self.machine(config)
+        await asyncio.gather(*(m.ready(wait=0) for m in self.machines.values()))
+        handles = []
+        for machine in self.machines.values():
+            if not machine.up.is_set():
+                log.warning("cannot adopt trials on %s now (%s); will when it is back", machine.name, machine.error)
+                continue
+            for entry in await machine.call("list"):
+                key = (entry["trial"], entry["attempt"])
+                if key not in self.trials:
+                    handles.append(self._adopt_entry(machine, entry).handle)
+        return handles
+
+    async def _known_machines(self) -> list[RemoteMachineConfig]:
+        """Every machine of the remote experiments in the ``experiments`` bucket."""
+        from contracts import ExperimentState, streams
+
+        kv = await self._bus.kv(streams.EXPERIMENTS_BUCKET.bucket)
+        configs: dict[str, RemoteMachineConfig] = {}  # by pool key
+        try:
+            keys = await kv.keys()
+        except Exception:  # noqa: BLE001 - an empty bucket raises NoKeysError
+            return []
+        for key in keys:
+            entry = await kv.get(key)
+            try:
+                state = ExperimentState.decode(entry.value)
+            except ValueError:
+                continue
+            if isinstance(state.config.training_service, RemoteConfig):
+                for config in state.config.training_service.machine_list:
+                    configs[machine_key(config)] = config
+        return list(configs.values())
+
+    def _adopt_entry(self, machine: Machine, entry: dict) -> Trial:
+        state = entry.get("state") or {}
+        started = datetime.fromtimestamp(state.get("startTime") or entry["mtime"], UTC)
+        trial = self._track(entry["experiment"], entry["trial"], entry["attempt"], machine, entry["dir"], started)
+        trial.status = {"state": state, "alive": True, "spool": []}  # until the next read says otherwise
+        if gpus := entry.get("gpus"):
+            trial.gpus, trial.per_gpu = tuple(gpus["indices"]), int(gpus["perGpu"])
+        return trial
+
+    async def release(self, handle: TrialHandle) -> None:
+        trial = self.trials.pop((handle.trial_id, handle.attempt), None)
+        if trial is None:
+            return
+        if trial.kill is not None:
+            trial.kill.cancel()
+        try:
+            await trial.machine.call("report", dir=trial.dir)
+        except MachineDown:
+            self.unreported.setdefault(trial.machine.key, set()).add(trial.dir)
+
+    async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
+        trial = self.trials.get((handle.trial_id, handle.attempt))
+        machine = trial.machine if trial else self._machine_of(handle.ref)
+        if machine is None:
+            return ""
+        found = await machine.call("tail", dir=handle.ref.split("#", 1)[1], max=max_bytes)
+        return "\n".join(f"==> {name} <==\n{text}" for name, text in found.items())
+
+    async def _retention_loop(self) -> None:
+        retention = self.settings.trial_retention
+        while retention:
+            await asyncio.sleep(min(3600.0, max(1.0, retention / 4)))
+            for machine in list(self.machines.values()):
+                try:
+                    found = await machine.call("clean", retention=retention, timeout=300)
+                    if found["removed"]:
+                        log.info("removed %d finished trial directories on %s", found["removed"], machine.name)
+                except (MachineDown, AgentError):
+                    continue
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def describe(self) -> dict:
+        machines = []
+        for machine in self.machines.values():
+            scheduler = self.gpus.get(machine.key)
+            gpus = scheduler.describe()["gpus"] if scheduler else []
+            machines.append({
+                "name": machine.name, "up": machine.up.is_set(), "error": machine.error, "cpus": machine.cpus,
+                "running": self._running(machine), "gpus": gpus,
+            })  # fmt: skip
+        return {"machines": machines}
+
+    def _track(self, experiment_id, trial_id, attempt, machine: Machine, trial_dir: str, started) -> Trial:
+        handle = TrialHandle(experiment_id, trial_id, attempt, ref=f"{machine.key}#{trial_dir}", start_time=started)
+        trial = self.trials[(trial_id, attempt)] = Trial(handle, machine, trial_dir)
+        return trial
+
+    def _find(self, handle: TrialHandle) -> Trial:
+        trial = self.trials.get((handle.trial_id, handle.attempt))
+        if trial is None:
+            raise PermanentError(f"trial {handle.trial_id} attempt {handle.attempt} is not known to this replica")
+        return trial
+
+    def _machine_of(self, ref: str) -> Machine | None:
+        return self.machines.get(ref.split("#", 1)[0]) if "#" in ref else None
+
+    def _running(self, machine: Machine) -> int:
+        return sum(1 for t in self.trials.values() if t.machine is machine and t.running)

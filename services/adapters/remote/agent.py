@@ -1,0 +1,360 @@
+"""Trialbus remote agent: the remote adapter's hands on one SSH machine (stdlib only).
+
+The adapter uploads this file beside ``trial_keeper.py`` and runs it over one SSH exec
+channel per machine as ``python3 -S -I agent.py <root>``. It speaks JSON lines: requests on
+stdin (``{"id": 1, "op": "launch", …}``), answers on stdout (``{"id": 1, "result": …}`` or
+``{"id": 1, "error": "…"}``), and events when a watched keeper exits
+(``{"event": "exit", "dir": …}``), so the adapter hears of a trial's end at once.
+
+Trials do not depend on it: each keeper is forked into its own session and survives the
+agent, the SSH connection and the adapter. When the connection drops, stdin reaches EOF and
+the agent exits; the adapter starts a new one when it reconnects and finds every trial
+from its directory (``<root>/trials/<experiment>/<trial>-<attempt>/``), exactly as the
+local adapter does on its host. Nothing here needs root or anything but ``python3`` (≥ 3.9).
+"""
+
+import json
+import os
+import select
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's folder out
+
+import trial_keeper  # noqa: E402 - shipped beside this file
+
+STATE, REPORTED, SPOOL = ".trialbus/state.json", ".trialbus/reported", ".trialbus/spool"
+
+
+def read_json(path):
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return None
+
+
+def keeper_alive(pid):
+    """A keeper is a session leader (it called setsid): a live pid that leads its own
+    session is our keeper, not a recycled pid; a zombie is not alive."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] != b"Z" and int(fields[3]) == pid
+
+
+class Agent:
+    def __init__(self, root):
+        self.root = os.path.abspath(os.path.expanduser(root))
+        self.watched = {}  # pidfd -> (pid, trial dir)
+        self.watching = set()  # pids with a pidfd
+        self.out_lock = threading.Lock()
+        self.buf = b""
+
+    # -- protocol ---------------------------------------------------------------------------
+
+    def send(self, message):
+        data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+        with self.out_lock:
+            while data:
+                data = data[os.write(1, data):]
+
+    def serve(self):
+        os.makedirs(self.root + "/trials", exist_ok=True)
+        self.send({"ready": {"root": self.root, "pid": os.getpid(), "cpus": os.cpu_count() or 1,
+                             "python": sys.version.split()[0], "keeper": trial_keeper.VERSION}})
+        while True:
+            ready = select.select([0] + list(self.watched), [], [])[0]
+            for fd in ready:
+                if fd != 0:
+                    self.exited(fd)
+            if 0 in ready:
+                chunk = os.read(0, 1 << 20)
+                if not chunk:
+                    return 0  # the adapter is gone: the trials run on
+                self.buf += chunk
+                while b"\n" in self.buf:
+                    line, self.buf = self.buf.split(b"\n", 1)
+                    if line.strip():
+                        self.handle(json.loads(line))
+
+    def handle(self, request):
+        op = request.get("op", "")
+        method = getattr(self, "op_" + op, None)
+        if method is None:
+            return self.send({"id": request.get("id"), "error": "unknown op %r" % op})
+        if op in ("gpus", "probe", "unpack", "clean"):  # slow: keep launches flowing meanwhile
+            threading.Thread(target=self.call, args=(method, request), daemon=True).start()
+        else:
+            self.call(method, request)
+
+    def call(self, method, request):
+        try:
+            self.send({"id": request.get("id"), "result": method(request)})
+        except Exception as exc:  # noqa: BLE001 - the adapter shows it to people
+            self.send({"id": request.get("id"), "error": "%s: %s" % (type(exc).__name__, exc)})
+
+    # -- watching keepers -------------------------------------------------------------------
+
+    def watch(self, pid, trial_dir):
+        if pid in self.watching:
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            return  # gone already, or an old kernel: the adapter's polls notice the end
+        self.watched[fd] = (pid, trial_dir)
+        self.watching.add(pid)
+
+    def exited(self, fd):
+        pid, trial_dir = self.watched.pop(fd)
+        self.watching.discard(pid)
+        os.close(fd)
+        try:
+            os.waitpid(pid, os.WNOHANG)  # our child (launched by this agent): reap it
+        except ChildProcessError:
+            pass
+        self.send({"event": "exit", "dir": trial_dir})
+
+    def trial_dir(self, request):
+        path = os.path.abspath(request["dir"])
+        if not path.startswith(self.root + "/trials/"):
+            raise ValueError("%s is not a trial directory under %s" % (path, self.root))
+        return path
+
+    # -- operations -------------------------------------------------------------------------
+
+    def op_launch(self, request):
+        """Create the trial directory (the idempotency point, as on the local adapter) and
+        fork its keeper; ``{"exists": true}`` when the attempt was launched before."""
+        path = self.trial_dir(request)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            return {"exists": True}
+        os.mkdir(path + "/.trialbus")
+        for name, text in request.get("files", {}).items():
+            fd = os.open("%s/.trialbus/%s" % (path, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        environ = dict(os.environb)
+        environ.update((k.encode(), v.encode("utf-8", "surrogateescape")) for k, v in request["env"].items())
+        environ[b"TRIALBUS_TRIAL_DIR"] = path.encode()
+        pid = trial_keeper.fork_keeper(environ)
+        self.watch(pid, path)
+        return {"pid": pid}
+
+    def op_status(self, request):
+        """Per trial directory: the keeper's state, whether it runs, its spool files' ages."""
+        now, found = time.time(), {}
+        for trial_dir in request["dirs"]:
+            path = self.trial_dir({"dir": trial_dir})
+            state = read_json(path + "/" + STATE)
+            pid = (state or {}).get("keeperPid")
+            alive = bool(pid) and keeper_alive(pid)
+            if alive:
+                self.watch(pid, path)
+            spool = []
+            try:
+                for entry in os.scandir(path + "/" + SPOOL):
+                    if entry.name.isdigit():
+                        spool.append([entry.name, now - entry.stat().st_mtime])
+            except FileNotFoundError:
+                pass
+            found[trial_dir] = {"state": state, "alive": alive, "exists": os.path.isdir(path), "spool": sorted(spool)}
+        return found
+
+    def op_signal(self, request):
+        """Signal the keeper (it stops the trial's group); ``group``: the trial's group too."""
+        path = self.trial_dir(request)
+        state = read_json(path + "/" + STATE) or {}
+        sent = False
+        if state.get("keeperPid") and keeper_alive(state["keeperPid"]):
+            os.kill(state["keeperPid"], request["signal"])
+            sent = True
+        if request.get("group") and state.get("pgid") and "exitCode" not in state:
+            try:
+                os.killpg(state["pgid"], request["signal"])
+                sent = True
+            except (ProcessLookupError, PermissionError):
+                pass
+        return {"sent": sent}
+
+    def op_spool(self, request):
+        """The records a keeper could not deliver, per spool file in order, once one of them is
+        older than ``minAge``."""
+        path, now, files = self.trial_dir(request), time.time(), []
+        try:
+            entries = sorted(os.scandir(path + "/" + SPOOL), key=lambda e: e.name)
+        except FileNotFoundError:
+            entries = []
+        entries = [e for e in entries if e.name.isdigit()]
+        try:  # all of them, in order, once any is stuck (the keeper rewrites the one it retries)
+            if not any(now - e.stat().st_mtime >= request.get("minAge", 0) for e in entries):
+                entries = []
+        except FileNotFoundError:
+            entries = []  # the keeper is delivering: not stuck
+        for entry in entries:
+            try:
+                with open(entry.path, "rb") as f:
+                    files.append([entry.name, trial_keeper.parse_frames(f.read())[0]])
+            except FileNotFoundError:
+                continue  # the keeper delivered it meanwhile
+        token = None
+        if files:
+            with open(path + "/.trialbus/token") as f:
+                token = f.read()
+        return {"files": files, "token": token}
+
+    def op_unspool(self, request):
+        path = self.trial_dir(request)
+        for name in request["names"]:
+            if name.isdigit():
+                try:
+                    os.unlink("%s/%s/%s" % (path, SPOOL, name))
+                except FileNotFoundError:
+                    pass
+        return {}
+
+    def op_list(self, request):
+        """Every trial directory not yet reported: what a restarted adapter adopts."""
+        found = []
+        for experiment in sorted(os.scandir(self.root + "/trials"), key=lambda e: e.name):
+            if not experiment.is_dir():
+                continue
+            for entry in os.scandir(experiment.path):
+                trial, _, attempt = entry.name.rpartition("-")
+                if not (entry.is_dir() and trial and attempt.isdigit()) or os.path.exists(entry.path + "/" + REPORTED):
+                    continue
+                found.append({
+                    "experiment": experiment.name, "trial": trial, "attempt": int(attempt), "dir": entry.path,
+                    "state": read_json(entry.path + "/" + STATE), "mtime": entry.stat().st_mtime,
+                    "gpus": read_json(entry.path + "/.trialbus/gpus.json"),
+                })
+        return found
+
+    def op_report(self, request):
+        path = self.trial_dir(request)
+        if os.path.isdir(path):
+            os.close(os.open(path + "/" + REPORTED, os.O_WRONLY | os.O_CREAT, 0o644))
+        return {}
+
+    def op_tail(self, request):
+        path, size, found = self.trial_dir(request), request.get("max", 65536), {}
+        for name in ("stdout", "stderr", "trial.log"):
+            try:
+                with open(path + "/" + name, "rb") as f:
+                    f.seek(max(0, f.seek(0, 2) - size))
+                    found[name] = f.read(size).decode("utf-8", "replace")
+            except FileNotFoundError:
+                continue
+        return found
+
+    def op_gpus(self, request):
+        """``nvidia-smi -q -x`` as text, and the session of each process it lists (None:
+        not visible here), so the adapter tells our trials' processes from foreign ones."""
+        import re
+        import subprocess
+
+        try:
+            done = subprocess.run([request.get("nvidiaSmi") or "nvidia-smi", "-q", "-x"], capture_output=True,
+                                  timeout=30)
+        except FileNotFoundError:
+            return {"error": "nvidia-smi not found"}
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return {"error": "nvidia-smi failed: %s" % exc}
+        if done.returncode != 0:
+            last = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()[-1:]
+            return {"error": "nvidia-smi exited with %d%s" % (done.returncode, (": " + last[0]) if last else "")}
+        xml = done.stdout.decode("utf-8", "replace")
+        sessions = {}
+        for pid in set(re.findall(r"<pid>\s*(\d+)\s*</pid>", xml)):
+            try:
+                sessions[pid] = os.getsid(int(pid))
+            except (ProcessLookupError, PermissionError):
+                sessions[pid] = None
+        return {"xml": xml, "sessions": sessions}
+
+    def op_probe(self, request):
+        """The ``python3`` a trial gets with ``pythonPath`` first on PATH: its version, and
+        whether it can import ``nni``."""
+        import subprocess
+
+        env = dict(os.environ)
+        if request.get("pythonPath"):
+            env["PATH"] = request["pythonPath"] + ":" + env.get("PATH", "")
+        code = "import importlib.util, sys; print(sys.version.split()[0], importlib.util.find_spec('nni') is not None)"
+        try:
+            done = subprocess.run(["python3", "-c", code], env=env, capture_output=True, timeout=60)
+        except FileNotFoundError:
+            return {"python": None, "nni": False, "path": env["PATH"]}
+        words = done.stdout.decode().split()
+        if done.returncode != 0 or len(words) != 2:
+            return {"python": None, "nni": False, "path": env["PATH"]}
+        import shutil
+
+        where = shutil.which("python3", path=env["PATH"])
+        return {"python": words[0], "nni": words[1] == "True", "path": env["PATH"], "where": where}
+
+    def op_unpack(self, request):
+        """Unpack an uploaded code snapshot (tar.gz) into ``dest`` atomically, refusing
+        members that would land outside it; the archive is removed."""
+        import shutil
+        import tarfile
+        import tempfile
+
+        archive, dest = os.path.abspath(request["archive"]), os.path.abspath(request["dest"])
+        try:
+            if os.path.isdir(dest):
+                return {}
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            tmp = tempfile.mkdtemp(prefix="." + os.path.basename(dest) + "-", dir=os.path.dirname(dest))
+            try:
+                with tarfile.open(archive, "r:gz") as tar:
+                    for member in tar.getmembers():
+                        name = member.name
+                        if name.startswith("/") or ".." in name.split("/") or not (member.isfile() or member.isdir()):
+                            raise ValueError("code snapshot member %r is not a plain file inside it" % name)
+                    tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+                try:
+                    os.rename(tmp, dest)
+                except OSError:
+                    if not os.path.isdir(dest):
+                        raise
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            try:
+                os.unlink(archive)
+            except FileNotFoundError:
+                pass
+        return {}
+
+    def op_clean(self, request):
+        """Remove trial directories reported more than ``retention`` seconds ago."""
+        import shutil
+
+        deadline, removed = time.time() - request["retention"], 0
+        for experiment in os.scandir(self.root + "/trials"):
+            if not experiment.is_dir():
+                continue
+            for entry in os.scandir(experiment.path):
+                try:
+                    if os.path.getmtime(entry.path + "/" + REPORTED) < deadline:
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                        removed += 1
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+            try:
+                os.rmdir(experiment.path)
+            except OSError:
+                pass
+        return {"removed": removed}
+
+
+if __name__ == "__main__":
+    sys.exit(Agent(sys.argv[1] if len(sys.argv) > 1 else "~/.trialbus").serve())

@@ -1,0 +1,425 @@
+"""One SSH machine as the remote adapter sees it: a connection, the agent on it, uploads.
+
+:class:`Machine` keeps one multiplexed SSH connection (asyncssh) per ``user@host:port`` and
+reconnects it with back-off when it drops. On each connection it makes sure Trialbus's
+files are on the machine (``<root>/bin/<hash>/``: ``agent.py``, ``trial_keeper.py`` and the
+``nni`` shim, uploaded over SFTP once per content hash), then runs the agent (``agent.py``)
+on an exec channel and talks JSON lines to it (:meth:`Machine.call`). Code snapshots are
+uploaded once per machine and hash (``<root>/code/<sha256>/``), so a second experiment
+with the same code uploads nothing.
+
+Host keys are checked against ``known_hosts``: an unknown host is refused unless the
+operator asked for trust on first use, and a changed key is always refused. Credentials
+(password, key, passphrase) never appear in a message: errors name the machine by
+``user@host:port`` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shlex
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import asyncssh
+
+from contracts.experiment import RemoteMachineConfig
+from services.adapters.errors import PermanentError, TransientError
+from services.adapters.remote.settings import RemoteSettings
+
+log = logging.getLogger(__name__)
+
+AGENT_PATH = Path(__file__).with_name("agent.py")
+
+
+class MachineDown(TransientError):
+    """The machine cannot be reached now (the message says since when and why)."""
+
+
+class Bundle:
+    """The files every machine gets, and their content hash (the folder name there)."""
+
+    def __init__(self, keeper: Path, shim: Path, agent: Path = AGENT_PATH) -> None:
+        self.files: dict[str, bytes] = {"agent.py": agent.read_bytes(), "trial_keeper.py": keeper.read_bytes()}
+        for path in sorted(shim.rglob("*.py")):
+            self.files[f"nni_shim/{path.relative_to(shim)}"] = path.read_bytes()
+        digest = hashlib.sha256()
+        for name, data in sorted(self.files.items()):
+            digest.update(f"{name}\0{len(data)}\0".encode() + data)
+        self.hash = digest.hexdigest()[:16]
+
+
+def _quote(path: str) -> str:
+    """A path for the remote shell; ``~/`` stays unquoted so that the shell expands it."""
+    return shlex.quote(path)
+
+
+def machine_key(config: RemoteMachineConfig) -> str:
+    """The pool key of a machine: its address and a digest of its credentials, so that two
+    experiments naming one machine with different credentials never share a connection."""
+    secret = "\0".join(
+        value.get_secret_value() if hasattr(value, "get_secret_value") else str(value or "")
+        for value in (config.password, config.ssh_key, config.ssh_key_file, config.ssh_passphrase, config.python_path)
+    )
+    return f"{config.address}/{hashlib.sha256(secret.encode()).hexdigest()[:16]}"
+
+
+class Machine:
+    """One SSH machine: connect, keep connected, run the agent, call it (module docstring)."""
+
+    def __init__(
+        self, config: RemoteMachineConfig, settings: RemoteSettings, bundle: Bundle,
+        on_event: Callable[[Machine, dict], None], on_up: Callable[[Machine], None],
+    ) -> None:  # fmt: skip
+        self.name = config.address
+        self.key = machine_key(config)
+        self.config = config  # the newest experiment's credentials win
+        self.settings, self.bundle = settings, bundle
+        self._on_event, self._on_up = on_event, on_up
+        self.conn: asyncssh.SSHClientConnection | None = None
+        self.sftp: asyncssh.SFTPClient | None = None
+        self._agent: asyncssh.SSHClientProcess | None = None
+        self.up = asyncio.Event()
+        self.root = ""  # absolute, once the agent said where
+        self.cpus = 1
+        self.keeper_version = ""  # what the keepers there announce to the gateway
+        self.error: str | None = None  # why it is down
+        self.permanent = False  # the error is the config's (credentials, host key): retrying cannot help
+        self.down_since: float | None = time.monotonic()  # monotonic; None while up
+        self.down_wall = time.time()
+        self.tried = False  # a connection attempt has finished
+        self._tried = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._reader: asyncio.Task | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = 0
+        self.code: dict[str, str] = {}  # sha256 → unpacked folder on the machine
+        self._uploads: dict[str, asyncio.Task] = {}
+        self.probes: dict[str | None, dict] = {}  # pythonPath → what python3 there is
+        self.last_used = time.monotonic()  # an idle machine's connection is closed after a while
+
+    # ------------------------------------------------------------------ connection
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._keep_connected(), name=f"ssh {self.name}")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._lost("the adapter stopped")
+
+    async def ready(self, wait: float) -> bool:
+        """Connected now, or within ``wait`` seconds (the first attempt is always awaited)."""
+        self.start()
+        if self.up.is_set():
+            return True
+        if not self.tried:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.ssh_connect_timeout + 30):
+                    await self._tried.wait()
+        if not self.up.is_set() and wait > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self.up.wait()
+        return self.up.is_set()
+
+    def down_reason(self) -> str:
+        since = time.strftime("%H:%M:%S", time.localtime(self.down_wall))
+        return f"machine {self.name} unreachable since {since}: {self.error or 'connecting'}"
+
+    async def _keep_connected(self) -> None:
+        delay = 0.5
+        while True:
+            try:
+                await self._connect()
+            except Exception as exc:  # noqa: BLE001 - every failure is a reason people read
+                before = self.error
+                self._lost(describe_error(exc, self), permanent=_is_permanent(exc))
+                if self.error != before:  # once per distinct reason, not once per retry
+                    log.warning("%s", self.down_reason())
+            else:
+                delay = 0.5
+                self.tried = True
+                self._tried.set()
+                self.up.set()
+                log.info("connected to %s (agent in %s, %d CPUs)", self.name, self.root, self.cpus)
+                self._on_up(self)
+                await self.conn.wait_closed()
+                self._lost("the SSH connection dropped")
+                log.warning("%s; reconnecting", self.down_reason())
+            self.tried = True
+            self._tried.set()
+            await asyncio.sleep(self.settings.max_backoff if self.permanent else delay)
+            delay = min(delay * 2, self.settings.max_backoff)
+
+    def _lost(self, why: str, permanent: bool = False) -> None:
+        if self.down_since is None or self.up.is_set():
+            self.down_since, self.down_wall = time.monotonic(), time.time()
+        self.up.clear()
+        self.error, self.permanent = why, permanent
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(MachineDown(self.down_reason(), delay=1.0))
+        self._pending.clear()
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
+        if self.conn is not None:
+            self.conn.abort()
+            self.conn = None
+        self.sftp = self._agent = None
+        self._uploads.clear()
+
+    async def _connect(self) -> None:
+        config, settings = self.config, self.settings
+        try:
+            known_hosts, trusting = self._known_hosts()
+        except UnknownHost:  # say "nothing listens" rather than "unknown key" when that is the problem
+            async with asyncio.timeout(settings.ssh_connect_timeout):
+                _, writer = await asyncio.open_connection(config.host, config.port)
+            writer.close()
+            raise
+        options: dict = {
+            "username": config.user, "known_hosts": known_hosts, "connect_timeout": settings.ssh_connect_timeout,
+            "keepalive_interval": settings.ssh_keepalive, "keepalive_count_max": 3,
+        }  # fmt: skip
+        if config.password is not None:
+            options.update(password=config.password.get_secret_value(), client_keys=None, agent_path=None,
+                           preferred_auth="password,keyboard-interactive")  # fmt: skip
+        elif config.ssh_key is not None or config.ssh_key_file:
+            passphrase = config.ssh_passphrase.get_secret_value() if config.ssh_passphrase else None
+            try:
+                if config.ssh_key is not None:
+                    key = asyncssh.import_private_key(config.ssh_key.get_secret_value(), passphrase)
+                else:
+                    key = asyncssh.read_private_key(os.path.expanduser(config.ssh_key_file), passphrase)
+            except (OSError, asyncssh.KeyImportError, ValueError) as exc:
+                raise KeyProblem(key_problem(exc, config)) from None
+            options.update(client_keys=[key], agent_path=None)
+        conn = await asyncssh.connect(config.host, config.port, **options)
+        try:
+            if trusting:
+                self._remember(conn)
+            self.conn = conn
+            self.sftp = await conn.start_sftp_client()
+            await self._install()
+            await self._start_agent()
+        except BaseException:
+            conn.abort()
+            self.conn = None
+            raise
+        self.down_since, self.error, self.permanent = None, None, False
+
+    def _known_hosts(self) -> tuple[str | None, bool]:
+        """The ``known_hosts`` argument, and whether this is a first connection we trust."""
+        path = self.settings.known_hosts_path
+        config = self.config
+        if path.exists():
+            keys = asyncssh.read_known_hosts(str(path)).match(config.host, "", config.port)
+            if any(keys):
+                return str(path), False
+        if self.settings.ssh_trust_new_hosts:
+            return None, True
+        raise UnknownHost(self._unknown_host_message())
+
+    def _unknown_host_message(self) -> str:
+        path, config = self.settings.known_hosts_path, self.config
+        target = config.host if config.port == 22 else f"[{config.host}]:{config.port}"
+        return (
+            f"the host key of {self.name} is not in {path}: add it after checking it "
+            f"(ssh-keyscan -p {config.port} {config.host} >> {path}), or set TRIALBUS_SSH_TRUST_NEW_HOSTS=true "
+            f"to trust {target} on first use"
+        )
+
+    def _remember(self, conn: asyncssh.SSHClientConnection) -> None:
+        key = conn.get_server_host_key()
+        if key is None:
+            return
+        config, path = self.config, self.settings.known_hosts_path
+        target = config.host if config.port == 22 else f"[{config.host}]:{config.port}"
+        line = f"{target} {key.export_public_key().decode().split(chr(10))[0].rsplit(' ', 1)[0]}\n"
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(path, "a") as f:
+            f.write(line)
+        log.warning("trusted the new host key of %s (%s) on first use; added to %s", self.name,
+                    key.get_fingerprint(), path)  # fmt: skip
+
+    async def _install(self) -> None:
+        """Trialbus's files under ``<root>/bin/<hash>/``, uploaded unless already there."""
+        root, sftp = self.settings.remote_root.rstrip("/"), self.sftp
+        folder = f"{root}/bin/{self.bundle.hash}"
+        if await sftp.exists(f"{folder}/.complete"):
+            return
+        tmp = f"{root}/bin/.{self.bundle.hash}-{secrets.token_hex(4)}"
+        await sftp.makedirs(f"{tmp}/nni_shim/nni", exist_ok=True)
+        for name, data in self.bundle.files.items():
+            await sftp.makedirs(f"{tmp}/{os.path.dirname(name)}", exist_ok=True)
+            async with sftp.open(f"{tmp}/{name}", "wb") as f:
+                await f.write(data)
+        async with sftp.open(f"{tmp}/.complete", "wb") as f:
+            await f.write(b"")
+        try:
+            await sftp.rename(tmp, folder)
+        except asyncssh.SFTPError:  # another adapter replica installed it meanwhile
+            if not await sftp.exists(f"{folder}/.complete"):
+                raise
+            await self.conn.run(f"rm -rf {_quote(tmp)}", check=False)
+        log.info("installed Trialbus's files on %s (%s)", self.name, folder)
+
+    async def _start_agent(self) -> None:
+        root = self.settings.remote_root.rstrip("/")
+        path = self.config.python_path
+        prefix = f"PATH={_quote(path)}:\"$PATH\" " if path else ""
+        command = f"{prefix}exec python3 -S -I {_quote(root)}/bin/{self.bundle.hash}/agent.py {_quote(root)}"
+        self._agent = await self.conn.create_process(command, encoding=None)
+        try:
+            async with asyncio.timeout(30):
+                line = await self._agent.stdout.readline()
+        except TimeoutError:
+            raise AgentProblem(f"the Trialbus agent did not start on {self.name} within 30s") from None
+        if not line:
+            err = (await self._agent.stderr.read(4000)).decode(errors="replace").strip()
+            if "not found" in err or self._agent.exit_status == 127:
+                where = f" (pythonPath {path})" if path else " (set pythonPath in machineList)"
+                raise AgentProblem(f"python3 not found on {self.name}{where}")
+            raise AgentProblem(f"the Trialbus agent failed to start on {self.name}: {err[-300:] or 'no output'}")
+        ready = json.loads(line)["ready"]
+        self.root, self.cpus = ready["root"], int(ready.get("cpus") or 1)
+        self.keeper_version = str(ready.get("keeper") or "")
+        self._reader = asyncio.create_task(self._read(self._agent))
+
+    async def _read(self, agent: asyncssh.SSHClientProcess) -> None:
+        while line := await agent.stdout.readline():
+            try:
+                message = json.loads(line)
+            except ValueError:
+                log.warning("unreadable line from the agent on %s: %r", self.name, line[:200])
+                continue
+            if "event" in message:
+                self._on_event(self, message)
+                continue
+            future = self._pending.pop(message.get("id"), None)
+            if future is None or future.done():
+                continue
+            if "error" in message:
+                future.set_exception(AgentError(f"{self.name}: {message['error']}"))
+            else:
+                future.set_result(message.get("result"))
+        if self.conn is not None:  # the agent died but SSH is up: start over
+            self.conn.close()
+
+    # ------------------------------------------------------------------ calls
+
+    async def call(self, op: str, timeout: float | None = None, **args) -> dict | list:
+        """One request to the agent; MachineDown when the machine is unreachable."""
+        if not self.up.is_set() or self._agent is None:
+            raise MachineDown(self.down_reason(), delay=1.0)
+        self._ids += 1
+        future = self._pending[self._ids] = asyncio.get_running_loop().create_future()
+        self._agent.stdin.write(json.dumps({"id": self._ids, "op": op, **args}).encode() + b"\n")
+        try:
+            async with asyncio.timeout(timeout or self.settings.call_timeout):
+                return await future
+        except TimeoutError:
+            self._pending.pop(self._ids, None)
+            if self.conn is not None:
+                self.conn.close()  # an agent that does not answer: reconnect
+            raise MachineDown(f"machine {self.name} did not answer {op} in time", delay=1.0) from None
+
+    async def code_dir(self, digest: str, archive: Callable[[], asyncio.Future]) -> str:
+        """The unpacked snapshot ``digest`` on the machine, uploaded unless it is there."""
+        if (path := self.code.get(digest)) is not None:
+            return path
+        task = self._uploads.get(digest)
+        if task is None:
+            task = self._uploads[digest] = asyncio.create_task(self._upload(digest, archive))
+        path = await asyncio.shield(task)
+        self.code[digest] = path
+        return path
+
+    async def _upload(self, digest: str, archive: Callable[[], asyncio.Future]) -> str:
+        dest = f"{self.root}/code/{digest}"
+        if not await self.sftp.isdir(dest):
+            data = await archive()
+            await self.sftp.makedirs(f"{self.root}/code", exist_ok=True)
+            tmp = f"{self.root}/code/.{digest}-{secrets.token_hex(4)}.tar.gz"
+            async with self.sftp.open(tmp, "wb") as f:
+                await f.write(data)
+            await self.call("unpack", archive=tmp, dest=dest, timeout=300)
+            log.info("uploaded code snapshot sha256:%s to %s (%d bytes)", digest[:12], self.name, len(data))
+        return dest
+
+
+class AgentError(TransientError):
+    """The agent could not do what was asked (its message says why)."""
+
+
+class UnknownHost(Exception):
+    """The machine's host key is not known and trust on first use is off."""
+
+
+class KeyProblem(Exception):
+    """The private key cannot be loaded (missing file, wrong passphrase)."""
+
+
+class AgentProblem(Exception):
+    """The agent cannot run on the machine (no python3)."""
+
+
+def _is_permanent(exc: BaseException) -> bool:
+    return isinstance(exc, UnknownHost | KeyProblem | AgentProblem | asyncssh.PermissionDenied
+                      | asyncssh.HostKeyNotVerifiable)  # fmt: skip
+
+
+def key_problem(exc: BaseException, config: RemoteMachineConfig) -> str:
+    where = config.ssh_key_file or "sshKey"
+    if isinstance(exc, FileNotFoundError):
+        return f"sshKeyFile {where} for {config.address} does not exist on the adapter's host"
+    if isinstance(exc, OSError):
+        return f"cannot read sshKeyFile {where} for {config.address}: {exc.strerror}"
+    text = str(exc)
+    if "passphrase" in text.lower() or "decrypt" in text.lower():
+        hint = "wrong sshPassphrase" if config.ssh_passphrase else "the key is encrypted: set sshPassphrase"
+        return f"cannot load the private key {where} for {config.address}: {hint}"
+    return f"cannot load the private key {where} for {config.address}: {text}"
+
+
+def describe_error(exc: BaseException, machine: Machine) -> str:
+    """A sentence for people about a failed connection; never a secret."""
+    name, path = machine.name, machine.settings.known_hosts_path
+    if isinstance(exc, UnknownHost | KeyProblem | AgentProblem):
+        return str(exc)
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        config = machine.config
+        target = config.host if config.port == 22 else f"[{config.host}]:{config.port}"
+        return (
+            f"the host key of {name} does not match the one in {path}: refusing to connect (if the machine "
+            f"was reinstalled, remove the old key with ssh-keygen -R '{target}' -f {path})"
+        )
+    if isinstance(exc, asyncssh.PermissionDenied):
+        how = "password" if machine.config.password is not None else "key"
+        return f"authentication failed for {name}: the server refused the {how}"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"connection refused by {machine.config.host}:{machine.config.port} (is sshd running on that port?)"
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+        wait = machine.settings.ssh_connect_timeout
+        return f"no answer from {machine.config.host}:{machine.config.port} within {wait:g}s"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"cannot connect to {machine.config.host}:{machine.config.port}: {exc.strerror}"
+    if isinstance(exc, asyncssh.Error):
+        return f"SSH error with {name}: {exc.reason}"
+    return f"cannot use {name}: {type(exc).__name__}: {exc}"
+
+
+def is_permanent_reason(machine: Machine) -> PermanentError | None:
+    """The machine's error as a PermanentError when retrying cannot help, else None."""
+    return PermanentError(machine.down_reason()) if machine.permanent else None

@@ -1,0 +1,307 @@
+"""The remote adapter end to end: real sshd "machines", real processes, real HTTP.
+
+Both machines are sshd servers on loopback that log in the same unprivileged user, so
+they share a home directory; each trial reports the port of the sshd it came through
+(``SSH_CONNECTION``), which says which machine ran it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.helpers import wait_until
+from tests.fixtures.nats import free_port
+from tests.fixtures.sshd import KeyPair, SshServer, known_hosts_file, make_key, require_sshd, ssh_user
+from tests.fixtures.stack import Stack
+
+pytestmark = pytest.mark.timeout(240)
+
+TRIAL = textwrap.dedent(
+    """
+    import os, time
+    import nni
+
+    params = nni.get_next_parameter()
+    port = int(os.environ["SSH_CONNECTION"].split()[3])
+    with open(os.path.join(os.environ["NNI_OUTPUT_DIR"], "pid"), "w") as f:
+        f.write(str(os.getpid()))
+    for i in range(params.get("intermediate", 0)):
+        nni.report_intermediate_result(params["x"] * (i + 1))
+        time.sleep(params.get("pause", 0))
+    if params.get("child"):
+        import subprocess
+        subprocess.Popen(["sleep", "300"])
+    time.sleep(params.get("sleep", 0))
+    nni.report_final_result({"default": params["x"], "port": port})
+    """
+)
+
+
+@pytest.fixture
+def code_dir(tmp_path: Path) -> Path:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "trial.py").write_text(TRIAL)
+    return code
+
+
+@pytest.fixture
+def remote_root():
+    """A fresh Trialbus folder in the machines' home, removed afterwards."""
+    name = f".trialbus-test-{secrets.token_hex(4)}"
+    yield name
+    shutil.rmtree(ssh_user().home / name, ignore_errors=True)
+
+
+def machine(server: SshServer, key: KeyPair | None = None, **extra) -> dict:
+    entry = {"host": server.host, "port": server.port, "user": ssh_user().name, **extra}
+    if key is not None:
+        entry["sshKeyFile"] = str(key.private)
+    return entry
+
+
+def remote_config(code_dir: Path, machines: list[dict], **overrides) -> dict:
+    return {
+        "experimentName": "remote-e2e",
+        "trialCommand": "python3 trial.py",
+        "trialCodeDirectory": str(code_dir),
+        "trialConcurrency": 4,
+        "trainingService": {"platform": "remote", "machineList": machines},
+        **overrides,
+    }
+
+
+def start_stack(root: Path, nats_server, servers, remote_root: str, **env: str) -> Stack:
+    require_sshd()
+    known = known_hosts_file(root / "known_hosts", *servers)
+    stack = Stack(
+        root=root, nats=nats_server,
+        extra_env={"TRIALBUS_SSH_KNOWN_HOSTS": str(known), "TRIALBUS_REMOTE_ROOT": remote_root,
+                   "TRIALBUS_RELAY_AFTER": "1", "TRIALBUS_SSH_KEEPALIVE": "1", **env},
+    )  # fmt: skip
+    return stack.start("dispatcher", "gateway", "remote")
+
+
+@pytest.fixture
+def stacks(request):
+    """Stacks a test starts; stopped at the end, their logs printed when it failed."""
+    started: list[Stack] = []
+    yield started
+    for stack in started:
+        stack.stop()
+        if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+            print(stack.logs(), file=sys.stderr)
+
+
+@pytest.fixture
+def remote_stack(tmp_path: Path, nats_server, sshd_pair, remote_root, stacks):
+    stacks.append(start_stack(tmp_path, nats_server, sshd_pair, remote_root))
+    return stacks[-1]
+
+
+def create(stack: Stack, config: dict) -> str:
+    reply = stack.rest("POST", "/experiments", json=config)
+    assert reply.status_code == 201, reply.text
+    return reply.json()["id"]
+
+
+def submit(stack: Stack, experiment: str, parameters: dict) -> str:
+    reply = stack.rest("POST", f"/experiments/{experiment}/trials", json={"parameters": parameters})
+    assert reply.status_code == 201, reply.text
+    return reply.json()["id"]
+
+
+def trial(stack: Stack, trial_id: str) -> dict:
+    return stack.rest("GET", f"/trials/{trial_id}").json()
+
+
+def ended(stack: Stack, trial_id: str, timeout: float = 60) -> dict:
+    return wait_until(
+        lambda: (t := trial(stack, trial_id))["status"] not in ("WAITING", "RUNNING") and t,
+        timeout, f"trial {trial_id} to end",
+    )  # fmt: skip
+
+
+def metrics(stack: Stack, trial_id: str) -> list[dict]:
+    return stack.rest("GET", f"/trials/{trial_id}/metrics").json()
+
+
+def test_twenty_trials_over_two_machines_all_metrics_arrive(remote_stack, sshd_pair, ssh_key, code_dir):
+    machines = [machine(server, ssh_key) for server in sshd_pair]
+    experiment = create(remote_stack, remote_config(code_dir, machines))
+    ids = [submit(remote_stack, experiment, {"x": i, "intermediate": 3, "sleep": 0.3}) for i in range(20)]
+    finals = [ended(remote_stack, t, timeout=120) for t in ids]
+    assert [t["status"] for t in finals] == ["SUCCEEDED"] * 20, [t.get("message") for t in finals]
+    assert [t["finalMetric"]["default"] for t in finals] == list(range(20))
+    ports = {t["finalMetric"]["port"] for t in finals}
+    assert ports == {server.port for server in sshd_pair}, "trials should spread over both machines"
+    for trial_id in ids:
+        records = metrics(remote_stack, trial_id)
+        assert [(r["type"], r["sequence"]) for r in records] == [("PERIODICAL", 0), ("PERIODICAL", 1),
+                                                                 ("PERIODICAL", 2), ("FINAL", 0)]  # fmt: skip
+    status = remote_stack.rest("GET", "/platforms").json()
+    remote = next(s for s in status if s["adapter"] == "remote")
+    assert {m["name"] for m in remote["machines"]} == {f"{ssh_user().name}@127.0.0.1:{s.port}" for s in sshd_pair}
+    assert all(m["up"] for m in remote["machines"])
+
+
+def test_password_and_passphrase_keys_work(remote_stack, sshd_pair, tmp_path, code_dir):
+    user = ssh_user()
+    if user.password is None:
+        pytest.skip("password login needs a dedicated user, which only root can create")
+    key = make_key(tmp_path, "locked", passphrase="open sesame")
+    sshd_pair[1].authorize(key)
+    by_password = create(remote_stack, remote_config(code_dir, [machine(sshd_pair[0], password=user.password)]))
+    by_passphrase = create(remote_stack, remote_config(
+        code_dir, [machine(sshd_pair[1], key, sshPassphrase="open sesame")]))  # fmt: skip
+    first = ended(remote_stack, submit(remote_stack, by_password, {"x": 1}))
+    second = ended(remote_stack, submit(remote_stack, by_passphrase, {"x": 2}))
+    assert (first["status"], first["finalMetric"]["port"]) == ("SUCCEEDED", sshd_pair[0].port), first
+    assert (second["status"], second["finalMetric"]["port"]) == ("SUCCEEDED", sshd_pair[1].port), second
+    shown = remote_stack.rest("GET", f"/experiments/{by_password}").json()["config"]["trainingService"]
+    assert shown["machineList"][0]["password"] == "**********"
+    everything = "".join(remote_stack.log(name) for name in ("dispatcher", "gateway", "remote"))
+    assert user.password not in everything and "open sesame" not in everything
+
+
+def test_bad_machines_are_refused_at_creation_with_the_reason(
+    tmp_path, nats_server, sshd_pair, ssh_key, remote_root, stacks, code_dir
+):
+    stack = start_stack(tmp_path, nats_server, sshd_pair, remote_root)
+    stacks.append(stack)
+    other = make_key(tmp_path, "impostor")  # a host key that is not the server's
+    (tmp_path / "known_hosts").write_text(
+        sshd_pair[0].known_hosts_line() + "\n" + f"[127.0.0.1]:{sshd_pair[1].port} {other.public}\n"
+    )
+    nowhere = {"host": "127.0.0.1", "port": free_port(), "user": ssh_user().name, "sshKeyFile": str(ssh_key.private)}
+    cases = {
+        "wrong password": ([machine(sshd_pair[0], password="not-the-password")], "authentication failed"),
+        "missing key": ([machine(sshd_pair[0], sshKeyFile=str(tmp_path / "nope"))], "does not exist"),
+        "changed host key": ([machine(sshd_pair[1], ssh_key)], "does not match the one in"),
+        "nothing listens": ([nowhere], "connection refused"),
+        "no python3 there": ([machine(sshd_pair[0], ssh_key, pythonPath="/nonexistent")], "has no python3"),
+        "one bad of two": ([machine(sshd_pair[0], ssh_key), nowhere], "connection refused"),
+    }
+    for name, (machines, reason) in cases.items():
+        reply = stack.rest("POST", "/experiments", json=remote_config(code_dir, machines))
+        assert reply.status_code == 422, (name, reply.text)
+        assert "the remote platform cannot run this experiment" in reply.json()["error"], name
+        assert reason in reply.json()["error"], (name, reply.json()["error"])
+    assert stack.rest("GET", "/experiments").json() == [], "nothing is created"
+    bad = remote_config(code_dir, [machine(sshd_pair[0], password=12345)])
+    reply = stack.rest("POST", "/experiments", json=bad)
+    assert reply.status_code == 422 and "must be a string" in reply.json()["error"]
+    bad = remote_config(code_dir, [machine(sshd_pair[0], ssh_key, port=70000)])
+    reply = stack.rest("POST", "/experiments", json=bad)
+    assert reply.status_code == 422 and "port" in reply.json()["error"]
+
+
+def test_a_machine_that_goes_bad_after_creation_fails_its_trials_with_the_reason(
+    tmp_path, nats_server, sshd_pair, ssh_key, remote_root, stacks, code_dir
+):
+    stack = start_stack(tmp_path, nats_server, sshd_pair, remote_root, TRIALBUS_UNREACHABLE_TIMEOUT="2")
+    stacks.append(stack)
+    stack.kill("remote")  # not there to check at creation
+    down = machine(sshd_pair[1], ssh_key)
+    experiment = create(stack, remote_config(code_dir, [machine(sshd_pair[0], password="not-the-password")]))
+    unreachable = create(stack, remote_config(code_dir, [down]))
+    sshd_pair[1].stop()
+    first, second = submit(stack, experiment, {"x": 0}), submit(stack, unreachable, {"x": 0})
+    stack.start("remote")
+    found = ended(stack, first)
+    assert found["status"] == "FAILED" and "authentication failed" in found["message"], found
+    found = ended(stack, second)
+    assert found["status"] == "FAILED" and "no machine reachable for 2s" in found["message"], found
+    assert "connection refused" in found["message"]
+
+
+def test_a_dropped_connection_leaves_the_trial_running_and_loses_nothing(remote_stack, sshd_pair, ssh_key, code_dir):
+    server = sshd_pair[0]
+    experiment = create(remote_stack, remote_config(code_dir, [machine(server, ssh_key)]))
+    trial_id = submit(remote_stack, experiment, {"x": 7, "intermediate": 6, "pause": 1})
+    wait_until(lambda: trial(remote_stack, trial_id)["intermediateCount"] >= 1, 30, "the first metric")
+    server.stop()  # every SSH session drops; the trial's process group runs on
+    message = wait_until(lambda: trial(remote_stack, trial_id)["message"], 15, "the stale-status message")
+    assert "unreachable" in message and trial(remote_stack, trial_id)["status"] == "RUNNING"
+    time.sleep(2)
+    server.start()
+    found = ended(remote_stack, trial_id, timeout=60)
+    assert found["status"] == "SUCCEEDED" and found["message"] is None, found
+    assert [r["sequence"] for r in metrics(remote_stack, trial_id) if r["type"] == "PERIODICAL"] == list(range(6))
+
+
+def test_metrics_of_a_machine_that_cannot_reach_the_gateway_arrive_over_ssh(
+    tmp_path, nats_server, sshd_pair, ssh_key, remote_root, stacks, code_dir
+):
+    blocked = f"http://127.0.0.1:{free_port()}"  # nothing listens: as a firewall between machine and gateway
+    stack = start_stack(tmp_path, nats_server, sshd_pair, remote_root, TRIALBUS_TRIAL_GATEWAY_URL=blocked)
+    stacks.append(stack)
+    experiment = create(stack, remote_config(code_dir, [machine(sshd_pair[0], ssh_key)]))
+    ids = [submit(stack, experiment, {"x": i, "intermediate": 3}) for i in range(2)]
+    for trial_id in ids:
+        found = ended(stack, trial_id, timeout=60)
+        assert found["status"] == "SUCCEEDED", found
+        assert [(r["type"], r["sequence"]) for r in metrics(stack, trial_id)] == [
+
+            ("PERIODICAL", 0), ("PERIODICAL", 1), ("PERIODICAL", 2), ("FINAL", 0)]  # fmt: skip
+    assert "over SSH" in stack.log("remote")
+
+
+def test_a_restarted_adapter_adopts_running_remote_trials(remote_stack, sshd_pair, ssh_key, code_dir):
+    experiment = create(remote_stack, remote_config(code_dir, [machine(s, ssh_key) for s in sshd_pair]))
+    ids = [submit(remote_stack, experiment, {"x": i, "intermediate": 4, "pause": 0.7}) for i in range(2)]
+    for trial_id in ids:
+        wait_until(lambda t=trial_id: trial(remote_stack, t)["status"] == "RUNNING", 30, "RUNNING")
+    remote_stack.kill("remote")
+    remote_stack.start("remote")
+    for trial_id in ids:
+        found = ended(remote_stack, trial_id, timeout=60)
+        assert found["status"] == "SUCCEEDED", found
+        assert found["intermediateCount"] == 4
+    home = ssh_user().home / remote_stack.extra_env["TRIALBUS_REMOTE_ROOT"]
+    trial_dirs = list((home / "trials" / experiment).iterdir())
+    assert sorted(d.name for d in trial_dirs) == sorted(f"{t}-0" for t in ids)  # each ran once
+
+
+def test_stopping_an_experiment_leaves_no_process_on_any_machine(remote_stack, sshd_pair, ssh_key, code_dir):
+    experiment = create(remote_stack, remote_config(code_dir, [machine(s, ssh_key) for s in sshd_pair]))
+    ids = [submit(remote_stack, experiment, {"x": i, "child": True, "sleep": 300}) for i in range(4)]
+    for trial_id in ids:
+        wait_until(lambda t=trial_id: trial(remote_stack, t)["status"] == "RUNNING", 30, "RUNNING")
+    home = ssh_user().home / remote_stack.extra_env["TRIALBUS_REMOTE_ROOT"] / "trials" / experiment
+    pids = wait_until(lambda: [int(p.read_text()) for p in home.glob("*/pid")] if len(list(home.glob("*/pid"))) == 4
+                      else None, 30, "every trial to start")  # fmt: skip
+    assert remote_stack.rest("DELETE", f"/experiments/{experiment}").status_code == 200
+    for trial_id in ids:
+        assert ended(remote_stack, trial_id, timeout=30)["status"] == "USER_CANCELED"
+    wait_until(lambda: not any(alive(pid) for pid in pids), 15, "the trials' processes to exit")
+    wait_until(lambda: not sleepers(), 15, "the trials' children to exit")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def sleepers() -> list[int]:
+    """Processes of the machines' user running ``sleep 300`` (the trials' children)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == ssh_user().uid and (entry / "cmdline").read_bytes() == b"sleep\x00300\x00":
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
