@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run up test bench schemas clean
+.PHONY: install run up test bench schemas clean sshd
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,18 @@ run: $(STAMP)  ## the whole stack on an embedded nats-server, plus the demo expe
 up: $(STAMP)  ## the stack in the foreground until Ctrl-C
 	$(BIN)/trialbus up
 
-test: $(STAMP)  ## lint, layering, then the suite
+# The remote adapter's tests run a real OpenSSH sshd: install it where it is missing and we can.
+sshd:
+	@if ! command -v sshd >/dev/null 2>&1 && [ ! -x /usr/sbin/sshd ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing openssh-server (the remote adapter's tests need sshd)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; \
+		else \
+			echo "sshd not found: install openssh-server to run the remote adapter's tests"; \
+		fi; \
+	fi
+
+test: $(STAMP) sshd  ## lint, layering, then the suite
 	$(BIN)/ruff check contracts services trialbus bench tests
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q

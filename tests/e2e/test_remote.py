@@ -11,6 +11,7 @@ import os
 import secrets
 import shutil
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.helpers import wait_until
+from tests.fixtures.gpus import FAKE_NVIDIA_SMI, set_fake_gpus
 from tests.fixtures.nats import free_port
 from tests.fixtures.sshd import KeyPair, SshServer, known_hosts_file, make_key, require_sshd, ssh_user
 from tests.fixtures.stack import Stack
@@ -40,7 +42,7 @@ TRIAL = textwrap.dedent(
         import subprocess
         subprocess.Popen(["sleep", "300"])
     time.sleep(params.get("sleep", 0))
-    nni.report_final_result({"default": params["x"], "port": port})
+    nni.report_final_result({"default": params["x"], "port": port, "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")})
     """
 )
 
@@ -305,3 +307,64 @@ def sleepers() -> list[int]:
             except OSError:
                 continue
     return found
+
+
+@pytest.fixture
+def fake_gpus():
+    """``nvidia-smi`` that the machines' user can run: 2 idle fake GPUs."""
+    folder = Path(tempfile.mkdtemp(prefix="tb-fake-gpus-"))
+    folder.chmod(0o755)
+    shutil.copy(FAKE_NVIDIA_SMI, folder / "fake_nvidia_smi.py")
+    gpu = {"name": "Fake GPU", "memoryTotalMib": 16384, "memoryUsedMib": 0, "gpuUtil": 0, "memoryUtil": 0}
+    set_fake_gpus(folder / "state.json", [gpu, gpu])
+    (folder / "state.json").chmod(0o644)
+    script = folder / "nvidia-smi"
+    script.write_text(
+        f"#!/bin/sh\nFAKE_NVIDIA_SMI_STATE={folder}/state.json exec python3 {folder}/fake_nvidia_smi.py \"$@\"\n"
+    )
+    script.chmod(0o755)
+    yield script
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_gpus_are_placed_per_machine_by_the_shared_rules(
+    tmp_path, nats_server, sshd_pair, ssh_key, remote_root, stacks, code_dir, fake_gpus
+):
+    stack = start_stack(tmp_path, nats_server, sshd_pair, remote_root, TRIALBUS_NVIDIA_SMI=str(fake_gpus))
+    stacks.append(stack)
+    a, b = sshd_pair
+    machines = [machine(a, ssh_key, gpuIndices="1"), machine(b, ssh_key)]  # slots: a:1, b:0, b:1
+    experiment = create(stack, remote_config(code_dir, machines, trialGpuNumber=1, trialConcurrency=4))
+    ids = [submit(stack, experiment, {"x": i, "sleep": 2.5}) for i in range(4)]
+    def three_run_one_waits():
+        found = [trial(stack, i) for i in ids]
+        statuses = sorted(t["status"] for t in found)
+        return statuses == ["RUNNING"] * 3 + ["WAITING"] and found
+
+    found = wait_until(three_run_one_waits, 30, "three trials on the three free GPUs, one waiting")
+    message = next(t["message"] for t in found if t["status"] == "WAITING")
+    assert "GPU" in message, message
+    finals = [ended(stack, t, timeout=60) for t in ids]
+    assert [t["status"] for t in finals] == ["SUCCEEDED"] * 4, finals
+    placed = {(t["finalMetric"]["port"], t["finalMetric"]["cuda"]) for t in finals}
+    assert placed == {(a.port, "1"), (b.port, "0"), (b.port, "1")}, placed
+    status = next(s for s in stack.rest("GET", "/platforms").json() if s["adapter"] == "remote")
+    assert all(len(m["gpus"]) == 2 for m in status["machines"]), status["machines"]
+
+
+def test_a_machine_down_longer_than_the_timeout_fails_its_trials_and_they_are_stopped_when_it_is_back(
+    tmp_path, nats_server, sshd_pair, ssh_key, remote_root, stacks, code_dir
+):
+    stack = start_stack(tmp_path, nats_server, sshd_pair, remote_root, TRIALBUS_UNREACHABLE_TIMEOUT="3")
+    stacks.append(stack)
+    server = sshd_pair[0]
+    experiment = create(stack, remote_config(code_dir, [machine(server, ssh_key)]))
+    trial_id = submit(stack, experiment, {"x": 1, "sleep": 300})
+    pid_file = ssh_user().home / remote_root / "trials" / experiment / f"{trial_id}-0" / "pid"
+    pid = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), 30, "the trial to start"))
+    server.stop()
+    found = ended(stack, trial_id, timeout=30)
+    assert found["status"] == "FAILED" and "gave up after 3s" in found["message"], found
+    assert alive(pid), "an unreachable machine's trial is not ours to kill until it is back"
+    server.start()
+    wait_until(lambda: not alive(pid), 30, "the abandoned trial to be stopped once its machine is back")
