@@ -1,10 +1,12 @@
-"""``python -m bench``: start a private stack on free ports and print the figures.
+"""``python -m bench [trials|metrics|gpus|remote…]``: start a private stack on free ports and
+print the figures (all of them without arguments).
 
 Prints, for no-op trials at concurrency 1, 4 and 16: submit→RUNNING and submit→final
 latency (p50/p99), trials per second next to the spawn-only rate of the same command
 measured in the same run, and their ratio; then metric records per second through the
 gateway to a subscribed tuner; and the GPU hand-off (a GPU frees → the next waiting trial
-RUNNING). Spawn-only is measured right before and right after each
+RUNNING); and the remote adapter over loopback SSH (submit→RUNNING once warm, trials per
+second over two machines). Spawn-only is measured right before and right after each
 concurrency's trials (the host's speed drifts), and the ratio uses their mean.
 """
 
@@ -22,11 +24,14 @@ from rich.table import Table
 
 from bench.gpus import gpu_handoff, use_fake_gpu
 from bench.metrics import metric_rate
+from bench.remote import ssh_machines
 from bench.trials import percentile, spawn_rate, trial_rate, write_noop
 from services.trial_keeper import SHIM_PATH
 from trialbus.stack import Stack, StackOptions, trial_secret
 
 COUNTS = {1: 40, 4: 80, 16: 160}
+#: What ``python -m bench [part…]`` can measure; all of them without arguments.
+PARTS = ("trials", "metrics", "gpus", "remote")
 
 
 def free_port() -> int:
@@ -48,54 +53,94 @@ def main() -> None:
         f"[bold]Trialbus bench[/] on {os.cpu_count()} cores, Python {sys.version.split()[0]}; work dir {root}"
     )
     use_fake_gpu(root / "gpu")
-    stack.start()
-    try:
-        table = Table(title="no-op trials (one final metric each)")
-        for column in (
-            "concurrency",
-            "trials",
-            "submit→RUNNING p50/p99 ms",
-            "submit→final p50/p99 ms",
-            "trials/s",
-            "spawn-only/s",
-            "ratio",
-        ):
-            table.add_column(column, justify="right")
-        spawn_env = {**os.environ, "PYTHONPATH": str(SHIM_PATH)}
-        for concurrency, count in COUNTS.items():
-            # The host's speed drifts: spawn-only is measured just before and just after the
-            # trials, and the ratio uses the mean of the two.
-            before = spawn_rate(command, code, spawn_env, concurrency, count)
-            figures = asyncio.run(trial_rate(options.nats_url, command, code, concurrency, count))
-            figures.spawn_rate = (before + spawn_rate(command, code, spawn_env, concurrency, count)) / 2
-            run_ms = [x * 1000 for x in figures.to_running]
-            fin_ms = [x * 1000 for x in figures.to_final]
-            table.add_row(
-                str(concurrency),
-                str(count),
-                f"{percentile(run_ms, 50):.1f} / {percentile(run_ms, 99):.1f}",
-                f"{percentile(fin_ms, 50):.1f} / {percentile(fin_ms, 99):.1f}",
-                f"{figures.rate:.1f}",
-                f"{figures.spawn_rate:.1f}",
-                f"{figures.ratio:.2f}",
-            )
-            console.print(
-                f"  concurrency {concurrency}: {figures.rate:.1f} trials/s "
-                f"(spawn-only {figures.spawn_rate:.1f}/s, ratio {figures.ratio:.2f})"
-            )
-        console.print(table)
+    with ssh_machines(root) as machines:
+        stack.start()
+        try:
+            run(console, options, stack, root, code, command, machines)
+        finally:
+            stack.stop()
+
+
+def run(console: Console, options: StackOptions, stack: Stack, root: Path, code: Path, command: str,
+        machines: list[dict] | None) -> None:
+    """Every figure asked for on the command line (all by default), printed as it is measured."""
+    parts = set(sys.argv[1:]) or set(PARTS)
+    if "trials" in parts:
+        local_trials(console, options, code, command)
+    if "metrics" in parts:
         secret = trial_secret(stack.data_dir)
         rate = asyncio.run(
             metric_rate(options.nats_url, f"http://127.0.0.1:{options.gateway_port}", secret, "benchmetrics")
         )
         console.print(f"metric records through the gateway to a subscribed tuner: [bold]{rate:,.0f}[/] records/s")
+    if "gpus" in parts:
         gaps = [gap * 1000 for gap in asyncio.run(gpu_handoff(options.nats_url, sys.executable, root / "gpu-code"))]
         console.print(
             f"GPU hand-off (a trial ends → the next waiting trial RUNNING on its GPU), {len(gaps)} hand-offs: "
             f"p50 [bold]{percentile(gaps, 50):.1f}[/] ms, p99 {percentile(gaps, 99):.1f} ms, max {max(gaps):.1f} ms"
         )
-    finally:
-        stack.stop()
+    if "remote" in parts:
+        remote(console, options.nats_url, code, machines)
+
+
+def local_trials(console: Console, options: StackOptions, code: Path, command: str) -> None:
+    """No-op trials on the local adapter at each concurrency, next to spawn-only."""
+    table = Table(title="no-op trials (one final metric each)")
+    for column in (
+        "concurrency",
+        "trials",
+        "submit→RUNNING p50/p99 ms",
+        "submit→final p50/p99 ms",
+        "trials/s",
+        "spawn-only/s",
+        "ratio",
+    ):
+        table.add_column(column, justify="right")
+    spawn_env = {**os.environ, "PYTHONPATH": str(SHIM_PATH)}
+    for concurrency, count in COUNTS.items():
+        # The host's speed drifts: spawn-only is measured just before and just after the
+        # trials, and the ratio uses the mean of the two.
+        before = spawn_rate(command, code, spawn_env, concurrency, count)
+        figures = asyncio.run(trial_rate(options.nats_url, command, code, concurrency, count))
+        figures.spawn_rate = (before + spawn_rate(command, code, spawn_env, concurrency, count)) / 2
+        run_ms = [x * 1000 for x in figures.to_running]
+        fin_ms = [x * 1000 for x in figures.to_final]
+        table.add_row(
+            str(concurrency),
+            str(count),
+            f"{percentile(run_ms, 50):.1f} / {percentile(run_ms, 99):.1f}",
+            f"{percentile(fin_ms, 50):.1f} / {percentile(fin_ms, 99):.1f}",
+            f"{figures.rate:.1f}",
+            f"{figures.spawn_rate:.1f}",
+            f"{figures.ratio:.2f}",
+        )
+        console.print(
+            f"  concurrency {concurrency}: {figures.rate:.1f} trials/s "
+            f"(spawn-only {figures.spawn_rate:.1f}/s, ratio {figures.ratio:.2f})"
+        )
+    console.print(table)
+
+
+def remote(console: Console, nats_url: str, code: Path, machines: list[dict] | None) -> None:
+    """submit→RUNNING on a warm SSH machine, and trials/s over two machines (remote adapter)."""
+    if machines is None:
+        console.print("remote adapter: [yellow]skipped[/] (no sshd: apt-get install openssh-server)")
+        return
+    command = "python3 noop.py"  # the machine's own python3
+    one = {"platform": "remote", "machineList": machines[:1]}
+    both = {"platform": "remote", "machineList": machines}
+    asyncio.run(trial_rate(nats_url, command, code, 2, 4, both))  # warm-up: connections, files, code
+    warm = asyncio.run(trial_rate(nats_url, command, code, 1, 30, one))
+    run_ms = [x * 1000 for x in warm.to_running]
+    console.print(
+        f"remote, one machine over loopback SSH, warm: submit→RUNNING p50 [bold]{percentile(run_ms, 50):.1f}[/] ms, "
+        f"p99 {percentile(run_ms, 99):.1f} ms ({warm.trials} trials, one at a time)"
+    )
+    spread = asyncio.run(trial_rate(nats_url, command, code, 4, 60, both))
+    console.print(
+        f"remote, two machines, concurrency 4: [bold]{spread.rate:.1f}[/] trials/s "
+        f"(submit→RUNNING p50 {percentile([x * 1000 for x in spread.to_running], 50):.1f} ms)"
+    )
 
 
 if __name__ == "__main__":

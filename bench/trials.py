@@ -57,8 +57,10 @@ def spawn_rate(command: str, cwd: Path, env: dict[str, str], concurrency: int, c
     return count / (time.perf_counter() - begin)
 
 
-async def trial_rate(nats_url: str, command: str, code_dir: Path, concurrency: int, count: int) -> TrialFigures:
-    """Run `count` no-op trials through the stack, `concurrency` in flight."""
+async def trial_rate(
+    nats_url: str, command: str, code_dir: Path, concurrency: int, count: int, training_service: dict | None = None
+) -> TrialFigures:
+    """Run `count` no-op trials through the stack, `concurrency` in flight (local by default)."""
     async with AsyncClient(nats_url) as client:
         experiment = await client.create_experiment(
             {
@@ -67,7 +69,7 @@ async def trial_rate(nats_url: str, command: str, code_dir: Path, concurrency: i
                 "trialCodeDirectory": str(code_dir),
                 "trialConcurrency": concurrency,
                 "maxTrialNumber": count,
-                "trainingService": {"platform": "local"},
+                "trainingService": training_service or {"platform": "local"},
             }
         )
         submitted: dict[str, float] = {}
