@@ -186,14 +186,27 @@ def platform_list(ctx: typer.Context) -> None:
     for p in replicas:
         trials = f"{p.running}/{p.max_trials}" if p.max_trials else str(p.running)
         first = (p.adapter, p.replica, trials, str(len(p.waiting)))
-        if not p.gpus:
-            table.add_row(*first, f"none ({p.gpu_error})" if p.gpu_error else "none", "", "", "", "")
-        for n, g in enumerate(p.gpus):
-            util = "-" if g.gpu_util is None else f"{g.gpu_util}%"
-            table.add_row(*(first if n == 0 else ("",) * 4), f"{g.index}: {g.name}",
-                          f"{g.memory_used_mib}/{g.memory_total_mib}", util, str(len(g.trials)),
-                          str(g.foreign_processes))
+        if p.machines:  # remote: one line per SSH machine, its GPUs below it
+            table.add_row(*first, "", "", "", "", "")
+            for m in p.machines:
+                state = f"{m.cpus} CPUs" if m.up else f"[red]unreachable[/]: {m.error}"
+                _gpu_rows(table, ("", f"└ {m.name}", str(m.running), ""), m.gpus, state if not m.gpus or not m.up
+                          else None)  # fmt: skip
+            continue
+        _gpu_rows(table, first, p.gpus, None if p.gpus else f"none ({p.gpu_error})" if p.gpu_error else "none")
     _console().print(table)
+
+
+def _gpu_rows(table: Table, first: tuple[str, ...], gpus: list, instead: str | None) -> None:
+    """One row per GPU after the ``first`` cells (``instead`` in the GPU column when given)."""
+    if instead is not None or not gpus:
+        table.add_row(*first, instead or "none", "", "", "", "")
+        return
+    for n, g in enumerate(gpus):
+        util = "-" if g.gpu_util is None else f"{g.gpu_util}%"
+        table.add_row(*(first if n == 0 else ("",) * 4), f"{g.index}: {g.name}",
+                      f"{g.memory_used_mib}/{g.memory_total_mib}", util, str(len(g.trials)),
+                      str(g.foreign_processes))  # fmt: skip
 
 
 # -- trials --------------------------------------------------------------------------------

@@ -17,12 +17,14 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from tests.e2e.helpers import wait_until
 from tests.fixtures.gpus import FAKE_NVIDIA_SMI, set_fake_gpus
 from tests.fixtures.nats import free_port
 from tests.fixtures.sshd import KeyPair, SshServer, known_hosts_file, make_key, require_sshd, ssh_user
 from tests.fixtures.stack import Stack
+from trialbus.cli import app
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -271,6 +273,9 @@ def test_a_restarted_adapter_adopts_running_remote_trials(remote_stack, sshd_pai
     home = ssh_user().home / remote_stack.extra_env["TRIALBUS_REMOTE_ROOT"]
     trial_dirs = list((home / "trials" / experiment).iterdir())
     assert sorted(d.name for d in trial_dirs) == sorted(f"{t}-0" for t in ids)  # each ran once
+    remote_stack.restart("remote")  # finished trials' logs come from their machine, after a restart too
+    log = remote_stack.rest("GET", f"/trials/{ids[0]}/log")
+    assert log.status_code == 200 and "NNISDK_MEb" in log.text, log.text
 
 
 def test_stopping_an_experiment_leaves_no_process_on_any_machine(remote_stack, sshd_pair, ssh_key, code_dir):
@@ -350,6 +355,13 @@ def test_gpus_are_placed_per_machine_by_the_shared_rules(
     assert placed == {(a.port, "1"), (b.port, "0"), (b.port, "1")}, placed
     status = next(s for s in stack.rest("GET", "/platforms").json() if s["adapter"] == "remote")
     assert all(len(m["gpus"]) == 2 for m in status["machines"]), status["machines"]
+    sshd_pair[1].stop()
+    wait_until(lambda: any(not m["up"] for s in stack.rest("GET", "/platforms").json() if s["adapter"] == "remote"
+                           for m in s["machines"]), 20, "the platform status to show the machine down")  # fmt: skip
+    shown = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["--nats-url", stack.nats.url, "platform", "list"])
+    assert shown.exit_code == 0, shown.output
+    assert f"{ssh_user().name}@127.0.0.1:{a.port}" in shown.output and "0: Fake GPU" in shown.output
+    assert f"{ssh_user().name}@127.0.0.1:{b.port}" in shown.output and "unreachable" in shown.output
 
 
 def test_a_machine_down_longer_than_the_timeout_fails_its_trials_and_they_are_stopped_when_it_is_back(

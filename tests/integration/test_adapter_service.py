@@ -274,7 +274,7 @@ async def test_the_owner_answers_log_requests(stack: Stack) -> None:
 async def test_trials_outlive_a_restart_and_their_end_is_still_reported(stack: Stack) -> None:
     platform = FakePlatform()
     first = await stack.replica(FakeAdapter(platform))
-    await stack.submit("survivor", duration=0.6)
+    await stack.submit("survivor", duration=2.5)  # long enough to outlive a stop on a loaded host
     await stack.until(lambda events: TrialStatus.RUNNING in statuses(events, "survivor"))
 
     await stack.stop(first)

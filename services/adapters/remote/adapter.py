@@ -86,6 +86,8 @@ class RemoteAdapter(PlatformAdapter):
         self.gpus: dict[str, GpuScheduler] = {}
         self.abandoned: dict[str, set[str]] = {}  # machine → trial dirs given up on: kill when back
         self.unreported: dict[str, set[str]] = {}  # machine → trial dirs to mark reported when back
+        #: machine → trials being started there: their GPUs (and place) are taken meanwhile
+        self._placing: dict[str, dict[tuple[str, int], tuple[tuple[int, ...], int]]] = {}
         self._bus: Bus | None = None
         self._http: httpx.AsyncClient | None = None
         self._loops: list[asyncio.Task] = []
@@ -125,6 +127,7 @@ class RemoteAdapter(PlatformAdapter):
     async def _prune(self) -> None:
         """Close the connections no trial and no experiment has needed for ``IDLE_CLOSE`` seconds."""
         busy = {t.machine.key for t in self.trials.values()} | set(self.abandoned) | set(self.unreported)
+        busy |= {key for key, placing in self._placing.items() if placing}
         idle = [m for m in self.machines.values()
                 if m.key not in busy and time.monotonic() - m.last_used > IDLE_CLOSE]  # fmt: skip
         for machine in idle:
@@ -167,6 +170,18 @@ class RemoteAdapter(PlatformAdapter):
         machine, where, held, per_gpu = await self._choose(request, up, machines)
         if (trial := self.trials.get(key)) is not None:  # launched concurrently meanwhile
             return trial.handle
+        # Until it is tracked, the trial's GPUs and its place count as taken: launches run
+        # concurrently, and the awaits below would let another one take the same GPU.
+        placing = self._placing.setdefault(machine.key, {})
+        placing[key] = (held, per_gpu)
+        try:
+            return await self._start(request, machine, where, held, per_gpu)
+        finally:
+            placing.pop(key, None)
+
+    async def _start(self, request: TrialRequest, machine: Machine, where: dict, held: tuple[int, ...],
+                     per_gpu: int) -> TrialHandle:  # fmt: skip
+        key = (request.trial_id, request.attempt)
         env, files = await self._environment(request, machine, where)
         trial_dir = f"{machine.root}/trials/{request.experiment_id}/{request.trial_id}-{request.attempt}"
         if held:
@@ -251,7 +266,9 @@ class RemoteAdapter(PlatformAdapter):
         return Inventory("nvidia-smi", gpus, sessions=sessions)
 
     def _holdings(self, machine: Machine) -> list[Holding]:
-        return [
+        placing = [Holding(subjects.dispatch_id(*key), held, per_gpu, None)
+                   for key, (held, per_gpu) in self._placing.get(machine.key, {}).items() if held]  # fmt: skip
+        return placing + [
             Holding(subjects.dispatch_id(t.handle.trial_id, t.handle.attempt), t.gpus, t.per_gpu,
                     (t.status.get("state") or {}).get("pgid"))
             for t in self.trials.values()
@@ -517,6 +534,20 @@ class RemoteAdapter(PlatformAdapter):
         except MachineDown:
             self.unreported.setdefault(trial.machine.key, set()).add(trial.dir)
 
+    async def past(self, experiment_id: str, trial_id: str) -> TrialHandle | None:
+        """The newest attempt of a finished trial whose directory a connected machine keeps."""
+        for machine in list(self.machines.values()):
+            if not machine.up.is_set():
+                continue
+            try:
+                found = await machine.call("find", experiment=experiment_id, trial=trial_id)
+            except (MachineDown, AgentError):
+                continue
+            if found:
+                ref = f"{machine.key}#{found['dir']}"
+                return TrialHandle(experiment_id, trial_id, found["attempt"], ref=ref)
+        return None
+
     async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
         trial = self.trials.get((handle.trial_id, handle.attempt))
         machine = trial.machine if trial else self._machine_of(handle.ref)
@@ -565,4 +596,6 @@ class RemoteAdapter(PlatformAdapter):
         return self.machines.get(ref.split("#", 1)[0]) if "#" in ref else None
 
     def _running(self, machine: Machine) -> int:
-        return sum(1 for t in self.trials.values() if t.machine is machine and t.running)
+        """Our trials on the machine, those being started there included."""
+        placing = len(self._placing.get(machine.key, ()))
+        return placing + sum(1 for t in self.trials.values() if t.machine is machine and t.running)

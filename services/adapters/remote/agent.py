@@ -237,6 +237,24 @@ class Agent:
                 })
         return found
 
+    def op_find(self, request):
+        """The newest attempt's directory of a trial (for its log after the adapter restarted)."""
+        experiment, trial = request["experiment"], request["trial"]
+        if "/" in experiment + trial or experiment.startswith("."):
+            return None
+        attempts = []
+        try:
+            for entry in os.scandir("%s/trials/%s" % (self.root, experiment)):
+                name, _, attempt = entry.name.rpartition("-")
+                if name == trial and attempt.isdigit() and entry.is_dir():
+                    attempts.append((int(attempt), entry.path))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not attempts:
+            return None
+        attempt, path = max(attempts)
+        return {"attempt": attempt, "dir": path}
+
     def op_report(self, request):
         path = self.trial_dir(request)
         if os.path.isdir(path):

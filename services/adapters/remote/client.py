@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -35,6 +36,8 @@ from services.adapters.errors import PermanentError, TransientError
 from services.adapters.remote.settings import RemoteSettings
 
 log = logging.getLogger(__name__)
+#: asyncssh logs every channel at INFO: ours says what matters (connected, dropped, why).
+logging.getLogger("asyncssh").setLevel(logging.WARNING)
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
 
@@ -61,6 +64,10 @@ def _quote(path: str) -> str:
     return shlex.quote(path)
 
 
+#: Salt of :func:`machine_key`, new in every process: the key never tells a password.
+_KEY_SALT = secrets.token_bytes(16)
+
+
 def machine_key(config: RemoteMachineConfig) -> str:
     """The pool key of a machine: its address and a digest of its credentials, so that two
     experiments naming one machine with different credentials never share a connection."""
@@ -68,7 +75,7 @@ def machine_key(config: RemoteMachineConfig) -> str:
         value.get_secret_value() if hasattr(value, "get_secret_value") else str(value or "")
         for value in (config.password, config.ssh_key, config.ssh_key_file, config.ssh_passphrase, config.python_path)
     )
-    return f"{config.address}/{hashlib.sha256(secret.encode()).hexdigest()[:16]}"
+    return f"{config.address}/{hmac.new(_KEY_SALT, secret.encode(), 'sha256').hexdigest()[:16]}"
 
 
 class Machine:
@@ -279,7 +286,8 @@ class Machine:
         root = self.settings.remote_root.rstrip("/")
         path = self.config.python_path
         prefix = f"PATH={_quote(path)}:\"$PATH\" " if path else ""
-        command = f"{prefix}exec python3 -S -I {_quote(root)}/bin/{self.bundle.hash}/agent.py {_quote(root)}"
+        command = (f"{prefix}exec python3 -S -I {_quote(root)}/bin/{self.bundle.hash}/agent.py {_quote(root)} "
+                   f"2>{_quote(root)}/agent.log")  # never a stderr pipe nobody reads
         self._agent = await self.conn.create_process(command, encoding=None)
         try:
             async with asyncio.timeout(30):
@@ -287,7 +295,8 @@ class Machine:
         except TimeoutError:
             raise AgentProblem(f"the Trialbus agent did not start on {self.name} within 30s") from None
         if not line:
-            err = (await self._agent.stderr.read(4000)).decode(errors="replace").strip()
+            err = (await self.conn.run(f"tail -c 2000 {_quote(root)}/agent.log", check=False)).stdout or ""
+            err = err.strip() if isinstance(err, str) else err.decode(errors="replace").strip()
             if "not found" in err or self._agent.exit_status == 127:
                 where = f" (pythonPath {path})" if path else " (set pythonPath in machineList)"
                 raise AgentProblem(f"python3 not found on {self.name}{where}")
