@@ -23,6 +23,15 @@ def parse_seconds(value: str | int | float) -> float:
     return float(match.group(1)) * _TIME[unit]
 
 
+def parse_seconds_setting(value: str | int | float) -> float:
+    """A setting's duration: a plain number of seconds (``"600"``, as the environment gives
+    it) or an NNI unit string (``"10m"``)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return parse_seconds(value)
+
+
 def parse_megabytes(value: str | int | float) -> int:
     """``"8gb"``, ``"512mb"``, ``8192`` → MiB (rounded up), 1024-based as NNI does."""
     if isinstance(value, bool):

@@ -34,12 +34,17 @@ TRIAL = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def code_dir(tmp_path: Path) -> Path:
+def write_code(tmp_path: Path, trial: str = TRIAL) -> Path:
+    """A code directory holding ``trial.py``."""
     code = tmp_path / "code"
     code.mkdir()
-    (code / "trial.py").write_text(TRIAL)
+    (code / "trial.py").write_text(trial)
     return code
+
+
+@pytest.fixture
+def code_dir(tmp_path: Path) -> Path:
+    return write_code(tmp_path)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.e2e.conftest import write_code
 from tests.e2e.helpers import wait_until
 from tests.fixtures.gpus import FAKE_NVIDIA_SMI, set_fake_gpus
 from tests.fixtures.nats import free_port
@@ -51,10 +52,7 @@ TRIAL = textwrap.dedent(
 
 @pytest.fixture
 def code_dir(tmp_path: Path) -> Path:
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "trial.py").write_text(TRIAL)
-    return code
+    return write_code(tmp_path, TRIAL)
 
 
 @pytest.fixture

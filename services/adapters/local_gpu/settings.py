@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from contracts.units import parse_seconds
+from contracts.units import parse_seconds_setting
 from services.adapters.gpu.settings import GpuSettings
 
 
@@ -43,13 +43,7 @@ class LocalGpuSettings(GpuSettings):
     #: reported; NNI unit strings like ``7d`` work. Default 7 days; 0 keeps them forever.
     trial_retention: float = Field(default=7 * 86400.0, ge=0)
 
-    @field_validator("trial_retention", mode="before")
-    @classmethod
-    def _duration(cls, value):
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            return parse_seconds(value)
+    _durations = field_validator("trial_retention", mode="before")(parse_seconds_setting)
 
     @model_validator(mode="after")
     def _default_work_dir(self) -> LocalGpuSettings:

@@ -2,9 +2,7 @@
 SSH machines (NNI's ``platform: remote``).
 
 Per machine there is one SSH connection and one agent on it (``client.py``, ``agent.py``).
-A launch picks the machine with the most free capacity — for GPU trials the one whose GPUs
-can take it (the same placement rules and scheduler as local-gpu, fed by ``nvidia-smi -q -x``
-over SSH), for others the one with the fewest of our trials per CPU — uploads the code
+A launch picks the machine with the most free room (``placement.py``), uploads the code
 snapshot there once, and has the agent create the trial directory (the idempotency point)
 and fork the keeper in its own session. The keeper runs detached: trials survive a dropped
 connection and an adapter restart, and their state lives in the trial directory.
@@ -38,11 +36,9 @@ from contracts.base import utcnow
 from contracts.experiment import RemoteConfig, RemoteMachineConfig
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, Stale, TransientError, Waiting
-from services.adapters.gpu import placement
-from services.adapters.gpu.inventory import Inventory, parse_nvidia_smi_xml
-from services.adapters.gpu.scheduler import GpuScheduler, Holding
 from services.adapters.keeper import fetch_code, outcome_of
 from services.adapters.remote.client import AgentError, Bundle, Machine, MachineDown, machine_key
+from services.adapters.remote.placement import MachinePlacement
 from services.adapters.remote.settings import RemoteSettings
 from services.common.bus import Bus
 
@@ -70,6 +66,10 @@ class Trial:
     def running(self) -> bool:
         return self.outcome is None
 
+    @property
+    def key(self) -> str:
+        return subjects.dispatch_id(self.handle.trial_id, self.handle.attempt)
+
 
 class RemoteAdapter(PlatformAdapter):
     name = "remote"
@@ -83,11 +83,9 @@ class RemoteAdapter(PlatformAdapter):
         self.bundle = Bundle(keeper_path, shim_path)
         self.machines: dict[str, Machine] = {}
         self.trials: dict[tuple[str, int], Trial] = {}
-        self.gpus: dict[str, GpuScheduler] = {}
+        self.placement = MachinePlacement(settings, self.name, self.trials.values, self.capacity_freed)
         self.abandoned: dict[str, set[str]] = {}  # machine → trial dirs given up on: kill when back
         self.unreported: dict[str, set[str]] = {}  # machine → trial dirs to mark reported when back
-        #: machine → trials being started there: their GPUs (and place) are taken meanwhile
-        self._placing: dict[str, dict[tuple[str, int], tuple[tuple[int, ...], int]]] = {}
         self._bus: Bus | None = None
         self._http: httpx.AsyncClient | None = None
         self._loops: list[asyncio.Task] = []
@@ -104,8 +102,7 @@ class RemoteAdapter(PlatformAdapter):
         for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
-        for scheduler in self.gpus.values():
-            await scheduler.stop()
+        await self.placement.stop()
         for trial in self.trials.values():
             if trial.kill is not None:
                 trial.kill.cancel()
@@ -127,13 +124,12 @@ class RemoteAdapter(PlatformAdapter):
     async def _prune(self) -> None:
         """Close the connections no trial and no experiment has needed for ``IDLE_CLOSE`` seconds."""
         busy = {t.machine.key for t in self.trials.values()} | set(self.abandoned) | set(self.unreported)
-        busy |= {key for key, placing in self._placing.items() if placing}
+        busy |= self.placement.busy()
         idle = [m for m in self.machines.values()
                 if m.key not in busy and time.monotonic() - m.last_used > IDLE_CLOSE]  # fmt: skip
         for machine in idle:
             del self.machines[machine.key]
-            if (scheduler := self.gpus.pop(machine.key, None)) is not None:
-                await scheduler.stop()
+            await self.placement.forget(machine)
             await machine.close()
             log.info("closed the idle connection to %s", machine.name)
 
@@ -167,17 +163,11 @@ class RemoteAdapter(PlatformAdapter):
         if not up:
             self._give_up_if_all_down(machines)
             raise Waiting("no machine reachable: " + "; ".join(m.down_reason() for m in machines))
-        machine, where, held, per_gpu = await self._choose(request, up, machines)
+        machine, (where, held, per_gpu) = await self.placement.choose(request, up, machines)
         if (trial := self.trials.get(key)) is not None:  # launched concurrently meanwhile
             return trial.handle
-        # Until it is tracked, the trial's GPUs and its place count as taken: launches run
-        # concurrently, and the awaits below would let another one take the same GPU.
-        placing = self._placing.setdefault(machine.key, {})
-        placing[key] = (held, per_gpu)
-        try:
+        with self.placement.starting(machine, key, held, per_gpu):  # awaits below: its GPUs stay taken
             return await self._start(request, machine, where, held, per_gpu)
-        finally:
-            placing.pop(key, None)
 
     async def _start(self, request: TrialRequest, machine: Machine, where: dict, held: tuple[int, ...],
                      per_gpu: int) -> TrialHandle:  # fmt: skip
@@ -207,73 +197,6 @@ class RemoteAdapter(PlatformAdapter):
             raise PermanentError(
                 f"no machine reachable for {timeout:g}s: " + "; ".join(m.down_reason() for m in machines)
             )
-
-    async def _choose(self, request: TrialRequest, up: list[Machine], machines: list[Machine]):
-        """The machine with most free room, its keeper environment for GPUs, the GPUs held."""
-        if not request.trial_gpu_number:
-            machine = min(up, key=lambda m: (self._running(m) / max(1, m.cpus), self._running(m)))
-            return machine, ({} if request.trial_gpu_number is None else {"TRIALBUS_GPUS": ""}), (), 1
-        waits, nevers = [], []
-        for machine in sorted(up, key=lambda m: self._running(m)):
-            config = machine.config
-            ask = placement.GpuAsk(
-                trial=subjects.dispatch_id(request.trial_id, request.attempt), count=request.trial_gpu_number,
-                indices=tuple(config.gpu_indices) if config.gpu_indices is not None else None,
-                per_gpu=config.max_trial_number_per_gpu, use_active=config.use_active_gpu,
-            )  # fmt: skip
-            scheduler = await self._scheduler(machine)
-            indices = [g.index for g in scheduler.inventory.gpus]
-            if (why := placement.never_reason(ask, indices, host=machine.name)) is not None:
-                error = scheduler.inventory.error
-                nevers.append(why + (f" ({error})" if error and not indices else ""))
-                continue
-            try:
-                held = scheduler.place(ask)
-            except Waiting as exc:
-                waits.append(f"{machine.name}: {exc}")
-                continue
-            where = {"TRIALBUS_GPUS": ",".join(map(str, held)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-            return machine, where, held, ask.per_gpu
-        if waits or len(up) < len(machines):
-            down = [m.down_reason() for m in machines if not m.up.is_set()]
-            raise Waiting("; ".join(waits + down))
-        raise PermanentError("no machine can ever run this trial: " + "; ".join(nevers))
-
-    async def _scheduler(self, machine: Machine) -> GpuScheduler:
-        """The machine's GPU scheduler, started (inventory read) on first use."""
-        scheduler = self.gpus.get(machine.key)
-        if scheduler is None:
-            scheduler = self.gpus[machine.key] = GpuScheduler(
-                self.settings, self.name, lambda: self._holdings(machine), self.capacity_freed,
-                read=lambda: self._inventory(machine),
-            )  # fmt: skip
-            await scheduler.start()
-        return scheduler
-
-    async def _inventory(self, machine: Machine) -> Inventory:
-        current = self.gpus[machine.key].inventory
-        try:
-            found = await machine.call("gpus", nvidiaSmi=self.settings.nvidia_smi)
-        except MachineDown:
-            return current  # as last seen: its trials hold their GPUs
-        if found.get("error"):
-            return Inventory("none", error=f"{machine.name}: {found['error']}")
-        try:
-            gpus = parse_nvidia_smi_xml(found["xml"])
-        except ValueError as exc:
-            return Inventory("none", error=f"{machine.name}: {exc}")
-        sessions = {int(pid): sid for pid, sid in found.get("sessions", {}).items()}
-        return Inventory("nvidia-smi", gpus, sessions=sessions)
-
-    def _holdings(self, machine: Machine) -> list[Holding]:
-        placing = [Holding(subjects.dispatch_id(*key), held, per_gpu, None)
-                   for key, (held, per_gpu) in self._placing.get(machine.key, {}).items() if held]  # fmt: skip
-        return placing + [
-            Holding(subjects.dispatch_id(t.handle.trial_id, t.handle.attempt), t.gpus, t.per_gpu,
-                    (t.status.get("state") or {}).get("pgid"))
-            for t in self.trials.values()
-            if t.machine is machine and t.gpus and t.running
-        ]  # fmt: skip
 
     async def _environment(self, request: TrialRequest, machine: Machine, where: dict) -> tuple[dict, dict]:
         probe = await self._probe(machine, machine.config.python_path)
@@ -467,8 +390,8 @@ class RemoteAdapter(PlatformAdapter):
             ours = [t for t in self.trials.values() if t.machine is machine and t.running]
             if ours:
                 await self._refresh(machine, ours)
-            if machine.key in self.gpus:
-                await self.gpus[machine.key].read()
+            if (scheduler := self.placement.gpus.get(machine.key)) is not None:
+                await scheduler.read()
         except (MachineDown, AgentError) as exc:
             log.warning("cannot settle %s after reconnecting: %s", machine.name, exc)
         self.capacity_freed()
@@ -573,11 +496,9 @@ class RemoteAdapter(PlatformAdapter):
     def describe(self) -> dict:
         machines = []
         for machine in self.machines.values():
-            scheduler = self.gpus.get(machine.key)
-            gpus = scheduler.describe()["gpus"] if scheduler else []
             machines.append({
                 "name": machine.name, "up": machine.up.is_set(), "error": machine.error, "cpus": machine.cpus,
-                "running": self._running(machine), "gpus": gpus,
+                "running": self.placement.running(machine), "gpus": self.placement.describe(machine),
             })  # fmt: skip
         return {"machines": machines}
 
@@ -594,8 +515,3 @@ class RemoteAdapter(PlatformAdapter):
 
     def _machine_of(self, ref: str) -> Machine | None:
         return self.machines.get(ref.split("#", 1)[0]) if "#" in ref else None
-
-    def _running(self, machine: Machine) -> int:
-        """Our trials on the machine, those being started there included."""
-        placing = len(self._placing.get(machine.key, ()))
-        return placing + sum(1 for t in self.trials.values() if t.machine is machine and t.running)

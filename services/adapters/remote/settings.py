@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from contracts.units import parse_seconds
+from contracts.units import parse_seconds_setting
 from services.adapters.gpu.settings import GpuSettings
 
 
@@ -50,13 +50,7 @@ class RemoteSettings(GpuSettings):
     #: Seconds a finished trial's directory stays on its machine after its end was reported.
     trial_retention: float = Field(default=7 * 86400.0, ge=0)
 
-    @field_validator("unreachable_timeout", "trial_retention", mode="before")
-    @classmethod
-    def _duration(cls, value):
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            return parse_seconds(value)
+    _durations = field_validator("unreachable_timeout", "trial_retention", mode="before")(parse_seconds_setting)
 
     @property
     def known_hosts_path(self) -> Path:
