@@ -16,14 +16,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.fixtures.sshd import SshServer, default_key, known_hosts_file, ssh_user, sshd_binary, sshd_servers
+from tests.fixtures.sshd import SshServer, default_key, known_hosts_file, ssh_user, sshd_backend, sshd_servers
 
 
 @contextmanager
 def ssh_machines(root: Path, count: int = 2) -> Iterator[list[dict] | None]:
     """``machineList`` entries for ``count`` loopback sshd machines (None without sshd);
     sets the environment the stack about to start needs (known_hosts, a private root)."""
-    if sshd_binary() is None:
+    if sshd_backend() is None:  # OpenSSH, else (not under CI) the test suite's asyncssh server
         yield None
         return
     key = default_key()

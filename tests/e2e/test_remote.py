@@ -175,7 +175,7 @@ def test_password_and_passphrase_keys_work(remote_stack, sshd_pair, tmp_path, co
 
 
 def test_bad_machines_are_refused_at_creation_with_the_reason(
-    tmp_path, nats_server, sshd_pair, ssh_key, remote_root, stacks, code_dir
+    tmp_path, nats_server, sshd_pair, sshd, ssh_key, remote_root, stacks, code_dir
 ):
     stack = start_stack(tmp_path, nats_server, sshd_pair, remote_root)
     stacks.append(stack)
@@ -188,6 +188,7 @@ def test_bad_machines_are_refused_at_creation_with_the_reason(
         "wrong password": ([machine(sshd_pair[0], password="not-the-password")], "authentication failed"),
         "missing key": ([machine(sshd_pair[0], sshKeyFile=str(tmp_path / "nope"))], "does not exist"),
         "changed host key": ([machine(sshd_pair[1], ssh_key)], "does not match the one in"),
+        "unknown host key": ([machine(sshd, ssh_key)], f"ssh-keyscan -p {sshd.port} 127.0.0.1 >>"),
         "nothing listens": ([nowhere], "connection refused"),
         "no python3 there": ([machine(sshd_pair[0], ssh_key, pythonPath="/nonexistent")], "has no python3"),
         "one bad of two": ([machine(sshd_pair[0], ssh_key), nowhere], "connection refused"),
@@ -378,3 +379,16 @@ def test_a_machine_down_longer_than_the_timeout_fails_its_trials_and_they_are_st
     assert alive(pid), "an unreachable machine's trial is not ours to kill until it is back"
     server.start()
     wait_until(lambda: not alive(pid), 30, "the abandoned trial to be stopped once its machine is back")
+
+
+def test_new_host_keys_are_trusted_on_first_use_only_when_asked(
+    tmp_path, nats_server, sshd_pair, ssh_key, remote_root, stacks, code_dir
+):
+    stack = start_stack(tmp_path, nats_server, sshd_pair[:1], remote_root, TRIALBUS_SSH_TRUST_NEW_HOSTS="true")
+    stacks.append(stack)
+    newcomer = sshd_pair[1]
+    experiment = create(stack, remote_config(code_dir, [machine(newcomer, ssh_key)]))
+    assert ended(stack, submit(stack, experiment, {"x": 3}))["status"] == "SUCCEEDED"
+    known = (tmp_path / "known_hosts").read_text().splitlines()
+    assert newcomer.known_hosts_line() in known, "the trusted key is recorded"
+    assert "trusted the new host key" in stack.log("remote")

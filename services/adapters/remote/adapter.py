@@ -269,6 +269,8 @@ class RemoteAdapter(PlatformAdapter):
         if alive:
             return None
         if status.get("spool"):  # the keeper is gone with metrics undelivered: relay them first
+            if trial.relaying:
+                return None
             await self._relay(trial, min_age=0.0)
         if not status.get("exists", True):
             why = f"trial directory {trial.dir} is gone from {machine.name}"

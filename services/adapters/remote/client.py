@@ -253,7 +253,8 @@ class Machine:
             return
         config, path = self.config, self.settings.known_hosts_path
         target = config.host if config.port == 22 else f"[{config.host}]:{config.port}"
-        line = f"{target} {key.export_public_key().decode().split(chr(10))[0].rsplit(' ', 1)[0]}\n"
+        algorithm, data = key.export_public_key().decode().split()[:2]  # without the comment
+        line = f"{target} {algorithm} {data}\n"
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with open(path, "a") as f:
             f.write(line)
@@ -363,7 +364,10 @@ class Machine:
             tmp = f"{self.root}/code/.{digest}-{secrets.token_hex(4)}.tar.gz"
             async with self.sftp.open(tmp, "wb") as f:
                 await f.write(data)
-            await self.call("unpack", archive=tmp, dest=dest, timeout=300)
+            try:
+                await self.call("unpack", archive=tmp, dest=dest, timeout=300)
+            except AgentError as exc:  # an unsafe archive, a full disk: the same again would fail again
+                raise PermanentError(f"cannot unpack code snapshot sha256:{digest} on {self.name}: {exc}") from None
             log.info("uploaded code snapshot sha256:%s to %s (%d bytes)", digest[:12], self.name, len(data))
         return dest
 

@@ -10,6 +10,7 @@ never pick the same GPU.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
@@ -49,6 +50,7 @@ class MachinePlacement:
         self.settings, self.adapter = settings, adapter
         self._trials, self._capacity_freed = trials, capacity_freed
         self.gpus: dict[str, GpuScheduler] = {}  # machine key → its scheduler (made on its first GPU trial)
+        self._started: dict[str, asyncio.Future] = {}  # machine key → its scheduler's first inventory read
         #: machine key → trials being started there: (trial, attempt) → (GPUs, maxTrialNumberPerGpu)
         self._placing: dict[str, dict[tuple[str, int], tuple[tuple[int, ...], int]]] = {}
 
@@ -57,6 +59,7 @@ class MachinePlacement:
             await scheduler.stop()
 
     async def forget(self, machine: Machine) -> None:
+        self._started.pop(machine.key, None)
         if (scheduler := self.gpus.pop(machine.key, None)) is not None:
             await scheduler.stop()
 
@@ -111,15 +114,23 @@ class MachinePlacement:
         raise PermanentError("no machine can ever run this trial: " + "; ".join(nevers))
 
     async def scheduler(self, machine: Machine) -> GpuScheduler:
-        """The machine's GPU scheduler, started (inventory read) on first use."""
-        scheduler = self.gpus.get(machine.key)
-        if scheduler is None:
+        """The machine's GPU scheduler once its first inventory is read; concurrent callers
+        all wait for that read (an empty inventory would fail their trials for good)."""
+        started = self._started.get(machine.key)
+        if started is None:
             scheduler = self.gpus[machine.key] = GpuScheduler(
                 self.settings, self.adapter, lambda: self.holdings(machine), self._capacity_freed,
                 read=lambda: self._inventory(machine),
             )  # fmt: skip
-            await scheduler.start()
-        return scheduler
+            started = self._started[machine.key] = asyncio.ensure_future(scheduler.start())
+        try:
+            await asyncio.shield(started)
+        except Exception:
+            if self._started.get(machine.key) is started:  # the next trial tries again
+                self._started.pop(machine.key, None)
+                self.gpus.pop(machine.key, None)
+            raise
+        return self.gpus[machine.key]
 
     async def _inventory(self, machine: Machine) -> Inventory:
         current = self.gpus[machine.key].inventory
