@@ -17,15 +17,17 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    SerializationInfo,
     SerializeAsAny,
     ValidationError,
+    field_serializer,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
 from contracts.base import REVEAL, Secret
-from contracts.units import parse_seconds
+from contracts.units import parse_megabytes, parse_seconds
 
 
 def _canonical(key: str) -> str:
@@ -158,10 +160,94 @@ class RemoteConfig(TrainingService):
     machine_list: list[RemoteMachineConfig] = Field(min_length=1)
 
 
+class OpenpaiConfig(TrainingService):
+    """``platform: openpai``: each trial an OpenPAI job (``training_services/openpai.py``)."""
+
+    adapter: ClassVar[str] = "openpai"
+
+    platform: Literal["openpai"] = "openpai"
+    #: The cluster's address; ``https://`` is put in front when it names no scheme (NNI's rule).
+    host: str = Field(min_length=1)
+    username: str = Field(min_length=1)
+    #: A bearer token (an application token is best: it never expires).
+    token: Secret
+    trial_cpu_number: int = Field(gt=0)
+    #: NNI unit strings (``8gb``, ``512mb``) or MiB.
+    trial_memory_size: str | int
+    docker_image: str = "msranni/nni:latest"
+    #: NNI requires the key but allows null: the cluster's ``default`` then.
+    virtual_cluster: str | None = None
+    storage_config_name: str = Field(min_length=1)
+    #: Where the share is mounted on the adapter's host (checked there, when the experiment is created).
+    local_storage_mount_point: str = Field(min_length=1)
+    #: Where the same share is mounted inside the job's containers.
+    container_storage_mount_point: str = Field(min_length=1)
+    #: An OpenPAI job protocol v2 document the trial's job starts from (any field the protocol allows).
+    openpai_config: dict[str, Any] | None = None
+    #: The same, from a YAML file: read where the config is loaded (NNI only validates it).
+    openpai_config_file: str | None = None
+    #: With several task roles in ``openpaiConfig``: the one whose first instance reports the
+    #: trial's metrics (Trialbus extension).
+    reporting_task_role: str | None = None
+
+    @field_validator("host")
+    @classmethod
+    def _scheme(cls, value: str) -> str:
+        return value.rstrip("/") if "://" in value else "https://" + value.rstrip("/")
+
+    @field_serializer("openpai_config", when_used="json")
+    def _mask(self, template: dict[str, Any] | None, info: SerializationInfo) -> dict[str, Any] | None:
+        """The job's ``secrets`` and registry passwords as OpenPAI itself shows them (``******``),
+        except on the bus."""
+        if template is None or (info.context or {}).get("reveal_secrets"):
+            return template
+        shown = dict(template)
+        if "secrets" in shown:
+            shown["secrets"] = "******"
+        if isinstance(shown.get("prerequisites"), list):
+            shown["prerequisites"] = [
+                {**p, "auth": {**p["auth"], "password": "******"}}
+                if isinstance(p, dict) and isinstance(p.get("auth"), dict) and "password" in p["auth"] else p
+                for p in shown["prerequisites"]
+            ]
+        return shown
+
+    @field_validator("container_storage_mount_point")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"must be an absolute path inside the container, e.g. /mnt/share, not {value!r}")
+        return value.rstrip("/") or "/"
+
+    @field_validator("trial_memory_size")
+    @classmethod
+    def _memory(cls, value: str | int) -> str | int:
+        parse_megabytes(value)  # refuse what cannot be read, with the reason
+        return value
+
+    @model_validator(mode="after")
+    def _one_job_template(self) -> OpenpaiConfig:
+        if self.openpai_config is not None and self.openpai_config_file:
+            raise ValueError("set openpaiConfig or openpaiConfigFile, not both")
+        roles = (self.openpai_config or {}).get("taskRoles")
+        if isinstance(roles, dict) and roles:
+            if self.reporting_task_role is not None and self.reporting_task_role not in roles:
+                raise ValueError(f"reportingTaskRole {self.reporting_task_role!r} is not a task role of "
+                                 f"openpaiConfig ({', '.join(map(str, roles))})")  # fmt: skip
+            if self.reporting_task_role is None and len(roles) > 1:
+                raise ValueError(f"openpaiConfig has task roles {', '.join(map(str, roles))}: set "
+                                 "reportingTaskRole to the one whose metrics are the trial's")  # fmt: skip
+        return self
+
+    @property
+    def trial_memory_mb(self) -> int:
+        return parse_megabytes(self.trial_memory_size)
+
+
 #: platform name → its config model. A new platform registers here.
-PLATFORMS: dict[str, type[TrainingService]] = {"local": LocalConfig, "remote": RemoteConfig}
+PLATFORMS: dict[str, type[TrainingService]] = {"local": LocalConfig, "remote": RemoteConfig, "openpai": OpenpaiConfig}
 #: NNI platforms that Trialbus will support but whose adapters are not here yet.
-PLANNED = ("openpai", "frameworkcontroller")
+PLANNED = ("frameworkcontroller",)
 
 
 def parse_training_service(value: Any) -> TrainingService:
@@ -231,6 +317,8 @@ class ExperimentConfig(NniModel):
                 )
             if service.max_trial_number_per_gpu != 1 and not gpus:
                 raise ValueError("maxTrialNumberPerGpu only applies when trialGpuNumber is set")
+        if isinstance(service, OpenpaiConfig) and gpus is None:
+            raise ValueError("trialGpuNumber must be set for platform openpai (0 for CPU-only trials)")
         if isinstance(service, RemoteConfig) and not gpus:
             for machine in service.machine_list:
                 if machine.max_trial_number_per_gpu != 1:
@@ -282,7 +370,27 @@ def load_experiment_config(path: str | Path) -> ExperimentConfig:
         config = ExperimentConfig.model_validate(data)
     except ValidationError as exc:
         raise ValueError(format_validation_error(exc, str(path))) from None
-    return read_key_files(config, base)
+    return read_job_template(read_key_files(config, base), base)
+
+
+def read_job_template(config: ExperimentConfig, base: Path | None = None) -> ExperimentConfig:
+    """Load ``openpaiConfigFile`` (relative to ``base``) into ``openpaiConfig`` where the user
+    runs, so that the adapter needs no copy of the file (NNI only checks that it exists)."""
+    service = config.training_service
+    if not isinstance(service, OpenpaiConfig) or not service.openpai_config_file:
+        return config
+    path = Path(service.openpai_config_file).expanduser()
+    path = (base or Path.cwd()) / path if not path.is_absolute() else path
+    try:
+        template = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"trainingService.openpaiConfigFile: cannot read {path} ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"trainingService.openpaiConfigFile: {path} is not valid YAML: {exc}") from None
+    if not isinstance(template, dict):
+        raise ValueError(f"trainingService.openpaiConfigFile: {path} must hold a job protocol mapping")
+    update = {"openpai_config": template, "openpai_config_file": None}
+    return config.model_copy(update={"training_service": service.model_copy(update=update)})
 
 
 def read_key_files(config: ExperimentConfig, base: Path | None = None) -> ExperimentConfig:

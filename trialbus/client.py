@@ -49,7 +49,7 @@ from contracts import (
     subjects,
 )
 from contracts.base import Contract, ContractError
-from contracts.experiment import format_validation_error, load_experiment_config, read_key_files
+from contracts.experiment import format_validation_error, load_experiment_config, read_job_template, read_key_files
 from contracts.streams import EVENTS, METRICS
 from services.common.code import CodeUpload, upload_code
 from trialbus.watcher import ExperimentWatcher, TrialOutcome
@@ -117,7 +117,7 @@ def as_config(config: ExperimentConfig | Mapping[str, Any] | str | Path) -> Expe
             config = ExperimentConfig.model_validate(dict(config))
         except ValidationError as exc:
             raise ValueError(format_validation_error(exc)) from None
-        config = read_key_files(config)
+        config = read_job_template(read_key_files(config))
     update: dict[str, Any] = {"trial_code_directory": str(Path(config.trial_code_directory).expanduser().resolve())}
     if config.search_space is None and config.search_space_file:
         path = Path(config.search_space_file).expanduser()

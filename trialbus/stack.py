@@ -81,6 +81,11 @@ SERVICES: tuple[ServiceDef, ...] = (
         ("-m", "services.adapters.remote"),
         {"TRIALBUS_REPLICA": "remote-0", "TRIALBUS_GATEWAY_URL": "http://{host}:{gateway_port}"},
     ),
+    ServiceDef(
+        "openpai",
+        ("-m", "services.adapters.openpai"),
+        {"TRIALBUS_REPLICA": "openpai-0", "TRIALBUS_GATEWAY_URL": "http://{host}:{gateway_port}"},
+    ),
 )
 
 

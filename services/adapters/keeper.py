@@ -1,11 +1,17 @@
 """What the adapters that run the trial keeper themselves (local-gpu on its host, remote
-over SSH) share: fetching a code snapshot, and reading how a trial ended from the keeper's
-``state.json``."""
+over SSH, openpai through a shared file system) share: fetching and unpacking a code
+snapshot, and reading how a trial ended from the keeper's ``state.json``."""
 
 from __future__ import annotations
 
 import hashlib
+import io
+import os
+import shutil
+import tarfile
+import tempfile
 from datetime import UTC, datetime
+from pathlib import Path
 
 import nats.errors
 from nats.js.errors import NotFoundError
@@ -28,6 +34,38 @@ async def fetch_code(bus: Bus, digest: str) -> bytes:
     if hashlib.sha256(archive).hexdigest() != digest:
         raise PermanentError(f"code snapshot sha256:{digest} does not match its hash")
     return archive
+
+
+class UnsafeArchive(ValueError):
+    """A code snapshot that is not a tar.gz, or would write outside its directory."""
+
+
+def extract_code(archive: bytes, dest: Path) -> None:
+    """Unpack a code snapshot (tar.gz) into ``dest`` atomically.
+
+    Unpacks into a temporary sibling, then renames it: a reader sees all of it or none.
+    Members with absolute paths, ``..``, links leaving the tree or device files are
+    refused (tarfile's ``data`` filter, plus an explicit check that names the member).
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    try:
+        try:
+            with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+                for member in tar.getmembers():
+                    parts = Path(member.name).parts
+                    if member.name.startswith("/") or ".." in parts:
+                        raise UnsafeArchive(f"member {member.name!r} would be written outside the code directory")
+                tar.extractall(tmp, filter="data")
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            raise UnsafeArchive(f"cannot unpack the code snapshot: {exc}") from exc
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not dest.is_dir():  # not "another process won the race"
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def outcome_of(state: dict, keeper_status: int | None, keeper_out: str | None = None) -> TrialOutcome:

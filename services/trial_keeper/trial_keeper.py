@@ -643,6 +643,13 @@ def main():
         return 0
     if sys.argv[1:2] == ["--zygote"]:
         return zygote()
+    if sys.argv[1:2] == ["--env"] and len(sys.argv) > 2:
+        # Settings from a file (KEY=VALUE items separated by NUL, as the zygote reads them),
+        # under the environment (which wins): where people can read the job spec (OpenPAI),
+        # the trial's token stays out of the command.
+        environ = dict(item.split(b"=", 1) for item in read_file(sys.argv[2]).split(b"\0") if b"=" in item)
+        environ.update(posix.environ)
+        return run_keeper(environ)
     return run_keeper(posix.environ)
 
 

@@ -340,14 +340,13 @@ def test_gpus_are_placed_per_machine_by_the_shared_rules(
     machines = [machine(a, ssh_key, gpuIndices="1"), machine(b, ssh_key)]  # slots: a:1, b:0, b:1
     experiment = create(stack, remote_config(code_dir, machines, trialGpuNumber=1, trialConcurrency=4))
     ids = [submit(stack, experiment, {"x": i, "sleep": 2.5}) for i in range(4)]
-    def three_run_one_waits():
+    def three_run_one_waits_for_a_gpu():
         found = [trial(stack, i) for i in ids]
-        statuses = sorted(t["status"] for t in found)
-        return statuses == ["RUNNING"] * 3 + ["WAITING"] and found
+        waiting = [t["message"] or "" for t in found if t["status"] == "WAITING"]
+        running = [t for t in found if t["status"] == "RUNNING"]
+        return len(running) == 3 and len(waiting) == 1 and "GPU" in waiting[0]
 
-    found = wait_until(three_run_one_waits, 30, "three trials on the three free GPUs, one waiting")
-    message = next(t["message"] for t in found if t["status"] == "WAITING")
-    assert "GPU" in message, message
+    wait_until(three_run_one_waits_for_a_gpu, 30, "three trials on the three free GPUs, one waiting for a GPU")
     finals = [ended(stack, t, timeout=60) for t in ids]
     assert [t["status"] for t in finals] == ["SUCCEEDED"] * 4, finals
     placed = {(t["finalMetric"]["port"], t["finalMetric"]["cuda"]) for t in finals}

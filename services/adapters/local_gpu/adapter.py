@@ -44,7 +44,7 @@ from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, TransientError, Waiting
 from services.adapters.gpu.placement import GpuAsk
 from services.adapters.gpu.scheduler import GpuScheduler, Holding
-from services.adapters.keeper import fetch_code, outcome_of
+from services.adapters.keeper import UnsafeArchive, extract_code, fetch_code, outcome_of
 from services.adapters.local_gpu import client
 from services.adapters.local_gpu.settings import LocalGpuSettings
 from services.common.bus import Bus
@@ -271,8 +271,8 @@ class LocalGpuAdapter(PlatformAdapter):
     async def _download(self, digest: str, dest: Path) -> None:
         archive = await fetch_code(self._bus, digest)
         try:
-            await asyncio.to_thread(client.extract_code, archive, dest)
-        except client.UnsafeArchive as exc:
+            await asyncio.to_thread(extract_code, archive, dest)
+        except UnsafeArchive as exc:
             raise PermanentError(f"code snapshot sha256:{digest}: {exc}") from exc
 
     # ------------------------------------------------------------------ watching

@@ -15,14 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import json
 import os
-import shutil
 import signal
 import subprocess
-import tarfile
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -277,35 +273,3 @@ def python_has_nni(env: Mapping[str, str]) -> bool:
         return subprocess.run(["python3", "-c", probe], env=dict(env), capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
-
-
-class UnsafeArchive(ValueError):
-    """A code snapshot that is not a tar.gz, or would write outside its directory."""
-
-
-def extract_code(archive: bytes, dest: Path) -> None:
-    """Unpack a code snapshot (tar.gz) into ``dest`` atomically.
-
-    Unpacks into a temporary sibling, then renames it: a reader sees all of it or none.
-    Members with absolute paths, ``..``, links leaving the tree or device files are
-    refused (tarfile's ``data`` filter, plus an explicit check that names the member).
-    """
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
-    try:
-        try:
-            with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-                for member in tar.getmembers():
-                    parts = Path(member.name).parts
-                    if member.name.startswith("/") or ".." in parts:
-                        raise UnsafeArchive(f"member {member.name!r} would be written outside the code directory")
-                tar.extractall(tmp, filter="data")
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            raise UnsafeArchive(f"cannot unpack the code snapshot: {exc}") from exc
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if not dest.is_dir():  # not "another process won the race"
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

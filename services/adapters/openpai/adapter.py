@@ -1,0 +1,336 @@
+"""The openpai adapter: each trial attempt is one OpenPAI job (NNI's ``platform: openpai``).
+
+Files go through the share that the cluster mounts (``localStorageMountPoint`` here,
+``containerStorageMountPoint`` in the containers), under ``trialbus/``: the keeper and the
+``nni`` shim once per content hash (``bin/<hash>/``), the code snapshot once per hash
+(``code/<sha256>/``), and per attempt a trial directory (``trials/<exp>/<trial>-<attempt>/``)
+with the keeper's settings (0600; the trial's token never goes into the job spec). Creating
+that directory is the idempotency point; submitting a job whose name exists (409, after a
+crash) adopts it.
+
+Status: one job-list request per cluster and user every ``status_poll`` seconds (the
+rest-server limits job lists to 60 a minute; NNI polls every job every 3 s), then the
+detail of each job that ended, for its exit code and exit spec. ``jobStatus.state`` maps to
+the trial's status; FAILED carries ``appExitCode`` and the exit spec (its ``behavior``:
+transient, permanent or unknown) into the trial's message and failure class; STOPPED after
+our cancel takes the cancel's status, after anyone else's SYS_CANCELED; UNKNOWN and HTTP
+errors leave the trial running (transient). The trial's own exit code comes from the
+keeper's ``state.json`` on the share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from contracts import TrainingService, TrialRequest, TrialStatus
+from contracts.base import utcnow
+from contracts.experiment import OpenpaiConfig
+from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
+from services.adapters.errors import PermanentError, TransientError
+from services.adapters.keeper import UnsafeArchive, extract_code, fetch_code
+from services.adapters.openpai import jobs
+from services.adapters.openpai.client import FINAL, JobExists, OpenpaiClient
+from services.adapters.openpai.settings import OpenpaiSettings
+from services.common.bus import Bus
+
+log = logging.getLogger(__name__)
+
+#: ``failure`` of a trial from the exit spec's ``behavior``.
+BEHAVIOR = {"TRANSIENT": "transient", "TRANSIENT_CONFLICT": "transient", "PERMANENT": "permanent"}
+
+
+@dataclass(eq=False)
+class Job:
+    handle: TrialHandle
+    client: OpenpaiClient
+    name: str
+    share: jobs.Share
+    report: str  # the reporting task role
+    state: str = "WAITING"  # jobStatus.state as last read
+    outcome: TrialOutcome | None = None
+    detail: dict = field(default_factory=dict)
+
+
+class OpenpaiAdapter(PlatformAdapter):
+    name = "openpai"
+
+    def __init__(self, settings: OpenpaiSettings, keeper_path: Path | None = None, shim_path: Path | None = None):
+        if keeper_path is None or shim_path is None:
+            from services.trial_keeper import KEEPER_PATH, SHIM_PATH
+
+            keeper_path, shim_path = keeper_path or KEEPER_PATH, shim_path or SHIM_PATH
+        self.settings = settings
+        self.keeper_path, self.shim_path = Path(keeper_path), Path(shim_path)
+        files = [self.keeper_path, *sorted(self.shim_path.rglob("*.py"))]
+        self.bundle = hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()[:16]
+        self.clients: dict[tuple[str, str, str], OpenpaiClient] = {}
+        self.jobs: dict[tuple[str, int], Job] = {}
+        self._bus: Bus | None = None
+        self._loop: asyncio.Task | None = None
+
+    async def start(self, bus: Bus) -> None:
+        self._bus = bus
+        self._loop = asyncio.create_task(self._status_loop())
+
+    async def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.cancel()
+            await asyncio.gather(self._loop, return_exceptions=True)
+        await asyncio.gather(*(c.close() for c in self.clients.values()), return_exceptions=True)
+
+    def client(self, service: OpenpaiConfig) -> OpenpaiClient:
+        token = service.token.get_secret_value()
+        key = (service.host, service.username, hashlib.sha256(token.encode()).hexdigest())
+        if (found := self.clients.get(key)) is None:
+            found = self.clients[key] = OpenpaiClient(
+                service.host, service.username, token, self.settings.openpai_ca_bundle,
+                self.settings.request_timeout, self.settings.rate_limit_backoff,
+            )  # fmt: skip
+        return found
+
+    async def check(self, service: TrainingService) -> list[str]:
+        if not isinstance(service, OpenpaiConfig):
+            return [f"the openpai adapter cannot run platform {service.platform!r}"]
+        problems = []
+        share = Path(service.local_storage_mount_point)
+        if not share.is_dir():
+            problems.append(f"localStorageMountPoint {share} is not a directory on the adapter's host "
+                            "(mount the share there)")  # fmt: skip
+        elif not os.access(share, os.W_OK):
+            problems.append(f"localStorageMountPoint {share} is not writable by the adapter")
+        try:
+            problems += await self.client(service).check(service.virtual_cluster, service.storage_config_name)
+        except (TransientError, PermanentError) as exc:
+            problems.append(str(exc))
+        return problems
+
+    # ------------------------------------------------------------------ launch
+
+    async def launch(self, request: TrialRequest) -> TrialHandle | None:
+        key = (request.trial_id, request.attempt)
+        if (job := self.jobs.get(key)) is not None:
+            return job.handle
+        service = request.training_service
+        if not isinstance(service, OpenpaiConfig):
+            raise PermanentError(f"the openpai adapter cannot run platform {service.platform!r}")
+        try:
+            name = jobs.job_name(request.experiment_id, request.trial_id, request.attempt)
+            report = jobs.reporting_role(service)
+        except ValueError as exc:
+            raise PermanentError(str(exc)) from None
+        local, container = service.local_storage_mount_point.rstrip("/"), service.container_storage_mount_point
+        keeper = await asyncio.to_thread(self._install, local)
+        code_dir = await self._code(local, request.code_ref) if request.code_ref else None
+        where = f"trialbus/trials/{request.experiment_id}/{request.trial_id}-{request.attempt}"
+        share = jobs.Share(f"{local}/{where}", f"{container}/{where}")
+        settings = {
+            "TRIALBUS_EXPERIMENT_ID": request.experiment_id, "TRIALBUS_TRIAL_ID": request.trial_id,
+            "TRIALBUS_SEQUENCE_ID": str(request.sequence_id), "TRIALBUS_ATTEMPT": str(request.attempt),
+            "TRIALBUS_PARAMETERS": request.parameter_record, "TRIALBUS_NNI_PLATFORM": "pai",
+            "TRIALBUS_FLUSH_TIMEOUT": str(self.settings.flush_timeout),
+            "TRIALBUS_PYTHONPATH_PREPEND": f"{container}/trialbus/bin/{keeper}/nni_shim",
+        }  # fmt: skip
+        if code_dir is not None:
+            settings["TRIALBUS_CODE_DIR"] = f"{container}/trialbus/code/{code_dir}"
+        report_settings = {**settings, "TRIALBUS_GATEWAY_URL": self.settings.gateway_url,
+                           "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value()}  # fmt: skip
+        fresh = await asyncio.to_thread(_write_trial_dir, share.local, settings, report_settings)
+        job_spec = jobs.render(service, name, request.trial_command, request.trial_gpu_number or 0, share,
+                               f"{container}/trialbus/bin/{keeper}/trial_keeper.py")  # fmt: skip
+        client = self.client(service)
+        try:
+            await client.submit(yaml.safe_dump(job_spec, sort_keys=False), name)
+        except JobExists:
+            if fresh:  # not ours: a name we did not submit
+                raise PermanentError(f"an OpenPAI job named {client.framework(name)} exists already") from None
+            log.info("job %s was submitted before a restart: adopting it", client.framework(name))
+        job = self.jobs[key] = Job(TrialHandle(request.experiment_id, request.trial_id, request.attempt,
+                                               ref=f"{client.framework(name)}#{share.local}", start_time=utcnow()),
+                                   client, name, share, report)  # fmt: skip
+        return job.handle
+
+    def _install(self, local: str) -> str:
+        """The keeper and the ``nni`` shim on the share, once per content hash; the hash."""
+        folder = Path(local) / "trialbus" / "bin" / self.bundle
+        if not (folder / ".complete").exists():
+            tmp = folder.with_name(f".{self.bundle}-{os.getpid()}")
+            tmp.mkdir(parents=True, exist_ok=True)
+            (tmp / "trial_keeper.py").write_bytes(self.keeper_path.read_bytes())
+            for path in self.shim_path.rglob("*.py"):
+                target = tmp / "nni_shim" / path.relative_to(self.shim_path)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(path.read_bytes())
+            (tmp / ".complete").touch()
+            try:
+                tmp.rename(folder)
+            except OSError:  # another replica installed it meanwhile
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
+        return self.bundle
+
+    async def _code(self, local: str, code_ref: str) -> str:
+        digest = code_ref.removeprefix("sha256:")
+        dest = Path(local) / "trialbus" / "code" / digest
+        if not dest.is_dir():
+            archive = await fetch_code(self._bus, digest)
+            try:
+                await asyncio.to_thread(extract_code, archive, dest)
+            except UnsafeArchive as exc:
+                raise PermanentError(f"code snapshot sha256:{digest}: {exc}") from exc
+        return digest
+
+    # ------------------------------------------------------------------ watching
+
+    async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
+        job = self._find(handle)
+        if job.outcome is not None:
+            return job.outcome
+        if job.state not in FINAL:
+            return None
+        if not job.detail:
+            job.detail = await job.client.job(job.name) or {}
+        job.outcome = outcome_of(job)
+        return job.outcome
+
+    async def cancel(self, handle: TrialHandle) -> None:
+        job = self._find(handle)
+        if job.outcome is None:
+            await job.client.stop(job.name)
+
+    async def _status_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.status_poll)
+            for client in list(self.clients.values()):
+                ours = {j.name: j for j in self.jobs.values() if j.client is client and j.outcome is None}
+                if not ours:
+                    continue
+                try:
+                    for summary in await client.jobs("trialbus_"):
+                        job = ours.get(summary.get("name", ""))
+                        if job is not None and summary.get("state") != job.state:
+                            job.state = str(summary.get("state"))
+                            if job.state in FINAL:
+                                self.notify(job.handle)
+                except (TransientError, PermanentError) as exc:
+                    log.warning("cannot read job states from %s: %s", client.host, exc)
+
+    # ------------------------------------------------------------------ restarts
+
+    async def adopt(self) -> list[TrialHandle]:
+        """Jobs of the openpai experiments on the bus whose trials were never reported."""
+        from contracts import ExperimentState, streams
+
+        kv = await self._bus.kv(streams.EXPERIMENTS_BUCKET.bucket)
+        try:
+            keys = await kv.keys()
+        except Exception:  # noqa: BLE001 - an empty bucket raises NoKeysError
+            return []
+        handles = []
+        for key in keys:
+            try:
+                state = ExperimentState.decode((await kv.get(key)).value)
+            except ValueError:
+                continue
+            service = state.config.training_service
+            if not isinstance(service, OpenpaiConfig):
+                continue
+            base = Path(service.local_storage_mount_point) / "trialbus" / "trials" / state.id
+            for entry in sorted(base.iterdir()) if base.is_dir() else ():
+                trial_id, _, attempt = entry.name.rpartition("-")
+                if not attempt.isdigit() or (entry / ".trialbus" / "reported").exists():
+                    continue
+                where = f"trialbus/trials/{state.id}/{entry.name}"
+                share = jobs.Share(str(entry), f"{service.container_storage_mount_point}/{where}")
+                client, name = self.client(service), jobs.job_name(state.id, trial_id, int(attempt))
+                started = datetime.fromtimestamp(entry.stat().st_mtime, UTC)
+                handle = TrialHandle(state.id, trial_id, int(attempt), ref=f"{client.framework(name)}#{entry}",
+                                     start_time=started)  # fmt: skip
+                self.jobs[(trial_id, int(attempt))] = Job(handle, client, name, share, jobs.reporting_role(service))
+                handles.append(handle)
+        return handles
+
+    async def release(self, handle: TrialHandle) -> None:
+        job = self.jobs.pop((handle.trial_id, handle.attempt), None)
+        folder = Path(job.share.local if job else handle.ref.split("#", 1)[1])
+        with contextlib.suppress(OSError):
+            (folder / ".trialbus" / "reported").touch()
+
+    async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
+        job = self.jobs.get((handle.trial_id, handle.attempt))
+        folder = Path(job.share.local if job else handle.ref.split("#", 1)[1])
+        parts = []
+        for task in sorted(folder.glob("*-*")):
+            for name in ("stdout", "stderr"):
+                with contextlib.suppress(OSError):
+                    data = (task / name).read_bytes()[-max_bytes:]
+                    parts.append(f"==> {task.name}/{name} <==\n{data.decode(errors='replace')}")
+        return "\n".join(parts)
+
+    def _find(self, handle: TrialHandle) -> Job:
+        job = self.jobs.get((handle.trial_id, handle.attempt))
+        if job is None:
+            raise PermanentError(f"trial {handle.trial_id} attempt {handle.attempt} is not known to this replica")
+        return job
+
+    def describe(self) -> dict:
+        return {}
+
+
+def _write_trial_dir(folder: str, quiet: dict[str, str], report: dict[str, str]) -> bool:
+    """The attempt's folder with the keeper's two settings files; False when it existed."""
+    path = Path(folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return False
+    (path / ".trialbus").mkdir()
+    for name, values in (("quiet.env", quiet), ("report.env", report)):
+        fd = os.open(path / ".trialbus" / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(jobs.settings_file(values))
+    return True
+
+
+def outcome_of(job: Job) -> TrialOutcome:
+    """How the job ended: its state and exit spec, with the keeper's exit code when it wrote one."""
+    status = job.detail.get("jobStatus") or {}
+    end = status.get("completedTime") or status.get("appCompletedTime")
+    end_time = datetime.fromtimestamp(end / 1000, UTC) if isinstance(end, int | float) else None
+    keeper = _keeper_state(job)
+    exit_code = keeper.get("exitCode")
+    if job.state == "SUCCEEDED":
+        return TrialOutcome(TrialStatus.SUCCEEDED, exit_code if exit_code is not None else 0, None, None, end_time)
+    if job.state == "STOPPED":
+        return TrialOutcome(TrialStatus.SYS_CANCELED, exit_code, f"job {job.client.framework(job.name)} was stopped "
+                            "outside Trialbus", None, end_time)  # fmt: skip
+    spec = status.get("appExitSpec") or {}
+    code = status.get("appExitCode")
+    phrase = spec.get("phrase") or "unknown"
+    behavior = spec.get("behavior") or "UNKNOWN"
+    message = f"OpenPAI job {job.client.framework(job.name)} failed: exit code {code} ({phrase}, {behavior.lower()})"
+    if exit_code is not None:
+        message += f"; the trial command exited with {exit_code}"
+    if diagnostics := str(status.get("appExitDiagnostics") or "").strip():
+        message += f": {diagnostics.splitlines()[0][:200]}"
+    return TrialOutcome(TrialStatus.FAILED, exit_code, message, BEHAVIOR.get(behavior, "unknown"), end_time)
+
+
+def _keeper_state(job: Job) -> dict:
+    import json
+
+    path = Path(job.share.local) / f"{job.report}-0" / ".trialbus" / "state.json"
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}

@@ -1,0 +1,150 @@
+"""The OpenPAI rest-server v2 jobs API, as the openpai adapter uses it (httpx, async).
+
+Every call goes to ``<host>/rest-server/api/v2/...`` with ``Authorization: Bearer <token>``;
+:func:`error_of` turns every HTTP answer the server gives into the adapter's error classes
+in one place: 401 (the token), 403 (a virtual cluster or a job that is not ours), 429 (too
+many submissions: back off, as long as the server says), 5xx and network errors
+(transient), 400 (a job the server refuses: permanent, with its reasons). Certificates are
+always verified, against ``TRIALBUS_OPENPAI_CA_BUNDLE`` when a cluster uses its own CA.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from services.adapters.errors import AdapterError, PermanentError, TransientError
+
+#: Job states after which a job never changes again.
+FINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+
+
+class JobExists(AdapterError):
+    """409: a job of that name exists already (ours, from before a restart)."""
+
+
+class OpenpaiClient:
+    """One cluster, one user."""
+
+    def __init__(self, host: str, username: str, token: str, ca_bundle: Path | None, timeout: float,
+                 rate_limit_backoff: float) -> None:  # fmt: skip
+        self.host, self.username = host.rstrip("/"), username
+        self.rate_limit_backoff = rate_limit_backoff
+        self._cooldown_until = 0.0  # monotonic: no submission before (after a 429)
+        self._cooldown = 0.0  # seconds of the last back-off, doubled at each 429 in a row
+        self._http = httpx.AsyncClient(
+            base_url=f"{self.host}/rest-server/api/v2", timeout=timeout,
+            headers={"Authorization": f"Bearer {token}"}, verify=str(ca_bundle) if ca_bundle else True,
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    def framework(self, job: str) -> str:
+        """``user~job``: the path segment naming a job."""
+        return f"{self.username}~{job}"
+
+    async def submit(self, job_yaml: str, job: str) -> None:
+        """``POST /jobs`` (the protocol as YAML text); JobExists on 409.
+
+        After a 429 no submission goes out until the back-off has passed (doubling while the
+        server keeps refusing, up to ``rate_limit_backoff``): a storm of launches waits
+        together instead of hammering the limit."""
+        wait = self._cooldown_until - time.monotonic()
+        if wait > 0:
+            raise TransientError(f"OpenPAI rate limit: next submission in {wait:.0f}s", delay=wait)
+        reply = await self._request("POST", "/jobs", content=job_yaml.encode(),
+                                    headers={"Content-Type": "text/yaml"})  # fmt: skip
+        if reply.status_code == 429:
+            error = error_of(reply, f"submitting job {self.framework(job)}")
+            self._cooldown = min(max(error.delay, self._cooldown * 2, 1.0), self.rate_limit_backoff)
+            self._cooldown_until = time.monotonic() + self._cooldown
+            raise TransientError(f"{error} in {self._cooldown:.0f}s", delay=self._cooldown)
+        self._cooldown = 0.0
+        if reply.status_code == 409:
+            raise JobExists(f"job {self.framework(job)} exists")
+        if reply.status_code != 202:
+            raise error_of(reply, f"submitting job {self.framework(job)}")
+
+    async def job(self, job: str) -> dict[str, Any] | None:
+        """The job's detail (``jobStatus``, ``taskRoles``); None when the server has no such job."""
+        reply = await self._request("GET", f"/jobs/{self.framework(job)}")
+        if reply.status_code == 404:
+            return None
+        if reply.status_code != 200:
+            raise error_of(reply, f"reading job {self.framework(job)}")
+        return reply.json()
+
+    async def jobs(self, keyword: str) -> list[dict[str, Any]]:
+        """This user's jobs whose name contains ``keyword`` (JobSummary: name, state, …)."""
+        params = {"username": self.username, "keyword": keyword, "limit": "50000"}
+        reply = await self._request("GET", "/jobs", params=params)
+        if reply.status_code != 200:
+            raise error_of(reply, "listing jobs")
+        found = reply.json()
+        return found["data"] if isinstance(found, dict) else found
+
+    async def stop(self, job: str) -> None:
+        """``PUT /jobs/{user~job}/executionType {"value": "STOP"}``; a job already gone is no error."""
+        reply = await self._request("PUT", f"/jobs/{self.framework(job)}/executionType", json={"value": "STOP"})
+        if reply.status_code not in (200, 202, 404):
+            raise error_of(reply, f"stopping job {self.framework(job)}")
+
+    async def check(self, virtual_cluster: str | None, storage: str) -> list[str]:
+        """What stops this user from running jobs here: the token, the storage config."""
+        problems = []
+        reply = await self._request("GET", "/jobs", params={"username": self.username, "limit": "1"})
+        if reply.status_code != 200:
+            return [str(error_of(reply, "checking the token"))]
+        reply = await self._request("GET", "/storages")
+        if reply.status_code == 200:
+            names = {s.get("name") for s in _items(reply.json())}
+            if names and storage not in names:
+                problems.append(f"storageConfigName {storage!r} is not a storage of {self.host} "
+                                f"(it has {', '.join(sorted(map(str, names)))})")  # fmt: skip
+        return problems
+
+    async def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        try:
+            return await self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise TransientError(f"cannot reach OpenPAI at {self.host}: {exc}", delay=2.0) from None
+
+
+def _items(body: Any) -> list[dict]:
+    if isinstance(body, dict):
+        body = body.get("data", body.get("storages", []))
+    return [item for item in body if isinstance(item, dict)] if isinstance(body, list) else []
+
+
+def error_of(reply: httpx.Response, doing: str) -> AdapterError:
+    """The adapter error for an answer of the rest-server (never includes the token)."""
+    try:
+        body = reply.json()
+        message = str(body.get("message", "")) if isinstance(body, dict) else str(body)
+        code = body.get("code", "") if isinstance(body, dict) else ""
+    except (ValueError, json.JSONDecodeError):
+        message, code = reply.text[:500], ""
+    status, where = reply.status_code, str(reply.request.url.copy_with(query=None))
+    if status == 401:
+        return PermanentError(
+            f"OpenPAI refused the token while {doing} (401 {code}: {message}); set trainingService.token to a "
+            "valid token for the user (an application token from the web portal never expires)"
+        )
+    if status == 403:
+        return PermanentError(f"OpenPAI forbids {doing} (403 {code}: {message})")
+    if status == 429:
+        retry_after = reply.headers.get("Retry-After", "")
+        delay = float(retry_after) if retry_after.isdigit() else 0.0
+        return TransientError(f"OpenPAI rate limit while {doing} (429): retrying", delay=delay or 1.0)
+    if status == 400:
+        return PermanentError(f"OpenPAI refused {doing} (400 {code}): {message}")
+    if status == 404:
+        return PermanentError(f"OpenPAI has no {where} (404 {code}: {message})")
+    if status >= 500:
+        return TransientError(f"OpenPAI failed {doing} ({status} {code}: {message})", delay=5.0)
+    return PermanentError(f"unexpected answer {status} from OpenPAI while {doing}: {message}")

@@ -1,0 +1,129 @@
+"""The OpenPAI job (protocol v2) of one trial attempt, and where its files live on the share.
+
+The job starts from the user's ``openpaiConfig`` (every field the protocol allows reaches
+the cluster as written) or, without one, from the job NNI generates: one task role
+``taskrole``, one instance, ``trialCpuNumber`` / ``trialMemorySize`` / ``trialGpuNumber``,
+``dockerImage``, the ``storageConfigName`` storage and ``virtualCluster``. Trialbus changes
+only what the trial needs: the job's ``name``, and each task role's ``commands``, which
+are kept (so OpenPAI still renders ``<% $parameters.x %>`` and ``<% $secrets.x %>`` in
+them) but written by the task into a script that the trial keeper then runs::
+
+    T=<container share>/trialbus/trials/<exp>/<trial>-<attempt>/$PAI_CURRENT_TASK_ROLE_NAME-<index>
+    mkdir -p $T/.trialbus && cat > $T/.trialbus/command.sh <<'TRIALBUS_COMMAND'
+    <the role's commands, one per line>
+    TRIALBUS_COMMAND
+    TRIALBUS_TRIAL_DIR=$T TRIALBUS_TRIAL_COMMAND="sh $T/.trialbus/command.sh" \\
+        python3 -S -I <container share>/trialbus/bin/<hash>/trial_keeper.py --env <settings file>
+
+Only the reporting role's first instance gets the settings file with the gateway and the
+trial's token (``.trialbus/report.env``, 0600, never in the job spec); every other task
+runs the same way without them (``.trialbus/quiet.env``). With one task role, it reports;
+with several, ``trainingService.reportingTaskRole`` names it (refused at creation if unset).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from contracts.experiment import OpenpaiConfig
+
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,255}$")
+_ROLE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+MARK = "TRIALBUS_COMMAND"
+
+
+@dataclass(frozen=True)
+class Share:
+    """The trial's folders on the share, as the adapter (``local``) and the job (``container``) see them."""
+
+    local: str
+    container: str
+
+
+def job_name(experiment_id: str, trial_id: str, attempt: int) -> str:
+    """``trialbus_<experiment>_<trial>`` (``_<attempt>`` after the first: names are never freed)."""
+    name = f"trialbus_{experiment_id}_{trial_id}" + (f"_{attempt}" if attempt else "")
+    if not _NAME.match(name):
+        raise ValueError(f"job name {name!r} does not match OpenPAI's ^[a-zA-Z0-9_-]+$ (255 characters at most)")
+    return name
+
+
+def reporting_role(service: OpenpaiConfig) -> str:
+    """The task role whose first instance reports the trial's metrics; ValueError if unclear."""
+    roles = list((service.openpai_config or {}).get("taskRoles") or {"taskrole": {}})
+    if service.reporting_task_role is not None:
+        if service.reporting_task_role not in roles:
+            raise ValueError(f"reportingTaskRole {service.reporting_task_role!r} is not a task role of "
+                             f"openpaiConfig ({', '.join(roles)})")  # fmt: skip
+        return service.reporting_task_role
+    if len(roles) != 1:
+        raise ValueError(f"openpaiConfig has task roles {', '.join(roles)}: set trainingService.reportingTaskRole "
+                         "to the one whose metrics are the trial's")  # fmt: skip
+    return roles[0]
+
+
+def render(service: OpenpaiConfig, name: str, trial_command: str, gpus: int, share: Share, keeper: str) -> dict:
+    """The job for one attempt (see the module docstring). ``keeper``: its path in the container."""
+    if service.openpai_config is not None:
+        job = copy.deepcopy(service.openpai_config)
+    else:
+        job = default_job(service, trial_command, gpus)
+    job["name"] = name
+    job.setdefault("protocolVersion", 2)
+    job.setdefault("type", "job")
+    report = reporting_role(service)
+    for role, spec in (job.get("taskRoles") or {}).items():
+        if not _ROLE.match(str(role)) or not isinstance(spec, dict):
+            continue  # the server says what is wrong with it
+        commands = spec.get("commands") or [trial_command]
+        spec["commands"] = wrap(list(map(str, commands)), role == report, share.container, keeper)
+    return job
+
+
+def default_job(service: OpenpaiConfig, trial_command: str, gpus: int) -> dict[str, Any]:
+    """The job NNI generates when there is no ``openpaiConfig`` (``paiTrainingService.ts``)."""
+    job: dict[str, Any] = {
+        "protocolVersion": 2,
+        "type": "job",
+        "jobRetryCount": 0,
+        "prerequisites": [{"name": "docker_image_0", "type": "dockerimage", "uri": service.docker_image}],
+        "taskRoles": {
+            "taskrole": {
+                "instances": 1,
+                "completion": {"minFailedInstances": 1, "minSucceededInstances": -1},
+                "taskRetryCount": 0,
+                "dockerImage": "docker_image_0",
+                "resourcePerInstance": {"gpu": gpus, "cpu": service.trial_cpu_number,
+                                        "memoryMB": service.trial_memory_mb},
+                "commands": [trial_command],
+            }
+        },
+        "extras": {"storages": [{"name": service.storage_config_name}], "submitFrom": "trialbus"},
+    }  # fmt: skip
+    if service.virtual_cluster:
+        job["defaults"] = {"virtualCluster": service.virtual_cluster}
+    return job
+
+
+def wrap(commands: list[str], reports: bool, trial_dir: str, keeper: str) -> list[str]:
+    """The task's commands written to a script that the keeper runs (see the module docstring)."""
+    task = f'{trial_dir}/"$PAI_CURRENT_TASK_ROLE_NAME"-"$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"'
+    settings = f"{trial_dir}/.trialbus/quiet.env"
+    if reports:
+        settings = (f'"$([ "$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX" = 0 ] && echo {trial_dir}/.trialbus/report.env '
+                    f'|| echo {trial_dir}/.trialbus/quiet.env)"')  # fmt: skip
+    return [
+        f"T={task} && mkdir -p \"$T/.trialbus\" && cat > \"$T/.trialbus/command.sh\" <<'{MARK}'",
+        *(command.strip() for command in commands),
+        MARK,
+        f'TRIALBUS_TRIAL_DIR="$T" TRIALBUS_TRIAL_COMMAND="sh $T/.trialbus/command.sh" '
+        f"python3 -S -I {keeper} --env {settings}",
+    ]
+
+
+def settings_file(values: dict[str, str]) -> bytes:
+    """A keeper settings file (``--env``): KEY=VALUE items separated by NUL."""
+    return b"".join(f"{key}={value}".encode() + b"\0" for key, value in values.items() if "\0" not in value)

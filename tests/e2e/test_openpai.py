@@ -1,0 +1,217 @@
+"""The openpai adapter end to end, against the OpenPAI emulator over real HTTP.
+
+The emulator (``tests/emulators/openpai``) runs each task as a real process on this host;
+the share is a folder here (``localStorageMountPoint``) that the "containers" reach under
+another path (``containerStorageMountPoint``, a link the emulator makes), so the adapter
+must use each path where it belongs.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import write_code
+from tests.e2e.helpers import wait_until
+from tests.emulators.openpai import start_openpai
+from tests.fixtures.stack import Stack
+
+pytestmark = pytest.mark.timeout(240)
+
+TRIAL = textwrap.dedent(
+    """
+    import os, sys, time
+    import nni
+
+    params = nni.get_next_parameter()
+    for i in range(params.get("intermediate", 0)):
+        nni.report_intermediate_result(params["x"] * (i + 1))
+    time.sleep(params.get("sleep", 0))
+    if "exit" in params:
+        sys.exit(params["exit"])
+    nni.report_final_result({"default": params["x"], "role": os.environ.get("PAI_CURRENT_TASK_ROLE_NAME")})
+    """
+)
+
+
+@pytest.fixture
+def share(tmp_path: Path):
+    """The share: a local folder, and the path the containers see it at."""
+    local = tmp_path / "share"
+    local.mkdir()
+    container = Path(f"/tmp/tb-pai-container-{secrets.token_hex(4)}")
+    yield local, container
+    if container.is_symlink():
+        container.unlink()
+
+
+@pytest.fixture
+def pai(tmp_path: Path, share):
+    local, container = share
+    emulator = start_openpai(tmp_path / "pai", mounts={str(container): str(local)})
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture
+def pai_stack(tmp_path: Path, nats_server, pai, request):
+    stack = Stack(root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_STATUS_POLL": "0.3"})
+    stack.start("dispatcher", "gateway", "openpai")
+    yield stack
+    stack.stop()
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(stack.logs(), pai.log()[-4000:], file=sys.stderr)
+
+
+def openpai_config(code: Path, pai, share, **service) -> dict:
+    local, container = share
+    return {
+        "experimentName": "openpai-e2e",
+        "trialCommand": "python3 trial.py",
+        "trialCodeDirectory": str(code),
+        "trialConcurrency": 4,
+        "trialGpuNumber": 0,
+        "trainingService": {
+            "platform": "openpai", "host": pai.url, "username": "alice", "token": pai.token("alice"),
+            "trialCpuNumber": 1, "trialMemorySize": "1gb", "storageConfigName": "confignfs",
+            "localStorageMountPoint": str(local), "containerStorageMountPoint": str(container), **service,
+        },
+    }  # fmt: skip
+
+
+def create(stack: Stack, config: dict) -> str:
+    reply = stack.rest("POST", "/experiments", json=config)
+    assert reply.status_code == 201, reply.text
+    return reply.json()["id"]
+
+
+def submit(stack: Stack, experiment: str, parameters: dict) -> str:
+    reply = stack.rest("POST", f"/experiments/{experiment}/trials", json={"parameters": parameters})
+    assert reply.status_code == 201, reply.text
+    return reply.json()["id"]
+
+
+def trial(stack: Stack, trial_id: str) -> dict:
+    return stack.rest("GET", f"/trials/{trial_id}").json()
+
+
+def ended(stack: Stack, trial_id: str, timeout: float = 60) -> dict:
+    return wait_until(
+        lambda: (t := trial(stack, trial_id))["status"] not in ("WAITING", "RUNNING") and t,
+        timeout, f"trial {trial_id} to end",
+    )  # fmt: skip
+
+
+def pai_job(pai, experiment: str, trial_id: str) -> dict:
+    """The trial's job as OpenPAI reports it."""
+    reply = httpx.get(f"{pai.api}/jobs/alice~trialbus_{experiment}_{trial_id}", headers=pai.headers("alice"))
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_twenty_trials_run_as_jobs_and_every_metric_arrives(pai_stack, pai, share, tmp_path):
+    experiment = create(pai_stack, openpai_config(write_code(tmp_path, TRIAL), pai, share))
+    ids = [submit(pai_stack, experiment, {"x": i, "intermediate": 2}) for i in range(20)]
+    finals = [ended(pai_stack, t, timeout=120) for t in ids]
+    assert [t["status"] for t in finals] == ["SUCCEEDED"] * 20, [t["message"] for t in finals]
+    assert [t["finalMetric"]["default"] for t in finals] == list(range(20))
+    for trial_id in ids:
+        records = pai_stack.rest("GET", f"/trials/{trial_id}/metrics").json()
+        assert [(r["type"], r["sequence"]) for r in records] == [("PERIODICAL", 0), ("PERIODICAL", 1), ("FINAL", 0)]
+    shown = pai_stack.rest("GET", f"/experiments/{experiment}").json()["config"]["trainingService"]
+    assert shown["token"] == "**********"
+    everything = "".join(pai_stack.log(n) for n in ("dispatcher", "gateway", "openpai")) + pai.log()
+    assert pai.token("alice") not in everything
+
+
+def test_failures_are_classified_and_cancel_stops_the_job(pai_stack, pai, share, tmp_path):
+    experiment = create(pai_stack, openpai_config(write_code(tmp_path, TRIAL), pai, share))
+    failing = submit(pai_stack, experiment, {"x": 1, "exit": 3})
+    sleeper = submit(pai_stack, experiment, {"x": 2, "sleep": 60})
+    found = ended(pai_stack, failing)
+    assert found["status"] == "FAILED" and found["exitCode"] == 3, found
+    code = pai_job(pai, experiment, failing)["jobStatus"]
+    spec = code["appExitSpec"]
+    assert f"exit code {code['appExitCode']} ({spec['phrase']}, {spec['behavior'].lower()})" in found["message"]
+    assert "the trial command exited with 3" in found["message"], found["message"]
+    wait_until(lambda: trial(pai_stack, sleeper)["status"] == "RUNNING", 30, "RUNNING")
+    assert pai_stack.rest("POST", f"/trials/{sleeper}/cancel").status_code == 202
+    assert ended(pai_stack, sleeper)["status"] == "USER_CANCELED"
+    assert pai_job(pai, experiment, sleeper)["jobStatus"]["state"] == "STOPPED"
+
+
+def test_a_restarted_adapter_adopts_running_jobs(pai_stack, pai, share, tmp_path):
+    experiment = create(pai_stack, openpai_config(write_code(tmp_path, TRIAL), pai, share))
+    ids = [submit(pai_stack, experiment, {"x": i, "intermediate": 1, "sleep": 3}) for i in range(2)]
+    for trial_id in ids:
+        wait_until(lambda t=trial_id: trial(pai_stack, t)["status"] == "RUNNING", 30, "RUNNING")
+    pai_stack.kill("openpai")
+    pai_stack.start("openpai")
+    for trial_id in ids:
+        found = ended(pai_stack, trial_id)
+        assert found["status"] == "SUCCEEDED" and found["intermediateCount"] == 1, found
+
+
+def test_a_two_role_trial_runs_both_roles_and_reports_once(pai_stack, pai, share, tmp_path):
+    small = {"gpu": 0, "cpu": 1, "memoryMB": 1024}
+    job = {
+        "protocolVersion": 2, "name": "x", "type": "job",
+        "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "python:3.11"}],
+        "parameters": {"epochs": 3},
+        "taskRoles": {
+            "worker": {"instances": 2, "dockerImage": "img", "resourcePerInstance": small,
+                       "commands": ["env | grep ^PAI_ > pai-env-$PAI_CURRENT_TASK_ROLE_NAME-$PAI_TASK_INDEX.txt",
+                                    "python3 trial.py"]},
+            "ps": {"instances": 1, "dockerImage": "img", "resourcePerInstance": small,
+                   "completion": {"minSucceededInstances": -1},  # the workers decide when the trial is done
+                   "commands": ["echo epochs <% $parameters.epochs %> > ps-epochs.txt", "python3 trial.py"]},
+        },
+    }  # fmt: skip
+    config = openpai_config(write_code(tmp_path, TRIAL), pai, share, openpaiConfig=job, reportingTaskRole="worker")
+    experiment = create(pai_stack, config)
+    trial_id = submit(pai_stack, experiment, {"x": 5})
+    found = ended(pai_stack, trial_id)
+    assert found["status"] == "SUCCEEDED" and found["finalMetric"] == {"default": 5, "role": "worker"}, found
+    records = pai_stack.rest("GET", f"/trials/{trial_id}/metrics").json()
+    assert [(r["type"], r["value"]) for r in records] == [("FINAL", {"default": 5, "role": "worker"})]
+    code = next((share[0] / "trialbus" / "code").iterdir())
+    assert (code / "ps-epochs.txt").read_text().strip() == "epochs 3", "parameters are rendered by OpenPAI"
+    worker1 = (code / "pai-env-worker-1.txt").read_text()
+    assert "PAI_TASK_ROLE_TASK_COUNT_worker=2" in worker1 and "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX=1" in worker1
+
+
+def test_bad_settings_are_refused_at_creation(pai_stack, pai, share, tmp_path):
+    code = write_code(tmp_path, TRIAL)
+    cases = {
+        "bad token": (openpai_config(code, pai, share, token="not-a-token"), "OpenPAI refused the token"),
+        "no share": (openpai_config(code, pai, share, localStorageMountPoint=str(tmp_path / "nope")),
+                     "is not a directory on the adapter's host"),
+        "unknown storage": (openpai_config(code, pai, share, storageConfigName="nope"),
+                            "storageConfigName 'nope' is not a storage"),
+    }  # fmt: skip
+    for name, (config, reason) in cases.items():
+        reply = pai_stack.rest("POST", "/experiments", json=config)
+        assert reply.status_code == 422 and reason in reply.json()["error"], (name, reply.text)
+    assert "not-a-token" not in reply.text
+    shutil.rmtree(tmp_path / "nope", ignore_errors=True)
+
+
+def test_a_forbidden_virtual_cluster_fails_the_trial_with_the_reason(tmp_path, nats_server, share, request):
+    local, container = share
+    emulator = start_openpai(tmp_path / "pai", mounts={str(container): str(local)}, vcs={"gpu": ["bob"]})
+    stack = Stack(root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_STATUS_POLL": "0.3"})
+    try:
+        stack.start("dispatcher", "gateway", "openpai")
+        experiment = create(stack, openpai_config(write_code(tmp_path, TRIAL), emulator, share, virtualCluster="gpu"))
+        found = ended(stack, submit(stack, experiment, {"x": 1}))
+        assert found["status"] == "FAILED", found
+        assert "OpenPAI forbids submitting job" in found["message"] and "gpu" in found["message"], found["message"]
+    finally:
+        stack.stop()
+        emulator.stop()

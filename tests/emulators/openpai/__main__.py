@@ -1,0 +1,64 @@
+"""``python -m tests.emulators.openpai --port P --state DIR [options]``: run the emulator."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import uvicorn
+
+from .server import Settings, create_app
+
+
+def _pair(sep: str):
+    def parse(text: str) -> tuple[str, str]:
+        key, found, value = text.partition(sep)
+        if not found or not key:
+            raise argparse.ArgumentTypeError(f"expected KEY{sep}VALUE, got {text!r}")
+        return key, value
+
+    return parse
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.emulators.openpai", description=__doc__)
+    p.add_argument("--port", type=int, required=True, help="TCP port on 127.0.0.1")
+    p.add_argument("--state", type=Path, required=True, help="directory for job logs and process-group records")
+    p.add_argument("--user", type=_pair(":"), action="append", default=[], metavar="NAME:PASSWORD",
+                   help="a user (repeatable; default alice:alice-password)")
+    p.add_argument("--admin", action="append", default=[], metavar="NAME", help="an admin user (repeatable)")
+    p.add_argument("--vc", type=_pair(":"), action="append", default=[], metavar="NAME:USER1,USER2",
+                   help="a virtual cluster and its users (repeatable); 'default' is open to all unless given")
+    p.add_argument("--storage", action="append", default=None, metavar="NAME",
+                   help="a storage config name (repeatable; default confignfs)")
+    p.add_argument("--submit-limit", type=int, default=60, metavar="N", help="job submissions per user per hour")
+    p.add_argument("--mount", type=_pair("="), action="append", default=[], metavar="CONTAINER_PATH=LOCAL_PATH",
+                   help="make CONTAINER_PATH a symlink to LOCAL_PATH while the emulator runs (repeatable)")
+    p.add_argument("--lag", type=float, default=0.0, metavar="SECONDS",
+                   help="how long a new job stays AttemptCreationPending before its framework is created")
+    return p.parse_args(argv)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    users = dict(args.user) or {"alice": "alice-password"}
+    vcs = {name: [u for u in members.split(",") if u] for name, members in args.vc}
+    return Settings(
+        state_dir=args.state.resolve(),
+        users=users,
+        admins=set(args.admin),
+        vcs=vcs,
+        storages=args.storage if args.storage is not None else ["confignfs"],
+        submit_limit=args.submit_limit,
+        mounts=dict(args.mount),
+        lag=args.lag,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    args.state.mkdir(parents=True, exist_ok=True)
+    uvicorn.run(create_app(settings_from(args)), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""The OpenPAI job of a trial (services/adapters/openpai/jobs.py) and the openpai config."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from contracts.experiment import ExperimentConfig, OpenpaiConfig, format_validation_error
+from services.adapters.openpai import jobs
+from services.trial_keeper import KEEPER_PATH
+
+
+def service(**extra) -> OpenpaiConfig:
+    base = {
+        "host": "pai.example.com", "username": "alice", "token": "tok", "trialCpuNumber": 2,
+        "trialMemorySize": "8gb", "storageConfigName": "confignfs", "localStorageMountPoint": "/mnt/local",
+        "containerStorageMountPoint": "/mnt/share", "virtualCluster": "gpu",
+    }  # fmt: skip
+    return OpenpaiConfig.model_validate({**base, **extra})
+
+
+SHARE = jobs.Share("/mnt/local/trialbus/trials/e/t-0", "/mnt/share/trialbus/trials/e/t-0")
+
+
+def test_the_default_job_is_nni_s_with_our_name_and_wrapped_commands():
+    job = jobs.render(service(), "trialbus_e_t", "python3 trial.py", 1, SHARE, "/k/trial_keeper.py")
+    assert job["name"] == "trialbus_e_t" and job["protocolVersion"] == 2 and job["type"] == "job"
+    role = job["taskRoles"]["taskrole"]
+    assert role["resourcePerInstance"] == {"gpu": 1, "cpu": 2, "memoryMB": 8192}
+    assert job["prerequisites"] == [{"name": "docker_image_0", "type": "dockerimage", "uri": "msranni/nni:latest"}]
+    assert job["extras"]["storages"] == [{"name": "confignfs"}] and job["defaults"] == {"virtualCluster": "gpu"}
+    assert "python3 trial.py" in role["commands"] and "tok" not in str(job), "the token never goes in the job"
+    assert service().host == "https://pai.example.com", "https:// is put in front, as NNI does"
+
+
+def test_the_user_s_job_keeps_every_field_and_its_templates():
+    template = {
+        "protocolVersion": 2, "name": "ignored", "type": "job", "jobRetryCount": 2,
+        "parameters": {"lr": 0.1}, "secrets": {"key": "s3cret"},
+        "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "pytorch/pytorch"}],
+        "taskRoles": {
+            "worker": {"instances": 2, "dockerImage": "img",
+                       "resourcePerInstance": {"gpu": 1, "cpu": 4, "memoryMB": 8192, "ports": {"nccl": 1}},
+                       "commands": ["python3 train.py --lr <% $parameters.lr %> --key <% $secrets.key %>"]},
+            "ps": {"instances": 1, "dockerImage": "img", "resourcePerInstance": {"gpu": 0, "cpu": 2, "memoryMB": 4096},
+                   "commands": ["python3 ps.py"]},
+        },
+        "extras": {"gangAllocation": True,
+                   "com.microsoft.pai.runtimeplugin": [{"plugin": "ssh", "parameters": {"jobssh": True}}]},
+    }  # fmt: skip
+    config = service(openpaiConfig=template, reportingTaskRole="worker")
+    job = jobs.render(config, "trialbus_e_t", "ignored", 0, SHARE, "/k/trial_keeper.py")
+    assert job["name"] == "trialbus_e_t" and job["jobRetryCount"] == 2 and job["secrets"] == {"key": "s3cret"}
+    assert job["extras"] == template["extras"] and job["taskRoles"]["worker"]["instances"] == 2
+    worker, ps = job["taskRoles"]["worker"]["commands"], job["taskRoles"]["ps"]["commands"]
+    assert "python3 train.py --lr <% $parameters.lr %> --key <% $secrets.key %>" in worker
+    assert "report.env" in worker[-1] and "report.env" not in ps[-1], "only the reporting role reports"
+    assert template["taskRoles"]["worker"]["commands"] == [
+        "python3 train.py --lr <% $parameters.lr %> --key <% $secrets.key %>"], "the config is not changed"
+
+
+def test_several_task_roles_need_a_reporting_role():
+    two = {"taskRoles": {"a": {"commands": ["x"]}, "b": {"commands": ["y"]}}}
+    with pytest.raises(ValidationError) as caught:
+        service(openpaiConfig=two)
+    assert "set reportingTaskRole to the one whose metrics are the trial's" in format_validation_error(caught.value)
+    with pytest.raises(ValidationError, match="is not a task role of openpaiConfig"):
+        service(openpaiConfig=two, reportingTaskRole="c")
+    with pytest.raises(ValidationError, match="set openpaiConfig or openpaiConfigFile, not both"):
+        service(openpaiConfig=two, reportingTaskRole="a", openpaiConfigFile="x.yml")
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"trialMemorySize": "8 furlongs"}, "bad size '8 furlongs'"),
+        ({"containerStorageMountPoint": "mnt/share"}, "must be an absolute path inside the container"),
+        ({"token": None}, "token"),
+        ({"trialCpuNumber": 0}, "trialCpuNumber"),
+    ],
+)
+def test_bad_openpai_configs_are_refused(change, expected):
+    data = {"trialCommand": "python3 t.py", "trialConcurrency": 1, "trialGpuNumber": 0, "trainingService": {
+        "platform": "openpai", "host": "h", "username": "u", "token": "t", "trialCpuNumber": 1,
+        "trialMemorySize": "1gb", "storageConfigName": "s", "localStorageMountPoint": "/l",
+        "containerStorageMountPoint": "/c", **change}}  # fmt: skip
+    with pytest.raises(ValidationError) as caught:
+        ExperimentConfig.model_validate(data)
+    assert expected in format_validation_error(caught.value)
+    del data["trialGpuNumber"]
+    data["trainingService"] = {k: v for k, v in data["trainingService"].items() if k not in change}
+    data["trainingService"].update(trialMemorySize="1gb", containerStorageMountPoint="/c", token="t", trialCpuNumber=1)
+    with pytest.raises(ValidationError, match="trialGpuNumber must be set for platform openpai"):
+        ExperimentConfig.model_validate(data)
+
+
+def test_the_wrapped_commands_run_the_role_s_commands_under_the_keeper(tmp_path: Path):
+    trial = tmp_path / "trial"
+    (trial / ".trialbus").mkdir(parents=True)
+    (trial / ".trialbus" / "report.env").write_bytes(jobs.settings_file({"TRIALBUS_TRIAL_ID": "t1"}))
+    (trial / ".trialbus" / "quiet.env").write_bytes(jobs.settings_file({"TRIALBUS_TRIAL_ID": "t1"}))
+    script = "\n".join(jobs.wrap(["echo one $PAI_CURRENT_TASK_ROLE_NAME", "echo 'two \"quoted\" $HOME'"], True,
+                                 str(trial), str(KEEPER_PATH)))  # fmt: skip
+    for index in ("0", "1"):
+        env = {"PATH": "/usr/bin:/bin", "PAI_CURRENT_TASK_ROLE_NAME": "worker",
+               "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": index}  # fmt: skip
+        subprocess.run(["bash", "-c", script], env=env, check=True, timeout=30)
+        out = (trial / f"worker-{index}" / "stdout").read_text()
+        assert out == 'one worker\ntwo "quoted" $HOME\n', out
+
+
+def test_every_rendered_job_passes_the_server_s_schema():
+    from tests.emulators.openpai.protocol import schema_errors
+
+    two = {
+        "protocolVersion": 2, "name": "x", "type": "job",
+        "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "python:3.11"}],
+        "taskRoles": {
+            role: {"dockerImage": "img", "resourcePerInstance": {"gpu": 0, "cpu": 1, "memoryMB": 512},
+                   "commands": ["python3 trial.py"]}
+            for role in ("worker", "ps")
+        },
+    }  # fmt: skip
+    for config in (service(), service(openpaiConfig=two, reportingTaskRole="ps")):
+        job = jobs.render(config, jobs.job_name("exp1", "Ab3dE", 2), "python3 trial.py", 1, SHARE, "/k/keeper.py")
+        assert schema_errors(job) == [], job
+    assert schema_errors({**job, "surprise": 1}), "the server's schema refuses unknown top-level keys"
+
+
+def test_job_secrets_are_masked_outside_the_bus():
+    template = {"secrets": {"key": "s3cret"}, "taskRoles": {"w": {"commands": ["x"]}},
+                "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "r/i",
+                                   "auth": {"username": "u", "password": "hunter2", "registryuri": "r"}}]}  # fmt: skip
+    config = ExperimentConfig.model_validate({
+        "trialCommand": "x", "trialConcurrency": 1, "trialGpuNumber": 0,
+        "trainingService": {**service(openpaiConfig=template).model_dump(by_alias=True, mode="python"),
+                            "token": "tok"},
+    })  # fmt: skip
+    shown = str(config.public_json())
+    assert "s3cret" not in shown and "hunter2" not in shown and "tok'" not in shown
+    wire = config.wire_json()["trainingService"]["openpaiConfig"]
+    assert wire["secrets"] == {"key": "s3cret"} and wire["prerequisites"][0]["auth"]["password"] == "hunter2"
