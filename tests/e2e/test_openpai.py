@@ -215,3 +215,19 @@ def test_a_forbidden_virtual_cluster_fails_the_trial_with_the_reason(tmp_path, n
     finally:
         stack.stop()
         emulator.stop()
+
+
+def test_a_429_storm_is_ridden_out(tmp_path, nats_server, share):
+    local, container = share
+    emulator = start_openpai(tmp_path / "pai", mounts={str(container): str(local)}, submit_limit=3, submit_window=3)
+    stack = Stack(root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_STATUS_POLL": "0.3"})
+    try:
+        stack.start("dispatcher", "gateway", "openpai")
+        experiment = create(stack, openpai_config(write_code(tmp_path, TRIAL), emulator, share))
+        ids = [submit(stack, experiment, {"x": i}) for i in range(8)]
+        finals = [ended(stack, t, timeout=90) for t in ids]
+        assert [t["status"] for t in finals] == ["SUCCEEDED"] * 8, [t["message"] for t in finals]
+        assert "OpenPAI rate limit" in stack.log("openpai")
+    finally:
+        stack.stop()
+        emulator.stop()

@@ -51,19 +51,21 @@ class OpenpaiClient:
     async def submit(self, job_yaml: str, job: str) -> None:
         """``POST /jobs`` (the protocol as YAML text); JobExists on 409.
 
-        After a 429 no submission goes out until the back-off has passed (doubling while the
-        server keeps refusing, up to ``rate_limit_backoff``): a storm of launches waits
-        together instead of hammering the limit."""
+        After a 429 no submission goes out until the back-off has passed (the server's
+        ``Retry-After``, else doubling while it keeps refusing, up to ``rate_limit_backoff``):
+        a storm of launches waits together instead of hammering the limit."""
         wait = self._cooldown_until - time.monotonic()
         if wait > 0:
             raise TransientError(f"OpenPAI rate limit: next submission in {wait:.0f}s", delay=wait)
         reply = await self._request("POST", "/jobs", content=job_yaml.encode(),
                                     headers={"Content-Type": "text/yaml"})  # fmt: skip
         if reply.status_code == 429:
-            error = error_of(reply, f"submitting job {self.framework(job)}")
-            self._cooldown = min(max(error.delay, self._cooldown * 2, 1.0), self.rate_limit_backoff)
-            self._cooldown_until = time.monotonic() + self._cooldown
-            raise TransientError(f"{error} in {self._cooldown:.0f}s", delay=self._cooldown)
+            error, now = error_of(reply, f"submitting job {self.framework(job)}"), time.monotonic()
+            if now >= self._cooldown_until:  # a new refusal, not another answer of the same burst
+                told = reply.headers.get("Retry-After", "").isdigit()  # the server says when: believe it
+                self._cooldown = min(error.delay if told else max(self._cooldown * 2, 1.0), self.rate_limit_backoff)
+                self._cooldown_until = now + self._cooldown
+            raise TransientError(f"{error} in {self._cooldown_until - now:.0f}s", delay=self._cooldown_until - now)
         self._cooldown = 0.0
         if reply.status_code == 409:
             raise JobExists(f"job {self.framework(job)} exists")

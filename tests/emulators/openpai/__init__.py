@@ -105,9 +105,9 @@ class OpenPai:
 
 def _command(port: int, state_dir: Path, users: Mapping[str, str], admin: str | None,
              vcs: Mapping[str, Sequence[str]] | None, storages: Sequence[str], submit_limit: int,
-             mounts: Mapping[str, str], lag: float) -> list[str]:
+             mounts: Mapping[str, str], lag: float, submit_window: float = 3600.0) -> list[str]:
     cmd = [sys.executable, "-m", "tests.emulators.openpai", "--port", str(port), "--state", str(state_dir),
-           "--submit-limit", str(submit_limit), "--lag", str(lag)]
+           "--submit-limit", str(submit_limit), "--submit-window", str(submit_window), "--lag", str(lag)]
     cmd += [arg for name, password in users.items() for arg in ("--user", f"{name}:{password}")]
     cmd += ["--admin", admin] if admin else []
     cmd += [arg for name, members in (vcs or {}).items() for arg in ("--vc", f"{name}:{','.join(members)}")]
@@ -125,6 +125,7 @@ def start_openpai(
     submit_limit: int = 60,
     mounts: Mapping[str, str] | None = None,
     lag: float = 0.0,
+    submit_window: float = 3600.0,
 ) -> OpenPai:
     """Start an emulator on a free port and wait until it answers.
 
@@ -139,7 +140,7 @@ def start_openpai(
         port = free_port()
         with (state_dir / "server.log").open("ab") as log:
             process = subprocess.Popen(
-                _command(port, state_dir, users, admin, vcs, storages, submit_limit, mounts, lag),
+                _command(port, state_dir, users, admin, vcs, storages, submit_limit, mounts, lag, submit_window),
                 cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         pai = OpenPai(process, f"http://127.0.0.1:{port}", state_dir, users, mounts)

@@ -31,7 +31,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a virtual cluster and its users (repeatable); 'default' is open to all unless given")
     p.add_argument("--storage", action="append", default=None, metavar="NAME",
                    help="a storage config name (repeatable; default confignfs)")
-    p.add_argument("--submit-limit", type=int, default=60, metavar="N", help="job submissions per user per hour")
+    p.add_argument("--submit-limit", type=int, default=60, metavar="N", help="job submissions per user per window")
+    p.add_argument("--submit-window", type=float, default=3600.0, metavar="SECONDS",
+                   help="the window the submission limit counts over (default an hour, as upstream)")
     p.add_argument("--mount", type=_pair("="), action="append", default=[], metavar="CONTAINER_PATH=LOCAL_PATH",
                    help="make CONTAINER_PATH a symlink to LOCAL_PATH while the emulator runs (repeatable)")
     p.add_argument("--lag", type=float, default=0.0, metavar="SECONDS",
@@ -49,6 +51,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         vcs=vcs,
         storages=args.storage if args.storage is not None else ["confignfs"],
         submit_limit=args.submit_limit,
+        submit_window=args.submit_window,
         mounts=dict(args.mount),
         lag=args.lag,
     )

@@ -46,6 +46,7 @@ class Settings:
     vcs: dict[str, list[str]] = field(default_factory=dict)  # beyond ``default``, which is open to all unless listed
     storages: list[str] = field(default_factory=lambda: ["confignfs"])
     submit_limit: int = 60
+    submit_window: float = RATE_LIMIT_WINDOW  # seconds the limit counts over (an hour, as upstream)
     mounts: dict[str, str] = field(default_factory=dict)  # container path -> local path
     lag: float = 0.0
 
@@ -82,11 +83,12 @@ class Emulator:
     def rate_limited(self, user: str) -> Response | None:
         """express-rate-limit: every authenticated submission counts, failed ones included."""
         window, now, limit = self._submits[user], time.monotonic(), self.settings.submit_limit
-        while window and window[0] <= now - RATE_LIMIT_WINDOW:
+        while window and window[0] <= now - self.settings.submit_window:
             window.popleft()
         headers = {"X-RateLimit-Limit": str(limit), "X-RateLimit-Remaining": str(max(0, limit - len(window) - 1))}
         if len(window) >= limit:
-            headers |= {"X-RateLimit-Remaining": "0", "Retry-After": str(int(RATE_LIMIT_WINDOW))}
+            retry = max(1, int(window[0] + self.settings.submit_window - now))
+            headers |= {"X-RateLimit-Remaining": "0", "Retry-After": str(retry)}
             return PlainTextResponse(RATE_LIMIT_TEXT, status_code=429, headers=headers)
         window.append(now)
         return None
