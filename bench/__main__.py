@@ -6,7 +6,8 @@ latency (p50/p99), trials per second next to the spawn-only rate of the same com
 measured in the same run, and their ratio; then metric records per second through the
 gateway to a subscribed tuner; and the GPU hand-off (a GPU frees → the next waiting trial
 RUNNING); and the remote adapter over loopback SSH (submit→RUNNING once warm, trials per
-second over two machines). Spawn-only is measured right before and right after each
+second over two machines); and the openpai adapter against the OpenPAI emulator (trials per
+second, one job each). Spawn-only is measured right before and right after each
 concurrency's trials (the host's speed drifts), and the ratio uses their mean.
 """
 
@@ -24,6 +25,7 @@ from rich.table import Table
 
 from bench.gpus import gpu_handoff, use_fake_gpu
 from bench.metrics import metric_rate
+from bench.openpai import openpai_service
 from bench.remote import ssh_machines
 from bench.trials import percentile, spawn_rate, trial_rate, write_noop
 from services.trial_keeper import SHIM_PATH
@@ -31,7 +33,7 @@ from trialbus.stack import Stack, StackOptions, trial_secret
 
 COUNTS = {1: 40, 4: 80, 16: 160}
 #: What ``python -m bench [part…]`` can measure; all of them without arguments.
-PARTS = ("trials", "metrics", "gpus", "remote")
+PARTS = ("trials", "metrics", "gpus", "remote", "openpai")
 
 
 def free_port() -> int:
@@ -81,6 +83,14 @@ def run(console: Console, options: StackOptions, stack: Stack, root: Path, code:
         )
     if "remote" in parts:
         remote(console, options.nats_url, code, machines)
+    if "openpai" in parts:
+        with openpai_service(root) as service:
+            figures = asyncio.run(trial_rate(options.nats_url, "python3 noop.py", code, 8, 40,
+                                             {**service, "trialGpuNumber": 0}))  # fmt: skip
+        console.print(
+            f"openpai (emulated cluster, one job per trial), concurrency 8: [bold]{figures.rate:.1f}[/] trials/s "
+            f"(submit→RUNNING p50 {percentile([x * 1000 for x in figures.to_running], 50):.0f} ms)"
+        )
 
 
 def local_trials(console: Console, options: StackOptions, code: Path, command: str) -> None:
