@@ -354,14 +354,7 @@ class ExperimentConfig(NniModel):
 def load_experiment_config(path: str | Path) -> ExperimentConfig:
     """Read a YAML config file; relative paths are resolved against its folder, as NNI does."""
     path = Path(path).expanduser()
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ValueError(f"cannot read experiment config {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ValueError(f"experiment config {path} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"experiment config {path} must be a YAML mapping")
+    data = _read_mapping(path, "experiment config", "be a YAML mapping")
     base = path.parent.resolve()
     for key in list(data):
         if _canonical(key) in ("trialcodedirectory", "searchspacefile") and isinstance(data[key], str):
@@ -373,6 +366,19 @@ def load_experiment_config(path: str | Path) -> ExperimentConfig:
     return read_job_template(read_key_files(config, base), base)
 
 
+def _read_mapping(path: Path, what: str, must: str) -> dict[str, Any]:
+    """A YAML file holding a mapping, or ValueError saying what is wrong with it."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{what} {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} {path} must {must}")
+    return data
+
+
 def read_job_template(config: ExperimentConfig, base: Path | None = None) -> ExperimentConfig:
     """Load ``openpaiConfigFile`` (relative to ``base``) into ``openpaiConfig`` where the user
     runs, so that the adapter needs no copy of the file (NNI only checks that it exists)."""
@@ -381,14 +387,7 @@ def read_job_template(config: ExperimentConfig, base: Path | None = None) -> Exp
         return config
     path = Path(service.openpai_config_file).expanduser()
     path = (base or Path.cwd()) / path if not path.is_absolute() else path
-    try:
-        template = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ValueError(f"trainingService.openpaiConfigFile: cannot read {path} ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"trainingService.openpaiConfigFile: {path} is not valid YAML: {exc}") from None
-    if not isinstance(template, dict):
-        raise ValueError(f"trainingService.openpaiConfigFile: {path} must hold a job protocol mapping")
+    template = _read_mapping(path, "trainingService.openpaiConfigFile", "hold a job protocol mapping")
     update = {"openpai_config": template, "openpai_config_file": None}
     return config.model_copy(update={"training_service": service.model_copy(update=update)})
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import write_code
-from tests.e2e.helpers import wait_until
+from tests.e2e.helpers import create, ended, submit, trial, wait_until
 from tests.emulators.openpai import start_openpai
 from tests.fixtures.stack import Stack
 
@@ -83,29 +83,6 @@ def openpai_config(code: Path, pai, share, **service) -> dict:
             "localStorageMountPoint": str(local), "containerStorageMountPoint": str(container), **service,
         },
     }  # fmt: skip
-
-
-def create(stack: Stack, config: dict) -> str:
-    reply = stack.rest("POST", "/experiments", json=config)
-    assert reply.status_code == 201, reply.text
-    return reply.json()["id"]
-
-
-def submit(stack: Stack, experiment: str, parameters: dict) -> str:
-    reply = stack.rest("POST", f"/experiments/{experiment}/trials", json={"parameters": parameters})
-    assert reply.status_code == 201, reply.text
-    return reply.json()["id"]
-
-
-def trial(stack: Stack, trial_id: str) -> dict:
-    return stack.rest("GET", f"/trials/{trial_id}").json()
-
-
-def ended(stack: Stack, trial_id: str, timeout: float = 60) -> dict:
-    return wait_until(
-        lambda: (t := trial(stack, trial_id))["status"] not in ("WAITING", "RUNNING") and t,
-        timeout, f"trial {trial_id} to end",
-    )  # fmt: skip
 
 
 def pai_job(pai, experiment: str, trial_id: str) -> dict:

@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.e2e.conftest import write_code
-from tests.e2e.helpers import wait_until
+from tests.e2e.helpers import create, ended, submit, trial, wait_until
 from tests.fixtures.gpus import FAKE_NVIDIA_SMI, set_fake_gpus
 from tests.fixtures.nats import free_port
 from tests.fixtures.sshd import KeyPair, SshServer, known_hosts_file, make_key, require_sshd, ssh_user
@@ -107,29 +107,6 @@ def stacks(request):
 def remote_stack(tmp_path: Path, nats_server, sshd_pair, remote_root, stacks):
     stacks.append(start_stack(tmp_path, nats_server, sshd_pair, remote_root))
     return stacks[-1]
-
-
-def create(stack: Stack, config: dict) -> str:
-    reply = stack.rest("POST", "/experiments", json=config)
-    assert reply.status_code == 201, reply.text
-    return reply.json()["id"]
-
-
-def submit(stack: Stack, experiment: str, parameters: dict) -> str:
-    reply = stack.rest("POST", f"/experiments/{experiment}/trials", json={"parameters": parameters})
-    assert reply.status_code == 201, reply.text
-    return reply.json()["id"]
-
-
-def trial(stack: Stack, trial_id: str) -> dict:
-    return stack.rest("GET", f"/trials/{trial_id}").json()
-
-
-def ended(stack: Stack, trial_id: str, timeout: float = 60) -> dict:
-    return wait_until(
-        lambda: (t := trial(stack, trial_id))["status"] not in ("WAITING", "RUNNING") and t,
-        timeout, f"trial {trial_id} to end",
-    )  # fmt: skip
 
 
 def metrics(stack: Stack, trial_id: str) -> list[dict]:
