@@ -22,6 +22,22 @@ from services.adapters.errors import PermanentError, TransientError
 from services.common.bus import Bus
 
 
+class Bundle:
+    """The files an adapter ships to where trials run — the keeper and the ``nni`` shim, plus
+    ``extra`` (the remote agent) — and their content hash, which names their folder there,
+    so they are copied once per content."""
+
+    def __init__(self, keeper: Path, shim: Path, extra: dict[str, Path] | None = None) -> None:
+        self.files: dict[str, bytes] = {"trial_keeper.py": keeper.read_bytes()}
+        self.files.update((name, path.read_bytes()) for name, path in (extra or {}).items())
+        for path in sorted(shim.rglob("*.py")):
+            self.files[f"nni_shim/{path.relative_to(shim)}"] = path.read_bytes()
+        digest = hashlib.sha256()
+        for name, data in sorted(self.files.items()):
+            digest.update(f"{name}\0{len(data)}\0".encode() + data)
+        self.hash = digest.hexdigest()[:16]
+
+
 async def fetch_code(bus: Bus, digest: str) -> bytes:
     """The tar.gz of code snapshot ``sha256:<digest>`` from the ``code`` object store, checked."""
     try:

@@ -2,7 +2,9 @@
 
 Each replica writes its own entry (``AdapterService``); an adapter reads its peers' to
 decide whether a trial it can never run here could run elsewhere, and the dispatcher
-answers ``GET /api/v1/platforms`` from them.
+answers ``GET /api/v1/platforms`` from them. Adapters whose platforms come with each
+experiment (SSH machines, OpenPAI clusters) also read the ``experiments`` bucket
+(:func:`experiments`) to find their trials again after a restart.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from datetime import timedelta
 import nats.errors
 from nats.js.errors import NoKeysError
 
-from contracts import ContractError, PlatformStatus, streams
+from contracts import ContractError, ExperimentState, PlatformStatus, streams
 from contracts.base import utcnow
 from services.common.bus import Bus
 
@@ -43,4 +45,23 @@ async def statuses(bus: Bus, adapter: str | None = None) -> list[PlatformStatus]
             continue
         if status.time >= oldest:
             found.append(status)
+    return found
+
+
+async def experiments(bus: Bus) -> list[ExperimentState]:
+    """Every experiment the dispatcher keeps (unreadable entries skipped, with a warning)."""
+    kv = await bus.kv(streams.EXPERIMENTS_BUCKET.bucket)
+    try:
+        keys = await kv.keys()
+    except NoKeysError:
+        return []
+    found = []
+    for key in sorted(keys):
+        try:
+            entry = await kv.get(key)
+            found.append(ExperimentState.decode(entry.value))
+        except (nats.errors.Error, KeyError):  # deleted meanwhile
+            continue
+        except ContractError as exc:
+            log.warning("skipping unreadable experiment %s: %s", key, exc)
     return found

@@ -23,7 +23,15 @@ from tests.e2e.conftest import write_code
 from tests.e2e.helpers import create, ended, submit, trial, wait_until
 from tests.fixtures.gpus import FAKE_NVIDIA_SMI, set_fake_gpus
 from tests.fixtures.nats import free_port
-from tests.fixtures.sshd import KeyPair, SshServer, known_hosts_file, make_key, require_sshd, ssh_user
+from tests.fixtures.sshd import (
+    KeyPair,
+    SshServer,
+    known_hosts_file,
+    make_key,
+    require_password_user,
+    require_sshd,
+    ssh_user,
+)
 from tests.fixtures.stack import Stack
 from trialbus.cli import app
 
@@ -133,9 +141,7 @@ def test_twenty_trials_over_two_machines_all_metrics_arrive(remote_stack, sshd_p
 
 
 def test_password_and_passphrase_keys_work(remote_stack, sshd_pair, tmp_path, code_dir):
-    user = ssh_user()
-    if user.password is None:
-        pytest.skip("password login needs a dedicated user, which only root can create")
+    user = require_password_user()
     key = make_key(tmp_path, "locked", passphrase="open sesame")
     sshd_pair[1].authorize(key)
     by_password = create(remote_stack, remote_config(code_dir, [machine(sshd_pair[0], password=user.password)]))

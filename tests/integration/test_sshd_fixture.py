@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import signal
 from pathlib import Path
@@ -14,9 +13,9 @@ import pytest
 from tests.fixtures.sshd import (
     KeyPair,
     SshServer,
-    in_ci,
     known_hosts_file,
     make_key,
+    require_password_user,
     require_sshd,
     ssh_user,
 )
@@ -65,9 +64,6 @@ async def test_key_auth_and_sftp(sshd: SshServer, ssh_key: KeyPair, tmp_path: Pa
 @pytest.mark.parametrize("kind, fmt", [("ed25519", None), ("ecdsa", "PKCS8")])
 async def test_passphrase_key(sshd: SshServer, tmp_path: Path, kind: str, fmt: str | None) -> None:
     require_sshd()
-    if fmt is None and importlib.util.find_spec("bcrypt") is None:
-        # asyncssh needs bcrypt for passphrase-protected keys in the OpenSSH format.
-        pytest.skip("asyncssh needs the bcrypt package for passphrase-protected OpenSSH keys")
     key = make_key(tmp_path / "keys", "id_pass", passphrase="s3cret phrase", kind=kind, fmt=fmt)
     sshd.authorize(key)
     hosts = known_hosts_file(tmp_path / "known_hosts", sshd)
@@ -78,11 +74,7 @@ async def test_passphrase_key(sshd: SshServer, tmp_path: Path, kind: str, fmt: s
 
 async def test_password_auth(sshd: SshServer, tmp_path: Path) -> None:
     require_sshd()
-    user = ssh_user()
-    if user.password is None:
-        if in_ci():
-            pytest.fail("password auth needs root (the tbssh user) under CI")
-        pytest.skip("password auth needs root")
+    user = require_password_user()
     hosts = known_hosts_file(tmp_path / "known_hosts", sshd)
     async with connect(sshd, hosts, client_keys=[], password=user.password, preferred_auth="password") as conn:
         assert (await conn.run("id -un", check=True)).stdout.strip() == user.name

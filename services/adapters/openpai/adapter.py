@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,10 +37,11 @@ from contracts.base import utcnow
 from contracts.experiment import OpenpaiConfig
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, TransientError
-from services.adapters.keeper import UnsafeArchive, extract_code, fetch_code
+from services.adapters.keeper import Bundle, UnsafeArchive, extract_code, fetch_code
 from services.adapters.openpai import jobs
 from services.adapters.openpai.client import FINAL, JobExists, OpenpaiClient
 from services.adapters.openpai.settings import OpenpaiSettings
+from services.common import platforms
 from services.common.bus import Bus
 
 log = logging.getLogger(__name__)
@@ -69,9 +71,7 @@ class OpenpaiAdapter(PlatformAdapter):
 
             keeper_path, shim_path = keeper_path or KEEPER_PATH, shim_path or SHIM_PATH
         self.settings = settings
-        self.keeper_path, self.shim_path = Path(keeper_path), Path(shim_path)
-        files = [self.keeper_path, *sorted(self.shim_path.rglob("*.py"))]
-        self.bundle = hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()[:16]
+        self.bundle = Bundle(Path(keeper_path), Path(shim_path))
         self.clients: dict[tuple[str, str, str], OpenpaiClient] = {}
         self.jobs: dict[tuple[str, int], Job] = {}
         self._bus: Bus | None = None
@@ -160,23 +160,18 @@ class OpenpaiAdapter(PlatformAdapter):
 
     def _install(self, local: str) -> str:
         """The keeper and the ``nni`` shim on the share, once per content hash; the hash."""
-        folder = Path(local) / "trialbus" / "bin" / self.bundle
+        folder = Path(local) / "trialbus" / "bin" / self.bundle.hash
         if not (folder / ".complete").exists():
-            tmp = folder.with_name(f".{self.bundle}-{os.getpid()}")
-            tmp.mkdir(parents=True, exist_ok=True)
-            (tmp / "trial_keeper.py").write_bytes(self.keeper_path.read_bytes())
-            for path in self.shim_path.rglob("*.py"):
-                target = tmp / "nni_shim" / path.relative_to(self.shim_path)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(path.read_bytes())
+            tmp = folder.with_name(f".{self.bundle.hash}-{os.getpid()}")
+            for name, data in self.bundle.files.items():
+                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / name).write_bytes(data)
             (tmp / ".complete").touch()
             try:
                 tmp.rename(folder)
             except OSError:  # another replica installed it meanwhile
-                import shutil
-
                 shutil.rmtree(tmp, ignore_errors=True)
-        return self.bundle
+        return self.bundle.hash
 
     async def _code(self, local: str, code_ref: str) -> str:
         digest = code_ref.removeprefix("sha256:")
@@ -228,19 +223,8 @@ class OpenpaiAdapter(PlatformAdapter):
 
     async def adopt(self) -> list[TrialHandle]:
         """Jobs of the openpai experiments on the bus whose trials were never reported."""
-        from contracts import ExperimentState, streams
-
-        kv = await self._bus.kv(streams.EXPERIMENTS_BUCKET.bucket)
-        try:
-            keys = await kv.keys()
-        except Exception:  # noqa: BLE001 - an empty bucket raises NoKeysError
-            return []
         handles = []
-        for key in keys:
-            try:
-                state = ExperimentState.decode((await kv.get(key)).value)
-            except ValueError:
-                continue
+        for state in await platforms.experiments(self._bus):
             service = state.config.training_service
             if not isinstance(service, OpenpaiConfig):
                 continue

@@ -36,10 +36,11 @@ from contracts.base import utcnow
 from contracts.experiment import RemoteConfig, RemoteMachineConfig
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, Stale, TransientError, Waiting
-from services.adapters.keeper import fetch_code, outcome_of
-from services.adapters.remote.client import AgentError, Bundle, Machine, MachineDown, machine_key
+from services.adapters.keeper import Bundle, fetch_code, outcome_of
+from services.adapters.remote.client import AGENT_PATH, AgentError, Machine, MachineDown, machine_key
 from services.adapters.remote.placement import MachinePlacement
 from services.adapters.remote.settings import RemoteSettings
+from services.common import platforms
 from services.common.bus import Bus
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class RemoteAdapter(PlatformAdapter):
 
             keeper_path, shim_path = keeper_path or KEEPER_PATH, shim_path or SHIM_PATH
         self.settings = settings
-        self.bundle = Bundle(keeper_path, shim_path)
+        self.bundle = Bundle(keeper_path, shim_path, {"agent.py": AGENT_PATH})
         self.machines: dict[str, Machine] = {}
         self.trials: dict[tuple[str, int], Trial] = {}
         self.placement = MachinePlacement(settings, self.name, self.trials.values, self.capacity_freed)
@@ -403,9 +404,10 @@ class RemoteAdapter(PlatformAdapter):
 
     async def adopt(self) -> list[TrialHandle]:
         """Trials on the machines of the experiments on the bus that this adapter left running."""
-        configs = await self._known_machines()
-        for config in configs:
-            self.machine(config)
+        for state in await platforms.experiments(self._bus):
+            if isinstance(state.config.training_service, RemoteConfig):
+                for config in state.config.training_service.machine_list:
+                    self.machine(config)
         await asyncio.gather(*(m.ready(wait=0) for m in self.machines.values()))
         handles = []
         for machine in self.machines.values():
@@ -417,27 +419,6 @@ class RemoteAdapter(PlatformAdapter):
                 if key not in self.trials:
                     handles.append(self._adopt_entry(machine, entry).handle)
         return handles
-
-    async def _known_machines(self) -> list[RemoteMachineConfig]:
-        """Every machine of the remote experiments in the ``experiments`` bucket."""
-        from contracts import ExperimentState, streams
-
-        kv = await self._bus.kv(streams.EXPERIMENTS_BUCKET.bucket)
-        configs: dict[str, RemoteMachineConfig] = {}  # by pool key
-        try:
-            keys = await kv.keys()
-        except Exception:  # noqa: BLE001 - an empty bucket raises NoKeysError
-            return []
-        for key in keys:
-            entry = await kv.get(key)
-            try:
-                state = ExperimentState.decode(entry.value)
-            except ValueError:
-                continue
-            if isinstance(state.config.training_service, RemoteConfig):
-                for config in state.config.training_service.machine_list:
-                    configs[machine_key(config)] = config
-        return list(configs.values())
 
     def _adopt_entry(self, machine: Machine, entry: dict) -> Trial:
         state = entry.get("state") or {}

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
 import json
 import logging
@@ -33,6 +32,7 @@ import asyncssh
 
 from contracts.experiment import RemoteMachineConfig
 from services.adapters.errors import PermanentError, TransientError
+from services.adapters.keeper import Bundle
 from services.adapters.remote.settings import RemoteSettings
 
 log = logging.getLogger(__name__)
@@ -44,19 +44,6 @@ AGENT_PATH = Path(__file__).with_name("agent.py")
 
 class MachineDown(TransientError):
     """The machine cannot be reached now (the message says since when and why)."""
-
-
-class Bundle:
-    """The files every machine gets, and their content hash (the folder name there)."""
-
-    def __init__(self, keeper: Path, shim: Path, agent: Path = AGENT_PATH) -> None:
-        self.files: dict[str, bytes] = {"agent.py": agent.read_bytes(), "trial_keeper.py": keeper.read_bytes()}
-        for path in sorted(shim.rglob("*.py")):
-            self.files[f"nni_shim/{path.relative_to(shim)}"] = path.read_bytes()
-        digest = hashlib.sha256()
-        for name, data in sorted(self.files.items()):
-            digest.update(f"{name}\0{len(data)}\0".encode() + data)
-        self.hash = digest.hexdigest()[:16]
 
 
 def _quote(path: str) -> str:
