@@ -85,12 +85,13 @@ def run(console: Console, options: StackOptions, stack: Stack, root: Path, code:
         remote(console, options.nats_url, code, machines)
     if "openpai" in parts:
         with openpai_service(root) as service:
-            figures = asyncio.run(trial_rate(options.nats_url, "python3 noop.py", code, 8, 40,
-                                             {**service, "trialGpuNumber": 0}))  # fmt: skip
-        console.print(
-            f"openpai (emulated cluster, one job per trial), concurrency 8: [bold]{figures.rate:.1f}[/] trials/s "
-            f"(submit→RUNNING p50 {percentile([x * 1000 for x in figures.to_running], 50):.0f} ms)"
-        )
+            for mode, reuse, count in (("one job per trial", False, 40), ("reuse mode, 8 environments", True, 200)):
+                figures = asyncio.run(trial_rate(options.nats_url, "python3 noop.py", code, 8, count,
+                                                 {**service, "trialGpuNumber": 0, "reuseMode": reuse}))  # fmt: skip
+                console.print(
+                    f"openpai (emulated cluster, {mode}), concurrency 8, {count} trials: [bold]{figures.rate:.1f}[/] "
+                    f"trials/s (submit→RUNNING p50 {percentile([x * 1000 for x in figures.to_running], 50):.0f} ms)"
+                )
 
 
 def local_trials(console: Console, options: StackOptions, code: Path, command: str) -> None:

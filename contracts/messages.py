@@ -179,6 +179,22 @@ class MachineStatus(Contract):
     gpus: list[GpuStatus] = []
 
 
+class ClusterStatus(Contract):
+    """One OpenPAI cluster and user of the openpai adapter: its jobs, environments, limits."""
+
+    #: ``user@host``.
+    name: str
+    #: Trial jobs (one job per trial) being watched.
+    jobs: int = 0
+    #: Reuse mode: environment jobs kept, and how many of them hold a trial.
+    environments: int = 0
+    busy_environments: int = 0
+    #: Seconds until submissions resume after OpenPAI answered 429 (None: not paused).
+    paused_for: float | None = None
+    #: Why the last read of the job states failed (None when it worked).
+    error: str | None = None
+
+
 class PlatformStatus(Contract):
     """KV ``platforms`` key ``<adapter>.<replica>``: one adapter replica's capacity, refreshed
     every few seconds; the entry expires when the replica stops refreshing it."""
@@ -201,3 +217,5 @@ class PlatformStatus(Contract):
     gpus: list[GpuStatus] = []
     #: The remote adapter's SSH machines.
     machines: list[MachineStatus] = []
+    #: The openpai adapter's clusters (one entry per cluster and user).
+    clusters: list[ClusterStatus] = []

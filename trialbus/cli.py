@@ -26,6 +26,8 @@ from contracts import ExperimentStatus, MetricType, TrialStatus
 from services.common.code import PackingError
 from trialbus import __version__
 from trialbus.client import DEFAULT_NATS_URL, AsyncClient, TrialbusError, as_config
+from trialbus.render import NoJob
+from trialbus.render import render as render_job
 from trialbus.stack import StackError, StackOptions
 from trialbus.stack import run as run_stack
 
@@ -62,9 +64,9 @@ def _console() -> Console:
     return Console(highlight=False)
 
 
-def fail(message: str) -> typer.Exit:
+def fail(message: str, code: int = 1) -> typer.Exit:
     Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    return typer.Exit(1)
+    return typer.Exit(code)
 
 
 def with_client(ctx: typer.Context, work: Callable[[AsyncClient], Awaitable[T]]) -> T:
@@ -171,6 +173,21 @@ def experiment_stop(ctx: typer.Context, experiment_id: Annotated[str, typer.Argu
     _console().print(f"experiment {experiment.id}: {_status(experiment.status)}")
 
 
+# -- jobs ----------------------------------------------------------------------------------
+
+
+@app.command()
+def render(config: Annotated[Path, typer.Option("--config", "-f", help="NNI v2 experiment config (YAML).")]) -> None:
+    """Print the OpenPAI job YAML the openpai adapter would submit for a trial; secrets masked, nothing contacted."""
+    try:
+        text = render_job(as_config(config))
+    except NoJob as exc:
+        raise fail(str(exc), code=2) from None
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    print(text, end="")
+
+
 # -- platforms -----------------------------------------------------------------------------
 
 
@@ -192,6 +209,16 @@ def platform_list(ctx: typer.Context) -> None:
                 state = f"{m.cpus} CPUs" if m.up else f"[red]unreachable[/]: {m.error}"
                 _gpu_rows(table, ("", f"└ {m.name}", str(m.running), ""), m.gpus, state if not m.gpus or not m.up
                           else None)  # fmt: skip
+            continue
+        if p.clusters:  # openpai: one line per cluster and user
+            table.add_row(*first, "", "", "", "", "")
+            for c in p.clusters:
+                state = f"[red]{c.error}[/]" if c.error else f"{c.jobs} jobs"
+                if c.environments:
+                    state += f", environments {c.busy_environments}/{c.environments} busy"
+                if c.paused_for:
+                    state += f", submissions paused {c.paused_for:.0f}s (429)"
+                table.add_row("", f"└ {c.name}", "", "", state, "", "", "", "")
             continue
         _gpu_rows(table, first, p.gpus, None if p.gpus else f"none ({p.gpu_error})" if p.gpu_error else "none")
     _console().print(table)

@@ -637,6 +637,11 @@ def fork_keeper(environ, close_fds=()):
     posix._exit(status)
 
 
+def read_settings(path):
+    """A settings file (``--env``): KEY=VALUE items separated by NUL, as bytes → bytes."""
+    return dict(item.split(b"=", 1) for item in read_file(path).split(b"\0") if b"=" in item)
+
+
 def main():
     if sys.argv[1:2] == ["--version"]:
         print(VERSION)
@@ -647,7 +652,7 @@ def main():
         # Settings from a file (KEY=VALUE items separated by NUL, as the zygote reads them),
         # under the environment (which wins): where people can read the job spec (OpenPAI),
         # the trial's token stays out of the command.
-        environ = dict(item.split(b"=", 1) for item in read_file(sys.argv[2]).split(b"\0") if b"=" in item)
+        environ = read_settings(sys.argv[2])
         environ.update(posix.environ)
         return run_keeper(environ)
     return run_keeper(posix.environ)

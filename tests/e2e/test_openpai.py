@@ -133,6 +133,11 @@ def test_a_restarted_adapter_adopts_running_jobs(pai_stack, pai, share, tmp_path
     for trial_id in ids:
         found = ended(pai_stack, trial_id)
         assert found["status"] == "SUCCEEDED" and found["intermediateCount"] == 1, found
+    # Logs of trials that ended before this run of the adapter come from the share.
+    pai_stack.kill("openpai")
+    pai_stack.start("openpai")
+    log = pai_stack.rest("GET", f"/trials/{ids[0]}/log")
+    assert log.status_code == 200 and "==> taskrole-0/stdout <==" in log.text and "NNISDK_MEb" in log.text, log.text
 
 
 def test_a_two_role_trial_runs_both_roles_and_reports_once(pai_stack, pai, share, tmp_path):

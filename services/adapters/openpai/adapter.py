@@ -16,6 +16,10 @@ transient, permanent or unknown) into the trial's message and failure class; STO
 our cancel takes the cancel's status, after anyone else's SYS_CANCELED; UNKNOWN and HTTP
 errors leave the trial running (transient). The trial's own exit code comes from the
 keeper's ``state.json`` on the share.
+
+In reuse mode (``reuseMode: true``, ``reuse.py``) trials are handed to a pool of long-running
+environment jobs instead, through tickets on the share; a trial's end is then the keeper's
+``state.json``, watched every ``reuse_poll`` seconds.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from services.adapters.errors import PermanentError, TransientError
 from services.adapters.keeper import Bundle, UnsafeArchive, extract_code, fetch_code
 from services.adapters.openpai import jobs
 from services.adapters.openpai.client import FINAL, JobExists, OpenpaiClient
+from services.adapters.openpai.reuse import Environment, Pools
 from services.adapters.openpai.settings import OpenpaiSettings
 from services.common import platforms
 from services.common.bus import Bus
@@ -60,31 +65,31 @@ class Job:
     state: str = "WAITING"  # jobStatus.state as last read
     outcome: TrialOutcome | None = None
     detail: dict = field(default_factory=dict)
+    env: Environment | None = None  # reuse mode: the environment running it
+    tasks: int = 1  # tasks of the job (or environment): more than one stop together in reuse mode
+    seen: float = 0.0  # reuse mode: mtime of the reporting task's state.json when last read
 
 
 class OpenpaiAdapter(PlatformAdapter):
     name = "openpai"
 
-    def __init__(self, settings: OpenpaiSettings, keeper_path: Path | None = None, shim_path: Path | None = None):
-        if keeper_path is None or shim_path is None:
-            from services.trial_keeper import KEEPER_PATH, SHIM_PATH
-
-            keeper_path, shim_path = keeper_path or KEEPER_PATH, shim_path or SHIM_PATH
+    def __init__(self, settings: OpenpaiSettings):
         self.settings = settings
-        self.bundle = Bundle(Path(keeper_path), Path(shim_path))
+        self.bundle = bundle()
         self.clients: dict[tuple[str, str, str], OpenpaiClient] = {}
         self.jobs: dict[tuple[str, int], Job] = {}
+        self.pools = Pools(settings)
         self._bus: Bus | None = None
-        self._loop: asyncio.Task | None = None
+        self._loops: list[asyncio.Task] = []
 
     async def start(self, bus: Bus) -> None:
         self._bus = bus
-        self._loop = asyncio.create_task(self._status_loop())
+        self._loops = [asyncio.create_task(self._status_loop()), asyncio.create_task(self._reuse_loop())]
 
     async def stop(self) -> None:
-        if self._loop is not None:
-            self._loop.cancel()
-            await asyncio.gather(self._loop, return_exceptions=True)
+        for loop in self._loops:
+            loop.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
         await asyncio.gather(*(c.close() for c in self.clients.values()), return_exceptions=True)
 
     def client(self, service: OpenpaiConfig) -> OpenpaiClient:
@@ -122,16 +127,16 @@ class OpenpaiAdapter(PlatformAdapter):
         service = request.training_service
         if not isinstance(service, OpenpaiConfig):
             raise PermanentError(f"the openpai adapter cannot run platform {service.platform!r}")
+        local, container = service.local_storage_mount_point.rstrip("/"), service.container_storage_mount_point
         try:
-            name = jobs.job_name(request.experiment_id, request.trial_id, request.attempt)
             report = jobs.reporting_role(service)
+            name, share, job_spec = jobs.trial_job(service, request.experiment_id, request.trial_id, request.attempt,
+                                                   request.trial_command, request.trial_gpu_number or 0,
+                                                   self.bundle.hash)  # fmt: skip
         except ValueError as exc:
             raise PermanentError(str(exc)) from None
-        local, container = service.local_storage_mount_point.rstrip("/"), service.container_storage_mount_point
         keeper = await asyncio.to_thread(self._install, local)
         code_dir = await self._code(local, request.code_ref) if request.code_ref else None
-        where = f"trialbus/trials/{request.experiment_id}/{request.trial_id}-{request.attempt}"
-        share = jobs.Share(f"{local}/{where}", f"{container}/{where}")
         settings = {
             "TRIALBUS_EXPERIMENT_ID": request.experiment_id, "TRIALBUS_TRIAL_ID": request.trial_id,
             "TRIALBUS_SEQUENCE_ID": str(request.sequence_id), "TRIALBUS_ATTEMPT": str(request.attempt),
@@ -144,9 +149,14 @@ class OpenpaiAdapter(PlatformAdapter):
         report_settings = {**settings, "TRIALBUS_GATEWAY_URL": self.settings.gateway_url,
                            "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value()}  # fmt: skip
         fresh = await asyncio.to_thread(_write_trial_dir, share.local, settings, report_settings)
-        job_spec = jobs.render(service, name, request.trial_command, request.trial_gpu_number or 0, share,
-                               f"{container}/trialbus/bin/{keeper}/trial_keeper.py")  # fmt: skip
         client = self.client(service)
+        if service.reuse_mode:
+            env = await self.pools.place(key, service, client, request.experiment_id, share.container, fresh,
+                                         request.trial_gpu_number or 0, request.trial_command, keeper)  # fmt: skip
+            job = self.jobs[key] = Job(TrialHandle(request.experiment_id, request.trial_id, request.attempt,
+                                                   ref=f"{client.framework(env.name)}#{share.local}"),
+                                       client, env.name, share, report, env=env, tasks=_tasks(service))  # fmt: skip
+            return job.handle
         try:
             await client.submit(yaml.safe_dump(job_spec, sort_keys=False), name)
         except JobExists:
@@ -190,6 +200,12 @@ class OpenpaiAdapter(PlatformAdapter):
         job = self._find(handle)
         if job.outcome is not None:
             return job.outcome
+        if job.env is not None:
+            key = (handle.trial_id, handle.attempt)
+            job.outcome = self.pools.outcome(job.env, key, job.share.local, job.report)
+            if job.outcome is not None:
+                self.pools.ended(job.env, key, job.share.local, job.tasks)
+            return job.outcome
         if job.state not in FINAL:
             return None
         if not job.detail:
@@ -199,52 +215,136 @@ class OpenpaiAdapter(PlatformAdapter):
 
     async def cancel(self, handle: TrialHandle) -> None:
         job = self._find(handle)
-        if job.outcome is None:
+        if job.outcome is not None:
+            return
+        if job.env is None:
             await job.client.stop(job.name)
+        elif self.pools.cancel(job.share.local, job.report):  # it had not started: it never will
+            job.outcome = TrialOutcome(TrialStatus.FAILED, None, "canceled before it started", None, utcnow())
+            self.pools.ended(job.env, (handle.trial_id, handle.attempt), job.share.local, job.tasks)
+            self.notify(handle)
 
     async def _status_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.status_poll)
             for client in list(self.clients.values()):
-                ours = {j.name: j for j in self.jobs.values() if j.client is client and j.outcome is None}
-                if not ours:
+                ours = {j.name: j for j in self.jobs.values() if j.client is client and j.outcome is None and not j.env}
+                envs = {e.name: e for e in self.pools.environments.values() if e.client is client and e.live}
+                if not ours and not envs:
                     continue
                 try:
-                    for summary in await client.jobs("trialbus_"):
-                        job = ours.get(summary.get("name", ""))
-                        if job is not None and summary.get("state") != job.state:
-                            job.state = str(summary.get("state"))
-                            if job.state in FINAL:
-                                self.notify(job.handle)
+                    summaries, client.error = await client.jobs("trialbus_"), None
                 except (TransientError, PermanentError) as exc:
                     log.warning("cannot read job states from %s: %s", client.host, exc)
+                    client.error = str(exc)
+                    continue
+                for summary in summaries:
+                    name, state = summary.get("name", ""), str(summary.get("state"))
+                    if (job := ours.get(name)) is not None and state != job.state:
+                        job.state = state
+                        if job.state in FINAL:
+                            self.notify(job.handle)
+                    elif (env := envs.get(name)) is not None and state != env.state:
+                        env.state = state
+                        if state in FINAL:
+                            await self._lost(env)
+
+    async def _lost(self, env: Environment) -> None:
+        """An environment ended under its trials: the one that ran ends; the others move."""
+        log.warning("environment %s ended (%s)", env.client.framework(env.name), env.state)
+        for key in self.pools.lost(env):
+            job = self.jobs.get(key)
+            if job is None or (Path(job.share.local) / f"{job.report}-0").exists():
+                if job is not None:
+                    self.notify(job.handle)
+                continue
+            service = await self._service(job.handle.experiment_id)
+            try:
+                if service is None:
+                    raise PermanentError(f"experiment {job.handle.experiment_id} is gone")
+                env.drop(key)
+                job.env = await self.pools.place(key, service, job.client, job.handle.experiment_id,
+                                                 job.share.container, True, env.gpus, env.trial_command,
+                                                 self.bundle.hash)  # fmt: skip
+                log.info("trial %s moved to environment %s", key[0], job.env.name)
+            except (TransientError, PermanentError) as exc:
+                log.warning("cannot move trial %s to another environment: %s", key[0], exc)
+                self.notify(job.handle)
+
+    async def _reuse_loop(self) -> None:
+        """Reuse mode: a trial's end as soon as its keeper writes it; environments' upkeep."""
+        while True:
+            await asyncio.sleep(self.settings.reuse_poll)
+            for job in list(self.jobs.values()):
+                if job.env is not None and job.outcome is None:
+                    with contextlib.suppress(OSError):
+                        mtime = (Path(job.share.local) / f"{job.report}-0" / ".trialbus" / "state.json").stat().st_mtime
+                        if mtime != job.seen:
+                            job.seen = mtime
+                            self.notify(job.handle)
+            await self.pools.tick()
 
     # ------------------------------------------------------------------ restarts
 
     async def adopt(self) -> list[TrialHandle]:
-        """Jobs of the openpai experiments on the bus whose trials were never reported."""
+        """Jobs (or, in reuse mode, environments' trials) of the openpai experiments on the bus
+        whose trials were never reported."""
         handles = []
         for state in await platforms.experiments(self._bus):
             service = state.config.training_service
             if not isinstance(service, OpenpaiConfig):
                 continue
+            client, report = self.client(service), jobs.reporting_role(service)
+            held = {}
+            if service.reuse_mode:
+                gpus = state.config.trial_gpu_number if service.trial_gpu_number is None else service.trial_gpu_number
+                held = self.pools.adopt(state.id, service.local_storage_mount_point, client, gpus or 0,
+                                        state.config.trial_command)  # fmt: skip
             base = Path(service.local_storage_mount_point) / "trialbus" / "trials" / state.id
             for entry in sorted(base.iterdir()) if base.is_dir() else ():
                 trial_id, _, attempt = entry.name.rpartition("-")
+                key = (trial_id, int(attempt) if attempt.isdigit() else -1)
                 if not attempt.isdigit() or (entry / ".trialbus" / "reported").exists():
+                    if key in held:  # released before the ticket was removed
+                        held.pop(key).drop(key)
                     continue
+                if service.reuse_mode and key not in held:
+                    continue  # never handed over: its request comes again
                 where = f"trialbus/trials/{state.id}/{entry.name}"
                 share = jobs.Share(str(entry), f"{service.container_storage_mount_point}/{where}")
-                client, name = self.client(service), jobs.job_name(state.id, trial_id, int(attempt))
+                env = held.get(key)
+                name = env.name if env else jobs.job_name(state.id, trial_id, key[1])
                 started = datetime.fromtimestamp(entry.stat().st_mtime, UTC)
-                handle = TrialHandle(state.id, trial_id, int(attempt), ref=f"{client.framework(name)}#{entry}",
+                handle = TrialHandle(state.id, trial_id, key[1], ref=f"{client.framework(name)}#{entry}",
                                      start_time=started)  # fmt: skip
-                self.jobs[(trial_id, int(attempt))] = Job(handle, client, name, share, jobs.reporting_role(service))
+                self.jobs[key] = Job(handle, client, name, share, report, env=env, tasks=_tasks(service))
                 handles.append(handle)
         return handles
 
+    async def past(self, experiment_id: str, trial_id: str) -> TrialHandle | None:
+        """The newest attempt of a finished trial whose folder the share keeps (its logs)."""
+        if (service := await self._service(experiment_id)) is None:
+            return None
+        attempts = []
+        for folder in (Path(service.local_storage_mount_point) / "trialbus" / "trials" / experiment_id).glob("*-*"):
+            name, _, attempt = folder.name.rpartition("-")
+            if name == trial_id and attempt.isdigit():
+                attempts.append((int(attempt), folder))
+        if not attempts:
+            return None
+        attempt, folder = max(attempts)
+        return TrialHandle(experiment_id, trial_id, attempt, ref=f"{self.client(service).username}#{folder}")
+
+    async def _service(self, experiment_id: str) -> OpenpaiConfig | None:
+        for state in await platforms.experiments(self._bus):
+            if state.id == experiment_id and isinstance(state.config.training_service, OpenpaiConfig):
+                return state.config.training_service
+        return None
+
     async def release(self, handle: TrialHandle) -> None:
         job = self.jobs.pop((handle.trial_id, handle.attempt), None)
+        if job is not None and job.env is not None:
+            job.env.drop((handle.trial_id, handle.attempt))
         folder = Path(job.share.local if job else handle.ref.split("#", 1)[1])
         with contextlib.suppress(OSError):
             (folder / ".trialbus" / "reported").touch()
@@ -267,7 +367,28 @@ class OpenpaiAdapter(PlatformAdapter):
         return job
 
     def describe(self) -> dict:
-        return {}
+        clusters = []
+        for client in self.clients.values():
+            environments, busy = self.pools.describe(client)
+            jobs_ = sum(1 for j in self.jobs.values() if j.client is client and j.env is None and j.outcome is None)
+            clusters.append({"name": f"{client.username}@{client.host}", "jobs": jobs_,
+                             "environments": environments, "busy_environments": busy,
+                             "paused_for": client.paused_for(), "error": client.error})  # fmt: skip
+        return {"clusters": clusters}
+
+
+def bundle() -> Bundle:
+    """The files the adapter installs on the share: the keeper, the ``nni`` shim and the
+    reuse-mode runner (their hash names their folder, and appears in every job)."""
+    from services.trial_keeper import KEEPER_PATH, SHIM_PATH
+
+    return Bundle(KEEPER_PATH, SHIM_PATH, {jobs.RUNNER: Path(__file__).with_name("runner.py")})
+
+
+def _tasks(service: OpenpaiConfig) -> int:
+    """The tasks of a trial's job: the instances of every task role."""
+    roles = (service.openpai_config or {}).get("taskRoles") or {"taskrole": {}}
+    return sum(int(spec.get("instances", 1)) if isinstance(spec, dict) else 1 for spec in roles.values())
 
 
 def _write_trial_dir(folder: str, quiet: dict[str, str], report: dict[str, str]) -> bool:

@@ -5,12 +5,15 @@ Every call goes to ``<host>/rest-server/api/v2/...`` with ``Authorization: Beare
 in one place: 401 (the token), 403 (a virtual cluster or a job that is not ours), 429 (too
 many submissions: back off, as long as the server says), 5xx and network errors
 (transient), 400 (a job the server refuses: permanent, with its reasons). Certificates are
-always verified, against ``TRIALBUS_OPENPAI_CA_BUNDLE`` when a cluster uses its own CA.
+always verified, against ``TRIALBUS_OPENPAI_CA_BUNDLE`` when a cluster uses its own CA; one
+that does not verify is permanent (retrying cannot help, the setting can), and the message
+names the setting.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -36,13 +39,18 @@ class OpenpaiClient:
         self.rate_limit_backoff = rate_limit_backoff
         self._cooldown_until = 0.0  # monotonic: no submission before (after a 429)
         self._cooldown = 0.0  # seconds of the last back-off, doubled at each 429 in a row
-        self._http = httpx.AsyncClient(
-            base_url=f"{self.host}/rest-server/api/v2", timeout=timeout,
-            headers={"Authorization": f"Bearer {token}"}, verify=str(ca_bundle) if ca_bundle else True,
-        )  # fmt: skip
+        self.error: str | None = None  # why the last job-list read failed
+        verify = ssl.create_default_context(cafile=str(ca_bundle)) if ca_bundle else True
+        self._http = httpx.AsyncClient(base_url=f"{self.host}/rest-server/api/v2", timeout=timeout,
+                                       headers={"Authorization": f"Bearer {token}"}, verify=verify)  # fmt: skip
 
     async def close(self) -> None:
         await self._http.aclose()
+
+    def paused_for(self) -> float | None:
+        """Seconds until submissions resume after a 429; None when they are not paused."""
+        wait = self._cooldown_until - time.monotonic()
+        return round(wait, 1) if wait > 0 else None
 
     def framework(self, job: str) -> str:
         """``user~job``: the path segment naming a job."""
@@ -114,6 +122,16 @@ class OpenpaiClient:
         try:
             return await self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
+            chain: list[BaseException] = [exc]  # httpx's ConnectError <- httpcore's <- the ssl module's error
+            while len(chain) < 8 and (cause := chain[-1].__cause__ or chain[-1].__context__) is not None:
+                chain.append(cause)
+            unverified = next((e for e in chain if isinstance(e, ssl.SSLCertVerificationError)), None)
+            if isinstance(exc, httpx.ConnectError) and (unverified or "CERTIFICATE_VERIFY_FAILED" in str(exc)):
+                reason = (getattr(unverified, "verify_message", None) or str(exc)).rstrip(".")  # "self-signed …"
+                raise PermanentError(
+                    f"cannot verify the HTTPS certificate of {self.host}: {reason}; if the cluster uses its own CA, "
+                    "set TRIALBUS_OPENPAI_CA_BUNDLE on the openpai adapter to that CA's certificate bundle (PEM)"
+                ) from None
             raise TransientError(f"cannot reach OpenPAI at {self.host}: {exc}", delay=2.0) from None
 
 

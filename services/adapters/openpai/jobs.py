@@ -9,11 +9,15 @@ are kept (so OpenPAI still renders ``<% $parameters.x %>`` and ``<% $secrets.x %
 them) but written by the task into a script that the trial keeper then runs::
 
     T=<container share>/trialbus/trials/<exp>/<trial>-<attempt>/$PAI_CURRENT_TASK_ROLE_NAME-<index>
-    mkdir -p $T/.trialbus && cat > $T/.trialbus/command.sh <<'TRIALBUS_COMMAND'
+    mkdir -p $T/.trialbus && C=$(mktemp) && cat > $C <<'TRIALBUS_COMMAND'
     <the role's commands, one per line>
     TRIALBUS_COMMAND
-    TRIALBUS_TRIAL_DIR=$T TRIALBUS_TRIAL_COMMAND="sh $T/.trialbus/command.sh" \\
-        python3 -S -I <container share>/trialbus/bin/<hash>/trial_keeper.py --env <settings file>
+    TRIALBUS_TRIAL_DIR=$T TRIALBUS_TRIAL_COMMAND="sh $C" \\
+        python3 -S -I <container share>/trialbus/bin/<hash>/trial_keeper.py --env <settings file>; \\
+        S=$?; rm -f "$C"; exit $S
+
+The script is a private temporary file of the container (``mktemp``: mode 0600), never on
+the share: once OpenPAI has rendered them, the commands may hold the job's secrets.
 
 Only the reporting role's first instance gets the settings file with the gateway and the
 trial's token (``.trialbus/report.env``, 0600, never in the job spec); every other task
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +38,8 @@ from contracts.experiment import OpenpaiConfig
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,255}$")
 _ROLE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 MARK = "TRIALBUS_COMMAND"
+#: The reuse-mode environment runner's file name on the share (``runner.py`` here).
+RUNNER = "openpai_runner.py"
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,15 @@ class Share:
 
 def job_name(experiment_id: str, trial_id: str, attempt: int) -> str:
     """``trialbus_<experiment>_<trial>`` (``_<attempt>`` after the first: names are never freed)."""
-    name = f"trialbus_{experiment_id}_{trial_id}" + (f"_{attempt}" if attempt else "")
+    return _checked(f"trialbus_{experiment_id}_{trial_id}" + (f"_{attempt}" if attempt else ""))
+
+
+def environment_name(experiment_id: str, environment: str) -> str:
+    """``trialbus_<experiment>_env_<id>``: a reuse-mode environment's job."""
+    return _checked(f"trialbus_{experiment_id}_env_{environment}")
+
+
+def _checked(name: str) -> str:
     if not _NAME.match(name):
         raise ValueError(f"job name {name!r} does not match OpenPAI's ^[a-zA-Z0-9_-]+$ (255 characters at most)")
     return name
@@ -65,8 +80,62 @@ def reporting_role(service: OpenpaiConfig) -> str:
     return roles[0]
 
 
+def trial_job(service: OpenpaiConfig, experiment_id: str, trial_id: str, attempt: int, trial_command: str, gpus: int,
+              bin_hash: str) -> tuple[str, Share, dict]:  # fmt: skip
+    """The name, the folders and the job of one trial attempt, with the keeper installed on the
+    share under ``trialbus/bin/<bin_hash>/`` (secrets in clear: what the cluster receives)."""
+    name = job_name(experiment_id, trial_id, attempt)
+    local, container = service.local_storage_mount_point.rstrip("/"), service.container_storage_mount_point
+    where = f"trialbus/trials/{experiment_id}/{trial_id}-{attempt}"
+    share = Share(f"{local}/{where}", f"{container}/{where}")
+    keeper = f"{container}/trialbus/bin/{bin_hash}/trial_keeper.py"
+    return name, share, render(service, name, trial_command, gpus, share, keeper)
+
+
+def environment_job(service: OpenpaiConfig, experiment_id: str, env_id: str, trial_command: str, gpus: int,
+                    bin_hash: str, poll: float, orphan: float) -> tuple[str, Share, dict]:  # fmt: skip
+    """The name, the folders and the job of one reuse-mode environment, whose runner is
+    installed on the share under ``trialbus/bin/<bin_hash>/`` (``poll``, ``orphan``: its
+    ``--poll`` and ``--orphan``)."""
+    name = environment_name(experiment_id, env_id)
+    local, container = service.local_storage_mount_point.rstrip("/"), service.container_storage_mount_point
+    where = f"trialbus/envs/{experiment_id}/{env_id}"
+    share = Share(f"{local}/{where}", f"{container}/{where}")
+    runner = ["python3", "-S", "-I", f"{container}/trialbus/bin/{bin_hash}/{RUNNER}", "--env", share.container,
+              "--poll", str(poll), "--orphan", str(orphan)]  # fmt: skip
+    return name, share, render_environment(service, name, trial_command, gpus, share.container, runner)
+
+
 def render(service: OpenpaiConfig, name: str, trial_command: str, gpus: int, share: Share, keeper: str) -> dict:
     """The job for one attempt (see the module docstring). ``keeper``: its path in the container."""
+    report = reporting_role(service)
+    return _job(service, name, trial_command, gpus,
+                lambda role, commands: wrap(commands, role == report, share.container, keeper))  # fmt: skip
+
+
+def render_environment(service: OpenpaiConfig, name: str, trial_command: str, gpus: int, env_dir: str,
+                       runner: list[str]) -> dict:  # fmt: skip
+    """The job of one reuse-mode environment: each task writes its role's commands to a script
+    and runs the environment runner (``runner``: its command line, without ``--task``), which
+    runs the trials handed to the environment one after another through the keeper."""
+    report = reporting_role(service)
+
+    def run(role: str, commands: list[str]) -> list[str]:
+        task = f'{env_dir}/"$PAI_CURRENT_TASK_ROLE_NAME"-"$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"'
+        return [
+            f"E={task} && mkdir -p \"$E\" && C=$(mktemp) && cat > \"$C\" <<'{MARK}'",
+            *(command.strip() for command in commands),
+            MARK,
+            " ".join([*runner, '--task "$E" --command "$C"', *(["--reports"] if role == report else [])]),
+        ]
+
+    return _job(service, name, trial_command, gpus, run)
+
+
+def _job(service: OpenpaiConfig, name: str, trial_command: str, gpus: int,
+         commands_of: Callable[[str, list[str]], list[str]]) -> dict:  # fmt: skip
+    """The user's ``openpaiConfig`` (or NNI's default job) named ``name``, each task role's
+    commands replaced by ``commands_of(role, commands)``."""
     if service.openpai_config is not None:
         job = copy.deepcopy(service.openpai_config)
     else:
@@ -74,12 +143,10 @@ def render(service: OpenpaiConfig, name: str, trial_command: str, gpus: int, sha
     job["name"] = name
     job.setdefault("protocolVersion", 2)
     job.setdefault("type", "job")
-    report = reporting_role(service)
     for role, spec in (job.get("taskRoles") or {}).items():
         if not _ROLE.match(str(role)) or not isinstance(spec, dict):
             continue  # the server says what is wrong with it
-        commands = spec.get("commands") or [trial_command]
-        spec["commands"] = wrap(list(map(str, commands)), role == report, share.container, keeper)
+        spec["commands"] = commands_of(str(role), list(map(str, spec.get("commands") or [trial_command])))
     return job
 
 
@@ -116,11 +183,11 @@ def wrap(commands: list[str], reports: bool, trial_dir: str, keeper: str) -> lis
         settings = (f'"$([ "$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX" = 0 ] && echo {trial_dir}/.trialbus/report.env '
                     f'|| echo {trial_dir}/.trialbus/quiet.env)"')  # fmt: skip
     return [
-        f"T={task} && mkdir -p \"$T/.trialbus\" && cat > \"$T/.trialbus/command.sh\" <<'{MARK}'",
+        f"T={task} && mkdir -p \"$T/.trialbus\" && C=$(mktemp) && cat > \"$C\" <<'{MARK}'",
         *(command.strip() for command in commands),
         MARK,
-        f'TRIALBUS_TRIAL_DIR="$T" TRIALBUS_TRIAL_COMMAND="sh $T/.trialbus/command.sh" '
-        f"python3 -S -I {keeper} --env {settings}",
+        f'TRIALBUS_TRIAL_DIR="$T" TRIALBUS_TRIAL_COMMAND="sh $C" python3 -S -I {keeper} --env {settings}; '
+        'S=$?; rm -f "$C"; exit $S',
     ]
 
 

@@ -3,7 +3,9 @@
 ``start_openpai`` launches ``python -m tests.emulators.openpai`` on a free port, waits until it
 answers, and returns an ``OpenPai`` handle; the ``openpai`` fixture does the same per test. The
 emulator validates jobs with the rest-server's own schema and checks, runs every task as a real
-local process, and reports status the way the rest-server does (see ``server.py``).
+local process, and reports status the way the rest-server does (see ``server.py``). With
+``tls=(certfile, keyfile)`` it serves HTTPS, as a cluster with a self-signed certificate does
+(``tests/fixtures/tls.py`` makes one); its own requests trust ``certfile`` (``OpenPai.verify``).
 
     pai = start_openpai(tmp_path, users={"alice": "alice-password"})
     token = pai.token("alice")  # an application token, as automation should use
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -36,12 +39,15 @@ class OpenPai:
     """A running emulator: its base URL, credentials, log, and ``stop``."""
 
     def __init__(self, process: subprocess.Popen[bytes], url: str, state_dir: Path, users: Mapping[str, str],
-                 mounts: Mapping[str, str]) -> None:
+                 mounts: Mapping[str, str], trusted: Path | None = None) -> None:  # fmt: skip
         self.process = process
         self.url = url  # the adapter talks to f"{url}/rest-server/api/v2/..."
         self.state_dir = state_dir
         self.users = dict(users)
         self.mounts = dict(mounts)
+        #: What httpx needs to trust this server: the certificates of ``trusted`` over HTTPS, else
+        #: the system's (plain HTTP has nothing to verify). Never ``False``.
+        self.verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=trusted) if trusted else True
         self._tokens: dict[str, str] = {}
 
     @property
@@ -51,7 +57,8 @@ class OpenPai:
 
     def login(self, user: str) -> dict[str, object]:
         """``POST /api/v2/authn/basic/login``: ``{user, token, admin, hasGitHubPAT}`` (a 7-day login token)."""
-        r = httpx.post(f"{self.api}/authn/basic/login", data={"username": user, "password": self.users[user]})
+        r = httpx.post(f"{self.api}/authn/basic/login", data={"username": user, "password": self.users[user]},
+                       verify=self.verify)  # fmt: skip
         r.raise_for_status()
         return r.json()
 
@@ -59,7 +66,8 @@ class OpenPai:
         """An application token for ``user``, obtained through the API (cached per user)."""
         if user not in self._tokens:
             login = self.login(user)
-            r = httpx.post(f"{self.api}/tokens/application", headers={"Authorization": f"Bearer {login['token']}"})
+            r = httpx.post(f"{self.api}/tokens/application", headers={"Authorization": f"Bearer {login['token']}"},
+                           verify=self.verify)  # fmt: skip
             r.raise_for_status()
             self._tokens[user] = r.json()["token"]
         return self._tokens[user]
@@ -69,7 +77,7 @@ class OpenPai:
 
     def job(self, user: str, name: str) -> dict[str, object]:
         """The JobDetail of ``user~name`` (``GET /api/v2/jobs/{user}~{name}``), read as ``user``."""
-        r = httpx.get(f"{self.api}/jobs/{user}~{name}", headers=self.headers(user))
+        r = httpx.get(f"{self.api}/jobs/{user}~{name}", headers=self.headers(user), verify=self.verify)
         r.raise_for_status()
         return r.json()
 
@@ -105,9 +113,11 @@ class OpenPai:
 
 def _command(port: int, state_dir: Path, users: Mapping[str, str], admin: str | None,
              vcs: Mapping[str, Sequence[str]] | None, storages: Sequence[str], submit_limit: int,
-             mounts: Mapping[str, str], lag: float, submit_window: float = 3600.0) -> list[str]:
+             mounts: Mapping[str, str], lag: float, submit_window: float = 3600.0,
+             tls: tuple[Path, Path] | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "tests.emulators.openpai", "--port", str(port), "--state", str(state_dir),
            "--submit-limit", str(submit_limit), "--submit-window", str(submit_window), "--lag", str(lag)]
+    cmd += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []
     cmd += [arg for name, password in users.items() for arg in ("--user", f"{name}:{password}")]
     cmd += ["--admin", admin] if admin else []
     cmd += [arg for name, members in (vcs or {}).items() for arg in ("--vc", f"{name}:{','.join(members)}")]
@@ -126,29 +136,38 @@ def start_openpai(
     mounts: Mapping[str, str] | None = None,
     lag: float = 0.0,
     submit_window: float = 3600.0,
+    tls: tuple[Path, Path] | None = None,
 ) -> OpenPai:
     """Start an emulator on a free port and wait until it answers.
 
     ``users`` defaults to ``{"alice": "alice-password"}`` (passwords need 6+ characters to log in).
     ``vcs`` adds virtual clusters with their users; ``default`` stays open to everyone unless
     listed. ``mounts`` maps container paths to local directories (see ``--mount``).
+    ``tls=(certfile, keyfile)`` serves HTTPS at ``https://127.0.0.1:<port>``; the handle's own
+    requests trust the certificates in ``certfile``, so it should hold the chain up to a
+    self-signed root (the server's certificate, then its CA's), as ``Certificates.server`` does.
     """
     users = dict(users or {"alice": "alice-password"})
     mounts = dict(mounts or {})
     state_dir.mkdir(parents=True, exist_ok=True)
+    scheme = "https" if tls else "http"
     for _ in range(3):  # another process may take the free port before the server binds it
         port = free_port()
         with (state_dir / "server.log").open("ab") as log:
             process = subprocess.Popen(
-                _command(port, state_dir, users, admin, vcs, storages, submit_limit, mounts, lag, submit_window),
+                _command(port, state_dir, users, admin, vcs, storages, submit_limit, mounts, lag, submit_window, tls),
                 cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
-        pai = OpenPai(process, f"http://127.0.0.1:{port}", state_dir, users, mounts)
+        pai = OpenPai(process, f"{scheme}://127.0.0.1:{port}", state_dir, users, mounts, tls[0] if tls else None)
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline and process.poll() is None:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{pai.api}/info", timeout=1).status_code == 200:
+            try:
+                if httpx.get(f"{pai.api}/info", timeout=1, verify=pai.verify).status_code == 200:
                     return pai
+            except httpx.HTTPError as exc:  # not listening yet; but a certificate will not become valid
+                if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                    pai.stop()
+                    raise RuntimeError(f"tls: certfile must be valid for 127.0.0.1 and end in its CA: {exc}") from None
             time.sleep(0.05)
         pai.stop()
         if "address already in use" not in pai.log():

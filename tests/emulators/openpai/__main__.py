@@ -1,4 +1,7 @@
-"""``python -m tests.emulators.openpai --port P --state DIR [options]``: run the emulator."""
+"""``python -m tests.emulators.openpai --port P --state DIR [options]``: run the emulator.
+
+With ``--tls-cert`` and ``--tls-key`` it serves HTTPS instead of HTTP, as a cluster with a
+self-signed certificate does."""
 
 from __future__ import annotations
 
@@ -38,7 +41,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="make CONTAINER_PATH a symlink to LOCAL_PATH while the emulator runs (repeatable)")
     p.add_argument("--lag", type=float, default=0.0, metavar="SECONDS",
                    help="how long a new job stays AttemptCreationPending before its framework is created")
-    return p.parse_args(argv)
+    p.add_argument("--tls-cert", type=Path, metavar="PEM",
+                   help="serve HTTPS with this certificate (then its chain; needs --tls-key)")
+    p.add_argument("--tls-key", type=Path, metavar="PEM", help="the private key of --tls-cert (unencrypted)")
+    args = p.parse_args(argv)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        p.error("--tls-cert and --tls-key go together")
+    return args
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -60,7 +69,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     args.state.mkdir(parents=True, exist_ok=True)
-    uvicorn.run(create_app(settings_from(args)), host="127.0.0.1", port=args.port, log_level="warning")
+    tls = {"ssl_certfile": str(args.tls_cert), "ssl_keyfile": str(args.tls_key)} if args.tls_cert else {}
+    uvicorn.run(create_app(settings_from(args)), host="127.0.0.1", port=args.port, log_level="warning", **tls)
 
 
 if __name__ == "__main__":

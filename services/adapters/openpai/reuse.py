@@ -1,0 +1,247 @@
+"""Reuse mode (``reuseMode: true``): trials handed to long-running OpenPAI jobs.
+
+OpenPAI lets a user submit only so many jobs an hour (about 60 on a default rest-server), so
+a large experiment runs many trials per job. In reuse mode the adapter keeps, per experiment,
+a pool of *environments*: OpenPAI jobs ``trialbus_<exp>_env_<id>`` built exactly like a
+trial's job (the user's ``openpaiConfig`` or NNI's default job), whose tasks run the
+environment runner (``runner.py``, shipped on the share) instead of one trial. A trial goes
+to an idle environment, or to a new one when none is idle; as the dispatcher keeps at most
+``trialConcurrency`` trials running, the pool grows to that size and no further.
+
+The channel is the share (see ``runner.py`` for the runner's side), so it works when the
+cluster cannot reach the adapter's host; trials still post metrics to the gateway, and spool
+them in their folder when they cannot. On the share::
+
+    trialbus/envs/<exp>/<env>/tickets/<n>-<trial>-<attempt>   a trial handed over (text: its folder)
+    trialbus/envs/<exp>/<env>/alive                           touched while the adapter keeps the environment
+    trialbus/envs/<exp>/<env>/retired                         the adapter stopped it: never adopted again
+    trialbus/trials/<exp>/<trial>-<attempt>/.trialbus/cancel  stop (or skip) the trial in every task
+
+A trial ends when the reporting task's keeper has written its end in ``state.json``. An
+environment that ends while it holds trials (stopped by someone, failed, preempted) fails the
+trial that ran (SYS_CANCELED when stopped) and hands the ones that had not started to
+another environment. Environments idle for ``reuse_idle_timeout`` seconds are stopped; a
+runner with no word from the adapter for ``reuse_orphan_timeout`` seconds leaves by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from contracts import TrialStatus
+from contracts.experiment import OpenpaiConfig
+from services.adapters.base import TrialOutcome
+from services.adapters.errors import PermanentError, TransientError
+from services.adapters.keeper import outcome_of
+from services.adapters.openpai import jobs
+from services.adapters.openpai.client import FINAL, OpenpaiClient
+from services.adapters.openpai.settings import OpenpaiSettings
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]  # (trial id, attempt)
+
+
+@dataclass(eq=False)
+class Environment:
+    """One environment job and the trials handed to it (in order; the first one runs)."""
+
+    name: str
+    experiment_id: str
+    folder: Path  # on the adapter's host
+    client: OpenpaiClient
+    gpus: int = 0  # the job's GPUs and trial command, to build another like it
+    trial_command: str = ""
+    state: str = "WAITING"  # jobStatus.state as last read
+    tickets: dict[Key, str] = field(default_factory=dict)  # handed over and not released
+    busy: list[Key] = field(default_factory=list)  # handed over and not ended
+    idle_since: float = field(default_factory=time.monotonic)
+    retired: bool = False
+
+    @property
+    def live(self) -> bool:
+        return not self.retired and self.state not in FINAL
+
+    def hand(self, key: Key, trial_dir: str) -> str:
+        """Give the environment a trial (``trial_dir``: its folder in the container); the ticket."""
+        ticket = f"{time.time_ns():020d}-{key[0]}-{key[1]}"
+        tmp = self.folder / f".{ticket}"
+        tmp.write_text(trial_dir)
+        tmp.rename(self.folder / "tickets" / ticket)
+        self.tickets[key], _ = ticket, self.busy.append(key)
+        return ticket
+
+    def done(self, key: Key) -> None:
+        """The trial ended (or moved): the environment may take another."""
+        if key in self.busy:
+            self.busy.remove(key)
+            if not self.busy:
+                self.idle_since = time.monotonic()
+
+    def drop(self, key: Key) -> None:
+        self.done(key)
+        if (ticket := self.tickets.pop(key, None)) is not None:
+            with contextlib.suppress(OSError):
+                (self.folder / "tickets" / ticket).unlink()
+
+
+class Pools:
+    """The environments of every reuse-mode experiment this replica runs trials of."""
+
+    def __init__(self, settings: OpenpaiSettings) -> None:
+        self.settings = settings
+        self.environments: dict[str, Environment] = {}  # by job name
+        self._heartbeat = 0.0
+
+    # ------------------------------------------------------------------ placing
+
+    async def place(self, key: Key, service: OpenpaiConfig, client: OpenpaiClient, experiment_id: str,
+                    trial_dir: str, fresh: bool, gpus: int, trial_command: str,
+                    bin_hash: str) -> Environment:  # fmt: skip
+        """The environment that runs the trial: the one it was handed to before a restart, an
+        idle one, a new one, or — when OpenPAI refuses a new one for now — the least busy."""
+        if not fresh:
+            for env in self.environments.values():
+                if key in env.tickets and env.live:
+                    if key not in env.busy:
+                        env.busy.append(key)
+                    return env
+        mine = [e for e in self.environments.values() if e.experiment_id == experiment_id and e.client is client]
+        env = next((e for e in mine if e.live and not e.busy), None)
+        if env is None:
+            try:
+                env = await self._create(service, client, experiment_id, gpus, trial_command, bin_hash)
+            except TransientError:
+                if not (live := [e for e in mine if e.live]):
+                    raise
+                env = min(live, key=lambda e: len(e.busy))
+        env.hand(key, trial_dir)
+        return env
+
+    async def _create(self, service: OpenpaiConfig, client: OpenpaiClient, experiment_id: str, gpus: int,
+                      trial_command: str, bin_hash: str) -> Environment:  # fmt: skip
+        try:
+            name, share, spec = jobs.environment_job(service, experiment_id, secrets.token_hex(3), trial_command, gpus,
+                                                     bin_hash, self.settings.reuse_poll,
+                                                     self.settings.reuse_orphan_timeout)  # fmt: skip
+        except ValueError as exc:
+            raise PermanentError(str(exc)) from None
+        folder = Path(share.local)
+        (folder / "tickets").mkdir(parents=True)
+        (folder / "alive").touch()
+        env = self.environments[name] = Environment(name, experiment_id, folder, client, gpus, trial_command)
+        try:
+            await client.submit(yaml.safe_dump(spec, sort_keys=False), name)
+        except Exception:
+            del self.environments[name]
+            (folder / "retired").touch()
+            raise
+        log.info("submitted environment %s for experiment %s", client.framework(name), experiment_id)
+        return env
+
+    # ------------------------------------------------------------------ watching
+
+    def outcome(self, env: Environment, key: Key, trial_folder: str, report: str) -> TrialOutcome | None:
+        """How the trial ended, from the reporting task's ``state.json``; None while it runs."""
+        task = Path(trial_folder) / f"{report}-0"
+        state = _read_json(task / ".trialbus" / "state.json")
+        ended = state.get("exitCode") is not None or state.get("done") or state.get("error")
+        if ended and not (task / ".trialbus" / "environment-stopped").exists():
+            return outcome_of(state, None)
+        if env.state not in FINAL:
+            return None  # (a trial stopped with its environment ends as the environment did)
+        what = env.client.framework(env.name)
+        if env.state == "STOPPED":
+            return TrialOutcome(TrialStatus.SYS_CANCELED, None, f"environment job {what} was stopped outside "
+                                "Trialbus while the trial ran")  # fmt: skip
+        started = "while the trial ran" if task.exists() else "before the trial started"
+        return TrialOutcome(TrialStatus.FAILED, None, f"environment job {what} ended ({env.state}) {started}",
+                            "transient")  # fmt: skip
+
+    def ended(self, env: Environment, key: Key, trial_folder: str, tasks: int) -> None:
+        """The trial has its outcome: free the environment; tell the other tasks to stop it."""
+        env.done(key)
+        if tasks > 1:
+            _mark(Path(trial_folder) / ".trialbus" / "cancel")
+
+    def cancel(self, trial_folder: str, report: str) -> bool:
+        """Ask every task to stop the trial; True when it had not started (nothing to wait for)."""
+        _mark(Path(trial_folder) / ".trialbus" / "cancel")
+        return not (Path(trial_folder) / f"{report}-0").exists()
+
+    def lost(self, env: Environment) -> list[Key]:
+        """``env`` ended by itself or by someone else: forget it; the trials it holds."""
+        env.retired = True
+        self.environments.pop(env.name, None)
+        return list(env.busy)
+
+    async def tick(self) -> None:
+        """Heartbeats for live environments; stop the ones idle too long."""
+        now = time.monotonic()
+        beat = now - self._heartbeat >= min(30.0, self.settings.reuse_orphan_timeout / 4)
+        for env in list(self.environments.values()):
+            if not env.live:
+                continue
+            if not env.busy and now - env.idle_since > self.settings.reuse_idle_timeout:
+                env.retired = True
+                _mark(env.folder / "retired")
+                del self.environments[env.name]
+                log.info("environment %s idle for %.0fs: stopping it", env.client.framework(env.name),
+                         now - env.idle_since)  # fmt: skip
+                try:
+                    await env.client.stop(env.name)
+                except (TransientError, PermanentError) as exc:  # its runner leaves by itself later
+                    log.warning("cannot stop environment %s: %s", env.client.framework(env.name), exc)
+            elif beat:
+                with contextlib.suppress(OSError):
+                    os.utime(env.folder / "alive")
+        if beat:
+            self._heartbeat = now
+
+    # ------------------------------------------------------------------ restarts
+
+    def adopt(self, experiment_id: str, local: str, client: OpenpaiClient, gpus: int,
+              trial_command: str) -> dict[Key, Environment]:  # fmt: skip
+        """The environments a previous run kept for this experiment (not retired), and which
+        trial each one holds."""
+        held: dict[Key, Environment] = {}
+        base = Path(local) / "trialbus" / "envs" / experiment_id
+        for folder in sorted(base.iterdir()) if base.is_dir() else ():
+            if (folder / "retired").exists() or not (folder / "tickets").is_dir():
+                continue
+            env = Environment(jobs.environment_name(experiment_id, folder.name), experiment_id, folder, client, gpus,
+                              trial_command)  # fmt: skip
+            for ticket in sorted(p.name for p in (folder / "tickets").iterdir() if not p.name.startswith(".")):
+                trial_id, _, attempt = ticket.split("-", 1)[1].rpartition("-")
+                env.tickets[(trial_id, int(attempt))] = ticket
+                env.busy.append((trial_id, int(attempt)))
+                held[(trial_id, int(attempt))] = env
+            self.environments[env.name] = env
+        return held
+
+    def describe(self, client: OpenpaiClient) -> tuple[int, int]:
+        """(environments, busy ones) of this cluster and user."""
+        mine = [e for e in self.environments.values() if e.client is client and e.live]
+        return len(mine), sum(1 for e in mine if e.busy)
+
+
+def _mark(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.touch()
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}

@@ -1,0 +1,55 @@
+"""``trialbus render``: the OpenPAI job the openpai adapter would submit for a trial, offline.
+
+The job is built by the adapter's own code (:mod:`services.adapters.openpai.jobs`), with the
+paths and the keeper bundle ``OpenpaiAdapter.launch`` uses, so what is printed is what the
+cluster would receive, except for three things: the ids are placeholders (the dispatcher
+assigns the real ones when the experiment and the trial are created), the job's ``secrets``
+and registry passwords are masked as OpenPAI itself shows them (``******``), and nothing is
+contacted: neither the cluster nor the share.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from contracts.experiment import ExperimentConfig, OpenpaiConfig
+from services.adapters.openpai import OpenpaiSettings, jobs
+from services.adapters.openpai.adapter import bundle
+
+#: Placeholder ids: valid in a job name, and plainly not real ones.
+EXPERIMENT_ID, TRIAL_ID, ENVIRONMENT_ID = "EXPERIMENT", "TRIAL", "ENV"
+#: How the platforms that run no job run their trials, for the refusal.
+RUNS_AS = {"local": "runs trials as processes", "remote": "runs trials as processes on SSH machines"}
+
+
+class NoJob(ValueError):
+    """The experiment's platform submits no job to render."""
+
+
+def masked(service: OpenpaiConfig, job: dict[str, Any]) -> dict[str, Any]:
+    """``job`` with its secrets masked by the config's own serializer (the one API answers use)."""
+    shown = service.model_copy(update={"openpai_config": job}).model_dump(mode="json", include={"openpai_config"})
+    return shown["openpai_config"]
+
+
+def render(config: ExperimentConfig) -> str:
+    """The YAML of the job for the first attempt of a trial of ``config``, secrets masked."""
+    service = config.training_service
+    if not isinstance(service, OpenpaiConfig):
+        how = RUNS_AS.get(service.platform, "submits no job")
+        raise NoJob(f"trialbus render shows the job of platforms that submit jobs (openpai); "
+                    f"platform {service.platform!r} {how}")  # fmt: skip
+    gpus = config.gpus_per_trial or 0
+    if service.reuse_mode:
+        defaults = OpenpaiSettings.model_construct()  # the adapter's defaults; this shell's TRIALBUS_* unread
+        _, _, job = jobs.environment_job(service, EXPERIMENT_ID, ENVIRONMENT_ID, config.trial_command, gpus,
+                                         bundle().hash, defaults.reuse_poll, defaults.reuse_orphan_timeout)  # fmt: skip
+        header = (f"# reuseMode: the OpenPAI job of environment {ENVIRONMENT_ID} of experiment {EXPERIMENT_ID}, which\n"
+                  f"# runs trials one after another; the ids stand for the ones assigned at run time.\n")  # fmt: skip
+    else:
+        _, _, job = jobs.trial_job(service, EXPERIMENT_ID, TRIAL_ID, 0, config.trial_command, gpus, bundle().hash)
+        header = (f"# The OpenPAI job of trial {TRIAL_ID} of experiment {EXPERIMENT_ID}, attempt 0; {TRIAL_ID} and\n"
+                  f"# {EXPERIMENT_ID} stand for the ids the dispatcher assigns. Secrets show as ******.\n")  # fmt: skip
+    return header + yaml.safe_dump(masked(service, job), sort_keys=False)
