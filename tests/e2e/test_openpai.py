@@ -12,6 +12,8 @@ import secrets
 import shutil
 import sys
 import textwrap
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -123,16 +125,23 @@ def test_failures_are_classified_and_cancel_stops_the_job(pai_stack, pai, share,
     assert pai_job(pai, experiment, sleeper)["jobStatus"]["state"] == "STOPPED"
 
 
+def through_a_restart(stack: Stack, experiment: str) -> list[str]:
+    """Two trials that run while the adapter is killed and started again: both end SUCCEEDED
+    with their metric (the new run adopted them); their ids."""
+    ids = [submit(stack, experiment, {"x": i, "intermediate": 1, "sleep": 3}) for i in range(2)]
+    for trial_id in ids:
+        wait_until(lambda t=trial_id: trial(stack, t)["status"] == "RUNNING", 30, "RUNNING")
+    stack.kill("openpai")
+    stack.start("openpai")
+    for trial_id in ids:
+        found = ended(stack, trial_id)
+        assert found["status"] == "SUCCEEDED" and found["intermediateCount"] == 1, found
+    return ids
+
+
 def test_a_restarted_adapter_adopts_running_jobs(pai_stack, pai, share, tmp_path):
     experiment = create(pai_stack, openpai_config(write_code(tmp_path, TRIAL), pai, share))
-    ids = [submit(pai_stack, experiment, {"x": i, "intermediate": 1, "sleep": 3}) for i in range(2)]
-    for trial_id in ids:
-        wait_until(lambda t=trial_id: trial(pai_stack, t)["status"] == "RUNNING", 30, "RUNNING")
-    pai_stack.kill("openpai")
-    pai_stack.start("openpai")
-    for trial_id in ids:
-        found = ended(pai_stack, trial_id)
-        assert found["status"] == "SUCCEEDED" and found["intermediateCount"] == 1, found
+    ids = through_a_restart(pai_stack, experiment)
     # Logs of trials that ended before this run of the adapter come from the share.
     pai_stack.kill("openpai")
     pai_stack.start("openpai")
@@ -210,6 +219,73 @@ def test_a_429_storm_is_ridden_out(tmp_path, nats_server, share):
         finals = [ended(stack, t, timeout=90) for t in ids]
         assert [t["status"] for t in finals] == ["SUCCEEDED"] * 8, [t["message"] for t in finals]
         assert "OpenPAI rate limit" in stack.log("openpai")
+    finally:
+        stack.stop()
+        emulator.stop()
+
+
+def test_unknown_states_failed_reads_and_a_queue_keep_the_trial_running_and_say_so(tmp_path, nats_server, share):
+    local, container = share
+    emulator = start_openpai(tmp_path / "pai", mounts={str(container): str(local)}, lag=3)
+    stack = Stack(root=tmp_path, nats=nats_server,
+                  extra_env={"TRIALBUS_STATUS_POLL": "0.3", "TRIALBUS_QUEUE_NOTE_AFTER": "1"})  # fmt: skip
+    try:
+        stack.start("dispatcher", "gateway", "openpai")
+        experiment = create(stack, openpai_config(write_code(tmp_path, TRIAL), emulator, share))
+        trial_id = submit(stack, experiment, {"x": 1, "sleep": 4})
+        framework = f"alice~trialbus_{experiment}_{trial_id}"
+
+        def message() -> str:
+            found = trial(stack, trial_id)
+            assert found["status"] == "RUNNING", found
+            return found["message"] or ""
+
+        wait_until(lambda: trial(stack, trial_id)["status"] == "RUNNING", 30, "RUNNING")
+        wait_until(lambda: message() == f"job {framework} is waiting in OpenPAI's queue", 10, "the queue note")
+        wait_until(lambda: message() == "", 10, "the note cleared once the job runs")
+        emulator.faults(job_list_errors=1000)
+        wait_until(lambda: message().startswith(f"cannot read the state of job {framework} from OpenPAI: "), 10,
+                   "the failed reads said")  # fmt: skip
+        assert "500" in message()
+        emulator.faults(unknown=(framework,))
+        wait_until(lambda: message() == f"OpenPAI reports job {framework} in state UNKNOWN; waiting for it to settle",
+                   10, "UNKNOWN said")  # fmt: skip
+        time.sleep(4)  # the job ends meanwhile, but OpenPAI does not say so: the trial keeps running
+        assert message().startswith("OpenPAI reports job")
+        emulator.faults()
+        found = ended(stack, trial_id)
+        assert found["status"] == "SUCCEEDED" and not found["message"], found
+    finally:
+        stack.stop()
+        emulator.stop()
+
+
+def test_a_restarted_replica_adopts_only_its_own_jobs(tmp_path, nats_server, share):
+    local, container = share
+    emulator = start_openpai(tmp_path / "pai", mounts={str(container): str(local)})
+    stack = Stack(root=tmp_path, nats=nats_server,
+                  extra_env={"TRIALBUS_STATUS_POLL": "0.3", "TRIALBUS_STATUS_INTERVAL": "0.5"})  # fmt: skip
+    try:
+        stack.start("dispatcher", "gateway", "openpai@b")
+        experiment = create(stack, openpai_config(write_code(tmp_path, TRIAL), emulator, share))
+        ids = [submit(stack, experiment, {"x": i, "sleep": 6}) for i in range(2)]
+        for trial_id in ids:
+            wait_until(lambda t=trial_id: trial(stack, t)["status"] == "RUNNING", 30, "RUNNING on replica b")
+        stack.start("openpai")  # replica test-host, which launched nothing
+        stack.kill("openpai")
+        restarted = datetime.now(UTC)
+        stack.start("openpai")
+
+        def clusters() -> dict[str, list[dict]]:
+            replicas = stack.rest("GET", "/platforms").json()
+            return {p["replica"]: p["clusters"] for p in replicas
+                    if p["adapter"] == "openpai" and datetime.fromisoformat(p["time"]) > restarted}  # fmt: skip
+
+        wait_until(lambda: {"b", "test-host"} <= clusters().keys(), 20, "both replicas' status")
+        found = clusters()
+        assert [c["jobs"] for c in found["b"]] == [2], found
+        assert sum(c["jobs"] for c in found["test-host"]) == 0, "the other replica's jobs are not adopted"
+        assert [ended(stack, t)["status"] for t in ids] == ["SUCCEEDED"] * 2
     finally:
         stack.stop()
         emulator.stop()

@@ -11,7 +11,7 @@ import pytest
 
 from tests.e2e.conftest import write_code
 from tests.e2e.helpers import create, ended, submit, trial, wait_until
-from tests.e2e.test_openpai import TRIAL, openpai_config, pai, share  # noqa: F401 - fixtures
+from tests.e2e.test_openpai import TRIAL, openpai_config, pai, share, through_a_restart  # noqa: F401 - fixtures
 from tests.fixtures.stack import Stack
 
 pytestmark = pytest.mark.timeout(300)
@@ -84,14 +84,7 @@ def test_a_restarted_adapter_adopts_environments_and_their_trials(reuse_stack, p
     config = openpai_config(write_code(tmp_path, TRIAL), pai, share, reuseMode=True)
     config["trialConcurrency"] = 2
     experiment = create(reuse_stack, config)
-    ids = [submit(reuse_stack, experiment, {"x": i, "intermediate": 1, "sleep": 3}) for i in range(2)]
-    for trial_id in ids:
-        wait_until(lambda t=trial_id: trial(reuse_stack, t)["status"] == "RUNNING", 30, "RUNNING")
-    reuse_stack.kill("openpai")
-    reuse_stack.start("openpai")
-    for trial_id in ids:
-        found = ended(reuse_stack, trial_id)
-        assert found["status"] == "SUCCEEDED" and found["intermediateCount"] == 1, found
+    through_a_restart(reuse_stack, experiment)
     more = [submit(reuse_stack, experiment, {"x": 10 + i}) for i in range(2)]
     assert [ended(reuse_stack, t)["status"] for t in more] == ["SUCCEEDED"] * 2
     assert len(jobs_of(pai)) == 2, "the adopted environments ran the next trials"

@@ -30,6 +30,7 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,7 +41,7 @@ from contracts import TrainingService, TrialRequest, TrialStatus
 from contracts.base import utcnow
 from contracts.experiment import OpenpaiConfig
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
-from services.adapters.errors import PermanentError, TransientError
+from services.adapters.errors import PermanentError, Stale, TransientError
 from services.adapters.keeper import Bundle, UnsafeArchive, extract_code, fetch_code
 from services.adapters.openpai import jobs
 from services.adapters.openpai.client import FINAL, JobExists, OpenpaiClient
@@ -68,6 +69,7 @@ class Job:
     env: Environment | None = None  # reuse mode: the environment running it
     tasks: int = 1  # tasks of the job (or environment): more than one stop together in reuse mode
     seen: float = 0.0  # reuse mode: mtime of the reporting task's state.json when last read
+    since: float = field(default_factory=time.monotonic)  # when ``state`` last changed
 
 
 class OpenpaiAdapter(PlatformAdapter):
@@ -148,7 +150,7 @@ class OpenpaiAdapter(PlatformAdapter):
             settings["TRIALBUS_CODE_DIR"] = f"{container}/trialbus/code/{code_dir}"
         report_settings = {**settings, "TRIALBUS_GATEWAY_URL": self.settings.gateway_url,
                            "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value()}  # fmt: skip
-        fresh = await asyncio.to_thread(_write_trial_dir, share.local, settings, report_settings)
+        fresh = await asyncio.to_thread(_write_trial_dir, share.local, settings, report_settings, self.settings.replica)
         client = self.client(service)
         if service.reuse_mode:
             env = await self.pools.place(key, service, client, request.experiment_id, share.container, fresh,
@@ -205,13 +207,30 @@ class OpenpaiAdapter(PlatformAdapter):
             job.outcome = self.pools.outcome(job.env, key, job.share.local, job.report)
             if job.outcome is not None:
                 self.pools.ended(job.env, key, job.share.local, job.tasks)
+            elif not (Path(job.share.local) / f"{job.report}-0").exists():  # not begun: the environment's state
+                env = job.env
+                self._note(job.client, job.client.framework(env.name), env.state, env.since, "environment job")
             return job.outcome
         if job.state not in FINAL:
+            self._note(job.client, job.client.framework(job.name), job.state, job.since, "job")
             return None
         if not job.detail:
             job.detail = await job.client.job(job.name) or {}
         job.outcome = outcome_of(job)
         return job.outcome
+
+    def _note(self, client: OpenpaiClient, what: str, state: str, since: float, kind: str) -> None:
+        """Raise Stale (users see the message on the RUNNING trial) while the job's state is not
+        current, unknown, or WAITING for long in OpenPAI's queue."""
+        note = None
+        if client.error is not None:
+            note = f"cannot read the state of {kind} {what} from OpenPAI: {client.error}"
+        elif state == "UNKNOWN":
+            note = f"OpenPAI reports {kind} {what} in state UNKNOWN; waiting for it to settle"
+        elif state == "WAITING" and time.monotonic() - since > self.settings.queue_note_after:
+            note = f"{kind} {what} is waiting in OpenPAI's queue"
+        if note is not None:
+            raise Stale(note, delay=self.settings.poll_interval)
 
     async def cancel(self, handle: TrialHandle) -> None:
         job = self._find(handle)
@@ -241,11 +260,10 @@ class OpenpaiAdapter(PlatformAdapter):
                 for summary in summaries:
                     name, state = summary.get("name", ""), str(summary.get("state"))
                     if (job := ours.get(name)) is not None and state != job.state:
-                        job.state = state
-                        if job.state in FINAL:
-                            self.notify(job.handle)
+                        job.state, job.since = state, time.monotonic()
+                        self.notify(job.handle)
                     elif (env := envs.get(name)) is not None and state != env.state:
-                        env.state = state
+                        env.state, env.since = state, time.monotonic()
                         if state in FINAL:
                             await self._lost(env)
 
@@ -299,11 +317,13 @@ class OpenpaiAdapter(PlatformAdapter):
             if service.reuse_mode:
                 gpus = state.config.trial_gpu_number if service.trial_gpu_number is None else service.trial_gpu_number
                 held = self.pools.adopt(state.id, service.local_storage_mount_point, client, gpus or 0,
-                                        state.config.trial_command)  # fmt: skip
+                                        state.config.trial_command, self.settings.replica)  # fmt: skip
             base = Path(service.local_storage_mount_point) / "trialbus" / "trials" / state.id
             for entry in sorted(base.iterdir()) if base.is_dir() else ():
                 trial_id, _, attempt = entry.name.rpartition("-")
                 key = (trial_id, int(attempt) if attempt.isdigit() else -1)
+                if not jobs.owned_by(entry / ".trialbus", self.settings.replica):
+                    continue
                 if not attempt.isdigit() or (entry / ".trialbus" / "reported").exists():
                     if key in held:  # released before the ticket was removed
                         held.pop(key).drop(key)
@@ -391,8 +411,9 @@ def _tasks(service: OpenpaiConfig) -> int:
     return sum(int(spec.get("instances", 1)) if isinstance(spec, dict) else 1 for spec in roles.values())
 
 
-def _write_trial_dir(folder: str, quiet: dict[str, str], report: dict[str, str]) -> bool:
-    """The attempt's folder with the keeper's two settings files; False when it existed."""
+def _write_trial_dir(folder: str, quiet: dict[str, str], report: dict[str, str], replica: str) -> bool:
+    """The attempt's folder with the keeper's two settings files and the replica that owns it
+    (only that replica adopts it); False when it existed."""
     path = Path(folder)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -400,6 +421,7 @@ def _write_trial_dir(folder: str, quiet: dict[str, str], report: dict[str, str])
     except FileExistsError:
         return False
     (path / ".trialbus").mkdir()
+    (path / ".trialbus" / "replica").write_text(replica)
     for name, values in (("quiet.env", quiet), ("report.env", report)):
         fd = os.open(path / ".trialbus" / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:

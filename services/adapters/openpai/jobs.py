@@ -31,6 +31,7 @@ import copy
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from contracts.experiment import OpenpaiConfig
@@ -64,6 +65,15 @@ def _checked(name: str) -> str:
     if not _NAME.match(name):
         raise ValueError(f"job name {name!r} does not match OpenPAI's ^[a-zA-Z0-9_-]+$ (255 characters at most)")
     return name
+
+
+def owned_by(folder: Path, replica: str) -> bool:
+    """Whether adapter replica ``replica`` made this trial (``.trialbus``) or environment folder
+    on the share: its ``replica`` file says; only that replica adopts it after a restart."""
+    try:
+        return (folder / "replica").read_text() == replica
+    except OSError:
+        return False
 
 
 def reporting_role(service: OpenpaiConfig) -> str:

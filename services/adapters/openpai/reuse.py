@@ -62,6 +62,7 @@ class Environment:
     gpus: int = 0  # the job's GPUs and trial command, to build another like it
     trial_command: str = ""
     state: str = "WAITING"  # jobStatus.state as last read
+    since: float = field(default_factory=time.monotonic)  # when ``state`` last changed
     tickets: dict[Key, str] = field(default_factory=dict)  # handed over and not released
     busy: list[Key] = field(default_factory=list)  # handed over and not ended
     idle_since: float = field(default_factory=time.monotonic)
@@ -138,6 +139,7 @@ class Pools:
         folder = Path(share.local)
         (folder / "tickets").mkdir(parents=True)
         (folder / "alive").touch()
+        (folder / "replica").write_text(self.settings.replica)
         env = self.environments[name] = Environment(name, experiment_id, folder, client, gpus, trial_command)
         try:
             await client.submit(yaml.safe_dump(spec, sort_keys=False), name)
@@ -209,14 +211,14 @@ class Pools:
 
     # ------------------------------------------------------------------ restarts
 
-    def adopt(self, experiment_id: str, local: str, client: OpenpaiClient, gpus: int,
-              trial_command: str) -> dict[Key, Environment]:  # fmt: skip
-        """The environments a previous run kept for this experiment (not retired), and which
-        trial each one holds."""
+    def adopt(self, experiment_id: str, local: str, client: OpenpaiClient, gpus: int, trial_command: str,
+              replica: str) -> dict[Key, Environment]:  # fmt: skip
+        """The environments a previous run of this replica kept for this experiment (not
+        retired), and which trial each one holds."""
         held: dict[Key, Environment] = {}
         base = Path(local) / "trialbus" / "envs" / experiment_id
         for folder in sorted(base.iterdir()) if base.is_dir() else ():
-            if (folder / "retired").exists() or not (folder / "tickets").is_dir():
+            if (folder / "retired").exists() or not jobs.owned_by(folder, replica):
                 continue
             env = Environment(jobs.environment_name(experiment_id, folder.name), experiment_id, folder, client, gpus,
                               trial_command)  # fmt: skip

@@ -23,6 +23,8 @@ class OpenpaiSettings(AdapterSettings):
     request_timeout: float = Field(default=30.0, gt=0)
     #: Longest back-off after HTTP 429 (too many submissions) when the server names none.
     rate_limit_backoff: float = Field(default=60.0, gt=0)
+    #: Seconds a job may wait in OpenPAI's queue (WAITING) before its trial's message says so.
+    queue_note_after: float = Field(default=10.0, ge=0)
     #: Seconds a keeper keeps retrying unsent metrics after its trial ended.
     flush_timeout: float = Field(default=600.0, ge=0)
     #: Reuse mode: seconds between two looks at the share, by the adapter (trials' ends) and by

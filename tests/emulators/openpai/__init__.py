@@ -81,6 +81,12 @@ class OpenPai:
         r.raise_for_status()
         return r.json()
 
+    def faults(self, job_list_errors: int = 0, unknown: tuple[str, ...] = ()) -> None:
+        """Make the next ``job_list_errors`` job lists fail (500) and show the jobs ``unknown``
+        (``user~name``) in state UNKNOWN; called again, replaces the faults (none: clears them)."""
+        body = {"jobListErrors": job_list_errors, "unknownJobs": list(unknown)}
+        httpx.post(f"{self.url}/emulator/faults", json=body, verify=self.verify).raise_for_status()
+
     def log(self) -> str:
         """The emulator's own stdout and stderr."""
         path = self.state_dir / "server.log"

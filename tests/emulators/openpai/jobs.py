@@ -102,6 +102,9 @@ class JobRoutes:
 
     async def list_jobs(self, request: Request) -> Any:
         self.emu.caller(request)
+        if self.emu.faults.job_list_errors > 0:
+            self.emu.faults.job_list_errors -= 1
+            raise ApiError(500, "UnknownError", "emulated fault: the database is unavailable")
         q = request.query_params
         offset = _int_param(request, "offset", 0, minimum=0)
         limit = _int_param(request, "limit", 5000, minimum=1)
@@ -119,6 +122,8 @@ class JobRoutes:
         rows = []
         for job in self.emu.runner.jobs.values():
             row = views.job_summary(job)
+            if f"{job.user}~{job.name}" in self.emu.faults.unknown:
+                row["state"] = "UNKNOWN"
             if (users and job.user not in users) or (states and row["state"] not in states) \
                     or (vcs and job.virtual_cluster not in vcs) or (tags_in and not tags_in & set(job.tags)) \
                     or (tags_out and tags_out & set(job.tags)) \
@@ -133,7 +138,10 @@ class JobRoutes:
 
     async def detail(self, framework_name: str, request: Request) -> dict[str, Any]:
         self.emu.caller(request)
-        return views.job_detail(self._job(framework_name))
+        found = views.job_detail(self._job(framework_name))
+        if framework_name in self.emu.faults.unknown:
+            found["jobStatus"]["state"] = "UNKNOWN"
+        return found
 
     async def attempt_detail(self, framework_name: str, attempt_id: str, request: Request) -> dict[str, Any]:
         self.emu.caller(request)

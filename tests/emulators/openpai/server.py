@@ -67,11 +67,23 @@ def make_mounts(mounts: dict[str, str]) -> list[Path]:
     return created
 
 
+@dataclass
+class Faults:
+    """What goes wrong on purpose, set by tests through ``POST /emulator/faults`` (outside the
+    rest-server's API): the next ``job_list_errors`` job lists answer 500, as when the
+    rest-server loses its database, and the jobs in ``unknown`` (``user~name``) show the state
+    UNKNOWN, as when the framework controller has lost track of them."""
+
+    job_list_errors: int = 0
+    unknown: set[str] = field(default_factory=set)
+
+
 class Emulator:
     """State shared by the routes: users and tokens, jobs, the submission rate limiter."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.faults = Faults()
         self.auth = Auth(dict(settings.users), set(settings.admins))
         self.runner = Runner(settings.state_dir, settings.lag)
         self.vcs: dict[str, list[str] | None] = {"default": None, **settings.vcs}
@@ -238,6 +250,12 @@ def create_app(settings: Settings) -> FastAPI:
     for prefix in PREFIXES:
         app.include_router(router, prefix=prefix)
         app.add_api_route(f"{prefix}/log-manager/{{path:path}}", JobRoutes(emu).log_file, methods=["GET"])
+
+    @app.post("/emulator/faults")
+    async def faults(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        emu.faults = Faults(int(body.get("jobListErrors", 0)), set(body.get("unknownJobs", [])))
+        return {"jobListErrors": emu.faults.job_list_errors, "unknownJobs": sorted(emu.faults.unknown)}
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
