@@ -7,7 +7,8 @@ measured in the same run, and their ratio; then metric records per second throug
 gateway to a subscribed tuner; and the GPU hand-off (a GPU frees → the next waiting trial
 RUNNING); and the remote adapter over loopback SSH (submit→RUNNING once warm, trials per
 second over two machines); and the openpai adapter against the OpenPAI emulator (trials per
-second, one job each). Spawn-only is measured right before and right after each
+second, one job each, and in reuse mode); and the frameworkcontroller adapter against the
+Kubernetes emulator (trials per second, one Framework each). Spawn-only is measured right before and right after each
 concurrency's trials (the host's speed drifts), and the ratio uses their mean.
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bench.frameworkcontroller import kubernetes_cluster
 from bench.gpus import gpu_handoff, use_fake_gpu
 from bench.metrics import metric_rate
 from bench.openpai import openpai_service
@@ -33,7 +35,7 @@ from trialbus.stack import Stack, StackOptions, trial_secret
 
 COUNTS = {1: 40, 4: 80, 16: 160}
 #: What ``python -m bench [part…]`` can measure; all of them without arguments.
-PARTS = ("trials", "metrics", "gpus", "remote", "openpai")
+PARTS = ("trials", "metrics", "gpus", "remote", "openpai", "frameworkcontroller")
 
 
 def free_port() -> int:
@@ -55,16 +57,16 @@ def main() -> None:
         f"[bold]Trialbus bench[/] on {os.cpu_count()} cores, Python {sys.version.split()[0]}; work dir {root}"
     )
     use_fake_gpu(root / "gpu")
-    with ssh_machines(root) as machines:
+    with ssh_machines(root) as machines, kubernetes_cluster(root, command) as cluster:
         stack.start()
         try:
-            run(console, options, stack, root, code, command, machines)
+            run(console, options, stack, root, code, command, machines, cluster)
         finally:
             stack.stop()
 
 
 def run(console: Console, options: StackOptions, stack: Stack, root: Path, code: Path, command: str,
-        machines: list[dict] | None) -> None:
+        machines: list[dict] | None, cluster: dict) -> None:
     """Every figure asked for on the command line (all by default), printed as it is measured."""
     parts = set(sys.argv[1:]) or set(PARTS)
     if "trials" in parts:
@@ -93,6 +95,13 @@ def run(console: Console, options: StackOptions, stack: Stack, root: Path, code:
                     f"trials/s (submit→RUNNING p50 {percentile([x * 1000 for x in figures.to_running], 50):.0f} ms)"
                 )
 
+    if "frameworkcontroller" in parts:
+        figures = asyncio.run(trial_rate(options.nats_url, command, code, 8, 40, cluster))
+        console.print(
+            f"frameworkcontroller (emulated cluster, one Framework per trial), concurrency 8, 40 trials: "
+            f"[bold]{figures.rate:.1f}[/] trials/s "
+            f"(submit→RUNNING p50 {percentile([x * 1000 for x in figures.to_running], 50):.0f} ms)"
+        )
 
 def local_trials(console: Console, options: StackOptions, code: Path, command: str) -> None:
     """No-op trials on the local adapter at each concurrency, next to spawn-only."""

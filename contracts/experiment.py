@@ -13,8 +13,6 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     SerializationInfo,
@@ -24,53 +22,12 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 
 from contracts.base import REVEAL, Secret
+from contracts.frameworkcontroller import FrameworkcontrollerConfig
+from contracts.legacy import is_legacy, to_v2
+from contracts.nni import NniModel, TrainingService, _canonical, check_reporting_role
 from contracts.units import parse_megabytes, parse_seconds
-
-
-def _canonical(key: str) -> str:
-    return key.lower().replace("_", "")
-
-
-class NniModel(BaseModel):
-    """A config section whose keys match NNI's rules; camelCase on output."""
-
-    model_config = ConfigDict(frozen=True, alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _match_keys(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        fields = {_canonical(name): (info.alias or name) for name, info in cls.model_fields.items()}
-        matched: dict[str, Any] = {}
-        unknown = []
-        for key, value in data.items():
-            alias = fields.get(_canonical(str(key)))
-            if alias is None:
-                unknown.append(str(key))
-            else:
-                matched[alias] = value
-        if unknown:
-            raise ValueError(f"{cls.__name__} does not have field(s) {', '.join(sorted(unknown))}")
-        return matched
-
-
-class TrainingService(NniModel):
-    """Fields every platform accepts; NNI copies the top-level ones into each."""
-
-    #: The adapter service (``dispatch.<adapter>``) that runs this platform's trials.
-    adapter: ClassVar[str]
-
-    platform: str
-    trial_command: str | None = None
-    trial_code_directory: str | None = None
-    trial_gpu_number: int | None = Field(default=None, ge=0)
-    nni_manager_ip: str | None = None
-    debug: bool | None = None
-    reuse_mode: bool = False
 
 
 def parse_gpu_indices(value: Any) -> list[int] | None:
@@ -231,12 +188,7 @@ class OpenpaiConfig(TrainingService):
             raise ValueError("set openpaiConfig or openpaiConfigFile, not both")
         roles = (self.openpai_config or {}).get("taskRoles")
         if isinstance(roles, dict) and roles:
-            if self.reporting_task_role is not None and self.reporting_task_role not in roles:
-                raise ValueError(f"reportingTaskRole {self.reporting_task_role!r} is not a task role of "
-                                 f"openpaiConfig ({', '.join(map(str, roles))})")  # fmt: skip
-            if self.reporting_task_role is None and len(roles) > 1:
-                raise ValueError(f"openpaiConfig has task roles {', '.join(map(str, roles))}: set "
-                                 "reportingTaskRole to the one whose metrics are the trial's")  # fmt: skip
+            check_reporting_role(self.reporting_task_role, list(map(str, roles)), "openpaiConfig")
         return self
 
     @property
@@ -245,9 +197,10 @@ class OpenpaiConfig(TrainingService):
 
 
 #: platform name → its config model. A new platform registers here.
-PLATFORMS: dict[str, type[TrainingService]] = {"local": LocalConfig, "remote": RemoteConfig, "openpai": OpenpaiConfig}
-#: NNI platforms that Trialbus will support but whose adapters are not here yet.
-PLANNED = ("frameworkcontroller",)
+PLATFORMS: dict[str, type[TrainingService]] = {
+    "local": LocalConfig, "remote": RemoteConfig, "openpai": OpenpaiConfig,
+    "frameworkcontroller": FrameworkcontrollerConfig,
+}  # fmt: skip
 
 
 def parse_training_service(value: Any) -> TrainingService:
@@ -260,10 +213,6 @@ def parse_training_service(value: Any) -> TrainingService:
     platform = next(v for k, v in value.items() if _canonical(k) == "platform")
     model = PLATFORMS.get(str(platform))
     if model is None:
-        if platform in PLANNED:
-            raise ValueError(
-                f"platform {platform!r} is not available in this release; available: {', '.join(PLATFORMS)}"
-            )
         raise ValueError(f"unknown platform {platform!r}; available: {', '.join(PLATFORMS)}")
     return model.model_validate(value)
 
@@ -304,6 +253,20 @@ class ExperimentConfig(NniModel):
         lambda v: None if v is None else parse_seconds(v)
     )
     _service = field_validator("training_service", mode="before")(parse_training_service)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _role_command(cls, data: Any) -> Any:
+        """``platform: frameworkcontroller`` needs no ``trialCommand`` (each role has its
+        command): it is then the reporting role's, as NNI's converter makes it."""
+        if isinstance(data, dict) and not any(_canonical(k) == "trialcommand" for k in data):
+            service = next((v for k, v in data.items() if _canonical(k) == "trainingservice"), None)
+            if isinstance(service, dict) and service.get("platform") == "frameworkcontroller":
+                roles = next((v for k, v in service.items() if _canonical(k) == "taskroles"), None)
+                if isinstance(roles, list) and roles and isinstance(roles[0], dict):
+                    data = {**data, "trialCommand": next((v for k, v in roles[0].items()
+                                                          if _canonical(k) == "command"), None)}  # fmt: skip
+        return data
 
     @model_validator(mode="after")
     def _nni_rules(self) -> ExperimentConfig:
@@ -355,6 +318,8 @@ def load_experiment_config(path: str | Path) -> ExperimentConfig:
     """Read a YAML config file; relative paths are resolved against its folder, as NNI does."""
     path = Path(path).expanduser()
     data = _read_mapping(path, "experiment config", "be a YAML mapping")
+    if is_legacy(data):  # NNI's v1 layout: converted as nnictl converts it
+        data = to_v2(data)
     base = path.parent.resolve()
     for key in list(data):
         if _canonical(key) in ("trialcodedirectory", "searchspacefile") and isinstance(data[key], str):

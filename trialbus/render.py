@@ -1,4 +1,5 @@
-"""``trialbus render``: the OpenPAI job the openpai adapter would submit for a trial, offline.
+"""``trialbus render``: the OpenPAI job the openpai adapter would submit for a trial (or the
+Kubernetes ``Framework`` the frameworkcontroller adapter would create), offline.
 
 The job is built by the adapter's own code (:mod:`services.adapters.openpai.jobs`), with the
 paths and the keeper bundle ``OpenpaiAdapter.launch`` uses, so what is printed is what the
@@ -15,11 +16,14 @@ from typing import Any
 import yaml
 
 from contracts.experiment import ExperimentConfig, OpenpaiConfig
+from contracts.frameworkcontroller import FrameworkcontrollerConfig
+from services.adapters.frameworkcontroller import adapter as fc_adapter
+from services.adapters.frameworkcontroller import frameworks
 from services.adapters.openpai import OpenpaiSettings, jobs
 from services.adapters.openpai.adapter import bundle
 
 #: Placeholder ids: valid in a job name, and plainly not real ones.
-EXPERIMENT_ID, TRIAL_ID, ENVIRONMENT_ID = "EXPERIMENT", "TRIAL", "ENV"
+EXPERIMENT_ID, TRIAL_ID, ENVIRONMENT_ID, REPLICA = "EXPERIMENT", "TRIAL", "ENV", "REPLICA"
 #: How the platforms that run no job run their trials, for the refusal.
 RUNS_AS = {"local": "runs trials as processes", "remote": "runs trials as processes on SSH machines"}
 
@@ -37,9 +41,11 @@ def masked(service: OpenpaiConfig, job: dict[str, Any]) -> dict[str, Any]:
 def render(config: ExperimentConfig) -> str:
     """The YAML of the job for the first attempt of a trial of ``config``, secrets masked."""
     service = config.training_service
+    if isinstance(service, FrameworkcontrollerConfig):
+        return framework(service)
     if not isinstance(service, OpenpaiConfig):
         how = RUNS_AS.get(service.platform, "submits no job")
-        raise NoJob(f"trialbus render shows the job of platforms that submit jobs (openpai); "
+        raise NoJob(f"trialbus render shows the job of platforms that submit jobs (openpai, frameworkcontroller); "
                     f"platform {service.platform!r} {how}")  # fmt: skip
     gpus = config.gpus_per_trial or 0
     if service.reuse_mode:
@@ -53,3 +59,14 @@ def render(config: ExperimentConfig) -> str:
         header = (f"# The OpenPAI job of trial {TRIAL_ID} of experiment {EXPERIMENT_ID}, attempt 0; {TRIAL_ID} and\n"
                   f"# {EXPERIMENT_ID} stand for the ids the dispatcher assigns. Secrets show as ******.\n")  # fmt: skip
     return header + yaml.safe_dump(masked(service, job), sort_keys=False)
+
+
+def framework(service: FrameworkcontrollerConfig) -> str:
+    """The YAML of the Framework of the first attempt of a trial (no secret is part of it: an
+    Azure storage key goes into a Secret the Framework names)."""
+    trial_dir = f"{service.container_mount_path}/trialbus/trials/{EXPERIMENT_ID}/{TRIAL_ID}-0"
+    keeper = f"{service.container_mount_path}/trialbus/bin/{fc_adapter.bundle().hash}/trial_keeper.py"
+    body = frameworks.render(service, EXPERIMENT_ID, TRIAL_ID, 0, REPLICA, trial_dir, keeper)
+    header = (f"# The Framework of trial {TRIAL_ID} of experiment {EXPERIMENT_ID}, attempt 0, made by adapter replica\n"
+              f"# {REPLICA}; the ids stand for the ones assigned at run time.\n")  # fmt: skip
+    return header + yaml.safe_dump(body, sort_keys=False)

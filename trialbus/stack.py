@@ -86,6 +86,11 @@ SERVICES: tuple[ServiceDef, ...] = (
         ("-m", "services.adapters.openpai"),
         {"TRIALBUS_REPLICA": "openpai-0", "TRIALBUS_GATEWAY_URL": "http://{host}:{gateway_port}"},
     ),
+    ServiceDef(
+        "frameworkcontroller",
+        ("-m", "services.adapters.frameworkcontroller"),
+        {"TRIALBUS_REPLICA": "frameworkcontroller-0", "TRIALBUS_GATEWAY_URL": "http://{host}:{gateway_port}"},
+    ),
 )
 
 

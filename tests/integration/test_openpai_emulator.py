@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import signal
 import time
 import uuid
@@ -21,18 +20,11 @@ import yaml
 
 from tests.emulators.openpai import OpenPai, start_openpai
 from tests.emulators.openpai.examples import CPU_500_TASK_MNIST, HELLO_WORLD, TENSORFLOW_CIFAR10
+from tests.emulators.processes import alive
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
-def alive(pid: int) -> bool:
-    """Whether a process exists and is not a zombie (an orphan may wait for PID 1 to reap it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def unique(prefix: str) -> str:

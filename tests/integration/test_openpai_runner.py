@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from services.adapters import sharefs
 from services.adapters.openpai import jobs
 from services.trial_keeper import KEEPER_PATH
 from tests.e2e.helpers import wait_until
@@ -51,7 +52,7 @@ class Env:
         folder = self.trials / name
         (folder / ".trialbus").mkdir(parents=True)
         for settings in ("report.env", "quiet.env"):
-            (folder / ".trialbus" / settings).write_bytes(jobs.settings_file({"TRIALBUS_TRIAL_ID": name}))
+            (folder / ".trialbus" / settings).write_bytes(sharefs.settings_file({"TRIALBUS_TRIAL_ID": name}))
         if hand:
             self.hand(folder)
         return folder

@@ -130,7 +130,7 @@ def test_a_platform_that_submits_no_job_is_refused(cli: CliRunner, tmp_path: Pat
                                       "trainingService": service}))  # fmt: skip
     result = cli.invoke(app, ["render", "-f", str(config)])
     assert result.exit_code == 2
-    expected = (f"error: trialbus render shows the job of platforms that submit jobs (openpai); "
+    expected = (f"error: trialbus render shows the job of platforms that submit jobs (openpai, frameworkcontroller); "
                 f"platform {service['platform']!r} {how}")  # fmt: skip
     assert result.output.strip() == expected
 

@@ -74,7 +74,8 @@ def test_unknown_keys_are_named() -> None:
     [
         ({"trialConcurrency": -1}, "trialConcurrency: Input should be greater than 0"),
         ({"trainingService": {"platform": "k8s"}}, "unknown platform 'k8s'; available: local"),
-        ({"trainingService": {"platform": "frameworkcontroller"}}, "'frameworkcontroller' is not available in this"),
+        ({"trainingService": {"platform": "frameworkcontroller", "storage": {"storageType": "pvc"}}},
+         "storage.storageType must be nfs or azureStorage, not 'pvc'"),
         ({"trainingService": [{"platform": "local"}]}, "hybrid mode) is not supported"),
         ({"maxTrialDuration": "3 years"}, "bad duration '3 years'"),
         ({"trialGpuNumber": 1}, "useActiveGpu must be set when trialGpuNumber > 0"),

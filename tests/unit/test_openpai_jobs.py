@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from contracts.experiment import ExperimentConfig, OpenpaiConfig, format_validation_error
+from services.adapters import sharefs
 from services.adapters.openpai import jobs
 from services.trial_keeper import KEEPER_PATH
 
@@ -22,7 +23,7 @@ def service(**extra) -> OpenpaiConfig:
     return OpenpaiConfig.model_validate({**base, **extra})
 
 
-SHARE = jobs.Share("/mnt/local/trialbus/trials/e/t-0", "/mnt/share/trialbus/trials/e/t-0")
+SHARE = sharefs.Share("/mnt/local/trialbus/trials/e/t-0", "/mnt/share/trialbus/trials/e/t-0")
 
 
 def test_the_default_job_is_nni_s_with_our_name_and_wrapped_commands():
@@ -100,8 +101,8 @@ def test_bad_openpai_configs_are_refused(change, expected):
 def test_the_wrapped_commands_run_the_role_s_commands_under_the_keeper(tmp_path: Path):
     trial = tmp_path / "trial"
     (trial / ".trialbus").mkdir(parents=True)
-    (trial / ".trialbus" / "report.env").write_bytes(jobs.settings_file({"TRIALBUS_TRIAL_ID": "t1"}))
-    (trial / ".trialbus" / "quiet.env").write_bytes(jobs.settings_file({"TRIALBUS_TRIAL_ID": "t1"}))
+    (trial / ".trialbus" / "report.env").write_bytes(sharefs.settings_file({"TRIALBUS_TRIAL_ID": "t1"}))
+    (trial / ".trialbus" / "quiet.env").write_bytes(sharefs.settings_file({"TRIALBUS_TRIAL_ID": "t1"}))
     script = "\n".join(jobs.wrap(["echo one $PAI_CURRENT_TASK_ROLE_NAME", "echo 'two \"quoted\" $HOME'"], True,
                                  str(trial), str(KEEPER_PATH)))  # fmt: skip
     for index in ("0", "1"):

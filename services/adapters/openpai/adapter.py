@@ -29,7 +29,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,9 +39,10 @@ import yaml
 from contracts import TrainingService, TrialRequest, TrialStatus
 from contracts.base import utcnow
 from contracts.experiment import OpenpaiConfig
+from services.adapters import sharefs
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, Stale, TransientError
-from services.adapters.keeper import Bundle, UnsafeArchive, extract_code, fetch_code
+from services.adapters.keeper import Bundle
 from services.adapters.openpai import jobs
 from services.adapters.openpai.client import FINAL, JobExists, OpenpaiClient
 from services.adapters.openpai.reuse import Environment, Pools
@@ -61,7 +61,7 @@ class Job:
     handle: TrialHandle
     client: OpenpaiClient
     name: str
-    share: jobs.Share
+    share: sharefs.Share
     report: str  # the reporting task role
     state: str = "WAITING"  # jobStatus.state as last read
     outcome: TrialOutcome | None = None
@@ -137,20 +137,14 @@ class OpenpaiAdapter(PlatformAdapter):
                                                    self.bundle.hash)  # fmt: skip
         except ValueError as exc:
             raise PermanentError(str(exc)) from None
-        keeper = await asyncio.to_thread(self._install, local)
-        code_dir = await self._code(local, request.code_ref) if request.code_ref else None
-        settings = {
-            "TRIALBUS_EXPERIMENT_ID": request.experiment_id, "TRIALBUS_TRIAL_ID": request.trial_id,
-            "TRIALBUS_SEQUENCE_ID": str(request.sequence_id), "TRIALBUS_ATTEMPT": str(request.attempt),
-            "TRIALBUS_PARAMETERS": request.parameter_record, "TRIALBUS_NNI_PLATFORM": "pai",
-            "TRIALBUS_FLUSH_TIMEOUT": str(self.settings.flush_timeout),
-            "TRIALBUS_PYTHONPATH_PREPEND": f"{container}/trialbus/bin/{keeper}/nni_shim",
-        }  # fmt: skip
-        if code_dir is not None:
-            settings["TRIALBUS_CODE_DIR"] = f"{container}/trialbus/code/{code_dir}"
+        root = sharefs.Share(local, container)
+        keeper = await asyncio.to_thread(sharefs.install, self.bundle, local)
+        code_dir = await sharefs.unpack_code(self._bus, local, request.code_ref) if request.code_ref else None
+        settings = sharefs.keeper_settings(request, root, keeper, code_dir, "pai", self.settings.flush_timeout)
         report_settings = {**settings, "TRIALBUS_GATEWAY_URL": self.settings.gateway_url,
                            "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value()}  # fmt: skip
-        fresh = await asyncio.to_thread(_write_trial_dir, share.local, settings, report_settings, self.settings.replica)
+        fresh = await asyncio.to_thread(sharefs.write_trial_dir, share.local, settings, report_settings,
+                                        self.settings.replica)  # fmt: skip
         client = self.client(service)
         if service.reuse_mode:
             env = await self.pools.place(key, service, client, request.experiment_id, share.container, fresh,
@@ -169,32 +163,6 @@ class OpenpaiAdapter(PlatformAdapter):
                                                ref=f"{client.framework(name)}#{share.local}", start_time=utcnow()),
                                    client, name, share, report)  # fmt: skip
         return job.handle
-
-    def _install(self, local: str) -> str:
-        """The keeper and the ``nni`` shim on the share, once per content hash; the hash."""
-        folder = Path(local) / "trialbus" / "bin" / self.bundle.hash
-        if not (folder / ".complete").exists():
-            tmp = folder.with_name(f".{self.bundle.hash}-{os.getpid()}")
-            for name, data in self.bundle.files.items():
-                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-                (tmp / name).write_bytes(data)
-            (tmp / ".complete").touch()
-            try:
-                tmp.rename(folder)
-            except OSError:  # another replica installed it meanwhile
-                shutil.rmtree(tmp, ignore_errors=True)
-        return self.bundle.hash
-
-    async def _code(self, local: str, code_ref: str) -> str:
-        digest = code_ref.removeprefix("sha256:")
-        dest = Path(local) / "trialbus" / "code" / digest
-        if not dest.is_dir():
-            archive = await fetch_code(self._bus, digest)
-            try:
-                await asyncio.to_thread(extract_code, archive, dest)
-            except UnsafeArchive as exc:
-                raise PermanentError(f"code snapshot sha256:{digest}: {exc}") from exc
-        return digest
 
     # ------------------------------------------------------------------ watching
 
@@ -318,20 +286,15 @@ class OpenpaiAdapter(PlatformAdapter):
                 gpus = state.config.trial_gpu_number if service.trial_gpu_number is None else service.trial_gpu_number
                 held = self.pools.adopt(state.id, service.local_storage_mount_point, client, gpus or 0,
                                         state.config.trial_command, self.settings.replica)  # fmt: skip
-            base = Path(service.local_storage_mount_point) / "trialbus" / "trials" / state.id
-            for entry in sorted(base.iterdir()) if base.is_dir() else ():
-                trial_id, _, attempt = entry.name.rpartition("-")
-                key = (trial_id, int(attempt) if attempt.isdigit() else -1)
-                if not jobs.owned_by(entry / ".trialbus", self.settings.replica):
-                    continue
-                if not attempt.isdigit() or (entry / ".trialbus" / "reported").exists():
-                    if key in held:  # released before the ticket was removed
-                        held.pop(key).drop(key)
-                    continue
+            attempts = sharefs.unreported(service.local_storage_mount_point, state.id, self.settings.replica)
+            for key in set(held) - {(t, a) for t, a, _ in attempts}:  # released before its ticket was removed
+                held.pop(key).drop(key)
+            for trial_id, attempt, entry in attempts:
+                key = (trial_id, attempt)
                 if service.reuse_mode and key not in held:
                     continue  # never handed over: its request comes again
                 where = f"trialbus/trials/{state.id}/{entry.name}"
-                share = jobs.Share(str(entry), f"{service.container_storage_mount_point}/{where}")
+                share = sharefs.Share(str(entry), f"{service.container_storage_mount_point}/{where}")
                 env = held.get(key)
                 name = env.name if env else jobs.job_name(state.id, trial_id, key[1])
                 started = datetime.fromtimestamp(entry.stat().st_mtime, UTC)
@@ -343,17 +306,11 @@ class OpenpaiAdapter(PlatformAdapter):
 
     async def past(self, experiment_id: str, trial_id: str) -> TrialHandle | None:
         """The newest attempt of a finished trial whose folder the share keeps (its logs)."""
-        if (service := await self._service(experiment_id)) is None:
+        service = await self._service(experiment_id)
+        found = sharefs.newest_attempt(service.local_storage_mount_point, experiment_id, trial_id) if service else None
+        if not found:
             return None
-        attempts = []
-        for folder in (Path(service.local_storage_mount_point) / "trialbus" / "trials" / experiment_id).glob("*-*"):
-            name, _, attempt = folder.name.rpartition("-")
-            if name == trial_id and attempt.isdigit():
-                attempts.append((int(attempt), folder))
-        if not attempts:
-            return None
-        attempt, folder = max(attempts)
-        return TrialHandle(experiment_id, trial_id, attempt, ref=f"{self.client(service).username}#{folder}")
+        return TrialHandle(experiment_id, trial_id, found[0], ref=f"{self.client(service).username}#{found[1]}")
 
     async def _service(self, experiment_id: str) -> OpenpaiConfig | None:
         for state in await platforms.experiments(self._bus):
@@ -365,20 +322,12 @@ class OpenpaiAdapter(PlatformAdapter):
         job = self.jobs.pop((handle.trial_id, handle.attempt), None)
         if job is not None and job.env is not None:
             job.env.drop((handle.trial_id, handle.attempt))
-        folder = Path(job.share.local if job else handle.ref.split("#", 1)[1])
-        with contextlib.suppress(OSError):
-            (folder / ".trialbus" / "reported").touch()
+        sharefs.mark_reported(job.share.local if job else handle.ref.split("#", 1)[1])
 
     async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
         job = self.jobs.get((handle.trial_id, handle.attempt))
-        folder = Path(job.share.local if job else handle.ref.split("#", 1)[1])
-        parts = []
-        for task in sorted(folder.glob("*-*")):
-            for name in ("stdout", "stderr"):
-                with contextlib.suppress(OSError):
-                    data = (task / name).read_bytes()[-max_bytes:]
-                    parts.append(f"==> {task.name}/{name} <==\n{data.decode(errors='replace')}")
-        return "\n".join(parts)
+        return await asyncio.to_thread(sharefs.log_tail, job.share.local if job else handle.ref.split("#", 1)[1],
+                                       max_bytes)  # fmt: skip
 
     def _find(self, handle: TrialHandle) -> Job:
         job = self.jobs.get((handle.trial_id, handle.attempt))
@@ -411,24 +360,6 @@ def _tasks(service: OpenpaiConfig) -> int:
     return sum(int(spec.get("instances", 1)) if isinstance(spec, dict) else 1 for spec in roles.values())
 
 
-def _write_trial_dir(folder: str, quiet: dict[str, str], report: dict[str, str], replica: str) -> bool:
-    """The attempt's folder with the keeper's two settings files and the replica that owns it
-    (only that replica adopts it); False when it existed."""
-    path = Path(folder)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        path.mkdir()
-    except FileExistsError:
-        return False
-    (path / ".trialbus").mkdir()
-    (path / ".trialbus" / "replica").write_text(replica)
-    for name, values in (("quiet.env", quiet), ("report.env", report)):
-        fd = os.open(path / ".trialbus" / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(jobs.settings_file(values))
-    return True
-
-
 def outcome_of(job: Job) -> TrialOutcome:
     """How the job ended: its state and exit spec, with the keeper's exit code when it wrote one."""
     status = job.detail.get("jobStatus") or {}
@@ -454,10 +385,4 @@ def outcome_of(job: Job) -> TrialOutcome:
 
 
 def _keeper_state(job: Job) -> dict:
-    import json
-
-    path = Path(job.share.local) / f"{job.report}-0" / ".trialbus" / "state.json"
-    try:
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return {}
+    return sharefs.keeper_state(job.share.local, f"{job.report}-0")

@@ -30,25 +30,16 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from contracts.experiment import OpenpaiConfig
+from services.adapters import sharefs
+from services.adapters.sharefs import MARK, Share
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,255}$")
 _ROLE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-MARK = "TRIALBUS_COMMAND"
 #: The reuse-mode environment runner's file name on the share (``runner.py`` here).
 RUNNER = "openpai_runner.py"
-
-
-@dataclass(frozen=True)
-class Share:
-    """The trial's folders on the share, as the adapter (``local``) and the job (``container``) see them."""
-
-    local: str
-    container: str
 
 
 def job_name(experiment_id: str, trial_id: str, attempt: int) -> str:
@@ -65,15 +56,6 @@ def _checked(name: str) -> str:
     if not _NAME.match(name):
         raise ValueError(f"job name {name!r} does not match OpenPAI's ^[a-zA-Z0-9_-]+$ (255 characters at most)")
     return name
-
-
-def owned_by(folder: Path, replica: str) -> bool:
-    """Whether adapter replica ``replica`` made this trial (``.trialbus``) or environment folder
-    on the share: its ``replica`` file says; only that replica adopts it after a restart."""
-    try:
-        return (folder / "replica").read_text() == replica
-    except OSError:
-        return False
 
 
 def reporting_role(service: OpenpaiConfig) -> str:
@@ -186,21 +168,6 @@ def default_job(service: OpenpaiConfig, trial_command: str, gpus: int) -> dict[s
 
 
 def wrap(commands: list[str], reports: bool, trial_dir: str, keeper: str) -> list[str]:
-    """The task's commands written to a script that the keeper runs (see the module docstring)."""
-    task = f'{trial_dir}/"$PAI_CURRENT_TASK_ROLE_NAME"-"$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"'
-    settings = f"{trial_dir}/.trialbus/quiet.env"
-    if reports:
-        settings = (f'"$([ "$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX" = 0 ] && echo {trial_dir}/.trialbus/report.env '
-                    f'|| echo {trial_dir}/.trialbus/quiet.env)"')  # fmt: skip
-    return [
-        f"T={task} && mkdir -p \"$T/.trialbus\" && C=$(mktemp) && cat > \"$C\" <<'{MARK}'",
-        *(command.strip() for command in commands),
-        MARK,
-        f'TRIALBUS_TRIAL_DIR="$T" TRIALBUS_TRIAL_COMMAND="sh $C" python3 -S -I {keeper} --env {settings}; '
-        'S=$?; rm -f "$C"; exit $S',
-    ]
-
-
-def settings_file(values: dict[str, str]) -> bytes:
-    """A keeper settings file (``--env``): KEY=VALUE items separated by NUL."""
-    return b"".join(f"{key}={value}".encode() + b"\0" for key, value in values.items() if "\0" not in value)
+    """The task's commands run under the keeper (see the module docstring)."""
+    return sharefs.wrap(commands, reports, trial_dir, keeper, "PAI_CURRENT_TASK_ROLE_NAME",
+                        "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX")  # fmt: skip

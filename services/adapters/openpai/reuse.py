@@ -39,6 +39,7 @@ import yaml
 
 from contracts import TrialStatus
 from contracts.experiment import OpenpaiConfig
+from services.adapters import sharefs
 from services.adapters.base import TrialOutcome
 from services.adapters.errors import PermanentError, TransientError
 from services.adapters.keeper import outcome_of
@@ -218,7 +219,7 @@ class Pools:
         held: dict[Key, Environment] = {}
         base = Path(local) / "trialbus" / "envs" / experiment_id
         for folder in sorted(base.iterdir()) if base.is_dir() else ():
-            if (folder / "retired").exists() or not jobs.owned_by(folder, replica):
+            if (folder / "retired").exists() or not sharefs.owned_by(folder, replica):
                 continue
             env = Environment(jobs.environment_name(experiment_id, folder.name), experiment_id, folder, client, gpus,
                               trial_command)  # fmt: skip

@@ -16,9 +16,6 @@ local process, and reports status the way the rest-server does (see ``server.py`
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import ssl
 import subprocess
 import sys
@@ -29,6 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.emulators.processes import stop_server
 from tests.fixtures.nats import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -94,17 +92,7 @@ class OpenPai:
 
     def stop(self) -> None:
         """Stop the server, then kill every job process group it recorded (also after a crash). Idempotent."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        for record in (self.state_dir / "pgids").glob("*"):
-            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
-                os.killpg(int(record.name), signal.SIGKILL)
-            record.unlink(missing_ok=True)
+        stop_server(self.process, self.state_dir)
         for container, local in self.mounts.items():
             link = Path(container)
             if link.is_symlink() and link.resolve() == Path(local).resolve():

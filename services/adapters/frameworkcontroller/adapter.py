@@ -1,0 +1,386 @@
+"""The frameworkcontroller adapter: each trial attempt is one Kubernetes ``Framework``
+(NNI's ``platform: frameworkcontroller``), created through the official client.
+
+Files go through the experiment's storage (NFS or an Azure File share), mounted on the
+adapter's host where ``TRIALBUS_SHARE_MOUNTS`` says and in the pods at
+``containerMountPath``, with the layout of :mod:`services.adapters.sharefs`. Creating the
+attempt's folder there is the idempotency point; a Framework whose name exists (409, after
+a crash) is adopted.
+
+Status comes from a **watch** per namespace (resumed from its resourceVersion, relisted every
+``relist_interval`` seconds and after a 410, so a missed event heals), not from polling each
+trial: ``AttemptCreationPending/Requested/Preparing`` wait (the trial says so after
+``queue_note_after`` seconds and fails after the preparing timeout: an image that never
+pulls), ``AttemptRunning`` runs, ``Completed`` ends SUCCEEDED or FAILED by its completion
+status. Cancel patches ``executionType: Stop``; every Framework is deleted once its trial's
+end is published, and an experiment's Secret once the experiment is over. A Framework
+deleted by someone else ends its trial SYS_CANCELED. After a restart the adapter lists its
+Frameworks by label (its replica) and adopts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from contracts import ExperimentStatus, TrainingService, TrialRequest, TrialStatus
+from contracts.base import utcnow
+from contracts.frameworkcontroller import AzureStorage, FrameworkcontrollerConfig
+from services.adapters import sharefs
+from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
+from services.adapters.errors import PermanentError, Stale, TransientError
+from services.adapters.frameworkcontroller import frameworks
+from services.adapters.frameworkcontroller.client import Conflict, Gone, Kubernetes
+from services.adapters.frameworkcontroller.settings import FrameworkcontrollerSettings
+from services.adapters.keeper import Bundle
+from services.common import platforms
+from services.common.bus import Bus
+
+log = logging.getLogger(__name__)
+
+
+def bundle() -> Bundle:
+    """The files the adapter installs on the storage: the keeper and the ``nni`` shim."""
+    from services.trial_keeper import KEEPER_PATH, SHIM_PATH
+
+    return Bundle(KEEPER_PATH, SHIM_PATH)
+
+
+@dataclass(eq=False)
+class Job:
+    handle: TrialHandle
+    namespace: str
+    name: str
+    folder: str  # the attempt's folder on this host
+    report: str  # ``<role>-0`` of the reporting role
+    preparing_timeout: float
+    framework: dict | None = None  # the latest object seen (None: not yet, or deleted)
+    deleted: bool = False
+    canceled: bool = False
+    outcome: TrialOutcome | None = None
+    since: float = 0.0  # when its state last changed (monotonic)
+
+
+class FrameworkcontrollerAdapter(PlatformAdapter):
+    name = "frameworkcontroller"
+
+    def __init__(self, settings: FrameworkcontrollerSettings):
+        self.settings = settings
+        self.bundle = bundle()
+        self.jobs: dict[tuple[str, int], Job] = {}
+        self.by_name: dict[tuple[str, str], Job] = {}  # (namespace, name) → job
+        self.secrets: dict[str, str] = {}  # experiment → namespace of the Secret we made
+        self.error: str | None = None  # why the last watch or list failed
+        self._kube: Kubernetes | None = None
+        self._bus: Bus | None = None
+        self._watches: dict[str, asyncio.Task] = {}
+        self._cleaner: asyncio.Task | None = None
+
+    @property
+    def selector(self) -> str:
+        return frameworks.replica_selector(self.settings.replica)
+
+    def kube(self) -> Kubernetes:
+        """The cluster client, made on first use: an adapter without a kubeconfig starts idle."""
+        if self._kube is None:
+            self._kube = Kubernetes(self.settings.kubeconfig, self.settings.request_timeout)
+        return self._kube
+
+    async def start(self, bus: Bus) -> None:
+        self._bus = bus
+        self._cleaner = asyncio.create_task(self._clean_loop())
+
+    async def stop(self) -> None:
+        tasks = [*self._watches.values(), *([self._cleaner] if self._cleaner else [])]
+        for task in tasks:
+            task.cancel()
+        if self._kube is not None:
+            self._kube.close()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def root(self, service: FrameworkcontrollerConfig) -> sharefs.Share:
+        local = self.settings.share_mounts.get(service.storage.url)
+        if local is None:
+            raise PermanentError(f"storage {service.storage.url} is not mounted on the adapter's host: mount it and "
+                                 "name the folder in TRIALBUS_SHARE_MOUNTS")  # fmt: skip
+        return sharefs.Share(str(local), service.container_mount_path)
+
+    async def check(self, service: TrainingService) -> list[str]:
+        if not isinstance(service, FrameworkcontrollerConfig):
+            return [f"the frameworkcontroller adapter cannot run platform {service.platform!r}"]
+        problems = []
+        try:
+            local = Path(self.root(service).local)
+            if not local.is_dir() or not os.access(local, os.W_OK):
+                problems.append(f"storage {service.storage.url} is mounted at {local} on the adapter's host, but that "
+                                "is not a writable folder")  # fmt: skip
+        except PermanentError as exc:
+            problems.append(str(exc))
+        if isinstance(service.storage, AzureStorage):
+            try:
+                await self._storage_key(service.storage)
+            except PermanentError as exc:
+                problems.append(str(exc))
+        try:
+            problems += await self.kube().check(service.namespace, self.selector)
+        except PermanentError as exc:
+            problems.append(str(exc))
+        return problems
+
+    # ------------------------------------------------------------------ launch
+
+    async def launch(self, request: TrialRequest) -> TrialHandle | None:
+        key = (request.trial_id, request.attempt)
+        if (job := self.jobs.get(key)) is not None:
+            return job.handle
+        service = request.training_service
+        if not isinstance(service, FrameworkcontrollerConfig):
+            raise PermanentError(f"the frameworkcontroller adapter cannot run platform {service.platform!r}")
+        root = self.root(service)
+        share = sharefs.trial_share(root, request.experiment_id, request.trial_id, request.attempt)
+        bin_hash = await asyncio.to_thread(sharefs.install, self.bundle, root.local)
+        code = await sharefs.unpack_code(self._bus, root.local, request.code_ref) if request.code_ref else None
+        quiet = sharefs.keeper_settings(request, root, bin_hash, code, "frameworkcontroller",
+                                        self.settings.flush_timeout)  # fmt: skip
+        report = {**quiet, "TRIALBUS_GATEWAY_URL": self.settings.gateway_url,
+                  "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value()}  # fmt: skip
+        fresh = await asyncio.to_thread(sharefs.write_trial_dir, share.local, quiet, report, self.settings.replica)
+        if isinstance(service.storage, AzureStorage):
+            await self._secret(request.experiment_id, service)
+        body = frameworks.render(service, request.experiment_id, request.trial_id, request.attempt,
+                                 self.settings.replica, share.container,
+                                 f"{root.container}/trialbus/bin/{bin_hash}/trial_keeper.py")  # fmt: skip
+        name = body["metadata"]["name"]
+        try:
+            await self.kube().create(service.namespace, body)
+        except Conflict:
+            if fresh:  # not ours: a name we did not create
+                raise PermanentError(f"a Framework named {service.namespace}/{name} exists already") from None
+            log.info("Framework %s/%s was created before a restart: adopting it", service.namespace, name)
+        job = self._track(TrialHandle(request.experiment_id, request.trial_id, request.attempt,
+                                      ref=f"{service.namespace}/{name}#{share.local}", start_time=utcnow()),
+                          service)  # fmt: skip
+        return job.handle
+
+    def _track(self, handle: TrialHandle, service: FrameworkcontrollerConfig) -> Job:
+        namespace, name = handle.ref.split("#", 1)[0].split("/", 1)
+        timeout = service.preparing_timeout or self.settings.preparing_timeout
+        job = Job(handle, namespace, name, handle.ref.split("#", 1)[1], f"{service.reporting_role.name}-0", timeout,
+                  since=time.monotonic())  # fmt: skip
+        self.jobs[(handle.trial_id, handle.attempt)] = self.by_name[(namespace, name)] = job
+        if namespace not in self._watches or self._watches[namespace].done():
+            self._watches[namespace] = asyncio.create_task(self._watch(namespace))
+        return job
+
+    async def _storage_key(self, storage: AzureStorage) -> str:
+        if storage.key_vault_name:
+            try:
+                from azure.identity import DefaultAzureCredential
+                from azure.keyvault.secrets import SecretClient
+            except ImportError:
+                raise PermanentError("keyVaultName needs the Azure SDK on the adapter's host: pip install "
+                                     "'trialbus[azure]' (or set TRIALBUS_AZURE_STORAGE_KEY instead)") from None
+            client = SecretClient(f"https://{storage.key_vault_name}.vault.azure.net", DefaultAzureCredential())
+            try:
+                secret = await asyncio.to_thread(client.get_secret, storage.key_vault_key)
+            except Exception as exc:  # noqa: BLE001 - the SDK's errors are many; say which vault and key
+                raise PermanentError(f"cannot read secret {storage.key_vault_key!r} from Key Vault "
+                                     f"{storage.key_vault_name!r}: {type(exc).__name__}") from None
+            return str(secret.value)
+        if self.settings.azure_storage_key is None:
+            raise PermanentError("storageType azureStorage needs the storage account key: set keyVaultName and "
+                                 "keyVaultKey, or TRIALBUS_AZURE_STORAGE_KEY on the adapter")  # fmt: skip
+        return self.settings.azure_storage_key.get_secret_value()
+
+    async def _secret(self, experiment_id: str, service: FrameworkcontrollerConfig) -> None:
+        """The experiment's Secret for its Azure File volume (made once; deleted when it is over)."""
+        if experiment_id in self.secrets:
+            return
+        storage = service.storage
+        assert isinstance(storage, AzureStorage)
+        key = await self._storage_key(storage)
+        encoded = {"azurestorageaccountname": storage.azure_account, "azurestorageaccountkey": key}
+        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": frameworks.secret_name(experiment_id), "namespace": service.namespace,
+                             "labels": {"trialbus.io/experiment": experiment_id,
+                                        "trialbus.io/replica": self.selector.split("=", 1)[1]}},
+                "data": {k: base64.b64encode(v.encode()).decode() for k, v in encoded.items()}}  # fmt: skip
+        await self.kube().create_secret(service.namespace, body)
+        self.secrets[experiment_id] = service.namespace
+
+    # ------------------------------------------------------------------ watching
+
+    async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
+        job = self._find(handle)
+        if job.outcome is not None:
+            return job.outcome
+        if job.deleted:
+            job.outcome = TrialOutcome(TrialStatus.SYS_CANCELED, None, f"Framework {job.namespace}/{job.name} was "
+                                       "deleted outside Trialbus", None, utcnow())  # fmt: skip
+            return job.outcome
+        state = frameworks.state_of(job.framework)
+        if frameworks.phase(state) == "ended":
+            keeper = await asyncio.to_thread(sharefs.keeper_state, job.folder, job.report)
+            job.outcome = frameworks.outcome_of(job.framework, keeper, job.canceled)
+            return job.outcome
+        waited = time.monotonic() - job.since
+        if frameworks.phase(state) == "waiting" and not job.canceled:
+            if state == "AttemptPreparing" and waited > job.preparing_timeout:
+                await self.kube().stop(job.namespace, job.name)
+                job.outcome = TrialOutcome(TrialStatus.FAILED, None, f"Framework {job.namespace}/{job.name} stayed "
+                                           f"AttemptPreparing for {waited:.0f}s (an image that cannot be pulled, or no "
+                                           "room for its pods?): stopped", "unknown", utcnow())  # fmt: skip
+                return job.outcome
+            if waited > self.settings.queue_note_after:
+                raise Stale(f"Framework {job.namespace}/{job.name} is {state} (waiting for its pods)",
+                            delay=self.settings.poll_interval)  # fmt: skip
+        if self.error is not None:
+            raise Stale(f"cannot watch Framework {job.namespace}/{job.name}: {self.error}",
+                        delay=self.settings.poll_interval)  # fmt: skip
+        return None
+
+    async def cancel(self, handle: TrialHandle) -> None:
+        job = self._find(handle)
+        if job.outcome is None and not job.deleted:
+            job.canceled = True
+            await self.kube().stop(job.namespace, job.name)
+
+    async def _watch(self, namespace: str) -> None:
+        """Keep every tracked Framework of ``namespace`` current: list, then watch from the
+        list's resourceVersion; again after a 410, a dropped stream or ``relist_interval``."""
+        version, listed = "", 0.0
+        loop = asyncio.get_running_loop()
+        while any(j.namespace == namespace for j in self.jobs.values()):
+            try:
+                if not version or time.monotonic() - listed > self.settings.relist_interval:
+                    items, version = await self.kube().list(namespace, self.selector)
+                    listed = time.monotonic()
+                    self._sync(namespace, items)
+                version = await asyncio.to_thread(self._stream, namespace, version, loop)
+                self.error = None
+            except Gone:
+                version = ""
+            except (TransientError, PermanentError) as exc:
+                if str(exc) != self.error:
+                    log.warning("cannot watch Frameworks in %s: %s", namespace, exc)
+                self.error = str(exc)
+                await asyncio.sleep(2.0)
+
+    def _stream(self, namespace: str, version: str, loop: asyncio.AbstractEventLoop) -> str:
+        """One watch request (in a thread): each event handed to the loop; the last version."""
+        for event in self.kube().watch(namespace, self.selector, version, self.settings.watch_timeout):
+            obj = event.get("object") or {}
+            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+            if event.get("type") != "BOOKMARK":
+                loop.call_soon_threadsafe(self._event, namespace, event.get("type"), obj)
+        return version
+
+    def _sync(self, namespace: str, items: list[dict]) -> None:
+        """A full list: every tracked Framework updated; the ones missing were deleted."""
+        seen = {}
+        for obj in items:
+            seen[obj["metadata"]["name"]] = obj
+            self._event(namespace, "MODIFIED", obj)
+        for (ns, name), job in list(self.by_name.items()):
+            if ns == namespace and name not in seen and job.framework is not None:
+                self._event(namespace, "DELETED", job.framework)
+
+    def _event(self, namespace: str, kind: str | None, obj: dict) -> None:
+        job = self.by_name.get((namespace, (obj.get("metadata") or {}).get("name", "")))
+        if job is None or job.outcome is not None:
+            return
+        if kind == "DELETED":
+            job.deleted = True
+        else:
+            if frameworks.state_of(obj) != frameworks.state_of(job.framework) or job.framework is None:
+                job.since = time.monotonic()
+            job.framework = obj
+        self.notify(job.handle)
+
+    # ------------------------------------------------------------------ restarts and cleaning
+
+    async def adopt(self) -> list[TrialHandle]:
+        """This replica's Frameworks of the frameworkcontroller experiments on the bus."""
+        handles = []
+        for state in await platforms.experiments(self._bus):
+            service = state.config.training_service
+            if not isinstance(service, FrameworkcontrollerConfig):
+                continue
+            try:
+                root = self.root(service)
+                selector = f"{self.selector},{frameworks.LABEL}/experiment={state.id}"
+                items, _ = await self.kube().list(service.namespace, selector)
+            except (TransientError, PermanentError) as exc:
+                log.warning("cannot adopt the Frameworks of experiment %s: %s", state.id, exc)
+                continue
+            if isinstance(service.storage, AzureStorage):
+                self.secrets[state.id] = service.namespace
+            for obj in items:
+                meta = obj["metadata"]
+                trial_id, attempt = meta["labels"]["trialbus.io/trial"], int(meta["labels"]["trialbus.io/attempt"])
+                folder = sharefs.trial_share(root, state.id, trial_id, attempt).local
+                if (Path(folder) / ".trialbus" / "reported").exists():
+                    continue
+                started = frameworks._time((obj.get("status") or {}).get("startTime")) or utcnow()
+                handle = TrialHandle(state.id, trial_id, attempt, ref=f"{service.namespace}/{meta['name']}#{folder}",
+                                     start_time=started)  # fmt: skip
+                self._track(handle, service).framework = obj
+                handles.append(handle)
+        return handles
+
+    async def release(self, handle: TrialHandle) -> None:
+        job = self.jobs.pop((handle.trial_id, handle.attempt), None)
+        folder = job.folder if job else handle.ref.split("#", 1)[1]
+        sharefs.mark_reported(folder)
+        if job is not None:
+            self.by_name.pop((job.namespace, job.name), None)
+            try:  # its end is published and its files are on the storage: the object goes
+                await self.kube().delete(job.namespace, job.name)
+            except (TransientError, PermanentError) as exc:
+                log.warning("cannot delete Framework %s/%s: %s", job.namespace, job.name, exc)
+
+    async def _clean_loop(self) -> None:
+        """Delete the Secret of each experiment that is over and has no trial running here."""
+        while True:
+            await asyncio.sleep(10.0)
+            if not self.secrets:
+                continue
+            with contextlib.suppress(Exception):
+                states = {s.id: s.status for s in await platforms.experiments(self._bus)}
+                for experiment_id, namespace in list(self.secrets.items()):
+                    running = any(j.handle.experiment_id == experiment_id for j in self.jobs.values())
+                    if not running and states.get(experiment_id, ExperimentStatus.DONE) != ExperimentStatus.RUNNING:
+                        await self.kube().delete_secret(namespace, frameworks.secret_name(experiment_id))
+                        del self.secrets[experiment_id]
+                        log.info("deleted the storage Secret of experiment %s", experiment_id)
+
+    async def past(self, experiment_id: str, trial_id: str) -> TrialHandle | None:
+        for state in await platforms.experiments(self._bus):
+            service = state.config.training_service
+            if state.id == experiment_id and isinstance(service, FrameworkcontrollerConfig):
+                with contextlib.suppress(PermanentError):
+                    found = sharefs.newest_attempt(self.root(service).local, experiment_id, trial_id)
+                    if found:
+                        return TrialHandle(experiment_id, trial_id, found[0], ref=f"{service.namespace}/-#{found[1]}")
+        return None
+
+    async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
+        return await asyncio.to_thread(sharefs.log_tail, handle.ref.split("#", 1)[1], max_bytes)
+
+    def _find(self, handle: TrialHandle) -> Job:
+        job = self.jobs.get((handle.trial_id, handle.attempt))
+        if job is None:
+            raise PermanentError(f"trial {handle.trial_id} attempt {handle.attempt} is not known to this replica")
+        return job
+
+    def describe(self) -> dict:
+        if self._kube is None:
+            return {"clusters": []}
+        running = sum(1 for j in self.jobs.values() if j.outcome is None)
+        return {"clusters": [{"name": self._kube.server, "jobs": running, "error": self.error}]}

@@ -1,0 +1,39 @@
+"""Settings of the frameworkcontroller adapter: environment ``TRIALBUS_<NAME>``.
+
+The namespace, roles and storage come with each experiment (``trainingService``); these are
+the adapter's own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+
+from services.adapters.base import AdapterSettings
+
+
+class FrameworkcontrollerSettings(AdapterSettings):
+    #: Base URL of the metrics gateway as the pods reach it.
+    gateway_url: str = "http://127.0.0.1:8081"
+    #: Where each storage is mounted on this host, as JSON: ``{"nfs://<server><path>": "/mnt/nni",
+    #: "azurefile://<account>/<share>": "/mnt/azure"}``. The adapter writes the keeper, the code
+    #: and each trial's settings there; the pods see the same files at ``containerMountPath``.
+    share_mounts: dict[str, Path] = {}
+    #: A kubeconfig file; unset: ``KUBECONFIG``, ``~/.kube/config``, then the pod's service account.
+    kubeconfig: Path | None = None
+    #: The Azure storage account key for ``storageType: azureStorage`` without a Key Vault.
+    azure_storage_key: SecretStr | None = None
+    #: Seconds a Framework may stay AttemptPreparing before its trial fails (an experiment's
+    #: ``preparingTimeout`` overrides it).
+    preparing_timeout: float = Field(default=1800.0, gt=0)
+    #: Seconds a Framework may wait (AttemptCreationPending … Preparing) before its trial says so.
+    queue_note_after: float = Field(default=10.0, ge=0)
+    #: Seconds one watch request lasts (then it resumes from its resourceVersion).
+    watch_timeout: int = Field(default=30, gt=0)
+    #: Seconds between two full lists, which heal any event a watch missed.
+    relist_interval: float = Field(default=60.0, gt=0)
+    #: Seconds one request to the API server may take.
+    request_timeout: float = Field(default=30.0, gt=0)
+    #: Seconds a keeper keeps retrying unsent metrics after its trial ended.
+    flush_timeout: float = Field(default=600.0, ge=0)

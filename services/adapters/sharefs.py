@@ -1,0 +1,196 @@
+"""The shared file system of the adapters whose trials run in containers (openpai,
+frameworkcontroller): a share mounted on the adapter's host and, under another path, in
+every container. Everything a trial needs and leaves goes through it, under ``trialbus/``::
+
+    bin/<hash>/                    the keeper, the ``nni`` shim (and the reuse runner), once per content
+    code/<sha256>/                 a code snapshot, unpacked once: the trials' working directory
+    trials/<exp>/<trial>-<attempt>/
+        .trialbus/quiet.env        the keeper's settings for every task (0600)
+        .trialbus/report.env       the same plus the gateway and the trial's token: the reporting task only
+        .trialbus/replica          the adapter replica that made it (only that one adopts it)
+        .trialbus/reported         its end is published
+        <role>-<index>/            one task's trial directory (stdout, stderr, .trialbus/state.json)
+
+A task runs its role's commands under the keeper with :func:`wrap`; the commands go to a
+private temporary file of the container, never to the share (once a platform rendered them,
+they may hold its secrets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from contracts import TrialRequest
+from services.adapters.errors import PermanentError
+from services.adapters.keeper import Bundle, UnsafeArchive, extract_code, fetch_code
+from services.common.bus import Bus
+
+MARK = "TRIALBUS_COMMAND"
+
+
+@dataclass(frozen=True)
+class Share:
+    """One folder of the share, as the adapter (``local``) and the containers (``container``) see it."""
+
+    local: str
+    container: str
+
+    def at(self, where: str) -> Share:
+        return Share(f"{self.local.rstrip('/')}/{where}", f"{self.container.rstrip('/')}/{where}")
+
+
+def trial_share(root: Share, experiment_id: str, trial_id: str, attempt: int) -> Share:
+    return root.at(f"trialbus/trials/{experiment_id}/{trial_id}-{attempt}")
+
+
+def install(bundle: Bundle, root: str) -> str:
+    """The bundle under ``<root>/trialbus/bin/<hash>/``, once per content hash; the hash."""
+    folder = Path(root) / "trialbus" / "bin" / bundle.hash
+    if not (folder / ".complete").exists():
+        tmp = folder.with_name(f".{bundle.hash}-{os.getpid()}")
+        for name, data in bundle.files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_bytes(data)
+        (tmp / ".complete").touch()
+        try:
+            tmp.rename(folder)
+        except OSError:  # another replica installed it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+    return bundle.hash
+
+
+async def unpack_code(bus: Bus, root: str, code_ref: str) -> str:
+    """The code snapshot under ``<root>/trialbus/code/<sha256>/``, once; its digest."""
+    digest = code_ref.removeprefix("sha256:")
+    dest = Path(root) / "trialbus" / "code" / digest
+    if not dest.is_dir():
+        archive = await fetch_code(bus, digest)
+        try:
+            await asyncio.to_thread(extract_code, archive, dest)
+        except UnsafeArchive as exc:
+            raise PermanentError(f"code snapshot sha256:{digest}: {exc}") from exc
+    return digest
+
+
+def keeper_settings(request: TrialRequest, root: Share, bin_hash: str, code: str | None, platform: str,
+                    flush_timeout: float) -> dict[str, str]:  # fmt: skip
+    """The keeper's settings every task of the trial gets (``quiet.env``)."""
+    settings = {
+        "TRIALBUS_EXPERIMENT_ID": request.experiment_id, "TRIALBUS_TRIAL_ID": request.trial_id,
+        "TRIALBUS_SEQUENCE_ID": str(request.sequence_id), "TRIALBUS_ATTEMPT": str(request.attempt),
+        "TRIALBUS_PARAMETERS": request.parameter_record, "TRIALBUS_NNI_PLATFORM": platform,
+        "TRIALBUS_FLUSH_TIMEOUT": str(flush_timeout),
+        "TRIALBUS_PYTHONPATH_PREPEND": f"{root.container}/trialbus/bin/{bin_hash}/nni_shim",
+    }  # fmt: skip
+    if code is not None:
+        settings["TRIALBUS_CODE_DIR"] = f"{root.container}/trialbus/code/{code}"
+    return settings
+
+
+def write_trial_dir(folder: str, quiet: dict[str, str], report: dict[str, str], replica: str) -> bool:
+    """The attempt's folder with the keeper's two settings files and the replica that owns it;
+    False when it existed (creating it is the idempotency point: a trial never runs twice)."""
+    path = Path(folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return False
+    (path / ".trialbus").mkdir()
+    (path / ".trialbus" / "replica").write_text(replica)
+    for name, values in (("quiet.env", quiet), ("report.env", report)):
+        fd = os.open(path / ".trialbus" / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(settings_file(values))
+    return True
+
+
+def owned_by(folder: Path, replica: str) -> bool:
+    """Whether adapter replica ``replica`` made this folder: its ``replica`` file says."""
+    try:
+        return (folder / "replica").read_text() == replica
+    except OSError:
+        return False
+
+
+def unreported(root: str, experiment_id: str, replica: str) -> list[tuple[str, int, Path]]:
+    """(trial, attempt, folder) of this replica's attempts of an experiment whose end was never published."""
+    found = []
+    base = Path(root) / "trialbus" / "trials" / experiment_id
+    for entry in sorted(base.iterdir()) if base.is_dir() else ():
+        trial_id, _, attempt = entry.name.rpartition("-")
+        mine = attempt.isdigit() and owned_by(entry / ".trialbus", replica)
+        if mine and not (entry / ".trialbus" / "reported").exists():
+            found.append((trial_id, int(attempt), entry))
+    return found
+
+
+def newest_attempt(root: str, experiment_id: str, trial_id: str) -> tuple[int, Path] | None:
+    """The newest attempt's folder of a trial (for its logs once it ended)."""
+    attempts = []
+    for folder in (Path(root) / "trialbus" / "trials" / experiment_id).glob(f"{trial_id}-*"):
+        name, _, attempt = folder.name.rpartition("-")
+        if name == trial_id and attempt.isdigit():
+            attempts.append((int(attempt), folder))
+    return max(attempts) if attempts else None
+
+
+def mark_reported(folder: str) -> None:
+    with contextlib.suppress(OSError):
+        (Path(folder) / ".trialbus" / "reported").touch()
+
+
+def keeper_state(folder: str, task: str) -> dict:
+    """The keeper's ``state.json`` of one task of the trial (``<role>-<index>``); {} when none."""
+    try:
+        found = json.loads((Path(folder) / task / ".trialbus" / "state.json").read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def log_tail(folder: str, max_bytes: int) -> str:
+    """The tails of every task's stdout and stderr."""
+    parts = []
+    for task in sorted(Path(folder).glob("*-*")):
+        for name in ("stdout", "stderr"):
+            with contextlib.suppress(OSError):
+                data = (task / name).read_bytes()[-max_bytes:]
+                parts.append(f"==> {task.name}/{name} <==\n{data.decode(errors='replace')}")
+    return "\n".join(parts)
+
+
+def wrap(commands: list[str], reports: bool, trial_dir: str, keeper: str, role_var: str, index_var: str) -> list[str]:
+    """Shell lines that run a task's commands under the keeper (``role_var`` / ``index_var``:
+    the platform's variables naming the task's role and index)::
+
+        T=<trial dir>/$ROLE-$INDEX && mkdir -p $T/.trialbus && C=$(mktemp) && cat > $C <<'TRIALBUS_COMMAND'
+        <the commands, one per line>
+        TRIALBUS_COMMAND
+        TRIALBUS_TRIAL_DIR=$T TRIALBUS_TRIAL_COMMAND="sh $C" python3 -S -I <keeper> --env <settings>; \\
+            S=$?; rm -f "$C"; exit $S
+
+    The first task of the reporting role reads ``report.env``, every other ``quiet.env``."""
+    task = f'{trial_dir}/"${role_var}"-"${index_var}"'
+    settings = f"{trial_dir}/.trialbus/quiet.env"
+    if reports:
+        settings = (f'"$([ "${index_var}" = 0 ] && echo {trial_dir}/.trialbus/report.env '
+                    f'|| echo {trial_dir}/.trialbus/quiet.env)"')  # fmt: skip
+    return [
+        f"T={task} && mkdir -p \"$T/.trialbus\" && C=$(mktemp) && cat > \"$C\" <<'{MARK}'",
+        *(command.strip() for command in commands),
+        MARK,
+        f'TRIALBUS_TRIAL_DIR="$T" TRIALBUS_TRIAL_COMMAND="sh $C" python3 -S -I {keeper} --env {settings}; '
+        'S=$?; rm -f "$C"; exit $S',
+    ]
+
+
+def settings_file(values: dict[str, str]) -> bytes:
+    """A keeper settings file (``--env``): KEY=VALUE items separated by NUL."""
+    return b"".join(f"{key}={value}".encode() + b"\0" for key, value in values.items() if "\0" not in value)
