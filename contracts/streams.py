@@ -61,8 +61,15 @@ CODE_STORE = ObjectStoreConfig(bucket="code", description="trialCodeDirectory sn
 
 
 def adapter_consumer(adapter: str, ack_wait: float = 30.0, max_ack_pending: int = 1000) -> ConsumerConfig:
-    """The one durable pull consumer an adapter's replicas share."""
+    """The one durable pull consumer an adapter's replicas share.
+
+    Named (not only durable) so that nats-py creates it on
+    ``$JS.API.CONSUMER.CREATE.DISPATCH.adapter-<adapter>.dispatch.<adapter>``: a subject that
+    names the filter, which the server checks, so an adapter's NATS user may create only its
+    own consumer on its own subject (``k8s/base/nats/auth.conf``).
+    """
     return ConsumerConfig(
+        name=f"adapter-{adapter}",
         durable_name=f"adapter-{adapter}",
         filter_subject=f"dispatch.{adapter}",
         ack_policy=AckPolicy.EXPLICIT,

@@ -58,6 +58,8 @@ STATUS_STYLE = {
 class Options:
     nats_url: str
     timeout: float
+    nats_user: str | None = None
+    nats_password: str | None = None
 
 
 def _console() -> Console:
@@ -74,7 +76,8 @@ def with_client(ctx: typer.Context, work: Callable[[AsyncClient], Awaitable[T]])
     options: Options = ctx.obj
 
     async def main() -> T:
-        async with AsyncClient(options.nats_url, request_timeout=options.timeout) as client:
+        async with AsyncClient(options.nats_url, request_timeout=options.timeout, user=options.nats_user,
+                               password=options.nats_password) as client:  # fmt: skip
             return await work(client)
 
     try:
@@ -90,8 +93,15 @@ def main(
         str, typer.Option("--nats-url", envvar="TRIALBUS_NATS_URL", help="NATS server(s), comma-separated.")
     ] = DEFAULT_NATS_URL,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the dispatcher.")] = 10.0,
+    nats_user: Annotated[
+        str | None, typer.Option("--nats-user", envvar="TRIALBUS_NATS_USER", help="NATS user (compose: client).")
+    ] = None,
+    nats_password: Annotated[
+        str | None, typer.Option("--nats-password", envvar="TRIALBUS_NATS_PASSWORD", help="Its password.",
+                                 show_default=False)  # fmt: skip
+    ] = None,
 ) -> None:
-    ctx.obj = Options(nats_url=nats_url, timeout=timeout)
+    ctx.obj = Options(nats_url=nats_url, timeout=timeout, nats_user=nats_user, nats_password=nats_password)
 
 
 @app.command()

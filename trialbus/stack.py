@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import signal
 import socket
@@ -53,45 +54,85 @@ class ServiceDef:
     health: str | None = None
 
 
-#: The services, in start order (stopped in reverse). A later issue reads them from compose.yaml.
-SERVICES: tuple[ServiceDef, ...] = (
-    ServiceDef(
-        "dispatcher",
-        ("-m", "services.dispatcher"),
-        {"TRIALBUS_API_HOST": "{host}", "TRIALBUS_API_PORT": "{api_port}"},
-        health="http://{host}:{api_port}/healthz",
-    ),
-    ServiceDef(
-        "metrics-gateway",
-        ("-m", "services.metrics_gateway"),
-        {"TRIALBUS_GATEWAY_HOST": "{host}", "TRIALBUS_GATEWAY_PORT": "{gateway_port}"},
-        health="http://{host}:{gateway_port}/healthz",
-    ),
-    ServiceDef(
-        "local-gpu",
-        ("-m", "services.adapters.local_gpu"),
-        {
-            "TRIALBUS_REPLICA": "local-0",
-            "TRIALBUS_WORK_DIR": "{data_dir}/trials",
-            "TRIALBUS_GATEWAY_URL": "http://{host}:{gateway_port}",
-        },
-    ),
-    ServiceDef(
-        "remote",
-        ("-m", "services.adapters.remote"),
-        {"TRIALBUS_REPLICA": "remote-0", "TRIALBUS_GATEWAY_URL": "http://{host}:{gateway_port}"},
-    ),
-    ServiceDef(
-        "openpai",
-        ("-m", "services.adapters.openpai"),
-        {"TRIALBUS_REPLICA": "openpai-0", "TRIALBUS_GATEWAY_URL": "http://{host}:{gateway_port}"},
-    ),
-    ServiceDef(
-        "frameworkcontroller",
-        ("-m", "services.adapters.frameworkcontroller"),
-        {"TRIALBUS_REPLICA": "frameworkcontroller-0", "TRIALBUS_GATEWAY_URL": "http://{host}:{gateway_port}"},
-    ),
-)
+#: What differs between a container of compose.yaml and a local process: addresses, ports,
+#: credentials and folders. Every other variable compose.yaml gives a service, its command and
+#: the order of the services are the same locally.
+LOCAL = {
+    "TRIALBUS_NATS_URL", "TRIALBUS_NATS_USER", "TRIALBUS_NATS_PASSWORD", "TRIALBUS_NATS_CREDS",
+    "TRIALBUS_API_HOST", "TRIALBUS_API_PORT", "TRIALBUS_API_TOKEN", "TRIALBUS_GATEWAY_HOST", "TRIALBUS_GATEWAY_PORT",
+    "TRIALBUS_GATEWAY_URL", "TRIALBUS_TRIAL_GATEWAY_URL", "TRIALBUS_TRIAL_SECRET", "TRIALBUS_DATA_DIR",
+    "TRIALBUS_ADAPTER_HTTP_HOST", "TRIALBUS_ADAPTER_HTTP_PORT", "TRIALBUS_REPLICA",
+}  # fmt: skip
+#: The local values of those, per kind of service (the common ones come from :class:`Stack`).
+LOCAL_ENV = {
+    "services.dispatcher": {"TRIALBUS_API_HOST": "{host}", "TRIALBUS_API_PORT": "{api_port}"},
+    "services.metrics_gateway": {"TRIALBUS_GATEWAY_HOST": "{host}", "TRIALBUS_GATEWAY_PORT": "{gateway_port}"},
+    "adapter": {"TRIALBUS_REPLICA": "{name}-0", "TRIALBUS_GATEWAY_URL": "http://{host}:{gateway_port}"},
+    "services.adapters.local_gpu": {"TRIALBUS_WORK_DIR": "{data_dir}/trials"},
+}
+HEALTH = {"services.dispatcher": "http://{host}:{api_port}/healthz",
+          "services.metrics_gateway": "http://{host}:{gateway_port}/healthz"}  # fmt: skip
+
+
+def compose_file() -> Path:
+    """compose.yaml: ``TRIALBUS_COMPOSE_FILE``, else the copy an installed wheel carries, else the repository's."""
+    if os.environ.get("TRIALBUS_COMPOSE_FILE"):
+        return Path(os.environ["TRIALBUS_COMPOSE_FILE"])
+    packaged = Path(__file__).with_name("compose.yaml")
+    return packaged if packaged.exists() else Path(__file__).resolve().parents[1] / "compose.yaml"
+
+
+def compose_services(path: Path | None = None) -> tuple[ServiceDef, ...]:
+    """The Trialbus services of compose.yaml, in its order, as local processes: each one's
+    ``python -m <module>`` command and its environment, less what :data:`LOCAL` lists (set
+    here to local addresses) and less ``${VAR}`` references (compose fills them from ``.env``;
+    locally the stack has its own secret and no NATS credentials). ``nats`` and the services
+    of a profile (the emulators) are not part of the stack."""
+    import yaml
+
+    path = path or compose_file()
+    try:
+        services = yaml.safe_load(path.read_text())["services"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        raise StackError(f"cannot read the services of {path}: {exc}") from None
+    found = []
+    for name, spec in services.items():
+        command = list(spec.get("command") or [])
+        if name == "nats" or spec.get("profiles") or command[:2] != ["python", "-m"]:
+            continue
+        module = command[2]
+        env = {}
+        for key, value in (spec.get("environment") or {}).items():
+            if key not in LOCAL and (resolved := _interpolate(str(value))) is not None:
+                env[key] = resolved
+        kind = "adapter" if module.startswith("services.adapters.") else module
+        for local in (LOCAL_ENV.get(kind, {}), LOCAL_ENV.get(module, {}) if kind != module else {}):
+            env.update({key: value.replace("{name}", name) for key, value in local.items()})
+        found.append(ServiceDef(name, tuple(command[1:]), env, health=HEALTH.get(module)))
+    return tuple(found)
+
+
+def _interpolate(value: str) -> str | None:
+    """Compose's ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}`` from this environment;
+    None when a variable without a default is unset (the key is then left out)."""
+    missing = False
+
+    def one(match: re.Match[str]) -> str:
+        nonlocal missing
+        name, op, default = match.group(1), match.group(2), match.group(3) or ""
+        if os.environ.get(name):
+            return os.environ[name]
+        if op == ":-":
+            return default
+        missing = True
+        return ""
+
+    resolved = re.sub(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", one, value)
+    return None if missing else resolved
+
+
+#: The services, in start order (stopped in reverse), as compose.yaml defines them.
+SERVICES: tuple[ServiceDef, ...] = compose_services()
 
 
 class StackError(RuntimeError):

@@ -214,6 +214,12 @@ class PlatformAdapter(ABC):
         if self._found_listener is not None:
             self._found_listener(handle)
 
+    def health(self) -> dict:
+        """Fields of this replica's ``/healthz`` (cheap, no I/O): e.g. why it waits, idle,
+        for its platform's configuration. A replica without configuration still starts, and
+        takes only the experiments it can run."""
+        return {}
+
     def describe(self) -> dict:
         """Platform fields of this replica's :class:`~contracts.PlatformStatus` (``maxTrials``,
         GPUs…), published every few seconds; must be cheap (no I/O)."""

@@ -148,6 +148,11 @@ class AdapterService(Service):
         """The port ``/healthz`` and ``/metrics`` are served on, once started (None: not served)."""
         return self._http.port if self._http is not None else None
 
+    def _health(self) -> dict:
+        """``/healthz`` beyond NATS: the trials it runs, ``idle`` while it has none, and what the
+        platform says of itself (e.g. that no cluster is configured yet)."""
+        return {"trials": len(self.owned), "idle": not self.owned, **self.adapter.health()}
+
     # ---------------------------------------------------------------- lifecycle
 
     async def start(self, bus: Bus) -> None:
@@ -173,7 +178,7 @@ class AdapterService(Service):
             from services.common.http import HttpServer, health_routes
 
             app = FastAPI()
-            app.include_router(health_routes(lambda: self._bus, lambda: {"trials": len(self.owned)}))
+            app.include_router(health_routes(lambda: self._bus, self._health))
             self._http = HttpServer(app, self.settings.adapter_http_host, self.settings.adapter_http_port)
             await self._http.start()
         self._platforms = await bus.kv(streams.PLATFORMS_BUCKET.bucket)

@@ -3,13 +3,20 @@
 Guarantees: a connection that drops is reconnected forever; the first connection is
 retried with back-off until the server is there; streams, buckets and the object store
 exist (created or updated) before a service starts work.
+
+With per-service NATS users (``k8s/base/nats/auth.conf``) only the dispatcher may create
+streams: every other service waits in :func:`bootstrap` until they exist. A service with a
+user takes its replies on ``_INBOX_<user>.>``, a prefix no other user may subscribe to, so
+nobody reads another service's replies (an adapter's fetched trial requests among them).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 import nats
 from nats.aio.client import Client
@@ -24,6 +31,14 @@ from services.common.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+#: How nats-py words the server's ``-ERR 'Permissions Violation for …'`` (lower-cased).
+PERMISSIONS_VIOLATION = "permissions violation"
+
+
+class Denied(Exception):
+    """The server refused this user a publish (a Permissions Violation)."""
+
 
 @dataclass
 class Bus:
@@ -33,6 +48,35 @@ class Bus:
     js: JetStreamContext
     #: Called by ``close`` before draining, so the disconnect that follows is not reported.
     on_close: Callable[[], None] = lambda: None
+    #: Calls in :meth:`unless_denied`, each told the next Permissions Violation.
+    _denials: set[asyncio.Future[str]] = field(default_factory=set, repr=False)
+
+    def denied(self, error: str) -> bool:
+        """Pass a Permissions Violation the server reported to the calls awaiting one;
+        False when none was (the violation is unexpected)."""
+        waiting = [f for f in self._denials if not f.done()]
+        for future in waiting:
+            future.set_result(error)
+        return bool(waiting)
+
+    async def unless_denied(self, call: Awaitable[T]) -> T:
+        """Await ``call``; raise :class:`Denied` as soon as the server refuses a publish meanwhile.
+
+        nats-py reports a Permissions Violation to the error callback only: a refused request
+        would wait for its timeout. Meant for calls made one at a time (bootstrap).
+        """
+        denial: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._denials.add(denial)
+        task = asyncio.ensure_future(call)
+        try:
+            await asyncio.wait((task, denial), return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            raise Denied(denial.result())
+        finally:
+            self._denials.discard(denial)
+            if not task.done():
+                task.cancel()
 
     async def kv(self, bucket: str) -> KeyValue:
         return await self.js.key_value(bucket)
@@ -55,6 +99,8 @@ async def connect(settings: ServiceSettings, name: str) -> Bus:
     """Connect (retrying until the server answers) with reconnect-forever semantics."""
 
     closing = False  # set once the service drains: a disconnect then is expected
+    bus: Bus | None = None
+    refused = False  # the server refused our credentials (reported once)
 
     async def disconnected() -> None:
         if not closing:
@@ -64,7 +110,15 @@ async def connect(settings: ServiceSettings, name: str) -> Bus:
         log.info("NATS connection re-established")
 
     async def error(exc: Exception) -> None:
-        log.debug("NATS error: %s", exc)
+        nonlocal refused
+        text = str(exc).lower()
+        if PERMISSIONS_VIOLATION in text and not (bus is not None and bus.denied(str(exc))):
+            log.warning("NATS refused: %s", exc)  # the server's permissions and this service disagree
+        elif "authorization violation" in text and not refused:  # retried forever: said once
+            log.error("NATS refused user %r: check TRIALBUS_NATS_USER and TRIALBUS_NATS_PASSWORD", settings.nats_user)
+            refused = True
+        else:
+            log.debug("NATS error: %s", exc)
 
     options = dict(
         servers=[s.strip() for s in settings.nats_url.split(",")],
@@ -79,6 +133,7 @@ async def connect(settings: ServiceSettings, name: str) -> Bus:
     )
     if settings.nats_user:
         options["user"] = settings.nats_user
+        options["inbox_prefix"] = inbox_prefix(settings.nats_user)
         options["password"] = settings.nats_password.get_secret_value() if settings.nats_password else ""
     if settings.nats_creds:
         options["user_credentials"] = str(settings.nats_creds)
@@ -99,8 +154,27 @@ async def connect(settings: ServiceSettings, name: str) -> Bus:
     return bus
 
 
-async def bootstrap(js: JetStreamContext) -> None:
-    """Create or update every stream, bucket and the object store; idempotent."""
+def inbox_prefix(user: str) -> str:
+    """``_INBOX_<user>``: the reply subjects of a service, which only its user may subscribe to."""
+    return "_INBOX_" + "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in user)
+
+
+async def bootstrap(bus: Bus | JetStreamContext) -> None:
+    """Create or update every stream, bucket and the object store; idempotent.
+
+    A user the server does not allow to create streams (every service but the dispatcher
+    under ``k8s/base/nats/auth.conf``) waits until each exists instead. Without a
+    :class:`Bus` a refusal is not noticed (the call times out, as it did before users).
+    """
+    js = bus.js if isinstance(bus, Bus) else bus
+    try:
+        await (bus.unless_denied(_create(js)) if isinstance(bus, Bus) else _create(js))
+    except Denied as exc:
+        log.info("this NATS user may not create streams (%s); using those the dispatcher creates", exc)
+        await _await_created(bus)
+
+
+async def _create(js: JetStreamContext) -> None:
     for config in streams.STREAMS:
         try:
             await js.add_stream(config)
@@ -115,3 +189,29 @@ async def bootstrap(js: JetStreamContext) -> None:
         await js.object_store(streams.CODE_STORE.bucket)
     except (NotFoundError, BucketNotFoundError):
         await js.create_object_store(streams.CODE_STORE.bucket, config=streams.CODE_STORE)
+
+
+async def _await_created(bus: Bus, poll: float = 1.0) -> None:
+    """Return once every stream, bucket and store this user may look at exists.
+
+    One this user may not even look at (a Permissions Violation on its info) is one the
+    service does not use: the gateway, say, sees only METRICS.
+    """
+    missing = [(c.name, f"stream {c.name}") for c in streams.STREAMS]
+    missing += [(f"KV_{c.bucket}", f"KV bucket {c.bucket}") for c in streams.BUCKETS]
+    missing.append((f"OBJ_{streams.CODE_STORE.bucket}", f"object store {streams.CODE_STORE.bucket}"))
+    said: set[str] = set()
+    while missing:
+        for stream, what in list(missing):
+            try:
+                await bus.unless_denied(bus.js.stream_info(stream))
+            except NotFoundError:
+                if what not in said:
+                    log.info("waiting for the dispatcher to create %s", what)
+                    said.add(what)
+                continue
+            except Denied:
+                log.debug("not allowed to look at %s: not waiting for it", what)
+            missing.remove((stream, what))
+        if missing:
+            await asyncio.sleep(poll)

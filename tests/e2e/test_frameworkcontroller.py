@@ -13,6 +13,7 @@ import secrets
 import sys
 from pathlib import Path
 
+import httpx
 import kubernetes
 import pytest
 import yaml
@@ -21,13 +22,14 @@ from tests.e2e.conftest import write_code
 from tests.e2e.helpers import create, ended, submit, trial, wait_until
 from tests.e2e.test_openpai import TRIAL
 from tests.emulators.kubernetes import start_kubernetes
+from tests.fixtures.nats import free_port
 from tests.fixtures.stack import Stack
 
 pytestmark = pytest.mark.timeout(240)
 
 NFS = "nfs://nfs.test/export"
 TEST_AGENT = "trialbus-e2e-test"
-RBAC = Path(__file__).resolve().parents[2] / "k8s" / "frameworkcontroller-rbac.yaml"
+RBAC = Path(__file__).resolve().parents[2] / "k8s" / "base" / "frameworkcontroller-rbac.yaml"
 AZURE_KEY = "azure-key-" + secrets.token_hex(8)
 
 
@@ -95,7 +97,7 @@ def frameworks(k8s) -> list[dict]:
 
 
 def within_the_role(requests: list[dict]) -> None:
-    """Every API call the adapter made is granted by k8s/frameworkcontroller-rbac.yaml."""
+    """Every API call the adapter made is granted by k8s/base/frameworkcontroller-rbac.yaml."""
     role = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d["kind"] == "Role")
     granted = {(rule["apiGroups"][0], resource, verb) for rule in role["rules"] for resource in rule["resources"]
                for verb in rule["verbs"]}  # fmt: skip
@@ -248,5 +250,18 @@ def test_an_adapter_without_a_cluster_starts_idle_and_says_why(tmp_path, nats_se
         reply = stack.rest("POST", "/experiments", json=fc_config(write_code(tmp_path, TRIAL)))
         assert reply.status_code == 422, reply.text
         assert f"no Kubernetes configuration: {tmp_path / 'nope'} does not exist" in reply.json()["error"]
+    finally:
+        stack.stop()
+
+
+def test_the_adapter_s_health_says_it_is_idle_without_a_cluster(tmp_path, nats_server):
+    port = free_port()
+    no_cluster = {"KUBECONFIG": "", "KUBERNETES_SERVICE_HOST": "", "HOME": str(tmp_path)}
+    stack = Stack(root=tmp_path, nats=nats_server, extra_env={**no_cluster, "TRIALBUS_ADAPTER_HTTP_PORT": str(port)})
+    try:
+        stack.start("frameworkcontroller")
+        health = httpx.get(f"http://127.0.0.1:{port}/healthz").json()
+        assert health["status"] == "ok" and health["idle"] is True, health
+        assert health["cluster"].startswith("not configured: set KUBECONFIG"), health
     finally:
         stack.stop()

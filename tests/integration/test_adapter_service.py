@@ -163,6 +163,7 @@ async def test_a_trial_is_announced_running_then_ended_with_dedupe_ids(stack: St
     async with httpx.AsyncClient() as http:
         health = await http.get(f"http://127.0.0.1:{service.http_port}/healthz")
     assert health.status_code == 200 and health.json()["nats"] == "connected"
+    assert (health.json()["trials"], health.json()["idle"]) == (0, True), "every trial ended: idle"
     labels = {"platform": "fake", "status": "FAILED"}
     assert service.registry.get_sample_value("trialbus_adapter_trials_ended_total", labels) == 1
 

@@ -379,6 +379,14 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
             raise PermanentError(f"trial {handle.trial_id} attempt {handle.attempt} is not known to this replica")
         return job
 
+    def health(self) -> dict:
+        if self._kube is not None:
+            return {"cluster": self._kube.server}
+        found = [self.settings.kubeconfig, os.environ.get("KUBECONFIG"), os.environ.get("KUBERNETES_SERVICE_HOST")]
+        if any(found) or Path("~/.kube/config").expanduser().is_file():
+            return {"cluster": "connects on first use"}
+        return {"cluster": "not configured: set KUBECONFIG (or TRIALBUS_KUBECONFIG) to run Kubernetes experiments"}
+
     def describe(self) -> dict:
         if self._kube is None:
             return {"clusters": []}

@@ -197,7 +197,7 @@ def error_of(status: int | None, body: Any, doing: str) -> AdapterError:
                               "check the kubeconfig's user or the service account token")  # fmt: skip
     if status == 403:
         return PermanentError(f"Kubernetes forbids {doing} (403: {message}); grant the adapter's service account "
-                              "the Role in k8s/frameworkcontroller-rbac.yaml")  # fmt: skip
+                              "the Role in k8s/base/frameworkcontroller-rbac.yaml")  # fmt: skip
     if status == 404:
         return NotFound(f"not found while {doing} (404: {message})")
     if status == 409:

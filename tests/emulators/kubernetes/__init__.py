@@ -2,7 +2,7 @@
 own process for tests (reference: platform-apis.md part B).
 
 ``start_kubernetes`` launches ``python -m tests.emulators.kubernetes`` on a free port, waits until
-it answers, and returns a ``Kubernetes`` handle; the ``k8s`` fixture does the same per test. The
+it answers, and returns a ``Kubernetes`` handle (use it as a context manager, or call ``stop()``). The
 official ``kubernetes`` client talks to it unchanged, through ``handle.configuration()`` (a
 ``Configuration(host=url)`` with the bearer token) or a kubeconfig file (``handle.kubeconfig(path)``).
 
@@ -36,15 +36,13 @@ import contextlib
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import pytest
 
-from tests.emulators.processes import stop_server
-from tests.fixtures.nats import free_port
+from tests.emulators.processes import free_port, stop_server
 
 from .kubeconfig import kubeconfig_yaml
 
@@ -178,13 +176,3 @@ def start_kubernetes(
         if "address already in use" not in k8s.log():
             break
     raise RuntimeError(f"the Kubernetes emulator did not start:\n{k8s.log()}")
-
-
-@pytest.fixture
-def k8s(tmp_path: Path) -> Iterator[Kubernetes]:
-    """A fresh emulator per test, with the bearer token ``test-token`` and no volumes."""
-    emulator = start_kubernetes(tmp_path / "kubernetes", token="test-token")
-    try:
-        yield emulator
-    finally:
-        emulator.stop()

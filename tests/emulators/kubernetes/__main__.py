@@ -32,7 +32,8 @@ def _volume(text: str) -> tuple[str, str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tests.emulators.kubernetes", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--port", type=int, default=8080, help="TCP port on 127.0.0.1 (default 8080)")
+    p.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0 in a container)")
     p.add_argument("--state", type=Path, help="directory for pod logs and process records (default: a new temp dir)")
     p.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (default: no auth)")
     p.add_argument("--volume", type=_volume, action="append", default=[], metavar="nfs://SERVER/PATH=DIR",
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"# Kubernetes emulator on http://127.0.0.1:{args.port}, state in {settings.state_dir}")
         print(kubeconfig, end="", flush=True)
     app = create_app(settings)
-    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", timeout_graceful_shutdown=1)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
     Server(config, app).run()
 
 

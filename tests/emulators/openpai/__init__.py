@@ -1,7 +1,7 @@
 """An emulator of the OpenPAI rest-server v2 jobs API, run as its own process for tests.
 
 ``start_openpai`` launches ``python -m tests.emulators.openpai`` on a free port, waits until it
-answers, and returns an ``OpenPai`` handle; the ``openpai`` fixture does the same per test. The
+answers, and returns an ``OpenPai`` handle (a context manager; or call ``stop()``). The
 emulator validates jobs with the rest-server's own schema and checks, runs every task as a real
 local process, and reports status the way the rest-server does (see ``server.py``). With
 ``tls=(certfile, keyfile)`` it serves HTTPS, as a cluster with a self-signed certificate does
@@ -20,14 +20,12 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
-import pytest
 
-from tests.emulators.processes import stop_server
-from tests.fixtures.nats import free_port
+from tests.emulators.processes import free_port, stop_server
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 START_TIMEOUT = 20.0
@@ -167,13 +165,3 @@ def start_openpai(
         if "address already in use" not in pai.log():
             break
     raise RuntimeError(f"the OpenPAI emulator did not start:\n{pai.log()}")
-
-
-@pytest.fixture
-def openpai(tmp_path: Path) -> Iterator[OpenPai]:
-    """A fresh emulator per test, user ``alice`` (password ``alice-password``)."""
-    pai = start_openpai(tmp_path / "openpai")
-    try:
-        yield pai
-    finally:
-        pai.stop()

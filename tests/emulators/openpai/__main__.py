@@ -25,7 +25,8 @@ def _pair(sep: str):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tests.emulators.openpai", description=__doc__)
-    p.add_argument("--port", type=int, required=True, help="TCP port on 127.0.0.1")
+    p.add_argument("--port", type=int, required=True, help="TCP port")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0 in a container)")
     p.add_argument("--state", type=Path, required=True, help="directory for job logs and process-group records")
     p.add_argument("--user", type=_pair(":"), action="append", default=[], metavar="NAME:PASSWORD",
                    help="a user (repeatable; default alice:alice-password)")
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     args.state.mkdir(parents=True, exist_ok=True)
     tls = {"ssl_certfile": str(args.tls_cert), "ssl_keyfile": str(args.tls_key)} if args.tls_cert else {}
-    uvicorn.run(create_app(settings_from(args)), host="127.0.0.1", port=args.port, log_level="warning", **tls)
+    uvicorn.run(create_app(settings_from(args)), host=args.host, port=args.port, log_level="warning", **tls)
 
 
 if __name__ == "__main__":
