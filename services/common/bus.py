@@ -13,6 +13,7 @@ nobody reads another service's replies (an adapter's fetched trial requests amon
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -159,7 +160,7 @@ def inbox_prefix(user: str) -> str:
     return "_INBOX_" + "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in user)
 
 
-async def bootstrap(bus: Bus | JetStreamContext) -> None:
+async def bootstrap(bus: Bus | JetStreamContext, replicas: int = 1) -> None:
     """Create or update every stream, bucket and the object store; idempotent.
 
     A user the server does not allow to create streams (every service but the dispatcher
@@ -168,14 +169,14 @@ async def bootstrap(bus: Bus | JetStreamContext) -> None:
     """
     js = bus.js if isinstance(bus, Bus) else bus
     try:
-        await (bus.unless_denied(_create(js)) if isinstance(bus, Bus) else _create(js))
+        await (bus.unless_denied(_create(js, replicas)) if isinstance(bus, Bus) else _create(js, replicas))
     except Denied as exc:
         log.info("this NATS user may not create streams (%s); using those the dispatcher creates", exc)
         await _await_created(bus)
 
 
-async def _create(js: JetStreamContext) -> None:
-    for config in streams.STREAMS:
+async def _create(js: JetStreamContext, replicas: int) -> None:
+    for config in (dataclasses.replace(c, num_replicas=replicas) for c in streams.STREAMS):
         try:
             await js.add_stream(config)
         except BadRequestError:
@@ -184,11 +185,21 @@ async def _create(js: JetStreamContext) -> None:
         try:
             await js.key_value(config.bucket)
         except BucketNotFoundError:
-            await js.create_key_value(config)
+            await js.create_key_value(dataclasses.replace(config, replicas=replicas))
+        await _replicate(js, f"KV_{config.bucket}", replicas)
     try:
         await js.object_store(streams.CODE_STORE.bucket)
     except (NotFoundError, BucketNotFoundError):
-        await js.create_object_store(streams.CODE_STORE.bucket, config=streams.CODE_STORE)
+        config = dataclasses.replace(streams.CODE_STORE, replicas=replicas)
+        await js.create_object_store(streams.CODE_STORE.bucket, config=config)
+    await _replicate(js, f"OBJ_{streams.CODE_STORE.bucket}", replicas)
+
+
+async def _replicate(js: JetStreamContext, stream: str, replicas: int) -> None:
+    """A bucket's stream made before ``stream_replicas`` changed gets the new count."""
+    info = await js.stream_info(stream)
+    if (info.config.num_replicas or 1) != replicas:
+        await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
 
 
 async def _await_created(bus: Bus, poll: float = 1.0) -> None:

@@ -71,7 +71,7 @@ async def _main(service: Service, settings: ServiceSettings) -> int:
         loop.add_signal_handler(signum, on_signal, signum)
 
     bus = await connect(settings, service.name)
-    await bootstrap(bus)
+    await bootstrap(bus, settings.stream_replicas)
     await service.start(bus)
     log.info("%s started", service.name)
     while not stopping.is_set():

@@ -30,3 +30,6 @@ class ServiceSettings(BaseSettings):
     stop_timeout: float = Field(default=10.0, gt=0)
     #: Where services keep local files (trial directories, spools).
     data_dir: Path = Path(".trialbus")
+    #: Copies JetStream keeps of every stream, bucket and the code store (3 on a NATS cluster
+    #: of 3, so one server's restart pauses nothing); applied by whoever creates them.
+    stream_replicas: int = Field(default=1, ge=1, le=5)
