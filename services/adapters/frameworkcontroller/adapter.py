@@ -208,8 +208,8 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         encoded = {"azurestorageaccountname": storage.azure_account, "azurestorageaccountkey": key}
         body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                 "metadata": {"name": frameworks.secret_name(experiment_id), "namespace": service.namespace,
-                             "labels": {"trialbus.io/experiment": experiment_id,
-                                        "trialbus.io/replica": self.selector.split("=", 1)[1]}},
+                             "labels": {f"{frameworks.LABEL}/experiment": experiment_id,
+                                        f"{frameworks.LABEL}/replica": frameworks.label_value(self.settings.replica)}},
                 "data": {k: base64.b64encode(v.encode()).decode() for k, v in encoded.items()}}  # fmt: skip
         await self.kube().create_secret(service.namespace, body)
         self.secrets[experiment_id] = service.namespace
@@ -327,7 +327,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
                 folder = sharefs.trial_share(root, state.id, trial_id, attempt).local
                 if (Path(folder) / ".trialbus" / "reported").exists():
                     continue
-                started = frameworks._time((obj.get("status") or {}).get("startTime")) or utcnow()
+                started = frameworks.parse_time((obj.get("status") or {}).get("startTime")) or utcnow()
                 handle = TrialHandle(state.id, trial_id, attempt, ref=f"{service.namespace}/{meta['name']}#{folder}",
                                      start_time=started)  # fmt: skip
                 self._track(handle, service).framework = obj

@@ -43,14 +43,14 @@ def name_of(experiment_id: str, trial_id: str, attempt: int) -> str:
 
 def labels(experiment_id: str, trial_id: str, attempt: int, replica: str) -> dict[str, str]:
     return {f"{LABEL}/experiment": experiment_id, f"{LABEL}/trial": trial_id, f"{LABEL}/attempt": str(attempt),
-            f"{LABEL}/replica": _label_value(replica)}  # fmt: skip
+            f"{LABEL}/replica": label_value(replica)}  # fmt: skip
 
 
 def replica_selector(replica: str) -> str:
-    return f"{LABEL}/replica={_label_value(replica)}"
+    return f"{LABEL}/replica={label_value(replica)}"
 
 
-def _label_value(value: str) -> str:
+def label_value(value: str) -> str:
     """A label value (63 characters of ``[A-Za-z0-9._-]``, alphanumeric at both ends)."""
     cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", value)[:63].strip("-._")
     return cleaned or "replica"
@@ -137,7 +137,7 @@ def outcome_of(framework: dict, keeper: dict, canceled: bool) -> TrialOutcome:
     ``keeper``: the reporting task's ``state.json`` (the trial command's own exit code)."""
     status = framework.get("status") or {}
     completion = completion_of(framework)
-    end = _time(status.get("completionTime"))
+    end = parse_time(status.get("completionTime"))
     exit_code = keeper.get("exitCode")
     kind = (completion.get("type") or {}).get("name")
     if kind == "Succeeded":
@@ -159,7 +159,7 @@ def outcome_of(framework: dict, keeper: dict, canceled: bool) -> TrialOutcome:
     return TrialOutcome(TrialStatus.FAILED, exit_code, message, failure, end)
 
 
-def _time(value: Any) -> datetime | None:
+def parse_time(value: Any) -> datetime | None:
     if not isinstance(value, str):
         return None
     try:
