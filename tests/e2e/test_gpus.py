@@ -257,7 +257,7 @@ def test_a_gpu_becomes_usable_when_its_foreign_process_exits(host: Host):
     sleeper = host.foreign()
     host.set_gpus(3, foreign={1: sleeper})
     experiment = host.experiment(NO_ACTIVE, trialGpuNumber=1, trialConcurrency=3)
-    long = [host.submit(experiment, x=i, sleep=6) for i in range(2)]
+    long = [host.submit(experiment, x=i, sleep=12) for i in range(2)]  # long enough to outlast a loaded host's start-up
     for trial_id in long:
         host.wait_status(trial_id, "RUNNING")
     third = host.submit(experiment, x=2, sleep=0.1)
