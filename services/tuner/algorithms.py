@@ -1,0 +1,249 @@
+"""NNI's built-in tuners and assessors, by name and ``classArgs``, on Optuna.
+
+:func:`tuner` turns an experiment's ``tuner: {name, classArgs}`` into a :class:`Tuner` over one in-memory
+:class:`optuna.Study`; :func:`assessor` turns ``assessor: {name, classArgs}`` into an Optuna pruner. Config keys
+match case-insensitively (``name`` or NNI v1's ``builtinTunerName``/``builtinAssessorName``), and so do names;
+``classArgs`` keys are spelled as NNI spells them, and one NNI does not take (or we do not map) is a ValueError.
+
+============  ====================================================  ==========================================
+NNI name      Optuna                                                classArgs mapped
+============  ====================================================  ==========================================
+Random        ``RandomSampler``                                     seed
+TPE           ``TPESampler``                                        seed, tpe_args.n_startup_jobs (also at top
+                                                                    level) → n_startup_trials, n_ei_candidates
+GridSearch    no sampler: the lazy :func:`~services.tuner.space.grid`, in NNI's order, then :class:`NoMoreTrials`
+Anneal        ``TPESampler(n_startup_trials=5)`` (substitute)       seed
+Evolution     ``NSGAIISampler``                                     population_size (NNI's default 32), seed
+Hyperband     ``RandomSampler`` + ``HyperbandPruner``               R → max_resource, eta → reduction_factor
+BOHB          ``TPESampler`` + ``HyperbandPruner``                  min_budget, max_budget, eta,
+                                                                    min_points_in_model → n_startup_trials
+Medianstop    ``MedianPruner(n_startup_trials=1)``                  start_step → n_warmup_steps
+Curvefitting  ``PercentilePruner(25)`` (substitute)                 start_step → n_warmup_steps, gap → interval
+(none)        ``NopPruner``
+============  ====================================================  ==========================================
+
+Every tuner takes ``optimize_mode`` (``maximize``, NNI's default, or ``minimize``): it is the study's direction,
+which Optuna's pruners read too, so an assessor's ``optimize_mode`` must agree with the tuner's.
+
+Substitutes, and why:
+
+* **Anneal.** NNI's (hyperopt's) anneal samples around the best trials so far with a shrinking width. Optuna has
+  no such sampler; TPE is hyperopt's other model-based search, also concentrates on the good region as results
+  come in, and handles every NNI type including nested choices. Five random start-up trials (TPE's default is
+  ten) make it exploit early, as annealing does.
+* **Hyperband, BOHB.** NNI runs them as advisors that hand each trial its budget (``TRIAL_BUDGET``). Here a trial
+  runs to its end unless pruned: the ``step`` of :meth:`Tuner.report` is the resource (an epoch), and Optuna's
+  HyperbandPruner stops trials at its rungs. Neither takes an assessor, as in NNI.
+* **Curvefitting.** NNI extrapolates each learning curve and stops a trial whose predicted final result is below
+  ``threshold`` × the best. Optuna does not fit curves; PercentilePruner stops a trial in the worst quarter of
+  trials at the same step, a comparative rule of the same intent. ``epoch_num`` and ``threshold`` are accepted
+  and unused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import optuna
+from optuna.pruners import BasePruner, HyperbandPruner, MedianPruner, NopPruner, PercentilePruner
+from optuna.samplers import BaseSampler, NSGAIISampler, RandomSampler, TPESampler
+from optuna.trial import Trial, TrialState
+
+from .space import Grid, Parameters, SearchSpace, grid, suggest
+
+Metric = float | Mapping[str, Any]
+"""A metric as trials report it: a number, or a dict whose ``default`` key is the number NNI tunes on."""
+
+_PARAMETERS = "parameters"  # the user attribute holding each trial's parameters in NNI's shape
+
+
+class NoMoreTrials(LookupError):
+    """The tuner has nothing left to propose (GridSearch walked its grid), as NNI's ``NoMoreTrialError``."""
+
+
+class Tuner:
+    """One experiment's tuner: proposes parameters, learns from metrics, says which trials to stop.
+
+    Call order per trial: :meth:`ask`, then any number of :meth:`report` / :meth:`should_prune`, then exactly one
+    :meth:`tell`. Trials may overlap. ``number`` is Optuna's trial number, 0, 1, 2... in order of :meth:`ask`.
+    """
+
+    def __init__(self, study: optuna.Study, space: SearchSpace, points: Grid | None = None) -> None:
+        self.study = study
+        self.space = space
+        self._points = points  # GridSearch: propose these in order instead of asking the sampler
+        self._running: dict[int, Trial] = {}
+        self._reported: set[int] = set()  # running trials that reported an intermediate result
+        self._asked = 0  # trials proposed; GridSearch's position in its grid
+
+    def ask(self) -> tuple[int, Parameters]:
+        """A new trial's number and parameters, in the shape ``nni.get_next_parameter()`` returns.
+
+        :raises NoMoreTrials: GridSearch has proposed every point of its grid once.
+        """
+        if self._points is not None and self._asked >= self._points.size:
+            raise NoMoreTrials(f"GridSearch proposed all {self._points.size} points of its grid")
+        trial = self.study.ask()
+        self._asked += 1
+        params = self._points[trial.number] if self._points is not None else suggest(trial, self.space)
+        trial.set_user_attr(_PARAMETERS, params)
+        self._running[trial.number] = trial
+        return trial.number, params
+
+    def report(self, number: int, step: int, value: Metric) -> None:
+        """An intermediate result (``nni.report_intermediate_result``) at ``step``, for the pruner."""
+        self._running[number].report(_number(value), step)
+        self._reported.add(number)
+
+    def should_prune(self, number: int) -> bool:
+        """Whether the assessor would stop the trial now, judged on what :meth:`report` received."""
+        return self._running[number].should_prune()
+
+    def tell(self, number: int, value: Metric | None) -> None:
+        """The trial's end: its final result, or ``None`` when it has none (early-stopped or failed).
+
+        A trial without a final result counts as pruned when it reported intermediate results (TPE then learns
+        from its last one), as failed otherwise.
+        """
+        trial = self._running.pop(number)
+        if value is not None:
+            self.study.tell(trial, _number(value))
+        else:
+            self.study.tell(trial, state=TrialState.PRUNED if number in self._reported else TrialState.FAIL)
+        self._reported.discard(number)
+
+    def best(self) -> tuple[Parameters, float]:
+        """The best finished trial's parameters and final result; ValueError while none has finished."""
+        if not any(t.state == TrialState.COMPLETE for t in self.study.trials):
+            raise ValueError("no trial has a final result yet")
+        best = self.study.best_trial
+        return best.user_attrs[_PARAMETERS], float(best.value)
+
+
+def _number(value: Metric) -> float:
+    if isinstance(value, Mapping):
+        if "default" not in value:
+            raise ValueError(f'a metric dict needs the "default" key NNI tunes on, got keys {sorted(value)}')
+        value = value["default"]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"a metric is a number, got {value!r}")
+    return float(value)
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+def _name_and_args(config: Mapping[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
+    keys = {str(k).lower(): v for k, v in config.items()}
+    name = keys.get("name", keys.get(f"builtin{kind}name"))
+    if not isinstance(name, str):
+        raise ValueError(f"the {kind} config needs a name (a built-in {kind}), got {dict(config)!r}")
+    args = keys.get("classargs") or {}
+    if not isinstance(args, Mapping):
+        raise ValueError(f"{kind} {name}: classArgs must be an object, got {args!r}")
+    return name, dict(args)
+
+
+def _lookup(name: str, table: Mapping[str, Any], kind: str) -> tuple[str, Any]:
+    for known, entry in table.items():
+        if known.lower() == name.lower():
+            return known, entry
+    raise ValueError(f"unknown {kind} {name!r}; the known {kind}s are {', '.join(table)}")
+
+
+def _check_args(name: str, args: Mapping[str, Any], accepted: set[str]) -> None:
+    if unknown := sorted(set(args) - accepted):
+        raise ValueError(f"{name} does not take classArgs {unknown}; it takes {sorted(accepted)}")
+
+
+def _direction(name: str, args: Mapping[str, Any]) -> str:
+    mode = args.get("optimize_mode", "maximize")
+    if mode not in ("maximize", "minimize"):
+        raise ValueError(f'{name}: optimize_mode is "maximize" or "minimize", got {mode!r}')
+    return mode
+
+
+# Each built-in: the classArgs it takes, and (args, seed) -> (sampler, pruner or None, walks the grid).
+_Build = Callable[[dict[str, Any], int | None], tuple[BaseSampler, BasePruner | None, bool]]
+
+
+def _tpe(args: dict[str, Any], seed: int | None) -> tuple[BaseSampler, BasePruner | None, bool]:
+    tpe_args = dict(args.get("tpe_args") or {})
+    _check_args("TPE's tpe_args", tpe_args, {"n_startup_jobs", "n_ei_candidates"})
+    startup = tpe_args.get("n_startup_jobs", args.get("n_startup_jobs", 20))  # NNI's default is 20
+    kwargs = {"n_ei_candidates": tpe_args["n_ei_candidates"]} if "n_ei_candidates" in tpe_args else {}
+    return TPESampler(n_startup_trials=startup, seed=seed, **kwargs), None, False
+
+
+def _bohb(args: dict[str, Any], seed: int | None) -> tuple[BaseSampler, BasePruner | None, bool]:
+    pruner = HyperbandPruner(min_resource=args.get("min_budget", 1), max_resource=args.get("max_budget", 3),
+                             reduction_factor=args.get("eta", 3))
+    return TPESampler(n_startup_trials=args.get("min_points_in_model", 10), seed=seed), pruner, False
+
+
+_TUNERS: dict[str, tuple[set[str], _Build]] = {
+    "Random": (set(), lambda a, seed: (RandomSampler(seed=seed), None, False)),
+    "TPE": ({"tpe_args", "n_startup_jobs"}, _tpe),
+    "GridSearch": (set(), lambda a, seed: (RandomSampler(seed=seed), None, True)),
+    "Anneal": (set(), lambda a, seed: (TPESampler(n_startup_trials=5, seed=seed), None, False)),
+    "Evolution": ({"population_size"},
+                  lambda a, seed: (NSGAIISampler(population_size=a.get("population_size", 32), seed=seed), None,
+                                   False)),
+    "Hyperband": ({"R", "eta", "exec_mode"},
+                  lambda a, seed: (RandomSampler(seed=seed),
+                                   HyperbandPruner(max_resource=a.get("R", 60), reduction_factor=a.get("eta", 3)),
+                                   False)),
+    "BOHB": ({"min_budget", "max_budget", "eta", "min_points_in_model"}, _bohb),
+}
+
+
+def tuner(config: Mapping[str, Any] | None, space: SearchSpace, seed: int | None = None, *,
+          assessor_config: Mapping[str, Any] | None = None) -> Tuner:
+    """The :class:`Tuner` NNI's ``tuner`` config names, with the pruner ``assessor_config`` names.
+
+    ``None`` means NNI's default, TPE. ``seed`` seeds the sampler; a ``seed`` in classArgs wins.
+    :raises ValueError: an unknown name or classArg, a bad optimize_mode, an assessor whose optimize_mode
+        disagrees, or an assessor beside Hyperband/BOHB (which prune by themselves).
+    :raises SearchSpaceError: GridSearch over a space it cannot enumerate.
+    """
+    name, args = _name_and_args(config or {"name": "TPE"}, "tuner")
+    name, (accepted, build) = _lookup(name, _TUNERS, "tuner")
+    _check_args(name, args, accepted | {"optimize_mode", "seed"})
+    direction = _direction(name, args)
+    sampler, pruner, walks_grid = build(args, args.get("seed", seed))
+    if pruner is not None and assessor_config is not None:
+        raise ValueError(f"{name} stops trials by itself and takes no assessor")
+    if pruner is None:
+        pruner = assessor(assessor_config)
+        if assessor_config is not None:
+            assessor_name, assessor_args = _name_and_args(assessor_config, "assessor")
+            if "optimize_mode" in assessor_args and assessor_args["optimize_mode"] != direction:
+                raise ValueError(f"assessor {assessor_name} has optimize_mode {assessor_args['optimize_mode']!r} "
+                                 f"but tuner {name} has {direction!r}")
+    points = grid(space) if walks_grid else None
+    return Tuner(optuna.create_study(sampler=sampler, pruner=pruner, direction=direction), space, points)
+
+
+_ASSESSORS: dict[str, tuple[set[str], Callable[[dict[str, Any]], BasePruner]]] = {
+    # NNI's Medianstop judges against any completed trial: one start-up trial, where Optuna's default is five.
+    "Medianstop": (set(), lambda a: MedianPruner(n_startup_trials=1, n_warmup_steps=a.get("start_step", 0))),
+    "Curvefitting": ({"epoch_num", "threshold", "gap"},
+                     lambda a: PercentilePruner(25.0, n_startup_trials=1, n_warmup_steps=a.get("start_step", 6),
+                                                interval_steps=a.get("gap", 1))),
+}
+
+
+def assessor(config: Mapping[str, Any] | None) -> BasePruner:
+    """The Optuna pruner NNI's ``assessor`` config names; ``None`` (no assessor) never prunes.
+
+    The pruner follows its study's direction; :func:`tuner` checks that ``optimize_mode`` agrees.
+    :raises ValueError: an unknown name or classArg, or a bad optimize_mode.
+    """
+    if config is None:
+        return NopPruner()
+    name, args = _name_and_args(config, "assessor")
+    name, (accepted, build) = _lookup(name, _ASSESSORS, "assessor")
+    _check_args(name, args, accepted | {"optimize_mode", "start_step"})
+    _direction(name, args)
+    return build(args)
