@@ -26,12 +26,28 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import Field
+
 from contracts import TrialRequest
+from services.adapters.base import AdapterSettings
 from services.adapters.errors import PermanentError
 from services.adapters.keeper import Bundle, UnsafeArchive, extract_code, fetch_code
 from services.common.bus import Bus
 
 MARK = "TRIALBUS_COMMAND"
+
+
+class ShareSettings(AdapterSettings):
+    """Settings of every adapter whose trials run in containers on a shared storage."""
+
+    #: Base URL of the metrics gateway as the containers reach it.
+    gateway_url: str = "http://127.0.0.1:8081"
+    #: Seconds a keeper keeps retrying unsent metrics after its trial ended.
+    flush_timeout: float = Field(default=600.0, ge=0)
+    #: Seconds one request to the platform's API may take.
+    request_timeout: float = Field(default=30.0, gt=0)
+    #: Seconds a trial's job may wait in the platform's queue before its message says so.
+    queue_note_after: float = Field(default=10.0, ge=0)
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,20 @@ def keeper_settings(request: TrialRequest, root: Share, bin_hash: str, code: str
     if code is not None:
         settings["TRIALBUS_CODE_DIR"] = f"{root.container}/trialbus/code/{code}"
     return settings
+
+
+async def prepare(bus: Bus, bundle: Bundle, root: Share, share: Share, request: TrialRequest, platform: str,
+                  settings: ShareSettings) -> tuple[str, bool]:  # fmt: skip
+    """Everything an attempt needs on the storage: the bundle and the code (once each), and
+    the attempt's folder ``share`` with the keeper's settings. The bundle's hash, and False
+    when the folder existed (the attempt was launched before)."""
+    bin_hash = await asyncio.to_thread(install, bundle, root.local)
+    code = await unpack_code(bus, root.local, request.code_ref) if request.code_ref else None
+    quiet = keeper_settings(request, root, bin_hash, code, platform, settings.flush_timeout)
+    report = {**quiet, "TRIALBUS_GATEWAY_URL": settings.gateway_url,
+              "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value()}  # fmt: skip
+    fresh = await asyncio.to_thread(write_trial_dir, share.local, quiet, report, settings.replica)
+    return bin_hash, fresh
 
 
 def write_trial_dir(folder: str, quiet: dict[str, str], report: dict[str, str], replica: str) -> bool:

@@ -144,13 +144,8 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
             raise PermanentError(f"the frameworkcontroller adapter cannot run platform {service.platform!r}")
         root = self.root(service)
         share = sharefs.trial_share(root, request.experiment_id, request.trial_id, request.attempt)
-        bin_hash = await asyncio.to_thread(sharefs.install, self.bundle, root.local)
-        code = await sharefs.unpack_code(self._bus, root.local, request.code_ref) if request.code_ref else None
-        quiet = sharefs.keeper_settings(request, root, bin_hash, code, "frameworkcontroller",
-                                        self.settings.flush_timeout)  # fmt: skip
-        report = {**quiet, "TRIALBUS_GATEWAY_URL": self.settings.gateway_url,
-                  "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value()}  # fmt: skip
-        fresh = await asyncio.to_thread(sharefs.write_trial_dir, share.local, quiet, report, self.settings.replica)
+        bin_hash, fresh = await sharefs.prepare(self._bus, self.bundle, root, share, request, "frameworkcontroller",
+                                                self.settings)  # fmt: skip
         if isinstance(service.storage, AzureStorage):
             await self._secret(request.experiment_id, service)
         body = frameworks.render(service, request.experiment_id, request.trial_id, request.attempt,

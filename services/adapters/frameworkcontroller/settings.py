@@ -10,12 +10,12 @@ from pathlib import Path
 
 from pydantic import Field, SecretStr
 
-from services.adapters.base import AdapterSettings
+from services.adapters.sharefs import ShareSettings
 
 
-class FrameworkcontrollerSettings(AdapterSettings):
-    #: Base URL of the metrics gateway as the pods reach it.
-    gateway_url: str = "http://127.0.0.1:8081"
+class FrameworkcontrollerSettings(ShareSettings):
+    """Besides the shared ones (gateway URL, flush timeout, request timeout, queue note)."""
+
     #: Where each storage is mounted on this host, as JSON: ``{"nfs://<server><path>": "/mnt/nni",
     #: "azurefile://<account>/<share>": "/mnt/azure"}``. The adapter writes the keeper, the code
     #: and each trial's settings there; the pods see the same files at ``containerMountPath``.
@@ -27,13 +27,7 @@ class FrameworkcontrollerSettings(AdapterSettings):
     #: Seconds a Framework may stay AttemptPreparing before its trial fails (an experiment's
     #: ``preparingTimeout`` overrides it).
     preparing_timeout: float = Field(default=1800.0, gt=0)
-    #: Seconds a Framework may wait (AttemptCreationPending … Preparing) before its trial says so.
-    queue_note_after: float = Field(default=10.0, ge=0)
     #: Seconds one watch request lasts (then it resumes from its resourceVersion).
     watch_timeout: int = Field(default=30, gt=0)
     #: Seconds between two full lists, which heal any event a watch missed.
     relist_interval: float = Field(default=60.0, gt=0)
-    #: Seconds one request to the API server may take.
-    request_timeout: float = Field(default=30.0, gt=0)
-    #: Seconds a keeper keeps retrying unsent metrics after its trial ended.
-    flush_timeout: float = Field(default=600.0, ge=0)

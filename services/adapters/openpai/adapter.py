@@ -138,13 +138,7 @@ class OpenpaiAdapter(PlatformAdapter):
         except ValueError as exc:
             raise PermanentError(str(exc)) from None
         root = sharefs.Share(local, container)
-        keeper = await asyncio.to_thread(sharefs.install, self.bundle, local)
-        code_dir = await sharefs.unpack_code(self._bus, local, request.code_ref) if request.code_ref else None
-        settings = sharefs.keeper_settings(request, root, keeper, code_dir, "pai", self.settings.flush_timeout)
-        report_settings = {**settings, "TRIALBUS_GATEWAY_URL": self.settings.gateway_url,
-                           "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value()}  # fmt: skip
-        fresh = await asyncio.to_thread(sharefs.write_trial_dir, share.local, settings, report_settings,
-                                        self.settings.replica)  # fmt: skip
+        keeper, fresh = await sharefs.prepare(self._bus, self.bundle, root, share, request, "pai", self.settings)
         client = self.client(service)
         if service.reuse_mode:
             env = await self.pools.place(key, service, client, request.experiment_id, share.container, fresh,
