@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# NNI itself, for the tests of NNI's tuner classes in the tuner service and of trials on the real SDK. Kept
+# out of the venv: with nni importable, every other test's trials would load it (seconds each) instead of the shim.
+NNI_SDK := .nni-sdk
 
-.PHONY: install run up test bench schemas clean sshd
+.PHONY: install run up test bench schemas clean sshd chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +18,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)  ## the whole stack on an embedded nats-server, plus the demo experiment
-	$(BIN)/trialbus up -- $(BIN)/python examples/random-search/tuner.py
+	$(BIN)/trialbus up -- $(BIN)/trialbus experiment run -f examples/nni-tpe/config.yml
 
 up: $(STAMP)  ## the stack in the foreground until Ctrl-C
 	$(BIN)/trialbus up
@@ -31,7 +34,22 @@ sshd:
 		fi; \
 	fi
 
-test: $(STAMP) sshd  ## lint, layering, then the suite
+# The web UI's tests drive a real headless Chromium (Debian's package, through playwright).
+chromium:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing chromium (the web UI's browser tests need it)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else \
+			echo "chromium not found: install it to run the web UI's browser tests"; \
+		fi; \
+	fi
+
+$(NNI_SDK)/.installed: pyproject.toml | $(STAMP)
+	$(BIN)/pip install -q --target $(NNI_SDK) 'nni>=3.0'
+	touch $@
+
+test: $(STAMP) $(NNI_SDK)/.installed sshd chromium  ## lint, layering, then the suite
 	$(BIN)/ruff check contracts services trialbus bench tests
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
@@ -43,4 +61,4 @@ schemas: $(STAMP)
 	$(BIN)/python -m contracts.schemas
 
 clean:
-	rm -rf $(VENV) .trialbus
+	rm -rf $(VENV) $(NNI_SDK) .trialbus

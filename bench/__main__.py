@@ -8,7 +8,8 @@ gateway to a subscribed tuner; and the GPU hand-off (a GPU frees → the next wa
 RUNNING); and the remote adapter over loopback SSH (submit→RUNNING once warm, trials per
 second over two machines); and the openpai adapter against the OpenPAI emulator (trials per
 second, one job each, and in reuse mode); and the frameworkcontroller adapter against the
-Kubernetes emulator (trials per second, one Framework each). Spawn-only is measured right before and right after each
+Kubernetes emulator (trials per second, one Framework each); and the tuner service driving
+no-op experiments (trials per second, trial end → next submit). Spawn-only is measured right before and right after each
 concurrency's trials (the host's speed drifts), and the ratio uses their mean.
 """
 
@@ -30,12 +31,13 @@ from bench.metrics import metric_rate
 from bench.openpai import openpai_service
 from bench.remote import ssh_machines
 from bench.trials import percentile, spawn_rate, trial_rate, write_noop
+from bench.tuner import tuner_rate
 from services.trial_keeper import SHIM_PATH
 from trialbus.stack import Stack, StackOptions, trial_secret
 
 COUNTS = {1: 40, 4: 80, 16: 160}
 #: What ``python -m bench [part…]`` can measure; all of them without arguments.
-PARTS = ("trials", "metrics", "gpus", "remote", "openpai", "frameworkcontroller")
+PARTS = ("trials", "metrics", "gpus", "remote", "openpai", "frameworkcontroller", "tuner")
 
 
 def free_port() -> int:
@@ -48,7 +50,8 @@ def main() -> None:
     console = Console()
     root = Path(tempfile.mkdtemp(prefix="trialbus-bench-"))
     options = StackOptions(
-        data_dir=root / "data", nats_port=free_port(), api_port=free_port(), gateway_port=free_port(), stop_grace=5
+        data_dir=root / "data", nats_port=free_port(), api_port=free_port(), gateway_port=free_port(),
+        webui_port=free_port(), stop_grace=5
     )
     stack = Stack(options, console)
     code = root / "code"
@@ -102,6 +105,16 @@ def run(console: Console, options: StackOptions, stack: Stack, root: Path, code:
             f"[bold]{figures.rate:.1f}[/] trials/s "
             f"(submit→RUNNING p50 {percentile([x * 1000 for x in figures.to_running], 50):.0f} ms)"
         )
+    if "tuner" in parts:
+        for tuner in ("Random", "TPE"):
+            figures = asyncio.run(tuner_rate(options.nats_url, command, code, tuner, 8, 200))
+            refill = [x * 1000 for x in figures.refill]
+            console.print(
+                f"tuner service, {tuner}, concurrency 8, 200 no-op trials: [bold]{figures.rate:.1f}[/] trials/s; "
+                f"a trial ends → the next submitted p50 [bold]{percentile(refill, 50):.1f}[/] ms, "
+                f"p99 {percentile(refill, 99):.1f} ms"
+            )
+
 
 def local_trials(console: Console, options: StackOptions, code: Path, command: str) -> None:
     """No-op trials on the local adapter at each concurrency, next to spawn-only."""

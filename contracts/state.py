@@ -111,13 +111,15 @@ class ExperimentState(Contract):
     start_time: datetime
     end_time: datetime | None = None
     message: str | None = None
+    #: The tuner has nothing more to propose (NNI's NO_MORE_TRIAL): DONE once the trials submitted end.
+    no_more_trials: bool = False
 
     def view(self, trial_counts: dict[str, int]) -> dict[str, Any]:
         """The REST shape of ``GET /api/v1/experiments/{id}`` (secrets masked)."""
         body = self.model_dump(
             mode="json",
             by_alias=True,
-            include={"id", "status", "code_ref", "start_time", "end_time", "message"},
+            include={"id", "status", "code_ref", "start_time", "end_time", "message", "no_more_trials"},
         )
         body["config"] = self.config.public_json()
         body["trialCount"] = sum(trial_counts.values())

@@ -55,7 +55,10 @@ TRIALS_BUCKET = KeyValueConfig(bucket="trials", history=5, storage=StorageType.F
 #: Adapter replicas' :class:`~contracts.messages.PlatformStatus`; an entry a replica stopped
 #: refreshing expires after ``ttl`` seconds.
 PLATFORMS_BUCKET = KeyValueConfig(bucket="platforms", history=1, ttl=30.0, storage=StorageType.FILE)
-BUCKETS = (EXPERIMENTS_BUCKET, TRIALS_BUCKET, PLATFORMS_BUCKET)
+#: Which tuner replica drives which experiment (key = experiment id, value = replica): a lease the holder
+#: refreshes; a replica that dies lets it expire after ``ttl`` seconds and another takes the experiment over.
+TUNERS_BUCKET = KeyValueConfig(bucket="tuners", history=1, ttl=15.0, storage=StorageType.FILE)
+BUCKETS = (EXPERIMENTS_BUCKET, TRIALS_BUCKET, PLATFORMS_BUCKET, TUNERS_BUCKET)
 
 CODE_STORE = ObjectStoreConfig(bucket="code", description="trialCodeDirectory snapshots by sha256")
 

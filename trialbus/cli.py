@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -118,18 +119,20 @@ def up(
     nats_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the embedded nats-server.")] = 4222,
     api_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the dispatcher's REST API.")] = 8080,
     gateway_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the metrics gateway.")] = 8081,
+    webui_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the web UI.")] = 8082,
     data_dir: Annotated[
         Path, typer.Option(envvar="TRIALBUS_DATA_DIR", help="Where the stack keeps its data and logs.")
     ] = Path(".trialbus"),
 ) -> None:
-    """Start nats-server, the dispatcher, the local adapter and the metrics gateway.
+    """Start nats-server and the services of compose.yaml: dispatcher, gateway, adapters, tuner, web UI.
 
     Runs until Ctrl-C or SIGTERM, then stops everything in reverse order, nats-server last.
 
-    With `trialbus up -- CMD ARGS…` it runs CMD once the stack is ready, with TRIALBUS_NATS_URL
-    and TRIALBUS_API_URL set, then stops the stack and exits with CMD's exit code.
+    With `trialbus up -- CMD ARGS…` it runs CMD once the stack is ready, with TRIALBUS_NATS_URL,
+    TRIALBUS_API_URL and TRIALBUS_WEBUI_URL set, then stops the stack and exits with CMD's exit code.
     """
-    options = StackOptions(data_dir=data_dir, nats_port=nats_port, api_port=api_port, gateway_port=gateway_port)
+    options = StackOptions(data_dir=data_dir, nats_port=nats_port, api_port=api_port, gateway_port=gateway_port,
+                           webui_port=webui_port)
     console = Console(stderr=True, highlight=False)
     try:
         code = run_stack(options, command, console)
@@ -155,6 +158,61 @@ def experiment_create(
         raise fail(str(exc)) from None
     experiment_id = with_client(ctx, lambda c: c.create_experiment(loaded))
     _console().print(f"created experiment [bold]{experiment_id}[/]")
+
+
+@experiment_app.command("run")
+def experiment_run(
+    ctx: typer.Context,
+    config: Annotated[Path, typer.Option("--config", "-f", help="NNI experiment config (YAML, v2 or v1).")],
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Create it and return; it goes on running.")] = False,
+) -> None:
+    """Run an NNI experiment to its end: the stack's tuner service proposes the trials.
+
+    Shows progress until the experiment is DONE (maxTrialNumber, maxExperimentDuration, or the
+    tuner has no more trials), then the best trials. Ctrl-C stops the experiment; with --detach
+    it keeps running (watch it with `trialbus watch ID` or the web UI, stop it with
+    `trialbus experiment stop ID`).
+    """
+    from trialbus.experiment import Experiment, check_tuner  # Optuna loads only for this command
+    from trialbus.progress import RunView, summary
+
+    options: Options = ctx.obj
+    try:
+        loaded = as_config(config)
+        check_tuner(loaded)  # a config the tuner could not run fails here, before anything is created
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    console = _console()
+    experiment = Experiment(loaded, nats_url=options.nats_url, user=options.nats_user,
+                            password=options.nats_password, request_timeout=options.timeout)  # fmt: skip
+    try:
+        experiment_id = experiment.start()
+        url = f"{_webui_url()}/experiments/{experiment_id}"
+        console.print(f"created experiment [bold]{experiment_id}[/]; web UI: {url}")
+        if detach:
+            console.print(f"it runs on its own: `trialbus watch {experiment_id}`, `trialbus experiment stop "
+                          f"{experiment_id}`")
+            return
+        view = RunView(experiment_id, loaded)
+        try:
+            with Live(view, console=console, refresh_per_second=8, transient=False):
+                experiment.wait(view.update)
+        except KeyboardInterrupt:
+            console.print(f"stopping experiment {experiment_id} (use --detach to leave it running)")
+            experiment.stop()
+            view.update(experiment.get_experiment_profile(), experiment.list_trial_jobs())
+        console.print()
+        console.print(summary(view.view, view.trials, loaded))
+        if view.view.status != ExperimentStatus.DONE:
+            raise typer.Exit(1)
+    except (TrialbusError, PackingError, ValueError, OSError, TimeoutError) as exc:
+        raise fail(str(exc)) from None
+    finally:
+        experiment.close()
+
+
+def _webui_url() -> str:
+    return os.environ.get("TRIALBUS_WEBUI_URL", "http://127.0.0.1:8082").rstrip("/")
 
 
 @experiment_app.command("list")

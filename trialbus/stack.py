@@ -43,7 +43,7 @@ from rich.console import Console
 @dataclass(frozen=True)
 class ServiceDef:
     """One service of the stack. Strings may use ``{nats_port}``, ``{api_port}``,
-    ``{gateway_port}``, ``{host}`` and ``{data_dir}``."""
+    ``{gateway_port}``, ``{webui_port}``, ``{host}`` and ``{data_dir}``."""
 
     name: str
     #: Arguments after the Python interpreter.
@@ -62,6 +62,7 @@ LOCAL = {
     "TRIALBUS_API_HOST", "TRIALBUS_API_PORT", "TRIALBUS_API_TOKEN", "TRIALBUS_GATEWAY_HOST", "TRIALBUS_GATEWAY_PORT",
     "TRIALBUS_GATEWAY_URL", "TRIALBUS_TRIAL_GATEWAY_URL", "TRIALBUS_TRIAL_SECRET", "TRIALBUS_DATA_DIR",
     "TRIALBUS_ADAPTER_HTTP_HOST", "TRIALBUS_ADAPTER_HTTP_PORT", "TRIALBUS_REPLICA",
+    "TRIALBUS_TUNER_HTTP_HOST", "TRIALBUS_TUNER_HTTP_PORT", "TRIALBUS_WEBUI_HOST", "TRIALBUS_WEBUI_PORT",
 }  # fmt: skip
 #: The local values of those, per kind of service (the common ones come from :class:`Stack`).
 LOCAL_ENV = {
@@ -69,9 +70,12 @@ LOCAL_ENV = {
     "services.metrics_gateway": {"TRIALBUS_GATEWAY_HOST": "{host}", "TRIALBUS_GATEWAY_PORT": "{gateway_port}"},
     "adapter": {"TRIALBUS_REPLICA": "{name}-0", "TRIALBUS_GATEWAY_URL": "http://{host}:{gateway_port}"},
     "services.adapters.local_gpu": {"TRIALBUS_WORK_DIR": "{data_dir}/trials"},
+    "services.tuner": {"TRIALBUS_REPLICA": "{name}-0"},
+    "services.webui": {"TRIALBUS_WEBUI_HOST": "{host}", "TRIALBUS_WEBUI_PORT": "{webui_port}"},
 }
 HEALTH = {"services.dispatcher": "http://{host}:{api_port}/healthz",
-          "services.metrics_gateway": "http://{host}:{gateway_port}/healthz"}  # fmt: skip
+          "services.metrics_gateway": "http://{host}:{gateway_port}/healthz",
+          "services.webui": "http://{host}:{webui_port}/healthz"}  # fmt: skip
 
 
 def compose_file() -> Path:
@@ -149,6 +153,7 @@ class StackOptions:
     nats_port: int = 4222
     api_port: int = 8080
     gateway_port: int = 8081
+    webui_port: int = 8082
     host: str = "127.0.0.1"
     #: Seconds each part may take to become ready.
     start_timeout: float = 60.0
@@ -164,6 +169,10 @@ class StackOptions:
     @property
     def api_url(self) -> str:
         return f"http://{self.host}:{self.api_port}"
+
+    @property
+    def webui_url(self) -> str:
+        return f"http://{self.host}:{self.webui_port}"
 
 
 def nats_server_binary() -> str:
@@ -248,7 +257,8 @@ class Stack:
 
     def client_env(self) -> dict[str, str]:
         """Environment for programs that use the stack (``trialbus up -- CMD``)."""
-        urls = {"TRIALBUS_NATS_URL": self.options.nats_url, "TRIALBUS_API_URL": self.options.api_url}
+        urls = {"TRIALBUS_NATS_URL": self.options.nats_url, "TRIALBUS_API_URL": self.options.api_url,
+                "TRIALBUS_WEBUI_URL": self.options.webui_url}
         return {**self._base_env(), **urls}
 
     def _base_env(self) -> dict[str, str]:
@@ -266,7 +276,7 @@ class Stack:
             self._check_ports()
             values = {
                 "host": o.host, "nats_port": o.nats_port, "api_port": o.api_port,
-                "gateway_port": o.gateway_port, "data_dir": str(self.data_dir),
+                "gateway_port": o.gateway_port, "webui_port": o.webui_port, "data_dir": str(self.data_dir),
             }
             env = {
                 **self._base_env(),
@@ -300,6 +310,7 @@ class Stack:
             (o.nats_port, "NATS", "--nats-port"),
             (o.api_port, "the API", "--api-port"),
             (o.gateway_port, "the metrics gateway", "--gateway-port"),
+            (o.webui_port, "the web UI", "--webui-port"),
         ):
             if not _port_free(o.host, port):
                 raise StackError(
@@ -394,7 +405,7 @@ def run(
         stack.start()
         console.print(
             f"[bold green]Trialbus is up[/]: NATS {options.nats_url}, API {options.api_url}, "
-            f"gateway http://{options.host}:{options.gateway_port}; logs in {stack.log_dir}"
+            f"gateway http://{options.host}:{options.gateway_port}, web UI {options.webui_url}; logs in {stack.log_dir}"
         )
         if command:
             try:

@@ -15,7 +15,7 @@ import orjson
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from contracts import subjects
+from contracts import TrialStatus, subjects
 from services.common import platforms
 from services.common.bus import Bus
 from services.dispatcher.core import Dispatcher
@@ -32,14 +32,20 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
         return core.experiment_view(core.experiment(_text(body, "id")))
 
     async def stop(body: dict) -> Any:
-        return core.experiment_view(await core.stop_experiment(_text(body, "id")))
+        return core.experiment_view(await core.stop_experiment(_text(body, "id"), _message(body)))
+
+    async def close(body: dict) -> Any:
+        return core.experiment_view(await core.close_experiment(_text(body, "id")))
 
     async def submit(body: dict) -> Any:
         trial = await core.submit_trial(_text(body, "experimentId"), body.get("parameters"), body.get("parameterId"))
         return {"id": trial.id, "sequenceId": trial.sequence_id, "status": trial.status.value}
 
     async def cancel(body: dict) -> Any:
-        trial = await core.cancel_trial(_text(body, "id"))
+        status = body.get("status", TrialStatus.USER_CANCELED.value)
+        if status not in _CANCEL_STATUSES:
+            raise ApiError(422, f"status must be one of {', '.join(_CANCEL_STATUSES)} (how the trial ends)")
+        trial = await core.cancel_trial(_text(body, "id"), TrialStatus(status), _message(body))
         return {"id": trial.id, "status": trial.status.value}
 
     async def log_tail(body: dict) -> Any:
@@ -53,6 +59,7 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
         "experiment.list": lambda body: sync(core.list_experiments),
         "experiment.get": get_experiment,
         "experiment.stop": stop,
+        "experiment.close": close,
         "trial.submit": submit,
         "trial.list": lambda body: sync(lambda: core.list_trials(_text(body, "experimentId"))),
         "trial.get": lambda body: sync(lambda: core.trial(_text(body, "id")).view()),
@@ -65,6 +72,17 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
 
 async def _platforms(core: Dispatcher) -> list[dict]:
     return [status.to_json() for status in await platforms.statuses(core.bus)]
+
+
+#: How a cancel may end a trial: by a person, or early-stopped by an assessor.
+_CANCEL_STATUSES = (TrialStatus.USER_CANCELED.value, TrialStatus.EARLY_STOPPED.value)
+
+
+def _message(body: dict) -> str | None:
+    message = body.get("message")
+    if message is not None and (not isinstance(message, str) or len(message) > 1000):
+        raise ApiError(422, "message must be a string of at most 1000 characters")
+    return message
 
 
 def _text(body: dict, key: str) -> str:

@@ -119,17 +119,29 @@ class Dispatcher:
     async def put_code(self, archive: bytes) -> str:
         return await snapshots.put_code(self.bus, archive)
 
-    async def stop_experiment(self, experiment_id: str) -> ExperimentState:
+    async def stop_experiment(self, experiment_id: str, message: str | None = None) -> ExperimentState:
         async with self._locks[experiment_id]:
             state = self.experiment(experiment_id)
             if state.status == ExperimentStatus.RUNNING:
-                state = state.model_copy(update={"status": ExperimentStatus.STOPPED, "end_time": utcnow()})
+                update = {"status": ExperimentStatus.STOPPED, "end_time": utcnow(), "message": message}
+                state = state.model_copy(update=update)
                 await self.store.put_experiment(state)
-                log.info("experiment %s stopped by the user", experiment_id)
+                log.info("experiment %s stopped%s", experiment_id, f": {message}" if message else " by the user")
             for trial in self.store.trials_for(experiment_id):
                 if not trial.status.terminal:
                     await self._cancel(trial, TrialStatus.USER_CANCELED, "the experiment was stopped")
             return state
+
+    async def close_experiment(self, experiment_id: str) -> ExperimentState:
+        """The tuner has nothing more to propose: refuse new trials, and be DONE once the submitted ones end."""
+        async with self._locks[experiment_id]:
+            state = self.experiment(experiment_id)
+            if state.status == ExperimentStatus.RUNNING and not state.no_more_trials:
+                state = state.model_copy(update={"no_more_trials": True})
+                await self.store.put_experiment(state)
+                log.info("experiment %s: the tuner has no more trials", experiment_id)
+            await self._finish_if_done(experiment_id)
+            return self.experiment(experiment_id)
 
     # ------------------------------------------------------------------ trials
 
@@ -166,6 +178,8 @@ class Dispatcher:
                 )
             if state.status != ExperimentStatus.RUNNING:
                 raise ApiError(409, f"experiment {experiment_id} is {state.status.value}; it takes no more trials")
+            if state.no_more_trials:
+                raise ApiError(409, f"experiment {experiment_id}'s tuner has no more trials to propose")
             sequence_id = submitted
             trial = TrialState(
                 id=self._new_id(self.store.trials, 6, string.ascii_letters + string.digits, first=string.ascii_letters),
@@ -463,7 +477,7 @@ class Dispatcher:
             return
         limit = state.config.max_trial_number
         submitted = len(self.store.trials_of[experiment_id])
-        exhausted = (limit is not None and submitted >= limit) or self._duration_over(state)
+        exhausted = (limit is not None and submitted >= limit) or self._duration_over(state) or state.no_more_trials
         if exhausted and all(t.status.terminal for t in self.store.trials_for(experiment_id)):
             await self.store.put_experiment(
                 state.model_copy(update={"status": ExperimentStatus.DONE, "end_time": utcnow()})

@@ -1,1 +1,1 @@
-"""The tuner service: NNI tuners and assessors over the bus (for now, the search space library :mod:`.space`)."""
+"""The tuner service: NNI tuners and assessors drive experiments as clients of the bus (:mod:`.service`)."""

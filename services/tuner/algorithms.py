@@ -42,20 +42,34 @@ Substitutes, and why:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import optuna
 from optuna.pruners import BasePruner, HyperbandPruner, MedianPruner, NopPruner, PercentilePruner
 from optuna.samplers import BaseSampler, NSGAIISampler, RandomSampler, TPESampler
 from optuna.trial import Trial, TrialState
 
-from .space import Grid, Parameters, SearchSpace, grid, suggest
+from .space import Grid, Parameters, SearchSpace, grid, locate, parse_search_space, suggest
+
+if TYPE_CHECKING:
+    from contracts import ExperimentConfig
 
 Metric = float | Mapping[str, Any]
 """A metric as trials report it: a number, or a dict whose ``default`` key is the number NNI tunes on."""
 
 _PARAMETERS = "parameters"  # the user attribute holding each trial's parameters in NNI's shape
+
+
+class TunerLike(Protocol):
+    """What the tuner service drives: :class:`Tuner`, or NNI's own classes (:mod:`services.tuner.nni_classes`)."""
+
+    def ask(self) -> tuple[int, Parameters]: ...
+    def adopt(self, params: Parameters) -> int: ...
+    def report(self, number: int, step: int, value: Metric) -> None: ...
+    def should_prune(self, number: int) -> bool: ...
+    def tell(self, number: int, value: Metric | None) -> None: ...
 
 
 class NoMoreTrials(LookupError):
@@ -75,21 +89,48 @@ class Tuner:
         self._points = points  # GridSearch: propose these in order instead of asking the sampler
         self._running: dict[int, Trial] = {}
         self._reported: set[int] = set()  # running trials that reported an intermediate result
-        self._asked = 0  # trials proposed; GridSearch's position in its grid
+        self._position = 0  # GridSearch's position in its grid
+        self._seen: set[str] = set()  # GridSearch: adopted points, not proposed again
+        self._reseed = False
 
     def ask(self) -> tuple[int, Parameters]:
         """A new trial's number and parameters, in the shape ``nni.get_next_parameter()`` returns.
 
         :raises NoMoreTrials: GridSearch has proposed every point of its grid once.
         """
-        if self._points is not None and self._asked >= self._points.size:
-            raise NoMoreTrials(f"GridSearch proposed all {self._points.size} points of its grid")
+        if self._points is not None:
+            while self._position < self._points.size and _key(self._points[self._position]) in self._seen:
+                self._position += 1
+            if self._position >= self._points.size:
+                raise NoMoreTrials(f"GridSearch proposed all {self._points.size} points of its grid")
+        if self._reseed:  # a seeded sampler resumed would propose its first points again
+            self.study.sampler.reseed_rng()
+            self._reseed = False
         trial = self.study.ask()
-        self._asked += 1
-        params = self._points[trial.number] if self._points is not None else suggest(trial, self.space)
+        if self._points is not None:
+            params = self._points[self._position]
+            self._position += 1
+        else:
+            params = suggest(trial, self.space)
         trial.set_user_attr(_PARAMETERS, params)
         self._running[trial.number] = trial
         return trial.number, params
+
+    def adopt(self, params: Parameters) -> int:
+        """Take a running trial this tuner did not propose (its predecessor's before a restart, or one a person
+        submitted) as if :meth:`ask` had: it then takes reports and one tell like any other.
+
+        :raises SearchSpaceError: the parameters do not fit the search space; the tuner is unchanged.
+        """
+        optuna_params, distributions = locate(params, self.space)
+        self.study.enqueue_trial(optuna_params)
+        trial = self.study.ask(fixed_distributions=distributions)  # takes the enqueued trial and its values
+        trial.set_user_attr(_PARAMETERS, params)
+        self._running[trial.number] = trial
+        if self._points is not None:
+            self._seen.add(_key(params))
+        self._reseed = True
+        return trial.number
 
     def report(self, number: int, step: int, value: Metric) -> None:
         """An intermediate result (``nni.report_intermediate_result``) at ``step``, for the pruner."""
@@ -119,6 +160,10 @@ class Tuner:
             raise ValueError("no trial has a final result yet")
         best = self.study.best_trial
         return best.user_attrs[_PARAMETERS], float(best.value)
+
+
+def _key(params: Parameters) -> str:
+    return json.dumps(params, sort_keys=True)
 
 
 def _number(value: Metric) -> float:
@@ -222,7 +267,13 @@ def tuner(config: Mapping[str, Any] | None, space: SearchSpace, seed: int | None
                 raise ValueError(f"assessor {assessor_name} has optimize_mode {assessor_args['optimize_mode']!r} "
                                  f"but tuner {name} has {direction!r}")
     points = grid(space) if walks_grid else None
-    return Tuner(optuna.create_study(sampler=sampler, pruner=pruner, direction=direction), space, points)
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not a line per study ("A new study created…")
+    try:
+        study = optuna.create_study(sampler=sampler, pruner=pruner, direction=direction)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    return Tuner(study, space, points)
 
 
 _ASSESSORS: dict[str, tuple[set[str], Callable[[dict[str, Any]], BasePruner]]] = {
@@ -247,3 +298,33 @@ def assessor(config: Mapping[str, Any] | None) -> BasePruner:
     _check_args(name, args, accepted | {"optimize_mode", "start_step"})
     _direction(name, args)
     return build(args)
+
+
+def for_experiment(config: ExperimentConfig, seed: int | None = None) -> TunerLike:
+    """The tuner (with its assessor) an experiment config asks for: ``tuner`` (or NNI's older ``advisor``) and
+    ``assessor``, each a built-in name mapped onto Optuna or, with the nni package, a ``className``.
+
+    :raises ValueError: no search space, or a config :func:`tuner`/:func:`assessor` refuses, with the reason.
+    """
+    from services.tuner import nni_classes
+
+    if config.search_space is None:
+        raise ValueError("the experiment has no searchSpace (or searchSpaceFile) for its tuner to search")
+    space = parse_search_space(config.search_space)
+    tuner_config = config.tuner or config.advisor
+    if nni_classes.names_class(tuner_config):
+        driven: TunerLike = nni_classes.NniTuner(nni_classes.instantiate(tuner_config, "tuner"), config.search_space)
+        assessor_config = config.assessor
+        if assessor_config and not nni_classes.names_class(assessor_config):  # a built-in name: NNI's class
+            name, args = _name_and_args(assessor_config, "assessor")
+            path = nni_classes.BUILTIN_ASSESSORS.get(name.lower())
+            if path is None:
+                raise ValueError(f"unknown assessor {name!r}; the known assessors are {', '.join(_ASSESSORS)}")
+            assessor_config = {"className": path, "classArgs": args}
+        if assessor_config:
+            driven = nni_classes.NniAssessor(driven, nni_classes.instantiate(assessor_config, "assessor"))
+        return driven
+    if nni_classes.names_class(config.assessor):
+        driven = tuner(tuner_config, space, seed)
+        return nni_classes.NniAssessor(driven, nni_classes.instantiate(config.assessor, "assessor"))
+    return tuner(tuner_config, space, seed, assessor_config=config.assessor)

@@ -52,6 +52,7 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
     from optuna.trial import BaseTrial
 
 Parameters = dict[str, Any]
@@ -337,6 +338,62 @@ def suggest(trial: BaseTrial, space: SearchSpace) -> Parameters:
 def recall(optuna_params: Mapping[str, Any], space: SearchSpace) -> Parameters:
     """The parameter set :func:`suggest` returned, rebuilt from the trial's ``params`` (e.g. ``study.best_params``)."""
     return _build(space, lambda p: p.recall(optuna_params[p.path]))
+
+
+def locate(params: Mapping[str, Any], space: SearchSpace) -> tuple[dict[str, Any], dict[str, BaseDistribution]]:
+    """Where a parameter set lies in Optuna's terms: the ``params`` and ``distributions`` of a trial that
+    :func:`suggest` answers with it. It lets a tuner learn from trials it did not propose (a restarted tuner's
+    predecessor's, a person's). :class:`SearchSpaceError` when the set does not fit the space.
+
+    A q-type's value stands for itself (its draw before rounding is gone); a normal-family value becomes its
+    quantile, clamped to the ±6σ the tuner searches.
+    """
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    located: dict[str, Any] = {}
+    distributions: dict[str, BaseDistribution] = {}
+
+    def walk(values: Mapping[str, Any], sub: SearchSpace) -> None:
+        if not isinstance(values, Mapping) or set(values) - {"_name"} != {p.name for p in sub.params}:
+            raise SearchSpaceError(f"parameters {_show(values)} do not match the search space's names "
+                                   f"{[p.name for p in sub.params]}")
+        for p in sub.params:
+            value = values[p.name]
+            if isinstance(p, NestedChoice):
+                names = [b.name for b in p.options]
+                if not isinstance(value, Mapping) or value.get("_name") not in names:
+                    raise _error(p.path, f"{_show(value)} is none of the options {names}")
+                index = names.index(value["_name"])
+                walk({k: v for k, v in value.items() if k != "_name"}, p.options[index].space)
+                raw, dist = index, CategoricalDistribution(tuple(range(len(names))))
+            elif isinstance(p, Choice):
+                index = next((i for i, o in enumerate(p.options) if _same(o, value)), None)
+                if index is None:
+                    raise _error(p.path, f"{_show(value)} is not one of the options")
+                raw, dist = index, CategoricalDistribution(tuple(range(len(p.options))))
+            elif not _is_number(value):
+                raise _error(p.path, f"expected a number, got {_show(value)}")
+            elif isinstance(p, RandInt):
+                if value != int(value) or not p.lower <= value < p.upper:
+                    raise _error(p.path, f"{_show(value)} is not an integer in [{p.lower}, {p.upper})")
+                raw, dist = int(value), IntDistribution(p.lower, p.upper - 1)
+            elif isinstance(p, Uniform):
+                if not p.low <= value <= p.high:
+                    raise _error(p.path, f"{_show(value)} is outside [{p.low:g}, {p.high:g}]")
+                raw, dist = float(value), FloatDistribution(p.low, p.high, log=p.log)
+            else:
+                z = (math.log(value) if value > 0 else -math.inf) if p.log else float(value)
+                quantile = NormalDist(p.mu, p.sigma).cdf(z) if math.isfinite(z) else 0.0
+                raw, dist = min(max(quantile, _TAIL), 1 - _TAIL), FloatDistribution(_TAIL, 1 - _TAIL)
+            located[p.path], distributions[p.path] = raw, dist
+
+    walk(params, space)
+    return located, distributions
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality: ``1`` and ``True`` differ, as they do to a trial."""
+    return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
 
 
 # --- grid --------------------------------------------------------------------------------------

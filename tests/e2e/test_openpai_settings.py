@@ -110,7 +110,7 @@ async def bus_contents(url: str) -> dict[str, str]:
     try:
         for info in await js.streams_info():
             parts = []
-            for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            for seq in range(info.state.first_seq, info.state.last_seq + 1) if info.state.messages else ():
                 try:
                     msg = await js.get_msg(info.config.name, seq)
                 except NotFoundError:  # deleted (acked off a work queue, purged)

@@ -99,11 +99,13 @@ def test_make_up_runs_the_services_compose_defines():
 @pytest.mark.timeout(120)
 def test_every_compose_service_starts_on_the_host_and_reports_in(tmp_path: Path):
     options = StackOptions(data_dir=tmp_path / "data", nats_port=free_port(), api_port=free_port(),
-                           gateway_port=free_port(), stop_grace=5)  # fmt: skip
+                           gateway_port=free_port(), webui_port=free_port(), stop_grace=5)  # fmt: skip
     stack = Stack(options, Console(quiet=True))
     stack.start()
     try:
         assert httpx.get(f"http://127.0.0.1:{options.gateway_port}/healthz").json()["status"] == "ok"
+        assert httpx.get(f"{options.webui_url}/healthz").json()["status"] == "ok"
+        assert "tuner started" in (options.data_dir / "logs" / "tuner.log").read_text()
 
         def adapters() -> set[str]:
             replicas = httpx.get(f"{options.api_url}/api/v1/platforms").json()

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import nats
 import pytest
 from nats.aio.client import Client
@@ -42,9 +43,11 @@ from trialbus.watcher import TrialOutcome
 ROOT = Path(__file__).resolve().parents[2]
 NATS_CONF = ROOT / "deploy" / "nats" / "nats.conf"
 AUTH_CONF = ROOT / "k8s" / "base" / "nats" / "auth.conf"
-USERS = ("dispatcher", "gateway", "local-gpu", "remote", "openpai", "frameworkcontroller", "client")
+USERS = ("dispatcher", "gateway", "local-gpu", "remote", "openpai", "frameworkcontroller", "tuner", "webui",
+         "client")
 #: The user each service of ``Stack`` runs as.
-SERVICE_USERS = {"dispatcher": "dispatcher", "gateway": "gateway", "adapter": "local-gpu", "remote": "remote"}
+SERVICE_USERS = {"dispatcher": "dispatcher", "gateway": "gateway", "adapter": "local-gpu", "remote": "remote",
+                 "tuner": "tuner", "webui": "webui"}  # fmt: skip
 
 TRIAL = """
 import nni
@@ -162,6 +165,12 @@ async def stored(dispatcher: User, subject: str) -> int:
     return (info.state.subjects or {}).get(subject, 0)
 
 
+async def await_until_async(get, status: str, timeout: float = 30) -> None:
+    async with asyncio.timeout(timeout):
+        while (await get()).status.value != status:
+            await asyncio.sleep(0.1)
+
+
 # -- the stack, a user per service -------------------------------------------------------------
 
 
@@ -176,7 +185,7 @@ def test_an_experiment_runs_with_a_nats_user_per_service(server: AuthNatsServer,
     try:
         # Given the gateway and two adapters, which may not create streams, started first
         with ThreadPoolExecutor(1) as pool:
-            early = pool.submit(stack.start, "gateway", "adapter", "remote")
+            early = pool.submit(stack.start, "gateway", "adapter", "remote", "tuner", "webui")
             wait_until(lambda: "waiting for the dispatcher to create stream DISPATCH" in stack.log("adapter"), 15,
                        "the adapter to wait for the dispatcher")  # fmt: skip
             wait_until(lambda: "waiting for the dispatcher to create stream METRICS" in stack.log("gateway"), 15,
@@ -186,7 +195,7 @@ def test_an_experiment_runs_with_a_nats_user_per_service(server: AuthNatsServer,
             early.result(timeout=30)
 
             # and a tuner runs three trials as the client user
-            async def tune() -> tuple[list[TrialOutcome], list[MetricRecord]]:
+            async def tune() -> tuple[list[TrialOutcome], list[MetricRecord], list[str]]:
                 async with AsyncClient(server.url, user="client", password=server.passwords["client"]) as client:
                     experiment = await client.create_experiment({
                         "experimentName": "permissions", "trialCommand": f"{sys.executable} trial.py",
@@ -195,15 +204,32 @@ def test_an_experiment_runs_with_a_nats_user_per_service(server: AuthNatsServer,
                     })  # fmt: skip
                     trials = [await client.submit_trial(experiment, {"x": x}) for x in range(3)]
                     outcomes = [await client.wait_trial(t.id, timeout=30) for t in trials]
+                    # and the tuner service drives one: a grid of two points, judged by an assessor
+                    tuned = await client.create_experiment({
+                        "trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code),
+                        "trialConcurrency": 2, "trainingService": {"platform": "local"},
+                        "searchSpace": {"x": {"_type": "choice", "_value": [5, 6]}}, "tuner": {"name": "GridSearch"},
+                        "assessor": {"name": "Medianstop"},
+                    })  # fmt: skip
+                    await await_until_async(lambda: client.get_experiment(tuned), "DONE")
+                    finals = sorted(t.final_metric for t in await client.list_trials(tuned))
+                    assert finals == [50, 60], finals
                     records = []
                     async with asyncio.timeout(10), contextlib.aclosing(client.metrics(experiment)) as metrics:
                         async for record in metrics:
                             records.append(record)
                             if len(records) == 9:
                                 break
-                    return outcomes, records
+                    return outcomes, records, [t.id for t in trials]
 
-            outcomes, records = asyncio.run(tune())
+            outcomes, records, trial_ids = asyncio.run(tune())
+            # and the web UI shows them, with curves from METRICS, and relays an action to the dispatcher
+            shown = httpx.get(f"{stack.webui}/api/experiments", timeout=10).json()
+            assert len(shown) == 2, shown
+            curve = httpx.get(f"{stack.webui}/api/trials/{trial_ids[0]}/metrics", timeout=10)
+            assert curve.status_code == 200 and len(curve.json()) == 3, curve.text
+            again = httpx.post(f"{stack.webui}/api/trials/{trial_ids[0]}/cancel", timeout=10)
+            assert again.status_code == 409 and "already ended" in again.json()["error"], again.text
     except BaseException:
         print(stack.logs(), file=sys.stderr)
         raise

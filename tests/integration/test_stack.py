@@ -53,7 +53,7 @@ def options(tmp_path: Path) -> StackOptions:
     require_binary(nats_server_binary(), "nats-server")
     return StackOptions(
         data_dir=tmp_path / "data", nats_port=free_port(), api_port=free_port(), gateway_port=free_port(),
-        start_timeout=20, stop_grace=5, settle=0.3,
+        webui_port=free_port(), start_timeout=20, stop_grace=5, settle=0.3,
     )
 
 
@@ -146,7 +146,8 @@ def test_sigterm_to_up_stops_everything_and_exits_0(options: StackOptions) -> No
         "from trialbus.stack import StackOptions, run;"
         "from tests.integration.test_stack import services;"
         f"o = StackOptions(data_dir=Path({str(options.data_dir)!r}), nats_port={options.nats_port},"
-        f" api_port={options.api_port}, gateway_port={options.gateway_port}, settle=0.3);"
+        f" api_port={options.api_port}, gateway_port={options.gateway_port}, webui_port={options.webui_port},"
+        " settle=0.3);"
         "sys.exit(run(o, None, Console(stderr=True, width=300), services()))"
     )
     up = subprocess.Popen([sys.executable, "-c", program], stderr=subprocess.PIPE, text=True,

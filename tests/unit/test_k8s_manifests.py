@@ -35,6 +35,8 @@ SERVICES = {
     "remote": ("services.adapters.remote", "remote"),
     "openpai": ("services.adapters.openpai", "openpai"),
     "frameworkcontroller": ("services.adapters.frameworkcontroller", "frameworkcontroller"),
+    "tuner": ("services.tuner", "tuner"),
+    "webui": ("services.webui", "webui"),
 }
 ADAPTERS = ("local-gpu", "remote", "openpai", "frameworkcontroller")
 #: Tuners and the CLI log in as this user; no workload of ours does.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 import statistics
 
 import optuna
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.tuner.space import SearchSpaceError, grid, parse_search_space, recall, sample, suggest
+from services.tuner.space import SearchSpaceError, grid, locate, parse_search_space, recall, sample, suggest
 
 LAYER = {"_type": "choice", "_value": [  # NNI's nested search space example
     {"_name": "Empty"},
@@ -322,3 +323,46 @@ def test_any_json_either_parses_and_samples_or_is_refused_with_a_search_space_er
     except SearchSpaceError:
         return
     assert set(sample(space, random.Random(seed))) == set(raw)
+
+
+# --- locate: trials the tuner did not propose ----------------------------------------------------
+
+MIXED = {
+    "layer": LAYER, "lr": {"_type": "loguniform", "_value": [1e-5, 0.1]}, "units": {"_type": "quniform",
+    "_value": [32, 512, 32]}, "depth": {"_type": "randint", "_value": [1, 6]}, "noise": {"_type": "qlognormal",
+    "_value": [0, 1, 0.5]}, "shift": {"_type": "normal", "_value": [0, 2]}, "act": {"_type": "choice",
+    "_value": ["relu", {"k": [1, 2]}, None, True]},
+}  # fmt: skip
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**32))
+def test_locate_gives_the_optuna_trial_that_suggests_the_same_parameters(seed):
+    space = parse_search_space(MIXED)
+    params = sample(space, random.Random(seed))
+    located, distributions = locate(params, space)
+    study = optuna.create_study()
+    study.enqueue_trial(located)
+    trial = study.ask(fixed_distributions=distributions)
+    again = suggest(trial, space)
+    assert {k: v for k, v in again.items() if k != "shift"} == {k: v for k, v in params.items() if k != "shift"}
+    assert again["shift"] == pytest.approx(params["shift"], abs=1e-9)  # the normal's quantile, and back
+
+
+@pytest.mark.parametrize(("params", "complaint"), [
+    ({"x": 2.0}, "outside [0, 1]"),
+    ({"x": "a"}, "expected a number"),
+    ({"y": 0.5}, "do not match the search space's names"),
+])  # fmt: skip
+def test_locate_refuses_parameters_outside_the_space(params, complaint):
+    with pytest.raises(SearchSpaceError, match=re.escape(complaint)):
+        locate(params, parse_search_space(one("uniform", [0, 1])))
+
+
+def test_locate_tells_choice_options_apart_by_json_value():
+    space = parse_search_space(one("choice", [1, True, "1"]))
+    assert [locate({"x": v}, space)[0]["x"] for v in (1, True, "1")] == [0, 1, 2]
+    with pytest.raises(SearchSpaceError, match="not one of the options"):
+        locate({"x": 2}, space)
+    with pytest.raises(SearchSpaceError, match="none of the options"):
+        locate({"layer": {"_name": "Dense"}}, parse_search_space({"layer": LAYER}))

@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 from services.tuner.algorithms import NoMoreTrials, assessor, tuner
-from services.tuner.space import grid, parse_search_space
+from services.tuner.space import SearchSpaceError, grid, parse_search_space
 
 SPACE = parse_search_space({
     "lr": {"_type": "loguniform", "_value": [1e-4, 0.1]},
@@ -150,3 +150,89 @@ def test_assessor_must_optimize_the_same_way_as_the_tuner() -> None:
     with pytest.raises(ValueError, match="optimize_mode"):
         tuner({"name": "TPE"}, SPACE, assessor_config={"name": "Medianstop",
                                                        "classArgs": {"optimize_mode": "minimize"}})
+
+
+# --- adopting trials proposed elsewhere (a restarted tuner's predecessor, a person) ----------------
+
+
+def test_adopted_trials_count_like_asked_ones() -> None:
+    t = tuner({"name": "TPE", "classArgs": {"optimize_mode": "minimize", "seed": 3}}, SPACE)
+    first = t.adopt({"lr": 0.001, "batch": 32, "layer": {"_name": "Conv", "kernel": 2}})
+    second = t.adopt({"lr": 0.05, "batch": 64, "layer": {"_name": "Empty"}})
+    t.report(first, 0, 0.7)
+    t.tell(first, 0.5)
+    t.tell(second, {"default": 0.9, "loss": 1})
+    assert t.best() == ({"lr": 0.001, "batch": 32, "layer": {"_name": "Conv", "kernel": 2}}, 0.5)
+    number, params = t.ask()
+    assert number == 2 and within_space(params)
+
+
+def test_a_seeded_tuner_that_adopted_trials_does_not_propose_its_first_points_again() -> None:
+    fresh = tuner({"name": "Random", "classArgs": {"seed": 7}}, SPACE)
+    first = [fresh.ask()[1] for _ in range(3)]
+    resumed = tuner({"name": "Random", "classArgs": {"seed": 7}}, SPACE)
+    for params in first:
+        resumed.tell(resumed.adopt(params), 1.0)
+    assert all(resumed.ask()[1] not in first for _ in range(3))
+
+
+def test_grid_search_skips_points_it_adopted() -> None:
+    t = tuner({"name": "GridSearch"}, GRID_SPACE)
+    points = list(grid(GRID_SPACE))
+    t.adopt(points[0])
+    t.adopt(points[3])
+    proposed = []
+    with pytest.raises(NoMoreTrials):
+        while True:
+            proposed.append(t.ask()[1])
+    assert proposed == [p for i, p in enumerate(points) if i not in (0, 3)]
+
+
+def test_adopting_parameters_outside_the_space_changes_nothing() -> None:
+    t = tuner({"name": "TPE"}, SPACE)
+    with pytest.raises(SearchSpaceError, match="lr"):
+        t.adopt({"lr": 5.0, "batch": 32, "layer": {"_name": "Empty"}})
+    assert t.study.trials == [] and t.ask()[0] == 0
+
+
+def _completed(built, count: int, level: float, steps: int) -> None:
+    """``count`` trials whose curves rise to about ``level`` over ``steps`` steps, each told its end."""
+    for i in range(count):
+        number, _ = built.ask()
+        for step in range(steps):
+            built.report(number, step, level * (step + 1) / steps + 0.001 * i)
+        built.tell(number, level + 0.001 * i)
+
+
+def test_curvefitting_stops_a_curve_in_the_worst_quarter_only_after_start_step() -> None:
+    built = tuner({"name": "Random"}, SPACE, seed=0,
+                  assessor_config={"name": "Curvefitting", "classArgs": {"start_step": 4, "epoch_num": 10}})
+    _completed(built, 4, 0.9, 10)
+    fair, _ = built.ask()  # a curve as good as the best
+    bad, _ = built.ask()
+    verdicts = {fair: [], bad: []}
+    for step in range(8):
+        for number, level in ((fair, 0.95), (bad, 0.2)):
+            built.report(number, step, level * (step + 1) / 10)
+            verdicts[number].append(built.should_prune(number))
+    assert verdicts[fair] == [False] * 8  # as good as the others: runs on
+    assert verdicts[bad] == [False] * 4 + [True] * 4  # in the worst quarter, once past start_step
+
+
+@pytest.mark.parametrize("name", ["Hyperband", "BOHB"])
+def test_hyperband_and_bohb_stop_bad_trials_at_a_rung_and_keep_the_best(name: str) -> None:
+    args = {"R": 27, "eta": 3} if name == "Hyperband" else {"min_budget": 1, "max_budget": 27, "eta": 3}
+    built = tuner({"name": name, "classArgs": args}, SPACE, seed=1)
+    _completed(built, 12, 0.9, 27)
+    best, _ = built.ask()
+    bad = [built.ask()[0] for _ in range(6)]
+    stopped: dict[int, int | None] = dict.fromkeys([best, *bad])
+    for step in range(1, 28):
+        for number in stopped:
+            if stopped[number] is None:
+                built.report(number, step, (0.95 if number == best else 0.05) * step / 27)
+                if built.should_prune(number):
+                    stopped[number] = step
+    # each trial falls in one of the brackets (by its number); the brackets with early rungs stop the bad
+    assert any(stopped[n] is not None and stopped[n] < 27 for n in bad), stopped
+    assert stopped[best] is None

@@ -1,0 +1,205 @@
+"""The tuner service: runs the tuner and assessor of every experiment that names one, as a bus client.
+
+- **Which experiments.** Those RUNNING whose config has a ``tuner`` (or NNI's older ``advisor``). An
+  experiment without one is driven by its own client (``trialbus.Client``), as before.
+- **One driver per experiment, any number of replicas.** A replica drives an experiment while it holds
+  the experiment's lease in the ``tuners`` bucket (``kv.create`` wins it; refreshed every
+  ``tuner_lease_refresh`` seconds; it expires ``TUNERS_BUCKET.ttl`` seconds after its holder dies, and
+  any replica takes the experiment over). A replica restarted under the same name takes its leases back
+  at once.
+- **Nothing of its own to lose.** A driver rebuilds its tuner from the trials and metrics on the bus
+  (:mod:`services.tuner.driver`), so a restart or a takeover resumes where the last one stopped.
+- **A config it cannot run stops the experiment** with the reason as its message (``trialbus
+  experiment run`` checks the same before creating one, so this is for other clients).
+
+The ``trials`` and ``experiments`` buckets are watched once for all experiments; each driver gets the
+changes of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import nats.errors
+from fastapi import FastAPI
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from contracts import ContractError, ExperimentState, ExperimentStatus, TrialState, streams
+from services.common.api import ApiCallError, call
+from services.common.bus import Bus
+from services.common.http import HttpServer, health_routes
+from services.common.lifecycle import Service
+from services.tuner.algorithms import for_experiment
+from services.tuner.driver import Driver
+from services.tuner.settings import TunerSettings
+
+log = logging.getLogger(__name__)
+
+
+class TunerService(Service):
+    name = "tuner"
+
+    def __init__(self, settings: TunerSettings) -> None:
+        self.settings = settings
+        self.replica = settings.replica
+        self.bus: Bus | None = None
+        self.experiments: dict[str, ExperimentState] = {}
+        self.trials: dict[str, dict[str, TrialState]] = {}  # experiment → trial id → state
+        self.drivers: dict[str, Driver] = {}
+        self.leases: dict[str, int] = {}  # experiment → revision of our lease entry
+        self._tasks: list[asyncio.Task] = []
+        self._failed: BaseException | None = None
+        self._kv: dict[str, KeyValue] = {}
+        self._http: HttpServer | None = None
+
+    async def start(self, bus: Bus) -> None:
+        self.bus = bus
+        for bucket in ("trials", "experiments", streams.TUNERS_BUCKET.bucket):
+            self._kv[bucket] = await bus.kv(bucket)
+        trials_loaded = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._watch("trials", self._on_trial, trials_loaded))]
+        await trials_loaded.wait()  # drivers start from a full snapshot of their trials
+        experiments_loaded = asyncio.Event()
+        self._tasks.append(asyncio.create_task(self._watch("experiments", self._on_experiment, experiments_loaded)))
+        await experiments_loaded.wait()
+        self._tasks.append(asyncio.create_task(self._keep_leases()))
+        if self.settings.tuner_http_port is not None:
+            app = FastAPI()
+            app.include_router(health_routes(lambda: self.bus, lambda: {"replica": self.replica,
+                                                                         "experiments": sorted(self.drivers)}))
+            self._http = HttpServer(app, self.settings.tuner_http_host, self.settings.tuner_http_port)
+            await self._http.start()
+        log.info("tuner replica %s: %d experiments to drive", self.replica, len(self.drivers))
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            await self._http.stop()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for experiment_id in list(self.drivers):
+            await self._release(experiment_id, delete=False)  # a restart under our name takes them back
+
+    def failed(self) -> BaseException | None:
+        return self._failed or (self._http.failed() if self._http is not None else None)
+
+    # ------------------------------------------------------------------ watching
+
+    async def _watch(self, bucket: str, apply, loaded: asyncio.Event) -> None:
+        try:
+            watcher = await self._kv[bucket].watchall(ignore_deletes=True)
+            async for entry in watcher:
+                if entry is None:  # the current values are in: updates follow
+                    loaded.set()
+                    continue
+                if not entry.value:
+                    continue
+                try:
+                    await apply(entry.value)
+                except ContractError as exc:
+                    log.warning("skipping an unreadable %s entry %s: %s", bucket, entry.key, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the watch is the service's input: without it, restart
+            self._failed = exc
+            loaded.set()
+
+    async def _on_trial(self, raw: bytes) -> None:
+        trial = TrialState.decode(raw)
+        self.trials.setdefault(trial.experiment_id, {})[trial.id] = trial
+        if (driver := self.drivers.get(trial.experiment_id)) is not None:
+            driver.on_trial(trial)
+
+    async def _on_experiment(self, raw: bytes) -> None:
+        state = ExperimentState.decode(raw)
+        self.experiments[state.id] = state
+        if (driver := self.drivers.get(state.id)) is not None:
+            if state.status != ExperimentStatus.RUNNING:
+                await self._release(state.id, delete=True)
+            else:
+                driver.on_experiment(state)
+        elif self._wants(state):
+            await self._claim(state)
+
+    @staticmethod
+    def _wants(state: ExperimentState) -> bool:
+        return state.status == ExperimentStatus.RUNNING and bool(state.config.tuner or state.config.advisor)
+
+    # -------------------------------------------------------------------- leases
+
+    async def _claim(self, state: ExperimentState) -> None:
+        kv = self._kv[streams.TUNERS_BUCKET.bucket]
+        try:
+            revision = await kv.create(state.id, self.replica.encode())
+        except KeyWrongLastSequenceError:  # held: by us before a restart, or by another replica
+            try:
+                entry = await kv.get(state.id)
+            except KeyNotFoundError:
+                return  # expired meanwhile: the next round claims it
+            if entry.value != self.replica.encode() or entry.revision is None:
+                return
+            try:
+                revision = await kv.update(state.id, self.replica.encode(), last=entry.revision)
+            except KeyWrongLastSequenceError:
+                return
+        except nats.errors.Error as exc:
+            log.warning("could not claim experiment %s: %s", state.id, exc)
+            return
+        self.leases[state.id] = revision
+        await self._drive(state)
+
+    async def _drive(self, state: ExperimentState) -> None:
+        try:
+            tuner = for_experiment(state.config)
+        except ValueError as exc:
+            message = f"the tuner cannot run: {exc}"
+            log.error("experiment %s: %s", state.id, message)
+            try:
+                await call(self.bus.nc, "experiment.stop", {"id": state.id, "message": message},
+                           self.settings.tuner_api_timeout)
+            except ApiCallError as error:
+                log.warning("could not stop experiment %s: %s", state.id, error.message)
+            await self._release(state.id, delete=True)
+            return
+        driver = Driver(self.bus, state, tuner, list(self.trials.get(state.id, {}).values()),
+                        self.settings.tuner_api_timeout)
+        self.drivers[state.id] = driver
+        await driver.start()
+        log.info("driving experiment %s (%s)", state.id, type(tuner).__name__)
+
+    async def _release(self, experiment_id: str, *, delete: bool) -> None:
+        driver = self.drivers.pop(experiment_id, None)
+        if driver is not None:
+            await driver.stop()
+        revision = self.leases.pop(experiment_id, None)
+        if delete and revision is not None:
+            with contextlib.suppress(nats.errors.Error, KeyWrongLastSequenceError):
+                await self._kv[streams.TUNERS_BUCKET.bucket].delete(experiment_id, last=revision)
+
+    async def _keep_leases(self) -> None:
+        """Refresh our leases, drop the ones lost, and claim experiments whose holder is gone."""
+        kv = self._kv[streams.TUNERS_BUCKET.bucket]
+        while True:
+            await asyncio.sleep(self.settings.tuner_lease_refresh)
+            for experiment_id, revision in list(self.leases.items()):
+                driver = self.drivers.get(experiment_id)
+                if driver is not None and (error := driver.done()) is not None:
+                    log.error("experiment %s: the driver failed (%r); restarting it", experiment_id, error)
+                    await self._release(experiment_id, delete=False)
+                    await self._claim(self.experiments[experiment_id])
+                    continue
+                try:
+                    self.leases[experiment_id] = await kv.update(experiment_id, self.replica.encode(), last=revision)
+                except KeyWrongLastSequenceError:
+                    log.warning("experiment %s: lost the lease to another tuner replica", experiment_id)
+                    await self._release(experiment_id, delete=False)
+                except nats.errors.Error as exc:
+                    log.warning("could not refresh the lease of experiment %s: %s", experiment_id, exc)
+            for state in list(self.experiments.values()):
+                if state.id not in self.drivers and self._wants(state):
+                    await self._claim(state)

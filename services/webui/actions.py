@@ -1,0 +1,58 @@
+"""The user's actions, sent to the dispatcher exactly as clients send them: NATS
+request/reply on ``trialbus.api.<op>`` (``services/dispatcher/bus_api.py``), through
+:func:`services.common.api.call`.
+
+The dispatcher answers ``{"ok": true, "result": …}`` or ``{"ok": false, "status": <http>,
+"error": "…"}``; its status and message go to the browser as they are, so a user reads
+the same sentence (``trial T already ended SUCCEEDED``) as from the CLI or the REST API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from services.common import api
+from services.common.bus import Bus
+
+
+class Refused(Exception):
+    """An answer other than 2xx, with the message for the user."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class Dispatcher:
+    """Calls the dispatcher's NATS API; every failure becomes :class:`Refused`."""
+
+    def __init__(self, bus: Callable[[], Bus | None], timeout: float) -> None:
+        self.bus = bus
+        self.timeout = timeout
+
+    async def call(self, operation: str, body: dict[str, Any]) -> Any:
+        bus = self.bus()
+        if bus is None or not bus.nc.is_connected:
+            raise Refused(503, "NATS is unavailable; retry in a moment")
+        try:
+            return await api.call(bus.nc, operation, body, self.timeout)
+        except api.ApiCallError as exc:
+            status = exc.status if 400 <= exc.status <= 599 else 502
+            raise Refused(status, exc.message) from None
+        except (orjson.JSONDecodeError, AttributeError):  # not a JSON object: not the dispatcher's answer
+            raise Refused(502, f"the dispatcher's answer to {operation} is not a JSON object") from None
+
+    async def cancel_trial(self, trial_id: str) -> Any:
+        return await self.call("trial.cancel", {"id": trial_id})
+
+    async def stop_experiment(self, experiment_id: str) -> Any:
+        return await self.call("experiment.stop", {"id": experiment_id})
+
+    async def trial_log(self, trial_id: str, max_bytes: int) -> str:
+        result = await self.call("trial.log", {"id": trial_id, "maxBytes": max_bytes})
+        if not isinstance(result, dict) or not isinstance(result.get("text"), str):
+            raise Refused(502, "the dispatcher's answer to trial.log has no text")
+        return result["text"]

@@ -1,0 +1,322 @@
+"""The web UI's HTTP side: the page, its static files, a JSON API and two event streams.
+
+Pages (one HTML shell, drawn by ``static/app.js``):
+
+    GET  /                              the newest experiment (follows newer ones as they start)
+    GET  /experiments/{id}              one experiment; 404 page naming the id if unknown
+    GET  /login?token=<token>           sets the session cookie (when an api_token is set)
+
+API (JSON; every refusal is ``{"error": "<what to do>"}`` with a 4xx/5xx status):
+
+    GET  /api/experiments                       every experiment in a line, newest first
+    GET  /api/experiments/{id}                  overview: status, counts, best, masked config
+    GET  /api/experiments/{id}/trials           the trials' rows
+    POST /api/experiments/{id}/stop             stop it (the dispatcher's answer, relayed)
+    GET  /api/trials/{id}                       one trial's row
+    GET  /api/trials/{id}/metrics               its metric records (history)
+    GET  /api/trials/{id}/log?maxBytes=n        the tail of its log (relayed)
+    POST /api/trials/{id}/cancel                cancel it (relayed)
+    GET  /api/platforms                         adapter replicas, GPUs, machines, clusters
+    GET  /api/events[?experiment=id]            server-sent events (:mod:`services.webui.hub`)
+    GET  /api/trials/{id}/metrics/stream        server-sent ``metrics`` events: the trial's records,
+                                                history first, then live (``problem`` if unreadable)
+
+With ``api_token`` set, everything but ``/healthz``, ``/metrics``, ``/login`` and the static
+files (which hold no data) needs
+``Authorization: Bearer <token>`` or the cookie ``/login`` sets. The cookie holds an HMAC
+of the token, not the token: it opens the web UI and nothing else. POSTs that a browser
+sends from another site (its ``Origin`` is not this host) are refused, so a page
+elsewhere cannot cancel trials through a browser that is logged in, or on localhost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import html
+import secrets
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import nats.errors
+import orjson
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.common.bus import Bus
+from services.common.http import health_routes
+from services.webui import curves
+from services.webui.actions import Dispatcher, Refused
+from services.webui.hub import KEEPALIVE, RETRY, Hub, frame
+from services.webui.model import Model
+from services.webui.settings import WebuiSettings
+
+STATIC = Path(__file__).parent / "static"
+COOKIE = "trialbus_webui"
+MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+               ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}  # fmt: skip
+#: Scripts, styles and connections from this origin only; no inline script, no framing.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+#: Seconds between keep-alive comments on an idle event stream.
+KEEPALIVE_SECONDS = 15.0
+MAX_LOG_BYTES = 4 * 1024 * 1024
+
+
+def session_value(token: str) -> str:
+    """What the cookie holds: an HMAC of the token, so the cookie is no API credential."""
+    return hmac.new(token.encode(), b"trialbus-webui-session", hashlib.sha256).hexdigest()
+
+
+def load_static(folder: Path = STATIC) -> dict[str, tuple[bytes, str]]:
+    """Every file the page needs, read once at start: name → (bytes, media type)."""
+    return {
+        path.name: (path.read_bytes(), MEDIA_TYPES[path.suffix])
+        for path in sorted(folder.iterdir())
+        if path.is_file() and path.suffix in MEDIA_TYPES
+    }
+
+
+def message_page(title: str, text: str, status: int) -> HTMLResponse:
+    """A small page for people (404, 401): what happened and what to do."""
+    body = (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Trialbus — '
+        f'{html.escape(title)}</title><link rel="stylesheet" href="/static/style.css">'
+        '<link rel="icon" href="/static/favicon.svg"></head>'
+        f'<body><main class="message"><h1>{html.escape(title)}</h1><p id="message">{html.escape(text)}</p>'
+        '<p><a href="/">Show the newest experiment</a></p></main></body></html>'
+    )
+    return HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json",
+                    headers={"Cache-Control": "no-store"})  # fmt: skip
+
+
+def create_app(
+    settings: WebuiSettings, model: Model, hub: Hub, bus: Callable[[], Bus | None], dispatcher: Dispatcher
+) -> FastAPI:
+    app = FastAPI(title="Trialbus web UI", docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(health_routes(bus))
+    static = load_static()
+    token = settings.api_token.get_secret_value() if settings.api_token else None
+    session = session_value(token) if token else None
+
+    @app.exception_handler(Refused)
+    async def refused(request: Request, exc: Refused) -> Response:
+        if request.url.path.startswith("/api/"):
+            headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+            return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+        title = {401: "Log in to Trialbus", 404: "Not found"}.get(exc.status, "Refused")
+        return message_page(title, exc.message, exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        message = str(exc.detail)
+        if exc.status_code == 404:
+            message = f"nothing at {request.method} {request.url.path}: the web UI serves / and /experiments/<id>"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        return await refused(request, Refused(exc.status_code, message))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return await refused(request, Refused(400, problems))
+
+    def authorize(request: Request) -> None:
+        if token is None:
+            return
+        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and presented:
+            if secrets.compare_digest(presented.strip().encode(), token.encode()):
+                return
+            raise Refused(401, "wrong bearer token: send the TRIALBUS_API_TOKEN the web UI was started with")
+        cookie = request.cookies.get(COOKIE)
+        if cookie and secrets.compare_digest(cookie.encode(), session.encode()):
+            return
+        raise Refused(401, "this Trialbus web UI needs the API token: open /login?token=<TRIALBUS_API_TOKEN> "
+                           "once in this browser, or send 'Authorization: Bearer <TRIALBUS_API_TOKEN>'")  # fmt: skip
+
+    def same_origin(request: Request) -> None:
+        origin = request.headers.get("origin")
+        if origin and urlsplit(origin).netloc != request.headers.get("host"):
+            raise Refused(403, f"cross-site request from {origin} refused: use the web UI's own page")
+
+    @app.get("/login", include_in_schema=False)
+    async def login(request: Request) -> Response:
+        given = request.query_params.get("token")
+        if token is None:
+            return RedirectResponse("/", status_code=303)
+        if not given:
+            raise Refused(400, "add the API token: /login?token=<TRIALBUS_API_TOKEN>")
+        if not secrets.compare_digest(given.encode(), token.encode()):
+            raise Refused(401, "wrong token: use the TRIALBUS_API_TOKEN the web UI was started with")
+        answer = RedirectResponse("/", status_code=303)
+        answer.set_cookie(COOKIE, session, httponly=True, samesite="strict", path="/")
+        return answer
+
+    pages = APIRouter(dependencies=[Depends(authorize)])
+
+    def shell() -> Response:
+        content, media_type = static["index.html"]
+        return Response(content, media_type=media_type, headers=SECURITY_HEADERS)
+
+    @pages.get("/")
+    async def newest() -> Response:
+        return shell()
+
+    @pages.get("/experiments/{experiment_id}")
+    async def experiment_page(experiment_id: str) -> Response:
+        if experiment_id not in model.experiments:
+            raise Refused(404, f"there is no experiment {experiment_id!r} (it may have been removed, or the id is "
+                               "mistyped)")  # fmt: skip
+        return shell()
+
+    @app.get("/static/{name}")  # no data in them: open without the token, so the 401 page has its style
+    async def static_file(name: str) -> Response:
+        if name not in static:
+            raise Refused(404, f"no static file {name!r}")
+        content, media_type = static[name]
+        return Response(content, media_type=media_type, headers=SECURITY_HEADERS)
+
+    api = APIRouter(prefix="/api", dependencies=[Depends(authorize)])
+
+    def experiment_of(experiment_id: str) -> dict[str, Any]:
+        overview = model.overview(experiment_id)
+        if overview is None:
+            raise Refused(404, f"experiment {experiment_id!r} not found")
+        return overview
+
+    def trial_of(trial_id: str) -> Any:
+        trial = model.trial(trial_id)
+        if trial is None:
+            raise Refused(404, f"trial {trial_id!r} not found")
+        return trial
+
+    @api.get("/experiments")
+    async def list_experiments() -> Response:
+        return json_response(model.summaries())
+
+    @api.get("/experiments/{experiment_id}")
+    async def get_experiment(experiment_id: str) -> Response:
+        return json_response(experiment_of(experiment_id))
+
+    @api.get("/experiments/{experiment_id}/trials")
+    async def list_trials(experiment_id: str) -> Response:
+        experiment_of(experiment_id)
+        return json_response(model.rows(experiment_id))
+
+    @api.post("/experiments/{experiment_id}/stop", dependencies=[Depends(same_origin)])
+    async def stop_experiment(experiment_id: str) -> Response:
+        result = await dispatcher.stop_experiment(experiment_id)
+        return json_response({"id": experiment_id, "status": (result or {}).get("status")})
+
+    @api.get("/trials/{trial_id}")
+    async def get_trial(trial_id: str) -> Response:
+        return json_response(model.row(trial_of(trial_id)))
+
+    @api.post("/trials/{trial_id}/cancel", dependencies=[Depends(same_origin)])
+    async def cancel_trial(trial_id: str) -> Response:
+        result = await dispatcher.cancel_trial(trial_id)
+        return json_response({"id": trial_id, "status": (result or {}).get("status")})
+
+    @api.get("/trials/{trial_id}/log")
+    async def trial_log(trial_id: str, request: Request) -> Response:
+        raw = request.query_params.get("maxBytes", str(64 * 1024))
+        if not raw.isdigit() or not 0 < int(raw) <= MAX_LOG_BYTES:
+            raise Refused(400, f"maxBytes must be a whole number of bytes from 1 to {MAX_LOG_BYTES}, not {raw!r}")
+        return json_response({"id": trial_id, "text": await dispatcher.trial_log(trial_id, int(raw))})
+
+    def connected() -> Bus:
+        current = bus()
+        if current is None or not current.nc.is_connected:
+            raise Refused(503, "NATS is unavailable; retry in a moment")
+        return current
+
+    @api.get("/trials/{trial_id}/metrics")
+    async def trial_metrics(trial_id: str) -> Response:
+        trial = trial_of(trial_id)
+        current = connected()
+        try:
+            return json_response(await curves.history(current, trial.experiment_id, trial.id))
+        except TimeoutError:
+            raise Refused(504, f"the METRICS stream did not deliver trial {trial_id}'s records in time") from None
+
+    @api.get("/platforms")
+    async def list_platforms() -> Response:
+        return json_response(hub.platforms)
+
+    def event_stream(frames: AsyncIterator[bytes]) -> StreamingResponse:
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
+
+    @api.get("/events")
+    async def events(request: Request) -> StreamingResponse:
+        experiment_id = request.query_params.get("experiment") or None
+        if experiment_id is not None:
+            experiment_of(experiment_id)
+        stream = hub.open(experiment_id)
+
+        async def frames() -> AsyncIterator[bytes]:
+            try:
+                while True:
+                    try:
+                        data = await asyncio.wait_for(stream.queue.get(), KEEPALIVE_SECONDS)
+                    except TimeoutError:
+                        yield KEEPALIVE
+                        continue
+                    if data is None:
+                        return
+                    yield data
+            finally:
+                hub.close_stream(stream)
+
+        return event_stream(frames())
+
+    @api.get("/trials/{trial_id}/metrics/stream")
+    async def curve_stream(trial_id: str) -> StreamingResponse:
+        trial = trial_of(trial_id)
+        current = connected()
+        follower = curves.CurveFollower(current, trial.experiment_id, trial.id)
+
+        async def frames() -> AsyncIterator[bytes]:
+            # The follower lives inside the response: a browser that leaves before the first
+            # frame leaves no consumer behind.
+            hub.closers.add(follower)
+            try:
+                yield RETRY
+                try:
+                    await follower.start()
+                except (nats.errors.Error, TimeoutError) as exc:
+                    yield frame("problem", {"error": f"cannot read the METRICS stream right now ({exc}); retrying"})
+                    return
+                while not follower.closed:
+                    try:
+                        await asyncio.wait_for(follower.ready.wait(), KEEPALIVE_SECONDS)
+                    except TimeoutError:
+                        yield KEEPALIVE
+                        continue
+                    if follower.closed:
+                        return
+                    yield frame("metrics", follower.take())
+                    await asyncio.sleep(hub.interval)  # coalesce a burst into the next frame
+            finally:
+                hub.closers.discard(follower)
+                hub.cleanup(follower.stop())  # not awaited here: this request may be being cancelled
+
+        return event_stream(frames())
+
+    app.include_router(pages)
+    app.include_router(api)
+    return app

@@ -1,0 +1,121 @@
+"""A trial's metric records from the METRICS stream: its intermediate curve and its final.
+
+The curve a browser shows is read with an ordered consumer on
+``metrics.<experiment>.<trial>`` from the stream's first message: the history arrives
+first, then every new record as the gateway publishes it, each record once (the stream
+deduplicates by ``<trial>:<type>:<sequence>``; a resend after the dedupe window is dropped
+here). An ordered consumer needs no durable state and recovers from gaps by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import DeliverPolicy
+
+from contracts import ContractError, MetricRecord, streams, subjects
+from services.common.bus import Bus
+from services.webui.model import default_metric
+
+log = logging.getLogger(__name__)
+
+
+def point(record: MetricRecord) -> dict[str, Any] | None:
+    """One record as the browser plots it; None when its value is not JSON."""
+    try:
+        value = record.decoded()
+    except ValueError:
+        return None
+    return {"type": record.type.value, "sequence": record.sequence, "value": value,
+            "default": default_metric(value), "timestamp": record.timestamp.isoformat()}  # fmt: skip
+
+
+class Records:
+    """Decoded records, each once, waiting to be sent."""
+
+    def __init__(self) -> None:
+        self._pending: list[dict[str, Any]] = []
+        self._seen: set[tuple[str, int]] = set()
+
+    def add(self, data: bytes, subject: str) -> bool:
+        """Keep the record unless it is unreadable or seen before; whether it was kept."""
+        try:
+            record = MetricRecord.decode(data)
+        except ContractError:
+            log.warning("skipping an unreadable metric record on %s", subject)
+            return False
+        key = (record.type.value, record.sequence)
+        if key in self._seen or (plotted := point(record)) is None:
+            return False
+        self._seen.add(key)
+        self._pending.append(plotted)
+        return True
+
+    def take(self) -> list[dict[str, Any]]:
+        taken, self._pending = self._pending, []
+        return taken
+
+
+class CurveFollower:
+    """One trial's records for one browser: history, then live; :meth:`take` what is new."""
+
+    def __init__(self, bus: Bus, experiment_id: str, trial_id: str) -> None:
+        self.bus = bus
+        self.subject = subjects.metrics(experiment_id, trial_id)
+        #: Set when records wait in :meth:`take`, or when the follower is closed.
+        self.ready = asyncio.Event()
+        self.closed = False
+        self._records = Records()
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        self._sub = await self.bus.js.subscribe(
+            self.subject, stream=streams.METRICS.name, cb=self._on_message, ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+        )  # fmt: skip
+
+    async def _on_message(self, msg: Msg) -> None:
+        if self._records.add(msg.data, msg.subject):
+            self.ready.set()
+
+    def take(self) -> list[dict[str, Any]]:
+        """The records that came since the last call, oldest first."""
+        self.ready.clear()
+        return self._records.take()
+
+    def close(self) -> None:
+        """Ask the browser's stream to end (the service stops)."""
+        self.closed = True
+        self.ready.set()
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+
+async def history(bus: Bus, experiment_id: str, trial_id: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+    """Every record of the trial now in the stream, each once, oldest first."""
+    subject = subjects.metrics(experiment_id, trial_id)
+    info = await bus.js.stream_info(streams.METRICS.name, subjects_filter=subject)
+    count = (info.state.subjects or {}).get(subject, 0)
+    records = Records()
+    if not count:
+        return []
+    sub = await bus.js.subscribe(
+        subject, stream=streams.METRICS.name, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+    )
+    try:
+        for _ in range(count):
+            records.add((await sub.next_msg(timeout=timeout)).data, subject)
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+    return records.take()

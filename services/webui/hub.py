@@ -1,0 +1,173 @@
+"""Live updates for browsers: server-sent events, coalesced per experiment.
+
+A browser's page opens one event stream (``GET /api/events``) for one experiment, or for
+"the newest" (the page at ``/``). It gets, as SSE events with JSON data:
+
+``snapshot``     everything to draw: ``{"experiment", "trials", "platforms", "experiments"}``
+                 (``experiment`` is null while there is none); first, and again whenever the
+                 stream moves to a newer experiment;
+``update``       ``{"experiment", "trials", "removed"}``: the overview and the rows of the
+                 trials that changed since the last push, at most one per batch interval;
+``experiments``  the experiment list changed (one was created, stopped, finished);
+``platforms``    the adapters' status changed.
+
+Why batch: a dispatcher applies events in bursts (1,000 trials submitted at once), and a
+browser redrawing once per event would fall behind. The hub takes the model's changes
+every ``interval`` seconds and sends each experiment's as one frame, encoded once for all
+of its streams. A stream whose browser does not keep up (``limit`` frames queued) is
+closed; the browser reconnects and starts again from a snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+import orjson
+
+from services.webui.model import Model
+
+log = logging.getLogger(__name__)
+
+#: Sent first: how long a browser waits before reconnecting a dropped stream (ms).
+RETRY = b"retry: 2000\n\n"
+#: A comment line that keeps idle connections open through proxies.
+KEEPALIVE = b": keep-alive\n\n"
+
+
+def frame(event: str, data: Any) -> bytes:
+    """One server-sent event; NaN and infinities become null (they are not JSON)."""
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class Stream:
+    """One browser's event stream: frames waiting to be written (None ends it)."""
+
+    def __init__(self, experiment_id: str | None, limit: int) -> None:
+        #: None: the stream follows the newest experiment (the page at ``/``).
+        self.experiment_id = experiment_id
+        #: The experiment the browser shows now.
+        self.showing = experiment_id
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.limit = limit
+        self.closed = False
+
+    def send(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self.queue.qsize() >= self.limit:
+            log.info("a browser does not keep up with its event stream; closing it (it reconnects)")
+            self.close()
+            return
+        self.queue.put_nowait(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.queue.put_nowait(None)
+
+
+class Hub:
+    """The open streams, and the loop that pushes the model's changes to them."""
+
+    def __init__(self, model: Model, interval: float, limit: int = 500) -> None:
+        self.model = model
+        self.interval = interval
+        self.limit = limit
+        self.platforms: list[dict[str, Any]] = []
+        self.streams: set[Stream] = set()
+        #: Anything else that must end when the service stops (curve streams), by its close.
+        self.closers: set[Closable] = set()
+        self._cleanups: set[asyncio.Task] = set()
+
+    def snapshot(self, experiment_id: str | None) -> bytes:
+        return frame("snapshot", {
+            "experiment": self.model.overview(experiment_id) if experiment_id else None,
+            "trials": self.model.rows(experiment_id) if experiment_id else [],
+            "platforms": self.platforms,
+            "experiments": self.model.summaries(),
+        })  # fmt: skip
+
+    def open(self, experiment_id: str | None) -> Stream:
+        """A stream that starts with a snapshot; the caller must :meth:`close_stream` it."""
+        stream = Stream(experiment_id, self.limit)
+        stream.showing = experiment_id or self.model.newest()
+        stream.send(RETRY + self.snapshot(stream.showing))
+        self.streams.add(stream)
+        return stream
+
+    def close_stream(self, stream: Stream) -> None:
+        stream.close()
+        self.streams.discard(stream)
+
+    def set_platforms(self, statuses: list[dict[str, Any]]) -> None:
+        self.platforms = statuses
+        if self.streams:
+            data = frame("platforms", statuses)
+            for stream in self.streams:
+                stream.send(data)
+
+    def flush(self) -> None:
+        """Send every stream what changed in its experiment since the last flush."""
+        changes = self.model.take_changes()
+        if not self.streams:
+            return
+        moved: set[Stream] = set()
+        if changes.experiments_list:
+            listing = frame("experiments", self.model.summaries())
+            newest = self.model.newest()
+            for stream in self.streams:
+                stream.send(listing)
+                if stream.experiment_id is None and stream.showing != newest:
+                    stream.showing = newest
+                    stream.send(self.snapshot(newest))
+                    moved.add(stream)
+        for experiment_id in changes.touched():
+            watching = [s for s in self.streams if s.showing == experiment_id and s not in moved]
+            if not watching:
+                continue
+            changed = changes.trials.get(experiment_id, set())
+            rows = self.model.rows(experiment_id, changed)
+            present = {row["id"] for row in rows}
+            data = frame("update", {
+                "experiment": self.model.overview(experiment_id),
+                "trials": rows,
+                "removed": sorted(changed - present),
+            })  # fmt: skip
+            for stream in watching:
+                stream.send(data)
+        for stream in [s for s in self.streams if s.closed]:
+            self.streams.discard(stream)
+
+    async def run(self) -> None:
+        """Flush every ``interval`` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                self.flush()
+            except Exception:  # a bug in a view must not end live updates for everyone
+                log.exception("could not push changes to browsers")
+
+    def cleanup(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run a stream's cleanup outside its request, which is being cancelled (a browser left)."""
+        task = asyncio.create_task(coroutine)
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    def close(self) -> None:
+        """End every stream, so that the HTTP server, which waits for open responses, can stop."""
+        for stream in list(self.streams):
+            self.close_stream(stream)
+        for closer in list(self.closers):
+            closer.close()
+
+    async def cleaned_up(self) -> None:
+        """Await the cleanups of the streams that ended (call once the HTTP server stopped)."""
+        while self._cleanups:
+            await asyncio.gather(*self._cleanups, return_exceptions=True)

@@ -1,0 +1,225 @@
+"""The web UI's picture of experiments and trials: what the dispatcher keeps in KV, indexed.
+
+Pure (no I/O), so it is tested without a bus. :mod:`services.webui.feed` applies every KV
+entry with :meth:`Model.put_experiment` / :meth:`Model.put_trial`; the hub takes what
+changed since its last push with :meth:`Model.take_changes`, once per batch interval, and
+sends browsers the views built here. Only views leave this module, and views never hold a
+secret: the config comes from :meth:`ExperimentState.view` (``public_json``, secrets
+masked) and trials from :meth:`TrialState.view`.
+
+The best metric follows NNI: the best FINAL "default" value (a number, or a dict's
+``"default"``), lowest under ``optimize_mode: minimize`` in the tuner's (or advisor's)
+``classArgs``, highest otherwise (maximize is NNI's default).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from contracts.base import utcnow
+from contracts.experiment import ExperimentConfig, OpenpaiConfig
+from contracts.state import ExperimentState, TrialState, TrialStatus
+
+MAXIMIZE, MINIMIZE = "maximize", "minimize"
+
+
+def default_metric(value: Any) -> float | None:
+    """NNI's "default" metric of a reported value: the number itself, or a dict's ``default``.
+
+    None when there is no finite number (no final yet, NaN, a dict without ``default``).
+    """
+    if isinstance(value, dict):
+        value = value.get("default")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _canonical(key: str) -> str:
+    """NNI matches config keys ignoring case and underscores (``class_args`` = ``classArgs``)."""
+    return key.replace("_", "").lower()
+
+
+def _get(section: Any, key: str) -> Any:
+    if not isinstance(section, dict):
+        return None
+    return next((value for name, value in section.items() if _canonical(str(name)) == key), None)
+
+
+def optimize_mode(config: ExperimentConfig) -> str:
+    """``minimize`` or ``maximize`` from the tuner's (else the advisor's) ``classArgs``."""
+    for section in (config.tuner, config.advisor):
+        mode = _get(_get(section, "classargs"), "optimizemode")
+        if isinstance(mode, str) and mode.lower() in (MAXIMIZE, MINIMIZE):
+            return mode.lower()
+    return MAXIMIZE
+
+
+def better(a: float, b: float, mode: str) -> bool:
+    """Whether ``a`` beats ``b`` under the optimize mode."""
+    return a < b if mode == MINIMIZE else a > b
+
+
+def platform_link(config: ExperimentConfig, trial: TrialState) -> str | None:
+    """Where the trial can be looked at on its platform; None where there is no web page.
+
+    OpenPAI names a trial's job ``trialbus_<experiment>_<trial>`` (``_<attempt>`` after the
+    first attempt); its web portal shows a job at ``/job-detail.html``.
+    """
+    service = config.training_service
+    if not isinstance(service, OpenpaiConfig) or urlsplit(service.host).scheme not in ("http", "https"):
+        return None  # no page; and never a javascript: link
+    job = f"trialbus_{trial.experiment_id}_{trial.id}" + (f"_{trial.attempt}" if trial.attempt else "")
+    return f"{service.host}/job-detail.html?" + urlencode({"username": service.username, "jobName": job})
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None:
+        return None
+    return max(0.0, ((end or utcnow()) - start).total_seconds())
+
+
+@dataclass
+class Changes:
+    """What changed since the last :meth:`Model.take_changes`."""
+
+    #: The list of experiments changed (one added, removed, renamed or changed status).
+    experiments_list: bool = False
+    #: Experiments whose own state changed.
+    experiments: set[str] = field(default_factory=set)
+    #: Experiment id → ids of its trials that changed (added, updated or removed).
+    trials: dict[str, set[str]] = field(default_factory=dict)
+
+    def touched(self) -> set[str]:
+        """Every experiment with something new to show."""
+        return self.experiments | set(self.trials)
+
+
+class Model:
+    """Experiments and their trials, as the KV buckets hold them now."""
+
+    def __init__(self) -> None:
+        self.experiments: dict[str, ExperimentState] = {}
+        #: experiment id → trial id → trial (a trial may arrive before its experiment)
+        self.trials_of: dict[str, dict[str, TrialState]] = {}
+        #: trial id → its experiment id
+        self.experiment_of: dict[str, str] = {}
+        self._changes = Changes()
+
+    # -- applying KV entries ----------------------------------------------------------------
+
+    def put_experiment(self, state: ExperimentState) -> None:
+        self.experiments[state.id] = state
+        self._changes.experiments.add(state.id)
+        self._changes.experiments_list = True
+
+    def delete_experiment(self, experiment_id: str) -> None:
+        if self.experiments.pop(experiment_id, None) is not None:
+            self._changes.experiments.add(experiment_id)
+            self._changes.experiments_list = True
+
+    def put_trial(self, trial: TrialState) -> None:
+        self.trials_of.setdefault(trial.experiment_id, {})[trial.id] = trial
+        self.experiment_of[trial.id] = trial.experiment_id
+        self._changes.trials.setdefault(trial.experiment_id, set()).add(trial.id)
+
+    def delete_trial(self, trial_id: str) -> None:
+        experiment_id = self.experiment_of.pop(trial_id, None)
+        if experiment_id is not None:
+            self.trials_of.get(experiment_id, {}).pop(trial_id, None)
+            self._changes.trials.setdefault(experiment_id, set()).add(trial_id)
+
+    def take_changes(self) -> Changes:
+        changes, self._changes = self._changes, Changes()
+        return changes
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def trial(self, trial_id: str) -> TrialState | None:
+        experiment_id = self.experiment_of.get(trial_id)
+        return None if experiment_id is None else self.trials_of[experiment_id].get(trial_id)
+
+    def trials(self, experiment_id: str) -> list[TrialState]:
+        """The experiment's trials in sequence order (NNI's "Trial No.")."""
+        return sorted(self.trials_of.get(experiment_id, {}).values(), key=lambda t: t.sequence_id)
+
+    def newest(self) -> str | None:
+        """The id of the experiment started last; None while there is none."""
+        if not self.experiments:
+            return None
+        return max(self.experiments.values(), key=lambda e: (e.start_time, e.id)).id
+
+    def counts(self, experiment_id: str) -> dict[str, int]:
+        """Trials by status, every status present (0 where none)."""
+        counts = {status.value: 0 for status in TrialStatus}
+        for trial in self.trials_of.get(experiment_id, {}).values():
+            counts[trial.status.value] += 1
+        return counts
+
+    def best(self, experiment_id: str) -> TrialState | None:
+        """The trial with the best FINAL default metric; ties go to the earlier trial."""
+        state = self.experiments.get(experiment_id)
+        mode = optimize_mode(state.config) if state else MAXIMIZE
+        best: tuple[float, int, TrialState] | None = None
+        for trial in self.trials_of.get(experiment_id, {}).values():
+            value = default_metric(trial.final_metric)
+            if value is None:
+                continue
+            if best is None or better(value, best[0], mode) or (value == best[0] and trial.sequence_id < best[1]):
+                best = (value, trial.sequence_id, trial)
+        return None if best is None else best[2]
+
+    # -- views (what browsers get; never a secret) -------------------------------------------
+
+    def overview(self, experiment_id: str) -> dict[str, Any] | None:
+        """The experiment's view (masked config, counts) with its best metric and duration."""
+        state = self.experiments.get(experiment_id)
+        if state is None:
+            return None
+        body = state.view(self.counts(experiment_id))
+        config = state.config
+        best = self.best(experiment_id)
+        body.update(
+            name=config.experiment_name,
+            platform=config.platform,
+            optimizeMode=optimize_mode(config),
+            trialConcurrency=config.trial_concurrency,
+            maxTrialNumber=config.max_trial_number,
+            duration=_seconds(state.start_time, state.end_time),
+            best=None if best is None else {
+                "value": default_metric(best.final_metric), "trialId": best.id, "sequenceId": best.sequence_id,
+            },
+        )  # fmt: skip
+        return body
+
+    def row(self, trial: TrialState) -> dict[str, Any]:
+        """A trial's view with what the table and detail panel show beside it."""
+        body = trial.view()
+        state = self.experiments.get(trial.experiment_id)
+        body.update(
+            replica=trial.replica,
+            default=default_metric(trial.final_metric),
+            link=platform_link(state.config, trial) if state else None,
+        )
+        return body
+
+    def rows(self, experiment_id: str, trial_ids: set[str] | None = None) -> list[dict[str, Any]]:
+        """Rows of the experiment's trials (only of ``trial_ids`` when given, those still there)."""
+        trials = self.trials_of.get(experiment_id, {})
+        if trial_ids is None:
+            return [self.row(t) for t in self.trials(experiment_id)]
+        return [self.row(trials[t]) for t in trial_ids if t in trials]
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """Every experiment in a line (for the page's experiment picker), newest first."""
+        newest = sorted(self.experiments.values(), key=lambda e: (e.start_time, e.id), reverse=True)
+        return [
+            {"id": e.id, "name": e.config.experiment_name, "status": e.status.value,
+             "startTime": e.start_time.isoformat(), "platform": e.config.platform}
+            for e in newest
+        ]  # fmt: skip

@@ -1,0 +1,284 @@
+// The page: one experiment (or the newest, at /), live from /api/events.
+//
+// Events are not applied as they arrive: they wait in an inbox that is applied at most
+// every APPLY_EVERY_MS, inside requestAnimationFrame, so a burst of changes costs one
+// redraw. The table updates rows in place (table.js); charts redraw once per apply.
+//
+// Hooks for tests: #exp-id, #exp-status, #exp-best, #exp-trial-count, #exp-counts li[data-status],
+// #exp-config, #overview-chart[data-points], #empty, #connection[data-state], body[data-experiment].
+
+import { drawChart } from "./chart.js";
+import { TrialDetail } from "./detail.js";
+import { TrialTable } from "./table.js";
+import { STATUSES, api, defaultMetric, formatDuration, formatNumber, h, secondsBetween, toast } from "./util.js";
+
+const APPLY_EVERY_MS = 200;
+const $ = (selector) => document.querySelector(selector);
+
+const match = location.pathname.match(/^\/experiments\/([^/]+)$/);
+const requested = match ? decodeURIComponent(match[1]) : null;
+
+const state = { experiment: null, trials: new Map(), platforms: [], experiments: [] };
+const inbox = [];
+let lastApply = 0, applyScheduled = false;
+
+const table = new TrialTable($("#trials"), { onSelect: select, onCancel: cancel });
+const detail = new TrialDetail($("#trial-detail"), { onCancel: cancel, onClose: () => table.select(null) });
+
+function connect() {
+  const url = requested ? `/api/events?experiment=${encodeURIComponent(requested)}` : "/api/events";
+  const source = new EventSource(url);
+  const connection = $("#connection");
+  source.onopen = () => { connection.dataset.state = "live"; connection.textContent = "live"; };
+  source.onerror = () => {
+    const closed = source.readyState === EventSource.CLOSED;
+    connection.dataset.state = closed ? "closed" : "reconnecting";
+    connection.textContent = closed ? "disconnected: reload the page" : "reconnecting…";
+  };
+  for (const type of ["snapshot", "update", "experiments", "platforms"]) {
+    source.addEventListener(type, (event) => receive(type, JSON.parse(event.data)));
+  }
+}
+
+function receive(type, data) {
+  if (type === "snapshot") inbox.length = 0; // everything before it is superseded
+  inbox.push([type, data]);
+  if (applyScheduled) return;
+  applyScheduled = true;
+  const wait = Math.max(0, APPLY_EVERY_MS - (performance.now() - lastApply));
+  // A hidden tab gets no animation frames: apply there on the (throttled) timer instead, so
+  // the inbox does not grow for as long as the tab stays in the background.
+  setTimeout(() => (document.hidden ? apply() : requestAnimationFrame(apply)), wait);
+}
+
+/** Apply every waiting event, then redraw what they touched, once. */
+function apply() {
+  applyScheduled = false;
+  lastApply = performance.now();
+  try {
+    applyInbox();
+  } finally {
+    // How long the latest apply took, for anyone profiling the page (the 1,000-trial test
+    // prints it). Only the latest is kept: a page open for days must not collect entries.
+    performance.clearMeasures("trialbus:apply");
+    performance.measure("trialbus:apply", { start: lastApply, end: performance.now() });
+  }
+}
+
+function applyInbox() {
+  const events = inbox.splice(0);
+  const dirty = { overview: false, chart: false, picker: false, platforms: false, snapshot: false };
+  const changed = new Map(), removed = [];
+  for (const [type, data] of events) {
+    if (type === "snapshot") {
+      state.experiment = data.experiment;
+      state.trials = new Map(data.trials.map((t) => [t.id, t]));
+      state.platforms = data.platforms;
+      state.experiments = data.experiments;
+      changed.clear();
+      removed.length = 0;
+      Object.assign(dirty, { overview: true, chart: true, picker: true, platforms: true, snapshot: true });
+    } else if (type === "update") {
+      if (data.experiment) state.experiment = data.experiment;
+      for (const trial of data.trials) {
+        state.trials.set(trial.id, trial);
+        changed.set(trial.id, trial);
+      }
+      for (const id of data.removed) {
+        state.trials.delete(id);
+        changed.delete(id);
+        removed.push(id);
+      }
+      dirty.overview = true;
+      dirty.chart ||= data.trials.length > 0 || data.removed.length > 0;
+      dirty.platforms ||= data.trials.some((t) => t.status === "WAITING");
+    } else if (type === "experiments") {
+      state.experiments = data;
+      dirty.picker = true;
+    } else if (type === "platforms") {
+      state.platforms = data;
+      dirty.platforms = true;
+    }
+  }
+  if (dirty.snapshot) {
+    table.clear();
+    table.apply([...state.trials.values()]);
+    if (detail.id && !state.trials.has(detail.id)) detail.close();
+  } else if (changed.size || removed.length) {
+    table.apply([...changed.values()], removed);
+  }
+  if (detail.id && state.trials.has(detail.id)) detail.update(state.trials.get(detail.id));
+  if (dirty.overview) renderOverview();
+  if (dirty.chart) renderChart();
+  if (dirty.picker) renderPicker();
+  if (dirty.platforms) renderPlatforms();
+  renderShown();
+  if (dirty.snapshot) openFromHash();
+}
+
+function renderOverview() {
+  const experiment = state.experiment;
+  $("#empty").hidden = Boolean(experiment);
+  $("#experiment").hidden = !experiment;
+  document.body.dataset.experiment = experiment?.id ?? "";
+  if (!experiment) {
+    document.title = "Trialbus — no experiments yet";
+    return;
+  }
+  const set = (selector, text) => {
+    const element = $(selector);
+    if (element.textContent !== text) element.textContent = text;
+  };
+  document.title = `Trialbus — ${experiment.name || experiment.id}`;
+  set("#exp-name", experiment.name || "(unnamed experiment)");
+  set("#exp-id", experiment.id);
+  set("#exp-status", experiment.status);
+  $("#exp-status").dataset.status = experiment.status;
+  const best = experiment.best;
+  set("#exp-best", best ? `${formatNumber(best.value)} (trial ${best.sequenceId}, ${experiment.optimizeMode})` : "—");
+  $("#exp-best").dataset.value = best ? String(best.value) : "";
+  set("#exp-trial-count", `${experiment.trialCount}${experiment.maxTrialNumber ? ` of ${experiment.maxTrialNumber}` : ""}`);
+  set("#exp-platform", experiment.platform);
+  set("#exp-concurrency", String(experiment.trialConcurrency));
+  const ending = experiment.noMoreTrials && experiment.status === "RUNNING"
+    ? "The tuner has no more trials to propose: the experiment is done when the running ones end." : "";
+  set("#exp-message", experiment.message ?? ending);
+  set("#exp-started", new Date(experiment.startTime).toLocaleString());
+  renderDuration();
+  const counts = $("#exp-counts");
+  if (counts.children.length !== STATUSES.length) {
+    counts.replaceChildren(...STATUSES.map((s) => h("li", { dataset: { status: s } }, h("span", {}, s), h("b"))));
+  }
+  for (const li of counts.children) {
+    const n = String(experiment.trialCounts[li.dataset.status] ?? 0);
+    if (li.lastChild.textContent !== n) li.lastChild.textContent = n;
+    li.classList.toggle("zero", n === "0");
+  }
+  const config = JSON.stringify(experiment.config, null, 2);
+  set("#exp-config", config);
+  $("#stop-experiment").disabled = experiment.status !== "RUNNING";
+}
+
+function renderDuration() {
+  const experiment = state.experiment;
+  if (!experiment) return;
+  const seconds = secondsBetween(experiment.startTime, experiment.endTime);
+  $("#exp-duration").textContent = formatDuration(seconds);
+}
+
+/** Every trial's final default metric against its end time, and the best so far. */
+function renderChart() {
+  const mode = state.experiment?.optimizeMode ?? "maximize";
+  const finals = [];
+  for (const trial of state.trials.values()) {
+    const value = trial.default ?? defaultMetric(trial.finalMetric);
+    if (value !== null && trial.endTime) finals.push([Date.parse(trial.endTime), value]);
+  }
+  finals.sort((a, b) => a[0] - b[0]);
+  const best = [];
+  for (const [x, y] of finals) {
+    const previous = best.at(-1)?.[1];
+    const better = previous === undefined || (mode === "minimize" ? y < previous : y > previous);
+    if (better) best.push([x, y]);
+  }
+  drawChart($("#overview-chart"), {
+    series: [
+      { points: finals, kind: "dots", color: "#2563eb", label: "final metric" },
+      { points: best, kind: "step", color: "#16a34a", label: `best so far (${mode})` },
+    ],
+    time: true,
+    empty: "no final metrics yet",
+  });
+}
+
+function renderPicker() {
+  const picker = $("#experiment-picker");
+  const options = [h("option", { value: "" }, "Newest experiment (follows new ones)")];
+  for (const e of state.experiments) {
+    options.push(h("option", { value: e.id }, `${e.name || "(unnamed)"} · ${e.id} · ${e.status}`));
+  }
+  picker.replaceChildren(...options);
+  picker.value = requested ?? "";
+}
+
+function renderPlatforms() {
+  const waitingWhy = (key) => {
+    const trial = state.trials.get(key.split(":")[0]);
+    return trial ? `${trial.id}${trial.message ? `: ${trial.message}` : ""}` : key;
+  };
+  const cards = state.platforms.map((p) => h("article", { class: "replica", dataset: { adapter: p.adapter, replica: p.replica } },
+    h("h3", {}, `${p.adapter} · ${p.replica}`, h("small", {}, ` on ${p.host}`)),
+    h("p", {}, `running ${p.running}${p.maxTrials ? ` of ${p.maxTrials}` : ""} · waiting ${p.waiting.length}`),
+    p.waiting.length ? h("ul", { class: "waiting" }, p.waiting.slice(0, 20).map((key) => h("li", {}, waitingWhy(key)))) : null,
+    p.gpuError ? h("p", { class: "error" }, `GPUs: ${p.gpuError}`) : null,
+    p.gpus.length ? h("table", { class: "gpus" },
+      h("tr", {}, ["GPU", "name", "memory", "util", "trials"].map((t) => h("th", {}, t))),
+      p.gpus.map((g) => h("tr", {}, h("td", {}, g.index), h("td", {}, g.name),
+        h("td", {}, `${g.memoryUsedMib} / ${g.memoryTotalMib} MiB`), h("td", {}, g.gpuUtil === null ? "" : `${g.gpuUtil}%`),
+        h("td", {}, [...g.trials, g.foreignProcesses ? `${g.foreignProcesses} other` : ""].filter(Boolean).join(", "))))) : null,
+    p.machines.length ? h("ul", { class: "machines" }, p.machines.map((m) => h("li", { dataset: { up: String(m.up) } },
+      `${m.name}: ${m.up ? `up, ${m.running} running, ${m.gpus.length} GPUs` : `down (${m.error ?? "unreachable"})`}`))) : null,
+    p.clusters.length ? h("ul", { class: "clusters" }, p.clusters.map((c) => h("li", {},
+      `${c.name}: ${c.jobs} jobs, ${c.busyEnvironments}/${c.environments} environments busy`
+      + (c.pausedFor ? `, paused ${Math.ceil(c.pausedFor)}s (rate limit)` : "") + (c.error ? ` — ${c.error}` : "")))) : null,
+  ));
+  $("#platforms").replaceChildren(...(cards.length ? cards : [h("p", { class: "muted" }, "No adapter is running.")]));
+}
+
+function renderShown() {
+  const shown = table.shown(), total = state.trials.size;
+  $("#shown-count").textContent = shown === total ? `${total} trials` : `${shown} of ${total} trials`;
+}
+
+function select(id) {
+  const trial = state.trials.get(id);
+  if (!trial) return;
+  table.select(id);
+  detail.open(trial);
+  history.replaceState(null, "", `#trial=${encodeURIComponent(id)}`);
+}
+
+function openFromHash() {
+  const id = decodeURIComponent(location.hash.match(/^#trial=(.+)$/)?.[1] ?? "");
+  if (id && state.trials.has(id) && detail.id !== id) select(id);
+}
+
+async function cancel(id) {
+  try {
+    const answer = await api("POST", `/api/trials/${encodeURIComponent(id)}/cancel`);
+    toast(`cancel of trial ${id} requested (${answer.status})`);
+  } catch (error) {
+    toast(error.message, true);
+  }
+}
+
+function setUp() {
+  $("#status-filter").replaceChildren(h("option", { value: "" }, "all"), ...STATUSES.map((s) => h("option", { value: s }, s)));
+  $("#status-filter").addEventListener("change", (event) => { table.setFilter(event.target.value); renderShown(); });
+  $("#experiment-picker").addEventListener("change", (event) => {
+    location.href = event.target.value ? `/experiments/${encodeURIComponent(event.target.value)}` : "/";
+  });
+  const dialog = $("#confirm-stop");
+  $("#stop-experiment").addEventListener("click", () => {
+    $("#confirm-stop-id").textContent = state.experiment?.id ?? "";
+    dialog.returnValue = ""; // Escape closes without setting it: never a stale "stop"
+    dialog.showModal();
+  });
+  dialog.addEventListener("close", async () => {
+    if (dialog.returnValue !== "stop" || !state.experiment) return;
+    try {
+      const answer = await api("POST", `/api/experiments/${encodeURIComponent(state.experiment.id)}/stop`);
+      toast(`experiment ${answer.id} ${answer.status}`);
+    } catch (error) {
+      toast(error.message, true);
+    }
+  });
+  setInterval(() => {
+    renderDuration();
+    table.tick();
+    if (detail.id && state.trials.has(detail.id)) detail.update(state.trials.get(detail.id));
+  }, 1000);
+  connect();
+}
+
+setUp();

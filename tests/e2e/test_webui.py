@@ -1,0 +1,277 @@
+"""The web UI as a user sees it: a real stack, a real headless Chromium (Debian's, driven by
+playwright), pages that update live while they stay open."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import nats
+import pytest
+
+from contracts import ExperimentConfig, ExperimentState, TrialState, TrialStatus
+from tests.e2e.conftest import config
+from tests.e2e.helpers import create, submit, trial
+from tests.fixtures.nats import require_binary
+from tests.fixtures.stack import Stack
+
+playwright = pytest.importorskip("playwright.sync_api")
+
+PASSWORD = "ssh-pw-never-in-the-page-4b7e"
+PAI_TOKEN = "pai-token-never-in-the-page-c21d"
+WAIT_MS = 15_000
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    executable = require_binary(shutil.which("chromium"), "chromium")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh browser context and page; a script error in the page fails the test."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    yield page
+    context.close()
+    if errors:
+        pytest.fail(f"the page raised: {errors}")
+
+
+@pytest.fixture
+def ui(stack: Stack) -> Stack:
+    """The conftest's stack (dispatcher, gateway, local adapter) plus the web UI."""
+    return stack.start("webui")
+
+
+def artifacts(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("TRIALBUS_ARTIFACTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def row(trial_id: str, status: str | None = None) -> str:
+    return f"tr[data-trial-id='{trial_id}']" + (f"[data-status='{status}']" if status else "")
+
+
+def applied_ms(page) -> float:
+    """How long the page took to apply its latest batch of events (its own measure)."""
+    return page.evaluate("() => performance.getEntriesByName('trialbus:apply').at(-1)?.duration ?? -1")
+
+
+def points(page, selector: str) -> int:
+    return int(page.get_attribute(selector, "data-points") or 0)
+
+
+def test_root_shows_the_newest_experiment_and_follows_new_ones_live(ui: Stack, page, code_dir: Path) -> None:
+    page.goto(ui.webui + "/")
+    page.wait_for_selector("#empty:not([hidden])")
+    assert "No experiments yet" in page.text_content("#empty")
+    page.evaluate("() => { window.loadedOnce = true; }")
+
+    first = create(ui, config(code_dir, experimentName="first"))
+    page.wait_for_function("id => document.querySelector('#exp-id').textContent === id", arg=first)
+    second = create(ui, config(code_dir, experimentName="second"))
+    page.wait_for_function("id => document.querySelector('#exp-id').textContent === id", arg=second)
+    assert page.text_content("#exp-name") == "second"
+    assert page.evaluate("() => window.loadedOnce") is True, "the page followed without a reload"
+
+    page.goto(f"{ui.webui}/experiments/{first}")
+    page.wait_for_function("id => document.querySelector('#exp-id').textContent === id", arg=first)
+    missing = page.goto(f"{ui.webui}/experiments/nosuch99")
+    assert missing.status == 404 and "nosuch99" in page.text_content("#message")
+
+
+def test_trials_appear_live_and_a_curve_grows_as_metrics_arrive(ui: Stack, page, code_dir: Path) -> None:
+    experiment = create(ui, config(code_dir))
+    page.goto(f"{ui.webui}/experiments/{experiment}")
+    page.wait_for_selector("#connection[data-state='live']")
+    page.evaluate("() => { window.loadedOnce = true; }")
+
+    quick = submit(ui, experiment, {"x": 0.25})
+    page.wait_for_selector(row(quick))
+    slow = submit(ui, experiment, {"x": 0.5, "intermediate": 8, "pause": 0.4, "opt": {"_name": "adam", "lr": 0.01}})
+    page.wait_for_selector(row(slow))
+    assert "adam(lr=0.01)" in page.text_content(row(slow)), "a nested choice reads as name(args)"
+    assert page.locator("#trials tbody tr").count() == 2, "new parameter columns rebuild rows, never duplicate them"
+    assert page.locator("#trials th[data-column='parameter:opt']").count() == 1
+
+    page.click(row(slow))
+    page.wait_for_function("() => document.querySelector('#trial-curve').dataset.points > 0")
+    seen = points(page, "#trial-curve")
+    page.wait_for_function("n => document.querySelector('#trial-curve').dataset.points > n", arg=seen)
+    page.wait_for_selector(row(slow, "SUCCEEDED"))
+    page.wait_for_function("() => document.querySelector('#trial-curve').dataset.points == 8")
+    assert page.text_content("#detail-status") == "SUCCEEDED"
+    assert "0.5" in page.text_content("#detail-final")
+    assert "local-gpu @ test-host" in page.text_content("#detail-platform")
+    page.wait_for_function("() => !document.querySelector('#detail-log').textContent.startsWith('(')")
+
+    page.wait_for_selector(row(quick, "SUCCEEDED"))
+    # maximize, NNI's default: the higher final is the best
+    page.wait_for_function("() => document.querySelector('#exp-best').dataset.value === '0.5'")
+    page.wait_for_function("() => document.querySelector('#overview-chart').dataset.points == 2")
+    assert page.text_content("#exp-counts li[data-status='SUCCEEDED'] b") == "2"
+    page.wait_for_selector("#platforms article[data-adapter='local-gpu']")
+    assert page.evaluate("() => window.loadedOnce") is True, "everything arrived without a reload"
+
+
+def test_cancel_a_running_trial_from_its_row(ui: Stack, page, code_dir: Path) -> None:
+    experiment = create(ui, config(code_dir))
+    running = submit(ui, experiment, {"x": 1, "sleep": 60})
+    page.goto(f"{ui.webui}/experiments/{experiment}")
+    page.wait_for_selector(row(running, "RUNNING"))
+
+    page.click(f"{row(running)} button.cancel")
+
+    page.wait_for_selector(row(running, "USER_CANCELED"))
+    assert trial(ui, running)["status"] == "USER_CANCELED"
+    assert page.locator(f"{row(running)} button.cancel").count() == 0, "an ended trial offers no cancel"
+
+
+def test_stop_the_experiment_after_confirming(ui: Stack, page, code_dir: Path) -> None:
+    experiment = create(ui, config(code_dir, trialConcurrency=1))
+    running = submit(ui, experiment, {"x": 1, "sleep": 60})
+    queued = submit(ui, experiment, {"x": 2})
+    page.goto(f"{ui.webui}/experiments/{experiment}")
+    page.wait_for_selector(row(running, "RUNNING"))
+
+    page.click("#stop-experiment")
+    page.wait_for_selector("#confirm-stop[open]")
+    page.click("#confirm-stop-no")  # changed their mind
+    page.wait_for_selector("#confirm-stop", state="hidden")
+    time.sleep(0.3)
+    assert ui.rest("GET", f"/experiments/{experiment}").json()["status"] == "RUNNING"
+
+    page.click("#stop-experiment")
+    page.click("#confirm-stop-yes")
+
+    page.wait_for_function("() => document.querySelector('#exp-status').textContent === 'STOPPED'")
+    assert ui.rest("GET", f"/experiments/{experiment}").json()["status"] == "STOPPED"
+    page.wait_for_selector(row(running, "USER_CANCELED"))
+    page.wait_for_selector(row(queued, "USER_CANCELED"))
+    assert page.is_disabled("#stop-experiment")
+
+
+def test_secrets_in_a_config_never_reach_the_page(ui: Stack, page, code_dir: Path) -> None:
+    # No remote or openpai adapter runs: the dispatcher takes the experiments (trials would wait).
+    remote = create(ui, config(code_dir, trainingService={
+        "platform": "remote", "machineList": [{"host": "10.9.8.7", "user": "bob", "password": PASSWORD}]}))
+    openpai = create(ui, config(code_dir, trialGpuNumber=0, trainingService={
+        "platform": "openpai", "host": "pai.example.com", "username": "alice", "token": PAI_TOKEN,
+        "trialCpuNumber": 1, "trialMemorySize": "1gb", "storageConfigName": "nfs",
+        "localStorageMountPoint": str(code_dir), "containerStorageMountPoint": "/mnt/share"}))  # fmt: skip
+    for experiment, secret in ((remote, PASSWORD), (openpai, PAI_TOKEN)):
+        page.goto(f"{ui.webui}/experiments/{experiment}")
+        page.wait_for_function("id => document.querySelector('#exp-id').textContent === id", arg=experiment)
+        page.click("#overview summary")
+        shown = page.text_content("#exp-config")
+        assert "**********" in shown and ("10.9.8.7" in shown or "pai.example.com" in shown)
+        assert secret not in page.content()
+        assert secret not in httpx.get(f"{ui.webui}/api/experiments/{experiment}").text
+
+
+def put_states(url: str, states: list) -> None:
+    """Write states straight into the KV buckets (as the dispatcher would), from another thread:
+    playwright's sync API owns this thread's event loop."""
+
+    async def write() -> None:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            buckets = {"trial.state": await js.key_value("trials"),
+                       "experiment.state": await js.key_value("experiments")}  # fmt: skip
+            for start in range(0, len(states), 200):
+                await asyncio.gather(*(buckets[s.kind].put(s.id, s.encode()) for s in states[start:start + 200]))
+        finally:
+            await nc.drain()
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, write()).result()
+
+
+def thousand_trials(experiment_id: str, start: datetime) -> list[TrialState]:
+    statuses = [TrialStatus.SUCCEEDED, TrialStatus.RUNNING, TrialStatus.WAITING, TrialStatus.FAILED]
+    trials = []
+    for i in range(1000):
+        status = statuses[i % 4]
+        ended = status in (TrialStatus.SUCCEEDED, TrialStatus.FAILED)
+        trials.append(TrialState(
+            id=f"T{i:04d}", experiment_id=experiment_id, sequence_id=i, status=status, platform="local-gpu",
+            parameters={"lr": 10 ** -(1 + i % 5), "batch": 16 * (1 + i % 4),
+                        "optimizer": {"_name": "sgd", "momentum": round(i % 10 / 10, 1)}},
+            submit_time=start, start_time=start if status != TrialStatus.WAITING else None,
+            end_time=start + timedelta(seconds=i) if ended else None,
+            final_metric=({"default": (i % 97) / 100} if i % 2 else (i % 89) / 100) if status == TrialStatus.SUCCEEDED
+            else None, intermediate_count=i % 20, replica="test-host" if status != TrialStatus.WAITING else None,
+        ))  # fmt: skip
+    return trials
+
+
+def test_a_thousand_trials_render_and_stay_live(nats_server, tmp_path: Path, page) -> None:
+    # Given an experiment with 1,000 trials as the dispatcher keeps them (no processes needed)
+    ui = Stack(root=tmp_path, nats=nats_server).start("webui")
+    try:
+        start = datetime(2020, 1, 1, tzinfo=UTC)
+        config_ = ExperimentConfig.model_validate(config(tmp_path))
+        trials = thousand_trials("big00001", start)
+        put_states(nats_server.url, [ExperimentState(id="big00001", config=config_, start_time=start), *trials])
+
+        # When the page opens, it shows them all
+        began = time.perf_counter()
+        page.goto(f"{ui.webui}/experiments/big00001")
+        page.wait_for_function("() => document.querySelectorAll('#trials tbody tr').length === 1000")
+        first_render, first_apply = time.perf_counter() - began, applied_ms(page)
+        finals = sum(1 for t in trials if t.final_metric is not None)
+        assert page.text_content("#exp-trial-count") == "1000"
+        assert points(page, "#overview-chart") == finals
+        assert page.text_content("#exp-counts li[data-status='RUNNING'] b") == "250"
+
+        # and a status change arrives while the page stays open
+        changed = trials[501].model_copy(update={"status": TrialStatus.SUCCEEDED, "final_metric": 5.0,
+                                                 "end_time": start + timedelta(hours=1)})  # fmt: skip
+        began = time.perf_counter()
+        put_states(nats_server.url, [changed])
+        page.wait_for_selector(row("T0501", "SUCCEEDED"))
+        one_update, update_apply = time.perf_counter() - began, applied_ms(page)
+        page.wait_for_function("() => document.querySelector('#exp-best').dataset.value === '5'")
+
+        # and so does a burst: every running trial ends at once
+        burst = [t.model_copy(update={"status": TrialStatus.FAILED, "end_time": start + timedelta(hours=2)})
+                 for t in trials if t.status == TrialStatus.RUNNING and t.id != "T0501"]  # fmt: skip
+        began = time.perf_counter()
+        put_states(nats_server.url, burst)
+        page.wait_for_function("() => !document.querySelector('#trials tr[data-status=\"RUNNING\"]')")
+        burst_update, burst_apply = time.perf_counter() - began, applied_ms(page)
+
+        # and sorting and filtering the full table respond
+        began = time.perf_counter()
+        page.click("#trials th[data-column='default']")
+        page.click("#trials th[data-column='default']")  # descending: the best first
+        page.wait_for_function("() => document.querySelector('#trials tbody tr').dataset.trialId === 'T0501'")
+        sort_time = time.perf_counter() - began
+        page.select_option("#status-filter", "WAITING")
+        assert page.locator("#trials tbody tr:visible").count() == 250
+        page.screenshot(path=str(artifacts(tmp_path) / "webui-1000-trials.png"))
+        print(f"\n1,000 trials (wall clock from the test, and the page's own time to apply the events):\n"
+              f"  first render {first_render * 1000:.0f} ms (apply {first_apply:.0f} ms)\n"
+              f"  one status change {one_update * 1000:.0f} ms (apply {update_apply:.0f} ms)\n"
+              f"  {len(burst)} changes at once {burst_update * 1000:.0f} ms (apply {burst_apply:.0f} ms)\n"
+              f"  sort twice by a column {sort_time * 1000:.0f} ms", file=sys.stderr)  # fmt: skip
+    finally:
+        ui.stop()

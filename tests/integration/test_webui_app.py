@@ -1,0 +1,286 @@
+"""The web UI service against a real nats-server: what it serves from the buckets and the
+METRICS stream, live updates, auth, 404s, secrets, and actions relayed to the dispatcher."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from contracts import MetricRecord, MetricType, TrialStatus, streams, subjects
+from contracts.base import utcnow
+from services.common.bus import Bus, bootstrap, connect
+from services.common.settings import ServiceSettings
+from services.webui.service import WebuiService
+from services.webui.settings import WebuiSettings
+from tests.unit.test_webui_model import PAI_TOKEN, START, experiment, local_config, openpai_config, trial
+
+TOKEN = "webui-test-token-5d1e"
+
+
+@pytest.fixture
+async def bus(nats_server) -> AsyncIterator[Bus]:
+    bus = await connect(ServiceSettings(nats_url=nats_server.url), "webui-test")
+    await bootstrap(bus)
+    yield bus
+    await bus.close()
+
+
+class Webui:
+    """A web UI service in this process, an HTTP client for it, and writers of its inputs."""
+
+    def __init__(self, service: WebuiService, bus: Bus) -> None:
+        self.service, self.bus = service, bus
+        self.url = f"http://127.0.0.1:{service.port}"
+        self.http = httpx.AsyncClient(base_url=self.url, timeout=10)
+
+    async def put(self, *states: Any) -> None:
+        for state in states:
+            bucket = streams.TRIALS_BUCKET if state.kind == "trial.state" else streams.EXPERIMENTS_BUCKET
+            await (await self.bus.kv(bucket.bucket)).put(state.id, state.encode())
+
+    async def metric(self, trial_id: str, sequence: int, value: Any, kind: str = "PERIODICAL") -> None:
+        record = MetricRecord(experiment_id="exp1", trial_id=trial_id, type=MetricType(kind), sequence=sequence,
+                              value=json.dumps(value), timestamp=utcnow())  # fmt: skip
+        await self.bus.js.publish(subjects.metrics("exp1", trial_id), record.encode(),
+                                  headers={"Nats-Msg-Id": subjects.metric_id(trial_id, kind, sequence)})  # fmt: skip
+
+    @contextlib.asynccontextmanager
+    async def events(self, path: str, **kwargs: Any) -> AsyncIterator[Events]:
+        async with self.http.stream("GET", path, **kwargs) as response:
+            assert response.status_code == 200, (await response.aread()).decode()
+            assert response.headers["content-type"].startswith("text/event-stream")
+            yield Events(response)
+
+
+class Events:
+    """Server-sent events read one at a time: ``(event, data)``."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.lines = response.aiter_lines()
+        self.raw: list[str] = []
+
+    async def next(self, timeout: float = 5.0) -> tuple[str, Any]:
+        event, data = "", []
+        async with asyncio.timeout(timeout):
+            while True:
+                line = await anext(self.lines)
+                self.raw.append(line)
+                if line.startswith("event: "):
+                    event = line.removeprefix("event: ")
+                elif line.startswith("data: "):
+                    data.append(line.removeprefix("data: "))
+                elif line == "" and data:
+                    return event, json.loads("".join(data))
+
+    async def until(self, check: Callable[[str, Any], bool], timeout: float = 5.0) -> list[tuple[str, Any]]:
+        """Every event up to and including the first that passes ``check``."""
+        seen = []
+        async with asyncio.timeout(timeout):
+            while True:
+                seen.append(await self.next(timeout))
+                if check(*seen[-1]):
+                    return seen
+
+
+@contextlib.asynccontextmanager
+async def running(bus: Bus, nats_url: str, **settings: Any) -> AsyncIterator[Webui]:
+    config = WebuiSettings(nats_url=nats_url, webui_port=0, webui_batch_interval=0.05, webui_request_timeout=2,
+                           webui_platform_interval=0.5, **{"api_token": None, **settings})  # fmt: skip
+    service = WebuiService(config)
+    await service.start(bus)
+    webui = Webui(service, bus)
+    try:
+        yield webui
+    finally:
+        await webui.http.aclose()
+        await service.stop()
+
+
+@pytest.fixture
+async def webui(bus: Bus, nats_server) -> AsyncIterator[Webui]:
+    async with running(bus, nats_server.url) as webui:
+        yield webui
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
+    async with asyncio.timeout(timeout):
+        while not (value := await check()):
+            await asyncio.sleep(0.02)
+    return value
+
+
+async def test_the_overview_and_rows_come_from_the_buckets(bus: Bus, nats_server) -> None:
+    minimize = experiment(config=local_config(tuner={"name": "TPE", "classArgs": {"optimize_mode": "minimize"}}))
+    await (await bus.kv("experiments")).put("exp1", minimize.encode())
+    await (await bus.kv("trials")).put("T1", trial("T1", 0, status=TrialStatus.SUCCEEDED, final_metric=0.7).encode())
+    async with running(bus, nats_server.url) as webui:  # what was there before it started
+        await webui.put(trial("T2", 1, status=TrialStatus.SUCCEEDED, final_metric={"default": 0.2, "acc": 0.9}),
+                        trial("T3", 2, status=TrialStatus.RUNNING))  # and what came after  # fmt: skip
+
+        async def three() -> dict | None:
+            body = (await webui.http.get("/api/experiments/exp1")).json()
+            return body if body["trialCount"] == 3 else None
+
+        overview = await eventually(three)
+        assert overview["best"] == {"value": 0.2, "trialId": "T2", "sequenceId": 1}
+        assert overview["trialCounts"]["SUCCEEDED"] == 2 and overview["trialCounts"]["RUNNING"] == 1
+        assert overview["name"] == "demo" and overview["config"]["trialConcurrency"] == 2
+        rows = (await webui.http.get("/api/experiments/exp1/trials")).json()
+        assert [r["id"] for r in rows] == ["T1", "T2", "T3"] and rows[1]["default"] == 0.2
+        assert (await webui.http.get("/api/experiments")).json()[0]["id"] == "exp1"
+        assert (await webui.http.get("/api/trials/T3")).json()["status"] == "RUNNING"
+
+
+async def test_secrets_never_leave_the_web_ui(webui: Webui) -> None:
+    await webui.put(experiment(config=openpai_config()), trial("T1", 0))
+    await eventually(lambda: _ok(webui, "/api/trials/T1"))
+    answers = [await webui.http.get(path) for path in
+               ("/", "/experiments/exp1", "/api/experiments", "/api/experiments/exp1", "/api/experiments/exp1/trials",
+                "/api/trials/T1", "/static/app.js")]  # fmt: skip
+    async with webui.events("/api/events?experiment=exp1") as events:
+        _, snapshot = await events.next()
+    shown = "".join(a.text for a in answers) + json.dumps(snapshot)
+    assert all(a.status_code == 200 for a in answers)
+    assert PAI_TOKEN not in shown
+    assert snapshot["experiment"]["config"]["trainingService"]["token"] == "**********"
+
+
+async def _ok(webui: Webui, path: str) -> bool:
+    return (await webui.http.get(path)).status_code == 200
+
+
+async def test_unknown_ids_get_404s_that_name_them(webui: Webui) -> None:
+    page = await webui.http.get("/experiments/nosuch42")
+    assert page.status_code == 404 and "text/html" in page.headers["content-type"] and "nosuch42" in page.text
+    for path in ("/api/experiments/nosuch42", "/api/experiments/nosuch42/trials", "/api/events?experiment=nosuch42",
+                 "/api/trials/nosuch42", "/api/trials/nosuch42/metrics", "/api/trials/nosuch42/metrics/stream"):
+        answer = await webui.http.get(path)
+        assert answer.status_code == 404 and "nosuch42" in answer.json()["error"], path
+    unknown = await webui.http.get("/api/nothing")
+    assert unknown.status_code == 404 and "error" in unknown.json()
+    assert (await webui.http.delete("/api/experiments")).status_code == 405
+
+
+async def test_the_page_at_root_follows_the_newest_experiment_live(webui: Webui) -> None:
+    assert (await webui.http.get("/")).status_code == 200
+    async with webui.events("/api/events") as events:
+        event, snapshot = await events.next()
+        assert (event, snapshot["experiment"], snapshot["trials"]) == ("snapshot", None, [])
+        await webui.put(experiment("old", start=START), experiment("new", start=START + timedelta(hours=1)))
+        seen = await events.until(lambda e, d: e == "snapshot" and d["experiment"]["id"] == "new")
+        assert any(e == "experiments" for e, _ in seen)
+        await webui.put(trial("T1", 0, experiment_id="old"), trial("T2", 0, experiment_id="new"))
+        _, update = (await events.until(lambda e, d: e == "update"))[-1]
+        assert [t["id"] for t in update["trials"]] == ["T2"]  # only the experiment shown
+
+
+async def test_changes_reach_browsers_in_batches(webui: Webui) -> None:
+    await webui.put(experiment())
+    async with webui.events("/api/events?experiment=exp1") as events:
+        await events.next()
+        await asyncio.gather(*(webui.put(trial(f"T{i}", i)) for i in range(200)))
+        updates = []
+        while sum(len(d["trials"]) for d in updates) < 200:
+            event, data = await events.next()
+            if event == "update":
+                updates.append(data)
+        assert len(updates) < 20, "trial changes are coalesced, not sent one by one"
+        assert updates[-1]["experiment"]["trialCounts"]["WAITING"] == 200
+        await webui.put(trial("T7", 7, status=TrialStatus.RUNNING))
+        _, update = (await events.until(lambda e, d: e == "update" and d["trials"]))[-1]
+        assert update["trials"][0]["status"] == "RUNNING" and update["experiment"]["trialCounts"]["RUNNING"] == 1
+
+
+async def test_a_trials_curve_streams_its_history_then_new_records(webui: Webui) -> None:
+    await webui.put(experiment(), trial("T1", 0, status=TrialStatus.RUNNING))
+    await eventually(lambda: _ok(webui, "/api/trials/T1"))
+    for sequence in range(3):
+        await webui.metric("T1", sequence, sequence / 10)
+    await webui.metric("T1", 1, 0.1)  # a resend: shown once
+    async with webui.events("/api/trials/T1/metrics/stream") as events:
+        _, history = await events.next()
+        assert [(p["sequence"], p["default"]) for p in history] == [(0, 0.0), (1, 0.1), (2, 0.2)]
+        await webui.metric("T1", 3, {"default": 0.3, "loss": 2})
+        await webui.metric("T1", 0, {"default": 0.9}, kind="FINAL")
+        points = []
+        while len(points) < 2:
+            points += (await events.next())[1]
+        assert [(p["type"], p["default"]) for p in points] == [("PERIODICAL", 0.3), ("FINAL", 0.9)]
+    listed = (await webui.http.get("/api/trials/T1/metrics")).json()
+    assert len(listed) == 5 and listed[3]["value"] == {"default": 0.3, "loss": 2}
+
+
+async def test_actions_relay_the_dispatchers_answers(webui: Webui, bus: Bus) -> None:
+    asked: list[tuple[str, dict]] = []
+
+    async def dispatcher(msg) -> None:
+        body = json.loads(msg.data)
+        asked.append((msg.subject, body))
+        if msg.subject.endswith("trial.cancel"):
+            reply = {"ok": False, "status": 409, "error": f"trial {body['id']} already ended SUCCEEDED"}
+        else:
+            reply = {"ok": True, "result": {"id": body["id"], "status": "STOPPED", "config": {"secret": "x"}}}
+        await msg.respond(orjson.dumps(reply))
+
+    for op in ("trial.cancel", "experiment.stop"):
+        await bus.nc.subscribe(subjects.api(op), cb=dispatcher)
+    cancel = await webui.http.post("/api/trials/T9/cancel")
+    assert (cancel.status_code, cancel.json()) == (409, {"error": "trial T9 already ended SUCCEEDED"})
+    stop = await webui.http.post("/api/experiments/exp1/stop")
+    assert (stop.status_code, stop.json()) == (200, {"id": "exp1", "status": "STOPPED"})
+    assert asked == [(subjects.api("trial.cancel"), {"id": "T9"}), (subjects.api("experiment.stop"), {"id": "exp1"})]
+
+    foreign = await webui.http.post("/api/trials/T9/cancel", headers={"Origin": "http://evil.example"})
+    assert foreign.status_code == 403 and "cross-site" in foreign.json()["error"]
+    bad = await webui.http.get("/api/trials/T9/log", params={"maxBytes": "lots"})
+    assert bad.status_code == 400 and "maxBytes" in bad.json()["error"]
+    assert len(asked) == 2, "refused requests change nothing"
+    nobody = await webui.http.get("/api/trials/T9/log")  # no dispatcher answers trial.log here
+    assert nobody.status_code == 503 and "no dispatcher is running" in nobody.json()["error"]
+
+
+async def test_with_a_token_every_page_and_call_needs_it(bus: Bus, nats_server, caplog) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with running(bus, nats_server.url, api_token=TOKEN) as webui:
+        await webui.put(experiment())
+        refused = await webui.http.get("/api/experiments")
+        assert refused.status_code == 401 and "/login?token=" in refused.json()["error"]
+        page = await webui.http.get("/")
+        assert page.status_code == 401 and "text/html" in page.headers["content-type"] and "/login" in page.text
+        wrong = await webui.http.get("/api/experiments", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and "wrong bearer token" in wrong.json()["error"]
+        bearer = await webui.http.get("/api/experiments", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert bearer.status_code == 200
+        assert (await webui.http.get("/healthz")).status_code == 200
+        assert (await webui.http.get("/static/style.css")).status_code == 200  # no data: the 401 page's style
+
+        assert (await webui.http.get("/login", params={"token": "nope"})).status_code == 401
+        assert (await webui.http.get("/login")).status_code == 400
+        login = await webui.http.get("/login", params={"token": TOKEN})
+        assert login.status_code == 303 and login.headers["location"] == "/"
+        cookie = login.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+        assert TOKEN not in cookie, "the cookie opens the web UI only, it is not the API token"
+        assert (await webui.http.get("/")).status_code == 200  # the client keeps the cookie
+        async with webui.events("/api/events") as events:
+            assert (await events.next())[1]["experiment"]["id"] == "exp1"
+    ours = [r.getMessage() for r in caplog.records if not r.name.startswith(("httpx", "httpcore"))]  # the client's own
+    assert ours and not any(TOKEN in line for line in ours)
+
+
+async def test_unreadable_entries_are_skipped_without_showing_their_values(webui: Webui, bus: Bus, caplog) -> None:
+    await (await bus.kv("experiments")).put("broken", b'{"id": "broken", "password": "hunter2-secret"}')
+    await webui.put(experiment())
+    await eventually(lambda: _ok(webui, "/api/experiments/exp1"))
+    assert "skipping unreadable experiments entry broken" in caplog.text
+    assert "hunter2-secret" not in caplog.text
+    assert (await webui.http.get("/api/experiments/broken")).status_code == 404
