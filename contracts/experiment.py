@@ -300,6 +300,16 @@ class ExperimentConfig(NniModel):
         return self.training_service.adapter
 
     @property
+    def optimize_mode(self) -> str:
+        """``minimize`` or ``maximize`` (NNI's default), from the tuner's (else the advisor's) ``classArgs``."""
+        for section in (self.tuner, self.advisor):
+            args = next((v for k, v in (section or {}).items() if _canonical(str(k)) == "classargs"), None)
+            mode = next((v for k, v in (args or {}).items() if _canonical(str(k)) == "optimizemode"), None)
+            if isinstance(mode, str) and mode.lower() in ("maximize", "minimize"):
+                return mode.lower()
+        return "maximize"
+
+    @property
     def gpus_per_trial(self) -> int | None:
         if self.training_service.trial_gpu_number is not None:
             return self.training_service.trial_gpu_number

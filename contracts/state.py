@@ -6,6 +6,7 @@ REST API answers with :meth:`TrialState.view` and :meth:`ExperimentState.view`.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -14,6 +15,19 @@ from pydantic import Field
 
 from contracts.base import Contract
 from contracts.experiment import ExperimentConfig
+
+
+def default_metric(value: Any) -> float | None:
+    """NNI's "default" metric of a reported value: the number itself, or a dict's ``default``.
+
+    None when there is no finite number (no final yet, NaN, a dict without ``default``).
+    """
+    if isinstance(value, dict):
+        value = value.get("default")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 class TrialStatus(StrEnum):

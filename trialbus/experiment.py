@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from contracts import ExperimentConfig, ExperimentStatus, TrialState, TrialStatus
+from contracts.state import default_metric
 from services.tuner import nni_classes
 from services.tuner.algorithms import for_experiment
 from trialbus.client import DEFAULT_NATS_URL, Client, ExperimentView, TrialMetric, as_config
 
-__all__ = ["Experiment", "best_trial", "check_tuner", "default_metric"]
+__all__ = ["Experiment", "best_trial", "check_tuner"]
 
 #: Seconds between two looks at the experiment while waiting for it.
 POLL = 0.5
@@ -55,26 +56,13 @@ def check_tuner(config: ExperimentConfig) -> None:
     for_experiment(config)
 
 
-def optimize_mode(config: ExperimentConfig) -> str:
-    """``maximize`` (NNI's default) or ``minimize``, from the tuner's ``classArgs``."""
-    args = {str(k).lower(): v for k, v in (config.tuner or config.advisor or {}).items()}.get("classargs") or {}
-    return "minimize" if args.get("optimize_mode") == "minimize" else "maximize"
-
-
-def default_metric(value: Any) -> float | None:
-    """The number NNI tunes on: the final metric itself, or its ``default`` key."""
-    if isinstance(value, Mapping):
-        value = value.get("default")
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 def best_trial(trials: list[TrialState], config: ExperimentConfig) -> TrialState | None:
     """The succeeded trial with the best default metric for the tuner's ``optimize_mode``; None if none has one."""
     scored = [(m, t) for t in trials if t.status == TrialStatus.SUCCEEDED
               and (m := default_metric(t.final_metric)) is not None]  # fmt: skip
     if not scored:
         return None
-    pick = min if optimize_mode(config) == "minimize" else max
+    pick = min if config.optimize_mode == "minimize" else max
     return pick(scored, key=lambda pair: pair[0])[1]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,9 +14,12 @@ from rich.table import Table
 from rich.text import Text
 
 from contracts import ExperimentConfig, TrialState, TrialStatus
+from contracts.state import default_metric
 from trialbus.client import ExperimentView
-from trialbus.experiment import best_trial, default_metric, optimize_mode
+from trialbus.experiment import best_trial
 
+#: Seconds without a trial after which the view asks whether a tuner service is running.
+NO_TUNER_AFTER = 10.0
 #: Statuses in the order the counts line shows them, with their colour.
 STATUSES = {
     "WAITING": "dim", "RUNNING": "cyan", "SUCCEEDED": "green", "FAILED": "red", "EARLY_STOPPED": "magenta",
@@ -39,6 +43,7 @@ class RunView:
         self.best: TrialState | None = None
         self.trials: list[TrialState] = []
         self.view: ExperimentView | None = None
+        self.started = time.monotonic()
 
     def update(self, view: ExperimentView, trials: list[TrialState]) -> None:
         self.view, self.trials = view, trials
@@ -50,11 +55,18 @@ class RunView:
 
     def __rich__(self) -> RenderableType:
         counts = "  ".join(f"[{STATUSES.get(s, 'white')}]{s.lower()}[/] {self.counts[s]}"
-                           for s in STATUSES if s in self.counts) or "[dim]waiting for the tuner's first trial[/]"
+                           for s in STATUSES if s in self.counts) or self._no_trials()
         lines: list[RenderableType] = [self.progress, Text.from_markup(f"  {counts}")]
         if self.best is not None:
             lines.append(Text.from_markup(f"  best {_best_line(self.best)}"))
         return Group(*lines)
+
+
+    def _no_trials(self) -> str:
+        if time.monotonic() - self.started < NO_TUNER_AFTER:
+            return "[dim]waiting for the tuner's first trial[/]"
+        return (f"[yellow]no trial after {NO_TUNER_AFTER:.0f} s: is the tuner service running? (`trialbus up` "
+                "starts it; alone: `python -m services.tuner`)[/]")
 
 
 def _best_line(trial: TrialState) -> str:
@@ -78,12 +90,12 @@ def summary(view: ExperimentView, trials: list[TrialState], config: ExperimentCo
     )
     ranked = sorted(
         (t for t in trials if t.status == TrialStatus.SUCCEEDED and default_metric(t.final_metric) is not None),
-        key=lambda t: default_metric(t.final_metric) or 0.0, reverse=optimize_mode(config) == "maximize",
+        key=lambda t: default_metric(t.final_metric) or 0.0, reverse=config.optimize_mode == "maximize",
     )  # fmt: skip
     if not ranked:
         return Group(head, Text("no trial reported a final result", style="yellow"))
     names = sorted({name for t in ranked[:6] for name in t.parameters})
-    table = Table("", "trial", "#", "final", *names, title=f"best trials ({optimize_mode(config)})", box=None)
+    table = Table("", "trial", "#", "final", *names, title=f"best trials ({config.optimize_mode})", box=None)
     for rank, trial in enumerate(ranked[:6]):
         table.add_row("best" if rank == 0 else str(rank + 1), trial.id, str(trial.sequence_id),
                       _number(default_metric(trial.final_metric)),

@@ -14,7 +14,6 @@ The best metric follows NNI: the best FINAL "default" value (a number, or a dict
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -22,42 +21,9 @@ from urllib.parse import urlencode, urlsplit
 
 from contracts.base import utcnow
 from contracts.experiment import ExperimentConfig, OpenpaiConfig
-from contracts.state import ExperimentState, TrialState, TrialStatus
+from contracts.state import ExperimentState, TrialState, TrialStatus, default_metric
 
 MAXIMIZE, MINIMIZE = "maximize", "minimize"
-
-
-def default_metric(value: Any) -> float | None:
-    """NNI's "default" metric of a reported value: the number itself, or a dict's ``default``.
-
-    None when there is no finite number (no final yet, NaN, a dict without ``default``).
-    """
-    if isinstance(value, dict):
-        value = value.get("default")
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
-
-
-def _canonical(key: str) -> str:
-    """NNI matches config keys ignoring case and underscores (``class_args`` = ``classArgs``)."""
-    return key.replace("_", "").lower()
-
-
-def _get(section: Any, key: str) -> Any:
-    if not isinstance(section, dict):
-        return None
-    return next((value for name, value in section.items() if _canonical(str(name)) == key), None)
-
-
-def optimize_mode(config: ExperimentConfig) -> str:
-    """``minimize`` or ``maximize`` from the tuner's (else the advisor's) ``classArgs``."""
-    for section in (config.tuner, config.advisor):
-        mode = _get(_get(section, "classargs"), "optimizemode")
-        if isinstance(mode, str) and mode.lower() in (MAXIMIZE, MINIMIZE):
-            return mode.lower()
-    return MAXIMIZE
 
 
 def better(a: float, b: float, mode: str) -> bool:
@@ -164,7 +130,7 @@ class Model:
     def best(self, experiment_id: str) -> TrialState | None:
         """The trial with the best FINAL default metric; ties go to the earlier trial."""
         state = self.experiments.get(experiment_id)
-        mode = optimize_mode(state.config) if state else MAXIMIZE
+        mode = state.config.optimize_mode if state else MAXIMIZE
         best: tuple[float, int, TrialState] | None = None
         for trial in self.trials_of.get(experiment_id, {}).values():
             value = default_metric(trial.final_metric)
@@ -187,7 +153,7 @@ class Model:
         body.update(
             name=config.experiment_name,
             platform=config.platform,
-            optimizeMode=optimize_mode(config),
+            optimizeMode=config.optimize_mode,
             trialConcurrency=config.trial_concurrency,
             maxTrialNumber=config.max_trial_number,
             duration=_seconds(state.start_time, state.end_time),

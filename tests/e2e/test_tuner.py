@@ -6,6 +6,7 @@ and NNI-style trial code that reads ``nni.get_next_parameter()`` and reports thr
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -352,5 +353,33 @@ def test_nni_tuner_and_assessor_classes_run_unchanged(tmp_path: Path, nats_serve
                                                            ["result", 2, 10, 60]]  # fmt: skip
         assert ["end", 3, False] in notes
         assert "NniAssessor" in stack.log("tuner")
+    finally:
+        stack.stop()
+
+
+def test_experiment_run_says_when_no_tuner_service_picks_the_experiment_up(
+        tmp_path: Path, nats_server, mnist: Path, monkeypatch) -> None:
+    from rich.console import Console
+
+    from trialbus.progress import RunView
+
+    stack = Stack(root=tmp_path, nats=nats_server)
+    stack.start("dispatcher", "gateway", "adapter")  # and no tuner service
+    monkeypatch.setattr("trialbus.progress.NO_TUNER_AFTER", 1.0)
+    try:
+        with Experiment(mnist / "config.yml", nats_url=stack.nats.url) as experiment:
+            view = RunView(experiment.start(), experiment.config)
+            shown: list[str] = []
+
+            def look(*seen) -> bool:
+                view.update(*seen)
+                console = Console(record=True, width=200, file=io.StringIO())
+                console.print(view)
+                shown.append(console.export_text())
+                return "is the tuner service running" in shown[-1]
+
+            wait_until(lambda: look(experiment.get_experiment_profile(), experiment.list_trial_jobs()), 10, "a hint")
+            assert "waiting for the tuner's first trial" in shown[0]
+            experiment.stop()
     finally:
         stack.stop()

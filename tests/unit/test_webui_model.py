@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from contracts import ExperimentConfig, ExperimentState, TrialState, TrialStatus
+from contracts.state import default_metric
 from services.webui.hub import Hub
-from services.webui.model import Model, default_metric, optimize_mode, platform_link
+from services.webui.model import Model, platform_link
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 PAI_TOKEN = "pai-token-never-shown-7f3a"
@@ -65,7 +66,7 @@ def test_the_default_metric_is_the_number_or_the_dicts_default(value, expected):
 
 def test_optimize_mode_comes_from_the_tuners_class_args_and_defaults_to_maximize():
     def mode(**config: Any) -> str:
-        return optimize_mode(ExperimentConfig.model_validate(local_config(**config)))
+        return ExperimentConfig.model_validate(local_config(**config)).optimize_mode
 
     assert mode() == "maximize"
     assert mode(tuner={"name": "TPE", "classArgs": {"optimize_mode": "minimize"}}) == "minimize"
