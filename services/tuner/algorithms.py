@@ -256,7 +256,8 @@ def tuner(config: Mapping[str, Any] | None, space: SearchSpace, seed: int | None
     name, (accepted, build) = _lookup(name, _TUNERS, "tuner")
     _check_args(name, args, accepted | {"optimize_mode", "seed"})
     direction = _direction(name, args)
-    sampler, pruner, walks_grid = build(args, args.get("seed", seed))
+    seed = args.get("seed", seed)
+    sampler, pruner, walks_grid = build(args, seed)
     if pruner is not None and assessor_config is not None:
         raise ValueError(f"{name} stops trials by itself and takes no assessor")
     if pruner is None:
@@ -270,7 +271,10 @@ def tuner(config: Mapping[str, Any] | None, space: SearchSpace, seed: int | None
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # not a line per study ("A new study created…")
     try:
-        study = optuna.create_study(sampler=sampler, pruner=pruner, direction=direction)
+        # Hyperband puts each trial in a bracket by a hash of the study's name: seeded, the name is too, so that
+        # the same seed gives the same stops (unseeded, Optuna draws a random name).
+        name = None if seed is None else f"trialbus-seed-{seed}"
+        study = optuna.create_study(sampler=sampler, pruner=pruner, direction=direction, study_name=name)
     finally:
         optuna.logging.set_verbosity(verbosity)
     return Tuner(study, space, points)

@@ -4,9 +4,9 @@
   experiment without one is driven by its own client (``trialbus.Client``), as before.
 - **One driver per experiment, any number of replicas.** A replica drives an experiment while it holds
   the experiment's lease in the ``tuners`` bucket (``kv.create`` wins it; refreshed every
-  ``tuner_lease_refresh`` seconds; it expires ``TUNERS_BUCKET.ttl`` seconds after its holder dies, and
-  any replica takes the experiment over). A replica restarted under the same name takes its leases back
-  at once.
+  ``tuner_lease_refresh`` seconds; a replica that stops hands it back, one that dies lets it expire
+  ``TUNERS_BUCKET.ttl`` seconds later, and any replica takes the experiment over). A replica restarted
+  under the same name takes its leases back at once.
 - **Nothing of its own to lose.** A driver rebuilds its tuner from the trials and metrics on the bus
   (:mod:`services.tuner.driver`), so a restart or a takeover resumes where the last one stopped.
 - **A config it cannot run stops the experiment** with the reason as its message (``trialbus
@@ -83,7 +83,7 @@ class TunerService(Service):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for experiment_id in list(self.drivers):
-            await self._release(experiment_id, delete=False)  # a restart under our name takes them back
+            await self._release(experiment_id, delete=True)  # another replica (or our restart) takes it at once
 
     def failed(self) -> BaseException | None:
         return self._failed or (self._http.failed() if self._http is not None else None)

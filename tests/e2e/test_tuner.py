@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -381,5 +382,26 @@ def test_experiment_run_says_when_no_tuner_service_picks_the_experiment_up(
             wait_until(lambda: look(experiment.get_experiment_profile(), experiment.list_trial_jobs()), 10, "a hint")
             assert "waiting for the tuner's first trial" in shown[0]
             experiment.stop()
+    finally:
+        stack.stop()
+
+
+def test_a_tuner_replica_that_stops_hands_its_experiments_over_at_once(tmp_path: Path, nats_server, mnist) -> None:
+    stack = Stack(root=tmp_path, nats=nats_server)
+    stack.start("dispatcher", "gateway", "adapter", "tuner@a", "tuner@b")
+    try:
+        config = yaml.safe_load((mnist / "config.yml").read_text())
+        config.update(searchSpace={**SEARCH_SPACE, "pause": {"_type": "choice", "_value": [0.3]}}, maxTrialNumber=6,
+                      trialConcurrency=1, trialCodeDirectory=str(mnist))  # fmt: skip
+        del config["searchSpaceFile"]
+        with Client(stack.nats.url) as client:
+            experiment_id = client.create_experiment(config)
+            holder = wait_until(lambda: _drivers(stack, [experiment_id]), 20, "a driver")[experiment_id]
+            other = "b" if holder == "a" else "a"
+            stack.kill(f"tuner@{holder}", signal.SIGTERM)  # a rollout, a scale-down: it hands the lease back
+            wait_until(lambda: f"driving experiment {experiment_id}" in stack.log(f"tuner@{other}"), 5,
+                       "the other replica to take over well before the lease would have expired (15 s)")
+            wait_until(lambda: client.get_experiment(experiment_id).status.value == "DONE", 60, "the end")
+            assert len(client.list_trials(experiment_id)) == 6
     finally:
         stack.stop()

@@ -196,11 +196,13 @@ def test_adopting_parameters_outside_the_space_changes_nothing() -> None:
 
 
 def _completed(built, count: int, level: float, steps: int) -> None:
-    """``count`` trials whose curves rise to about ``level`` over ``steps`` steps, each told its end."""
+    """``count`` trials whose curves rise to about ``level`` over ``steps`` steps, each told its end; judged
+    after every report, as the tuner service judges running trials (Hyperband's rungs record only then)."""
     for i in range(count):
         number, _ = built.ask()
-        for step in range(steps):
-            built.report(number, step, level * (step + 1) / steps + 0.001 * i)
+        for step in range(1, steps + 1):
+            built.report(number, step, level * step / steps + 0.001 * i)
+            assert not built.should_prune(number)
         built.tell(number, level + 0.001 * i)
 
 
@@ -230,7 +232,7 @@ def test_hyperband_and_bohb_stop_bad_trials_at_a_rung_and_keep_the_best(name: st
     for step in range(1, 28):
         for number in stopped:
             if stopped[number] is None:
-                built.report(number, step, (0.95 if number == best else 0.05) * step / 27)
+                built.report(number, step, (1.9 if number == best else 0.05) * step / 27)
                 if built.should_prune(number):
                     stopped[number] = step
     # each trial falls in one of the brackets (by its number); the brackets with early rungs stop the bad
