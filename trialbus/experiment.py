@@ -211,4 +211,5 @@ class Experiment:
                 for t in self.list_trial_jobs(TrialStatus.SUCCEEDED.value)]  # fmt: skip
 
     def best_trial(self) -> TrialState | None:
-        return best_trial(self.list_trial_jobs(), self.validated_config() if self.id is None else self.config)
+        """The succeeded trial with the best default metric in the tuner's ``optimize_mode``."""
+        return best_trial(self.list_trial_jobs(), self.config)  # started: the config is validated

@@ -78,6 +78,14 @@ def mnist(tmp_path: Path) -> Path:
     return folder
 
 
+def paced(mnist: Path, pause: float, trials: int, concurrency: int) -> dict:
+    """The example's config, inline (as a client sends it), with trials that take ``pause`` s per epoch."""
+    config = yaml.safe_load((mnist / "config.yml").read_text())
+    del config["searchSpaceFile"]
+    return {**config, "searchSpace": {**SEARCH_SPACE, "pause": {"_type": "choice", "_value": [pause]}},
+            "maxTrialNumber": trials, "trialConcurrency": concurrency, "trialCodeDirectory": str(mnist)}
+
+
 def run_cli(stack: Stack, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "TRIALBUS_NATS_URL": stack.nats.url, "COLUMNS": "160"}
     return subprocess.run([TRIALBUS, *args], env=env, capture_output=True, text=True, timeout=timeout)
@@ -215,10 +223,7 @@ def test_python_experiment_as_nni_scripts_write_it(tuned: Stack, mnist: Path) ->
 
 
 def test_a_restarted_tuner_resumes_from_the_trials_on_the_bus(tuned: Stack, mnist: Path) -> None:
-    config = yaml.safe_load((mnist / "config.yml").read_text())
-    config.update(searchSpace={**SEARCH_SPACE, "pause": {"_type": "choice", "_value": [0.4]}}, maxTrialNumber=10,
-                  trialConcurrency=2, trialCodeDirectory=str(mnist))  # fmt: skip
-    del config["searchSpaceFile"]
+    config = paced(mnist, pause=0.4, trials=10, concurrency=2)
     with Client(tuned.nats.url) as client:
         experiment_id = client.create_experiment(config)
         wait_until(lambda: sum(t.status.terminal for t in client.list_trials(experiment_id)) >= 3, 60, "3 trials")
@@ -238,10 +243,7 @@ def test_tuner_replicas_share_experiments_and_take_over_a_dead_ones(tmp_path: Pa
     stack = Stack(root=tmp_path, nats=nats_server)
     stack.start("dispatcher", "gateway", "adapter", "tuner@a", "tuner@b")
     try:
-        config = yaml.safe_load((mnist / "config.yml").read_text())
-        config.update(searchSpace={**SEARCH_SPACE, "pause": {"_type": "choice", "_value": [0.3]}}, maxTrialNumber=5,
-                      trialConcurrency=2, trialCodeDirectory=str(mnist))  # fmt: skip
-        del config["searchSpaceFile"]
+        config = paced(mnist, pause=0.3, trials=5, concurrency=2)
         with Client(stack.nats.url) as client:
             ids = [client.create_experiment(config) for _ in range(4)]
             drivers = wait_until(lambda: _drivers(stack, ids), 20, "every experiment to be driven")
@@ -390,10 +392,7 @@ def test_a_tuner_replica_that_stops_hands_its_experiments_over_at_once(tmp_path:
     stack = Stack(root=tmp_path, nats=nats_server)
     stack.start("dispatcher", "gateway", "adapter", "tuner@a", "tuner@b")
     try:
-        config = yaml.safe_load((mnist / "config.yml").read_text())
-        config.update(searchSpace={**SEARCH_SPACE, "pause": {"_type": "choice", "_value": [0.3]}}, maxTrialNumber=6,
-                      trialConcurrency=1, trialCodeDirectory=str(mnist))  # fmt: skip
-        del config["searchSpaceFile"]
+        config = paced(mnist, pause=0.3, trials=6, concurrency=1)
         with Client(stack.nats.url) as client:
             experiment_id = client.create_experiment(config)
             holder = wait_until(lambda: _drivers(stack, [experiment_id]), 20, "a driver")[experiment_id]
