@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -234,7 +235,9 @@ def test_a_restarted_tuner_resumes_from_the_trials_on_the_bus(tuned: Stack, mnis
         trials = client.list_trials(experiment_id)
     assert len(trials) == 10 and all(t.status.value == "SUCCEEDED" for t in trials)
     assert 3 <= before < 10
-    assert f"resumed from {before} trials" in tuned.log("tuner", since_start=True)
+    resumed = re.search(r"resumed from (\d+) trials", tuned.log("tuner", since_start=True))
+    # every trial on the bus when it came back (a submit in flight at the kill may land after `before`)
+    assert resumed and before <= int(resumed[1]) < 10, tuned.log("tuner", since_start=True)
     moments = [t.parameters["momentum"] for t in trials]
     assert len(set(moments)) == 10  # nothing proposed twice: the seeded sampler did not start over
 
