@@ -29,8 +29,7 @@ from trialbus import __version__
 from trialbus.client import DEFAULT_NATS_URL, AsyncClient, TrialbusError, as_config
 from trialbus.render import NoJob
 from trialbus.render import render as render_job
-from trialbus.stack import StackError, StackOptions
-from trialbus.stack import run as run_stack
+from trialbus.stack.commands import down_command, status_command, up
 
 T = TypeVar("T")
 
@@ -111,36 +110,9 @@ def version() -> None:
     print(__version__)
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
-def up(
-    command: Annotated[
-        list[str] | None, typer.Argument(help="After `--`: a command to run once the stack is ready.")
-    ] = None,
-    nats_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the embedded nats-server.")] = 4222,
-    api_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the dispatcher's REST API.")] = 8080,
-    gateway_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the metrics gateway.")] = 8081,
-    webui_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the web UI.")] = 8082,
-    data_dir: Annotated[
-        Path, typer.Option(envvar="TRIALBUS_DATA_DIR", help="Where the stack keeps its data and logs.")
-    ] = Path(".trialbus"),
-) -> None:
-    """Start nats-server and the services of compose.yaml: dispatcher, gateway, adapters, tuner, web UI.
-
-    Runs until Ctrl-C or SIGTERM, then stops everything in reverse order, nats-server last.
-
-    With `trialbus up -- CMD ARGS…` it runs CMD once the stack is ready, with TRIALBUS_NATS_URL,
-    TRIALBUS_API_URL and TRIALBUS_WEBUI_URL set, then stops the stack and exits with CMD's exit code.
-    """
-    options = StackOptions(data_dir=data_dir, nats_port=nats_port, api_port=api_port, gateway_port=gateway_port,
-                           webui_port=webui_port)
-    console = Console(stderr=True, highlight=False)
-    try:
-        code = run_stack(options, command, console)
-    except StackError as exc:
-        if exc.log_tail:
-            console.print(f"[dim]{escape(exc.log_tail)}[/]")
-        raise fail(str(exc)) from None
-    raise typer.Exit(code)
+app.command(context_settings={"allow_interspersed_args": False})(up)
+app.command("down")(down_command)
+app.command("status")(status_command)
 
 
 # -- experiments ---------------------------------------------------------------------------

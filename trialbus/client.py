@@ -290,9 +290,11 @@ class AsyncClient:
         """Every live adapter replica with its capacity and GPUs."""
         return [_parse(PlatformStatus, p) for p in await self._call("platform.list", {})]
 
-    async def stop_experiment(self, experiment_id: str) -> ExperimentView:
-        """Stop taking trials and cancel the running ones."""
-        return _parse(ExperimentView, await self._call("experiment.stop", {"id": experiment_id}))
+    async def stop_experiment(self, experiment_id: str, message: str | None = None) -> ExperimentView:
+        """Stop taking trials and cancel the running ones; ``message`` (why) is kept with the
+        experiment and its cancelled trials."""
+        body = {"id": experiment_id, **({"message": message} if message else {})}
+        return _parse(ExperimentView, await self._call("experiment.stop", body))
 
     async def submit_trial(
         self, experiment_id: str, parameters: Mapping[str, Any], parameter_id: int | str | None = None
@@ -510,8 +512,8 @@ class Client:
     def list_platforms(self) -> list[PlatformStatus]:
         return self._run(self._client.list_platforms())
 
-    def stop_experiment(self, experiment_id: str) -> ExperimentView:
-        return self._run(self._client.stop_experiment(experiment_id))
+    def stop_experiment(self, experiment_id: str, message: str | None = None) -> ExperimentView:
+        return self._run(self._client.stop_experiment(experiment_id, message))
 
     def submit_trial(
         self, experiment_id: str, parameters: Mapping[str, Any], parameter_id: int | str | None = None

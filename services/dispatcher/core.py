@@ -127,9 +127,10 @@ class Dispatcher:
                 state = state.model_copy(update=update)
                 await self.store.put_experiment(state)
                 log.info("experiment %s stopped%s", experiment_id, f": {message}" if message else " by the user")
+            reason = f"the experiment was stopped: {message}" if message else "the experiment was stopped"
             for trial in self.store.trials_for(experiment_id):
                 if not trial.status.terminal:
-                    await self._cancel(trial, TrialStatus.USER_CANCELED, "the experiment was stopped")
+                    await self._cancel(trial, TrialStatus.USER_CANCELED, reason)
             return state
 
     async def close_experiment(self, experiment_id: str) -> ExperimentState:

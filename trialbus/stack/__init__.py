@@ -1,0 +1,24 @@
+"""``trialbus up``, ``down`` and ``status``: the whole stack as local processes, supervised.
+
+- :mod:`.compose`: compose.yaml read once: the services, their settings, their ``restart:``.
+- :mod:`.policy`: restart policies, back-off and crash loops (pure logic).
+- :mod:`.parts`: starting and stopping the parts in order (nats-server, then the services).
+- :mod:`.supervisor`: ``up``'s loop: restarts what dies, stops in order on a signal.
+- :mod:`.signals`: stop requests recorded without locks (a handler that cannot hang).
+- :mod:`.trials`: what a user's stop does to running trials.
+- :mod:`.state`: the state file and lock under the data dir, and a killed supervisor's leftovers.
+- :mod:`.processes`: processes by pid *and* start time; who holds a port.
+- :mod:`.control`: ``status`` and ``down`` from another terminal.
+- :mod:`.commands`: the three commands of the CLI.
+"""
+
+from trialbus.stack.compose import LOCAL, SERVICES, ServiceDef, compose_services
+from trialbus.stack.errors import StackError
+from trialbus.stack.parts import Stack, StackOptions, nats_server_binary, trial_secret
+from trialbus.stack.policy import RestartPolicy
+from trialbus.stack.supervisor import run
+
+__all__ = [
+    "LOCAL", "SERVICES", "RestartPolicy", "ServiceDef", "Stack", "StackError", "StackOptions", "compose_services",
+    "nats_server_binary", "run", "trial_secret",
+]  # fmt: skip

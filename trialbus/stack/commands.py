@@ -1,0 +1,154 @@
+"""The stack's commands: ``trialbus up``, ``trialbus down``, ``trialbus status`` (registered in :mod:`trialbus.cli`)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from trialbus.stack.control import StackStatus, down, stack_status
+from trialbus.stack.errors import StackError
+from trialbus.stack.parts import StackOptions
+from trialbus.stack.supervisor import run
+
+DataDir = Annotated[Path, typer.Option(envvar="TRIALBUS_DATA_DIR", help="Where the stack keeps its data and logs.")]
+STATE_STYLE = {"running": "green", "starting": "cyan", "restarting": "yellow", "stopping": "yellow", "exited": "red"}
+
+
+class _Unbreakable(io.TextIOBase):
+    """stderr for the supervisor's console: a closed terminal or pipe (``up | head``) must not
+    break a stop half-way, so write errors are dropped."""
+
+    def __init__(self, stream: io.TextIOBase) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):
+            return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._stream, "encoding", "utf-8")
+
+
+def _fail(message: str, code: int = 1, log_tail: str = "") -> typer.Exit:
+    console = Console(stderr=True, highlight=False)
+    if log_tail:
+        console.print(f"[dim]{escape(log_tail)}[/]")
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    return typer.Exit(code)
+
+
+def up(
+    command: Annotated[
+        list[str] | None, typer.Argument(help="After `--`: a command to run once the stack is ready.")
+    ] = None,
+    nats_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the embedded nats-server.")] = 4222,
+    api_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the dispatcher's REST API.")] = 8080,
+    gateway_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the metrics gateway.")] = 8081,
+    webui_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the web UI.")] = 8082,
+    data_dir: DataDir = Path(".trialbus"),
+    keep_trials: Annotated[
+        bool, typer.Option(help="On stop, leave running trials running; the next `trialbus up` adopts them.")
+    ] = False,
+    stop_timeout: Annotated[
+        float, typer.Option(min=1, help="Seconds a stop may take (CMD, trials, every part) before it kills.")
+    ] = 25.0,
+) -> None:
+    """Start nats-server and the services of compose.yaml, and keep them running until Ctrl-C.
+
+    A service that dies is started again as its compose `restart:` policy says; one that keeps
+    dying stops the stack with its log. Ctrl-C or SIGTERM stops in order: the running
+    experiments are stopped (their trials end USER_CANCELED, unless --keep-trials), then every
+    service, then nats-server. A second Ctrl-C kills everything at once.
+
+    With `trialbus up -- CMD ARGS…` it runs CMD once the stack is ready, with TRIALBUS_NATS_URL,
+    TRIALBUS_API_URL and TRIALBUS_WEBUI_URL set, then stops the stack and exits with CMD's exit code.
+    """
+    options = StackOptions(data_dir=data_dir, nats_port=nats_port, api_port=api_port, gateway_port=gateway_port,
+                           webui_port=webui_port, keep_trials=keep_trials, stop_timeout=stop_timeout)  # fmt: skip
+    console = Console(file=_Unbreakable(sys.stderr), highlight=False)
+    try:
+        code = run(options, command, console)
+    except StackError as exc:
+        raise _fail(str(exc), exc.exit_code, exc.log_tail) from None
+    raise typer.Exit(code)
+
+
+def down_command(
+    data_dir: DataDir = Path(".trialbus"),
+    keep_trials: Annotated[
+        bool, typer.Option(help="Leave running trials running; the next `trialbus up` adopts them.")
+    ] = False,
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for an ordered stop, then kill.")] = 40.0,
+) -> None:
+    """Stop the stack `trialbus up` runs on this data dir (from another terminal), or what a killed one left."""
+    console = Console(stderr=True, highlight=False)
+    try:
+        said = down(data_dir.expanduser().resolve(), console, keep_trials, timeout)
+    except StackError as exc:
+        raise _fail(str(exc)) from None
+    console.print(said)
+
+
+def status_command(
+    data_dir: DataDir = Path(".trialbus"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Each part of the stack on this data dir: pid, state, uptime, restarts, health. Exit 0 while it runs."""
+    found = stack_status(data_dir.expanduser().resolve())
+    if as_json:
+        print(json.dumps(found.as_json() if found else None, indent=1))
+    else:
+        _print_status(found, data_dir)
+    raise typer.Exit(0 if found is not None and found.state == "running" else 1)
+
+
+def _print_status(found: StackStatus | None, data_dir: Path) -> None:
+    console = Console(highlight=False)
+    if found is None:
+        console.print(f"no stack has run on {data_dir} (`trialbus up --data-dir {data_dir}` starts one)")
+        return
+    headline = {
+        "running": f"[green]running[/]: `trialbus up` pid {found.supervisor_pid}, since {found.started_at[:19]}",
+        "leftovers": f"[red]left running by `trialbus up` pid {found.supervisor_pid}, which is gone[/]: "
+                     f"`trialbus down --data-dir {data_dir}` stops it (`trialbus up` does too)",
+        "stopped": "[dim]stopped[/]",
+    }[found.state]  # fmt: skip
+    ports = ", ".join(f"{name} {port}" for name, port in found.ports.items())
+    console.print(f"Trialbus stack on {found.data_dir}: {headline}; ports {ports}")
+    table = Table(box=None, pad_edge=False)
+    for column in ("part", "pid", "state", "for", "restarts", "health", "last exit"):
+        table.add_column(column, justify="right" if column in ("pid", "restarts") else "left")
+    for part in found.parts:
+        style = STATE_STYLE.get(part.state, "")
+        table.add_row(part.name, str(part.pid or "-"), f"[{style}]{part.state}[/]", _duration(part.for_seconds),
+                      str(part.restarts), part.health, part.last_exit or "")  # fmt: skip
+    console.print(table)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h {minutes}m" if hours else f"{minutes}m {secs}s" if minutes else f"{secs}s"

