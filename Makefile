@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # out of the venv: with nni importable, every other test's trials would load it (seconds each) instead of the shim.
 NNI_SDK := .nni-sdk
 
-.PHONY: install run up test bench schemas clean sshd chromium
+.PHONY: install run up test bench soak schemas clean sshd chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,11 @@ test: $(STAMP) $(NNI_SDK)/.installed sshd chromium  ## lint, layering, then the 
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# TRIALS trials (300) of 20 metrics each while the adapter, the gateway, nats-server, the dispatcher
+# and the tuner are each SIGKILLed once under `trialbus up`: prints lost / duplicated / stuck, exits 1 on any.
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak --trials $(or $(TRIALS),300)
 
 schemas: $(STAMP)
 	$(BIN)/python -m contracts.schemas

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from contracts import TrialStatus
-from services.adapters.errors import PermanentError
+from services.adapters.errors import PermanentError, TransientError
 from services.adapters.local_gpu import LocalGpuAdapter, LocalGpuSettings
 from services.adapters.local_gpu import client as local_client
 from services.adapters.local_gpu.adapter import outcome_of
@@ -88,6 +88,38 @@ class TestLocalGpuAdapter(AdapterContract):
         assert "trial keeper exited unexpectedly" in outcome.message
         await asyncio.sleep(0.05)
         assert not group_alive(state["pgid"])
+
+    async def test_a_launch_the_adapter_died_in_runs_once_when_its_request_comes_again(
+        self, platform: Harness, workspace: Path
+    ) -> None:
+        # Given the directory an adapter made for a trial before it was SIGKILLed, ahead of the
+        # keeper's start (so it never acked the request), 20 s ago
+        request = platform.request()
+        trial_dir = workspace / "work" / "trials" / request.experiment_id / f"{request.trial_id}-0"
+        (trial_dir / ".trialbus").mkdir(parents=True)
+        os.utime(trial_dir, (os.path.getmtime(trial_dir) - 20,) * 2)
+
+        # When the restarted adapter starts, it does not take it for a trial of its own
+        adapter = await platform.adapter()
+        assert await adapter.adopt() == []
+
+        # And when the request comes again, the trial runs, once, to its end
+        handle = await adapter.launch(request)
+        outcome = await platform.outcome(handle)
+        assert outcome.status is TrialStatus.SUCCEEDED, outcome
+        assert platform.starts(request) == 1
+
+    async def test_a_launch_whose_keeper_may_still_be_starting_is_retried_not_doubled(
+        self, platform: Harness, workspace: Path
+    ) -> None:
+        request = platform.request()
+        trial_dir = workspace / "work" / "trials" / request.experiment_id / f"{request.trial_id}-0"
+        (trial_dir / ".trialbus").mkdir(parents=True)  # made a moment ago: a keeper may be on its way
+        adapter = await platform.adapter()
+        with pytest.raises(TransientError, match="may still be starting its keeper") as raised:
+            await adapter.launch(request)
+        assert 0 < raised.value.delay <= 10
+        assert trial_dir.exists() and platform.starts(request) == 0
 
     async def test_trials_run_in_their_code_snapshot(self, platform: Harness, workspace: Path) -> None:
         archive = tar_gz({"data.txt": b"from the snapshot\n", "pkg/inner.txt": b"inner\n"})

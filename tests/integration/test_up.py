@@ -16,7 +16,8 @@ import nats
 import pytest
 
 from tests.fixtures.nats import nats_server_binary, require_binary
-from tests.fixtures.standins import StandinStack, gone
+from tests.fixtures.standins import StandinStack
+from tests.fixtures.up import gone
 from trialbus.stack.processes import ProcessId
 
 WEB = ("web", "unless-stopped", {"PORT": "{api_port}"})

@@ -169,7 +169,7 @@ class LocalGpuAdapter(PlatformAdapter):
             return trial.handle
         if self._running() >= self.settings.max_trials:  # filled up during the download
             return self._existing(trial_dir, request)
-        if os.path.isdir(trial_dir):  # launched before a restart: never twice, never re-placed
+        if os.path.isdir(trial_dir) and not self._unborn(trial_dir):  # launched before a restart: never twice
             return self._adopt(trial_dir, *key, request.experiment_id).handle
         try:
             where, held, per_gpu = self.place(request, ask)
@@ -214,9 +214,25 @@ class LocalGpuAdapter(PlatformAdapter):
         trial.gpus, trial.per_gpu = held, per_gpu
         return trial.handle
 
+    def _unborn(self, trial_dir: str) -> bool:
+        """Whether ``trial_dir`` is a launch an earlier run of this adapter began but died before
+        it started the keeper (so the request was never acked, and here it is again): then the
+        directory is removed, to launch afresh. A keeper spawned in the instant before that
+        death may still be on its way: for :data:`UNBORN_GRACE` seconds the launch is retried
+        later instead."""
+        if client.keeper_born(trial_dir):
+            return False
+        age = time.time() - os.path.getmtime(trial_dir)
+        if age < UNBORN_GRACE:
+            raise TransientError("an earlier launch of this trial may still be starting its keeper",
+                                 delay=UNBORN_GRACE - age)  # fmt: skip
+        log.info("%s: an earlier launch died before starting the trial keeper; launching it afresh", trial_dir)
+        shutil.rmtree(trial_dir, ignore_errors=True)
+        return True
+
     def _existing(self, trial_dir: str, request: TrialRequest) -> TrialHandle | None:
         """No room for a new trial: only an attempt launched before can be returned."""
-        if not os.path.isdir(trial_dir):
+        if not os.path.isdir(trial_dir) or not client.keeper_born(trial_dir):
             return None
         return self._adopt(trial_dir, request.trial_id, request.attempt, request.experiment_id).handle
 
@@ -338,6 +354,10 @@ class LocalGpuAdapter(PlatformAdapter):
             for entry in os.scandir(experiment.path) if experiment.is_dir() else ():
                 trial_id, _, attempt = entry.name.rpartition("-")
                 if not (entry.is_dir() and trial_id and attempt.isdigit()) or client.is_reported(entry.path):
+                    continue
+                if not client.keeper_born(entry.path):  # died mid-launch: its request comes again
+                    log.info("%s: its launch never started a keeper; it starts when its request comes again",
+                             entry.path)  # fmt: skip
                     continue
                 handles.append(self._adopt(entry.path, trial_id, int(attempt), experiment.name).handle)
         return handles

@@ -251,6 +251,12 @@ def mark_reported(trial_dir: str) -> None:
     os.close(os.open(f"{trial_dir}/{REPORTED}", os.O_WRONLY | os.O_CREAT, 0o644))
 
 
+def keeper_born(trial_dir: str) -> bool:
+    """Whether a keeper was ever started in ``trial_dir``: its ``keeper.out`` is opened by the
+    spawn (or by the fork, from the zygote) before the keeper runs a line of its own."""
+    return os.path.exists(f"{trial_dir}/{KEEPER_OUT}") or os.path.exists(f"{trial_dir}/{STATE}")
+
+
 def is_reported(trial_dir: str) -> bool:
     return os.path.exists(f"{trial_dir}/{REPORTED}")
 

@@ -1,0 +1,166 @@
+"""The dispatcher's reading of EVENTS and METRICS: in batches, cumulative acks, never past a gap.
+
+The dispatcher applies a stream in batches and acks each batch once, cumulatively
+(``AckPolicy.ALL``: an ack of message N acknowledges every delivery before it). That is only
+safe while every message before N was applied. Three things can break it:
+
+- a previous run (SIGKILLed, OOM-killed) died holding deliveries it had not applied: the
+  server counts them delivered, and the first ack of this run would acknowledge them unread;
+- a batch fails to apply (the broker went away mid-write): the next batch's ack would
+  acknowledge the failed one;
+- the broker dies having counted messages delivered that never reached us.
+
+So: a consumer with deliveries beyond its ack floor is made again from the ack floor before
+we subscribe (the messages come again, in order, before any later one), and a failed batch or
+a gap in the stream sequences ends the subscription, and we subscribe again the same way.
+Handlers are idempotent, so reading a message twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from contracts import streams
+
+log = logging.getLogger(__name__)
+
+
+class _Busy(RuntimeError):
+    """The durable consumer still has a subscriber (a previous run the server has not seen go)."""
+
+
+def first_gap(msgs: list[Msg], last: int | None) -> int | None:
+    """The index of the first message whose stream sequence skips past ``last + 1`` (messages
+    delivered that never arrived), or None. Redeliveries (sequences at or below ``last``) are
+    no gap. ``last`` None: the first message is taken as it comes (the server starts at the
+    first message after the ack floor that still exists)."""
+    for index, msg in enumerate(msgs):
+        seq = msg.metadata.sequence.stream
+        if last is not None and seq > last + 1:
+            return index
+        last = seq if last is None else max(last, seq)
+    return None
+
+
+class StreamReader:
+    """Applies ``stream`` through ``handle`` (which acks each batch it applied) until ``stopping``."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        stream: str,
+        handle: Callable[[list[Msg]], Awaitable[None]],
+        batch: int,
+        on_floor: Callable[[int], None] = lambda seq: None,
+    ) -> None:
+        self.js = js
+        self.stream = stream
+        self.handle = handle
+        self.batch = batch
+        #: Told the ack floor at every subscription: everything up to it is applied.
+        self.on_floor = on_floor
+        self._sub = None
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            inbox: list[Msg] = []
+            ready = asyncio.Event()
+
+            async def collect(msg: Msg, inbox: list[Msg] = inbox, ready: asyncio.Event = ready) -> None:
+                inbox.append(msg)
+                ready.set()
+
+            floor = await self._subscribe(collect)
+            self.on_floor(floor)
+            try:
+                await self._apply(inbox, ready, stopping)
+            finally:
+                await self.close()
+
+    async def close(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _apply(self, inbox: list[Msg], ready: asyncio.Event, stopping: asyncio.Event) -> None:
+        """Apply batches until stopping; return early (to read again from the ack floor) after a
+        failed batch or a gap."""
+        last: int | None = None
+        while not stopping.is_set():
+            await ready.wait()
+            ready.clear()
+            while inbox:
+                msgs = inbox[: self.batch]
+                gap = first_gap(msgs, last)
+                msgs = msgs if gap is None else msgs[:gap]
+                del inbox[: len(msgs)]
+                if msgs:
+                    try:
+                        await self.handle(msgs)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("applying %d %s messages failed; reading again from the last one applied",
+                                      len(msgs), self.stream)  # fmt: skip
+                        await asyncio.sleep(0.5)
+                        return
+                    last = max(m.metadata.sequence.stream for m in msgs) if last is None else max(
+                        last, *(m.metadata.sequence.stream for m in msgs))  # fmt: skip
+                if gap is not None:
+                    log.warning("%s: messages after %s were counted delivered but never arrived; reading again "
+                                "from the last one applied", self.stream, last)  # fmt: skip
+                    return
+
+    async def _subscribe(self, collect: Callable[[Msg], Awaitable[None]]) -> int:
+        """Subscribe from the ack floor (retrying until the broker lets us); the ack floor."""
+        said = False
+        while True:
+            try:
+                config = await self._from_ack_floor()
+                self._sub = await self.js.subscribe(
+                    f"{self.stream.lower()}.>", durable=config.durable_name, stream=self.stream, config=config,
+                    manual_ack=True, cb=collect, flow_control=True, idle_heartbeat=5.0,
+                )  # fmt: skip
+                return (await self._sub.consumer_info()).ack_floor.stream_seq
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # broker not ready, or the previous subscriber not gone yet
+                if not said:
+                    log.warning("subscribing to %s failed (%s); retrying", self.stream, exc)
+                    said = True
+                await self.close()
+                await asyncio.sleep(0.5)
+
+    async def _from_ack_floor(self):
+        """The consumer config to subscribe with; a durable consumer that counts deliveries
+        past its ack floor is deleted first, and made again starting after the floor."""
+        config = streams.dispatcher_consumer(self.stream)
+        try:
+            info = await self.js.consumer_info(self.stream, config.durable_name)
+        except NotFoundError:
+            return config
+        if info.push_bound:
+            raise _Busy(f"the consumer {config.durable_name} still has a subscriber")
+        if not info.config.deliver_subject:
+            # A store from a release whose dispatcher pulled: replace that consumer. The stream
+            # is replayed from its start, which changes nothing (idempotent).
+            log.warning("replacing the pull consumer %s on %s", config.durable_name, self.stream)
+            await self.js.delete_consumer(self.stream, config.durable_name)
+            return config
+        floor = info.ack_floor.stream_seq
+        if info.delivered.stream_seq <= floor:
+            return config
+        log.info("%s: messages %d to %d were delivered but never acked (a previous run died holding them); "
+                 "reading them again", self.stream, floor + 1, info.delivered.stream_seq)  # fmt: skip
+        await self.js.delete_consumer(self.stream, config.durable_name)
+        return dataclasses.replace(config, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=floor + 1)

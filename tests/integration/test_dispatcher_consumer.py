@@ -1,0 +1,117 @@
+"""The dispatcher's cumulative-ack reading of a stream against a real nats-server: a message is
+never acknowledged before it was applied, whatever a previous run or a failed batch left."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+import pytest
+from nats.aio.msg import Msg
+
+from contracts import streams
+from services.common.bus import bootstrap
+from services.dispatcher.consumer import StreamReader, first_gap
+from tests.fixtures.nats import NatsServer
+
+
+@pytest.fixture
+async def js(nats_server: NatsServer):
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await bootstrap(js)
+    yield js
+    await nc.close()
+
+
+class Applier:
+    """A handler as the dispatcher's: apply (record the sequences), then ack the batch's last."""
+
+    def __init__(self, fail_on: int | None = None) -> None:
+        self.applied: list[int] = []
+        self.fail_on = fail_on
+
+    async def __call__(self, msgs: list[Msg]) -> None:
+        seqs = [m.metadata.sequence.stream for m in msgs]
+        if self.fail_on in seqs:
+            self.fail_on = None
+            raise ConnectionError("KV write failed")
+        self.applied += seqs
+        await msgs[-1].ack()
+
+
+async def publish(js, first: int, last: int) -> None:
+    for i in range(first, last + 1):
+        await js.publish(f"events.exp.t{i}", str(i).encode())
+
+
+async def applied_through(applier: Applier, seq: int, timeout: float = 10) -> None:
+    async with asyncio.timeout(timeout):
+        while not applier.applied or max(applier.applied) < seq:
+            await asyncio.sleep(0.02)
+
+
+async def floor(js) -> tuple[int, int]:
+    await asyncio.sleep(0.2)  # the ack reaches the server
+    info = await js.consumer_info("EVENTS", streams.dispatcher_consumer("EVENTS").durable_name)
+    return info.ack_floor.stream_seq, info.num_ack_pending
+
+
+async def test_what_a_killed_run_held_unapplied_is_applied_before_anything_after_it_is_acked(js, nats_server):
+    # Given a previous run that received messages 1..5 and died before applying (acking) them
+    await publish(js, 1, 5)
+    dead = await nats.connect(nats_server.url)
+    held = []
+
+    async def hold(msg: Msg) -> None:
+        held.append(msg)
+
+    sub = await dead.jetstream().subscribe("events.>", durable="dispatcher-events", stream="EVENTS",
+                                           config=streams.dispatcher_consumer("EVENTS"), manual_ack=True,
+                                           cb=hold)  # fmt: skip
+    async with asyncio.timeout(5):
+        while len(held) < 5:
+            await asyncio.sleep(0.02)
+    await sub.unsubscribe()
+    await dead.close()
+
+    # When the next run reads the stream while more arrives
+    applier, stopping = Applier(), asyncio.Event()
+    reader = StreamReader(js, "EVENTS", applier, batch=64)
+    task = asyncio.create_task(reader.run(stopping))
+    await publish(js, 6, 8)
+    await applied_through(applier, 8)
+
+    # Then 1..5 came again, first, and everything is applied once the floor passes it
+    assert applier.applied == list(range(1, 9))
+    assert await floor(js) == (8, 0)
+    stopping.set()
+    await reader.close()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_batch_that_fails_is_read_again_before_a_later_ack(js):
+    applier, stopping = Applier(fail_on=3), asyncio.Event()
+    reader = StreamReader(js, "EVENTS", applier, batch=2)
+    task = asyncio.create_task(reader.run(stopping))
+    await publish(js, 1, 6)
+    await applied_through(applier, 6)
+    assert sorted(set(applier.applied)) == list(range(1, 7)), "3 and 4 applied after their batch failed once"
+    assert await floor(js) == (6, 0)
+    stopping.set()
+    await reader.close()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+def delivered(stream_seq: int) -> Msg:
+    """A JetStream delivery as the server addresses its ack subject."""
+    return Msg(_client=None, subject="events.exp.t", reply=f"$JS.ACK.EVENTS.dispatcher-events.1.{stream_seq}.1.0.0")
+
+
+def test_a_gap_in_the_stream_sequences_is_found_and_redeliveries_are_not_gaps():
+    assert first_gap([delivered(s) for s in (7, 8, 9)], None) is None, "the first is taken as it comes"
+    assert first_gap([delivered(s) for s in (5, 6, 8, 9)], 4) == 2
+    assert first_gap([delivered(s) for s in (3, 6)], 6) is None, "redeliveries of applied ones"
+    assert first_gap([delivered(7)], 5) == 0
