@@ -15,22 +15,10 @@ import pytest
 from rich.console import Console
 
 from tests.fixtures.nats import free_port, nats_server_binary, require_binary
+from tests.fixtures.standins import MODULES
 from trialbus.stack import ServiceDef, Stack, StackError, StackOptions, run
 
-WEB = """
-import http.server, os, signal, sys
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200 if self.path == "/healthz" else 404)
-        self.end_headers()
-    def log_message(self, *args):
-        pass
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-print("web sees", os.environ["TRIALBUS_NATS_URL"], os.environ["TRIALBUS_DATA_DIR"], flush=True)
-http.server.HTTPServer(("127.0.0.1", int(os.environ["PORT"])), Health).serve_forever()
-"""
-SLEEPER = "import time; print('sleeping', flush=True); time.sleep(600)"
-STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+WEB, SLEEPER, STUBBORN = MODULES["web"], MODULES["worker"], MODULES["stubborn"]
 
 
 def services(*extra: ServiceDef) -> tuple[ServiceDef, ...]:

@@ -2,6 +2,7 @@
 
 - :mod:`.compose`: compose.yaml read once: the services, their settings, their ``restart:``.
 - :mod:`.policy`: restart policies, back-off and crash loops (pure logic).
+- :mod:`.options`: what ``up`` is asked for; the nats-server binary and the trial secret.
 - :mod:`.parts`: starting and stopping the parts in order (nats-server, then the services).
 - :mod:`.supervisor`: ``up``'s loop: restarts what dies, stops in order on a signal.
 - :mod:`.signals`: stop requests recorded without locks (a handler that cannot hang).
@@ -14,7 +15,8 @@
 
 from trialbus.stack.compose import LOCAL, SERVICES, ServiceDef, compose_services
 from trialbus.stack.errors import StackError
-from trialbus.stack.parts import Stack, StackOptions, nats_server_binary, trial_secret
+from trialbus.stack.options import StackOptions, nats_server_binary, trial_secret
+from trialbus.stack.parts import Stack
 from trialbus.stack.policy import RestartPolicy
 from trialbus.stack.supervisor import run
 

