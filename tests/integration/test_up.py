@@ -159,6 +159,22 @@ def test_a_killed_supervisor_leaves_a_stack_that_status_shows_and_the_next_up_st
     assert second.wait(30) == 0
 
 
+def test_the_command_of_a_killed_up_is_a_leftover_too(make_stack):
+    stack = make_stack()
+    first = stack.up(command=[sys.executable, "-c", "import time; print('command running', flush=True); time.sleep(600)"])
+    first.wait_for("command running")
+    stack.wait_part("nats-server", lambda p: p["state"] == "running")
+    command = ProcessId(stack.state()["command"]["pid"], stack.state()["command"]["started"])
+    first.proc.kill()
+    first.proc.wait()
+    assert command.alive()
+
+    second = stack.up(command=["true"])
+    assert second.wait(30) == 0, second.text()
+    assert f"stopped leftover command (pid {command.pid})" in second.text()
+    assert gone([command], 1)
+
+
 def test_down_stops_a_running_stack_and_a_killed_ones_leftovers(make_stack):
     stack = make_stack()
     up = stack.up()

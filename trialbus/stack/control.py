@@ -69,7 +69,7 @@ def stack_status(data_dir: Path, probe: bool = True) -> StackStatus | None:
     state = "running" if supervised else "leftovers" if left else "stopped"
     now = datetime.now(UTC)
     parts = []
-    for part in record.parts:
+    for part in [*record.parts, *([record.command] if record.command else [])]:
         live = supervised and part.pid is not None or part.name in left
         shown = part.state if supervised else ("running" if live else "exited")
         health = _health(record.host, part) if live and probe else "-"

@@ -79,6 +79,8 @@ class StackRecord(BaseModel):
     keep_trials: bool = False
     #: In start order.
     parts: list[PartRecord]
+    #: ``up -- CMD``'s command while it runs (name ``command``), stopped first with the leftovers.
+    command: PartRecord | None = None
 
     def supervisor(self) -> ProcessId:
         return ProcessId(self.supervisor_pid, self.supervisor_started)
@@ -169,7 +171,7 @@ def claim(data_dir: Path) -> DataDirLock:
 def live_leftovers(record: StackRecord) -> list[tuple[PartRecord, ProcessId]]:
     """The recorded parts whose very process still runs, in start order."""
     found = []
-    for part in record.parts:
+    for part in [*([record.command] if record.command else []), *record.parts]:
         process = part.process()
         if process is not None and process.alive():
             found.append((part, process))
@@ -180,7 +182,7 @@ def stop_leftovers(
     data_dir: Path, console: Console, grace: float, hurried: Callable[[], bool] = lambda: False
 ) -> list[str]:
     """Stop what a supervisor that is gone left running on ``data_dir`` (the caller holds the
-    lock): every service at once, then nats-server, each SIGTERM then SIGKILL of its group
+    lock): ``up -- CMD``'s command, then every service at once, then nats-server, each SIGTERM then SIGKILL of its group
     after ``grace`` seconds. Trials are not touched: the next stack's adapters adopt them.
     The names of the parts stopped."""
     record = read_record(data_dir)
@@ -194,9 +196,10 @@ def stop_leftovers(
         f"[yellow]found a stack left running on {data_dir} by `trialbus up` (pid {record.supervisor_pid}), "
         f"which is gone: stopping {names}[/]"
     )
-    services = [(p, proc) for p, proc in left if p.port is None]
+    commands = [(p, proc) for p, proc in left if p is record.command]
+    services = [(p, proc) for p, proc in left if p.port is None and p is not record.command]
     brokers = [(p, proc) for p, proc in left if p.port is not None]
-    for tier in (services, brokers):
+    for tier in (commands, services, brokers):
         terminate(tier, grace, hurried)
     for part, process in left:
         console.print(f"[dim]stopped leftover {part.name} (pid {process.pid})[/]")

@@ -35,6 +35,7 @@ from trialbus.stack.processes import ProcessId
 from trialbus.stack.signals import StopSignals
 from trialbus.stack.state import (
     DataDirLock,
+    PartRecord,
     StackRecord,
     StopRequest,
     claim,
@@ -79,6 +80,7 @@ class Supervisor:
         self.stack = Stack(options, console, services, signals, nats_restart, on_change=self._write_state)
         self.started_at = datetime.now(UTC)
         self.child: subprocess.Popen[bytes] | None = None
+        self._child_id: ProcessId | None = None
         self.command: Sequence[str] | None = None
         self._lock: DataDirLock | None = None
         self._up = False
@@ -103,6 +105,8 @@ class Supervisor:
                 self._banner()
                 if command:
                     self.child = self._run_command(command)
+                    self._child_id = ProcessId.of(self.child.pid)
+                    self._write_state()
                 code = self._supervise()
             finally:
                 code = self._shutdown(code)
@@ -258,13 +262,20 @@ class Supervisor:
 
     # -- the state file ------------------------------------------------------------------------
 
+    def _command_record(self) -> PartRecord | None:
+        child, identity = self.child, self._child_id
+        if child is None or identity is None or child.poll() is not None:
+            return None
+        return PartRecord(name="command", pid=child.pid, started=identity.started, state="running",
+                          since=self.started_at, log="")  # fmt: skip
+
     def _write_state(self) -> None:
         o = self.options
         me = self._me
         record = StackRecord(
             supervisor_pid=me.pid, supervisor_started=me.started, started_at=self.started_at,
             data_dir=str(self.stack.data_dir), host=o.host, ports=o.ports, keep_trials=o.keep_trials,
-            parts=[part.record() for part in self.stack.parts],
+            parts=[part.record() for part in self.stack.parts], command=self._command_record(),
         )  # fmt: skip
         with contextlib.suppress(OSError):  # a full disk must not stop the supervision
             write_record(self.stack.data_dir, record)
