@@ -120,17 +120,23 @@ def test_a_stop_ends_running_trials_cancelled_with_the_reason_and_frees_everythi
     assert (state["status"], state["message"]) == ("STOPPED", reason)
 
 
-def test_keep_trials_leaves_them_running_for_the_next_up_to_adopt(home):
-    # Given `up --keep-trials` with two trials running
-    up = home.up("--keep-trials")
+@pytest.mark.parametrize("where", ["up", "down"])
+def test_keep_trials_leaves_them_running_for_the_next_up_to_adopt(home, where):
+    # Given `up --keep-trials` (or a plain `up` that `down --keep-trials` will stop) with two trials running
+    up = home.up(*(["--keep-trials"] if where == "up" else []))
     up.wait_for("Trialbus is up")
     experiment = create(up, config(home.code, trialConcurrency=2))
     ids = [submit(up, experiment, {"x": i, "sleep": 12}) for i in range(2)]
     running(up, experiment, 2, home.run_log)
     trials = home.trial_processes()
 
-    # When it is stopped with SIGTERM
-    up.signal(signal.SIGTERM)
+    # When it is stopped
+    if where == "up":
+        up.signal(signal.SIGTERM)
+    else:
+        down = subprocess.run([TRIALBUS, "down", "--keep-trials", "--data-dir", str(home.data_dir)],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert down.returncode == 0 and "running trials left running" in down.stderr, down.stderr
     assert up.wait(30) == 0, up.text()
 
     # Then the trials run on

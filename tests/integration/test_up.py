@@ -22,6 +22,8 @@ from trialbus.stack.processes import ProcessId
 
 WEB = ("web", "unless-stopped", {"PORT": "{api_port}"})
 WORKER = ("worker", "unless-stopped", {})
+#: A command for `up -- CMD` that says it runs, then waits to be stopped.
+SLEEPY = [sys.executable, "-c", "import time; print('command running', flush=True); time.sleep(600)"]
 
 
 @pytest.fixture
@@ -123,7 +125,7 @@ def test_ctrl_c_reaches_the_command_once_and_stops_the_stack(make_stack, tmp_pat
 
 def test_sigterm_to_up_stops_the_command_too(make_stack):
     stack = make_stack()
-    up = stack.up(command=[sys.executable, "-c", "import time; print('command running', flush=True); time.sleep(600)"])
+    up = stack.up(command=SLEEPY)
     up.wait_for("command running")
     started = stack.processes()
     up.signal(signal.SIGTERM)
@@ -161,7 +163,7 @@ def test_a_killed_supervisor_leaves_a_stack_that_status_shows_and_the_next_up_st
 
 def test_the_command_of_a_killed_up_is_a_leftover_too(make_stack):
     stack = make_stack()
-    first = stack.up(command=[sys.executable, "-c", "import time; print('command running', flush=True); time.sleep(600)"])
+    first = stack.up(command=SLEEPY)
     first.wait_for("command running")
     stack.wait_part("nats-server", lambda p: p["state"] == "running")
     command = ProcessId(stack.state()["command"]["pid"], stack.state()["command"]["started"])

@@ -118,7 +118,7 @@ def down(data_dir: Path, console: Console, keep_trials: bool = False, timeout: f
                 if not _released(lock, time.monotonic() + 10):
                     raise StackError(f"`trialbus up` (pid {supervisor.pid}) did not stop within {timeout + 10:g}s")
                 return f"killed the stack on {data_dir}: it did not stop in order within {timeout:g}s"
-        trials = "running trials left running" if keep_trials else "running trials cancelled"
+        trials = "running trials left running" if keep_trials else "running trials ended"
         return f"stopped the stack on {data_dir} in {time.monotonic() - began:.1f}s ({trials})"
     if record is None or not lock.acquire():
         return f"no stack is running on {data_dir}"
