@@ -59,6 +59,8 @@ class Dispatcher:
         self._dispatch_seq: dict[str, int] = {}
         #: trials marked dispatched whose request is not (known to be) on the stream yet
         self._unsent: set[str] = set()
+        #: experiment → parameterId → trial: a submit sent again after its answer was lost is the same trial
+        self._by_parameter: dict[str, dict[int | str, str]] = defaultdict(dict)
         #: how far the METRICS stream is applied (a trial's end waits for its metrics)
         self.metrics = MetricsProgress()
 
@@ -72,6 +74,8 @@ class Dispatcher:
         request that did reach the stream a no-op.
         """
         for trial in self.store.trials.values():
+            if trial.parameter_id is not None:
+                self._by_parameter[trial.experiment_id][trial.parameter_id] = trial.id
             if trial.status.terminal:
                 continue
             if trial.dispatched:
@@ -163,6 +167,9 @@ class Dispatcher:
             raise ApiError(422, "parameterId must be an integer or a string")
         async with self._locks[experiment_id]:
             state = self.experiment(experiment_id)
+            earlier = self._by_parameter[experiment_id].get(parameter_id) if parameter_id is not None else None
+            if earlier is not None and (trial := self.store.trials[earlier]).parameters == parameters:
+                return trial  # the same submit again (a retry whose first answer was lost): one trial
             config = state.config
             submitted = len(self.store.trials_of[experiment_id])  # trials are never deleted
             if config.max_trial_number is not None and submitted >= config.max_trial_number:
@@ -196,6 +203,7 @@ class Dispatcher:
             # free) the dispatch go out together, after the lock is released. A failure
             # leaves nothing the client was told about; a resend after a crash is deduplicated.
             self.store.defer(trial)
+            self._by_parameter[experiment_id][trial.parameter_id] = trial.id
             self._queue[experiment_id].append(trial.id)
             sends = self._take_ready(experiment_id)
             writes = [

@@ -118,3 +118,19 @@ def test_cancel_running_trial_ends_it_and_its_whole_process_group(stack, code_di
 
     wait_until(group_gone, 2, f"process group {pgid} gone")
     assert not Path(f"/proc/{pid}").exists()
+
+
+async def test_a_submit_sent_again_with_its_parameter_id_is_the_same_trial(stack, code_dir):
+    # Given a tuner whose submit's answer was lost (its dispatcher died after taking it), so it sends it again
+    async with AsyncClient(stack.nats.url) as client:
+        experiment = await client.create_experiment(config(code_dir, maxTrialNumber=2))
+        first = await client.submit_trial(experiment, {"x": 1}, parameter_id=7)
+        again = await client.submit_trial(experiment, {"x": 1}, parameter_id=7)
+        # Then it is one trial, and the experiment still has room for its second
+        assert again.id == first.id
+        other = await client.submit_trial(experiment, {"x": 2}, parameter_id=8)
+        assert [t.id for t in await client.list_trials(experiment)] == [first.id, other.id]
+        # And a restarted dispatcher knows it too
+        stack.kill("dispatcher")
+        stack.start("dispatcher")
+        assert (await client.submit_trial(experiment, {"x": 2}, parameter_id=8)).id == other.id
