@@ -114,8 +114,8 @@ class StreamReader:
                                       len(msgs), self.stream)  # fmt: skip
                         await asyncio.sleep(0.5)
                         return
-                    last = max(m.metadata.sequence.stream for m in msgs) if last is None else max(
-                        last, *(m.metadata.sequence.stream for m in msgs))  # fmt: skip
+                    applied = max(m.metadata.sequence.stream for m in msgs)
+                    last = applied if last is None else max(last, applied)
                 if gap is not None:
                     log.warning("%s: messages after %s were counted delivered but never arrived; reading again "
                                 "from the last one applied", self.stream, last)  # fmt: skip

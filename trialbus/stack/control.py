@@ -20,6 +20,7 @@ import httpx
 from rich.console import Console
 
 from trialbus.stack.errors import StackError
+from trialbus.stack.options import StackOptions
 from trialbus.stack.state import (
     STOP_REQUEST,
     DataDirLock,
@@ -123,7 +124,7 @@ def down(data_dir: Path, console: Console, keep_trials: bool = False, timeout: f
     if record is None or not lock.acquire():
         return f"no stack is running on {data_dir}"
     try:
-        stopped = stop_leftovers(data_dir, console, grace=15.0)
+        stopped = stop_leftovers(data_dir, console, grace=StackOptions().stop_grace)
     finally:
         lock.release()
     if not stopped:

@@ -143,6 +143,8 @@ class Stack:
     def start(self) -> None:
         """Start every part in order, or stop what started and raise :class:`StackError`."""
         o = self.options
+        if self.signals.requested:
+            raise StackError("interrupted before the stack started", exit_code=130)
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             self.log_dir.mkdir(exist_ok=True)
