@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -34,16 +33,11 @@ from bench.trials import percentile, spawn_rate, trial_rate, write_noop
 from bench.tuner import tuner_rate
 from services.trial_keeper import SHIM_PATH
 from trialbus.stack import Stack, StackOptions, trial_secret
+from trialbus.stack.processes import free_port
 
 COUNTS = {1: 40, 4: 80, 16: 160}
 #: What ``python -m bench [part…]`` can measure; all of them without arguments.
 PARTS = ("trials", "metrics", "gpus", "remote", "openpai", "frameworkcontroller", "tuner")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

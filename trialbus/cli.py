@@ -27,6 +27,7 @@ from contracts import ExperimentStatus, MetricType, TrialStatus
 from services.common.code import PackingError
 from trialbus import __version__
 from trialbus.client import DEFAULT_NATS_URL, AsyncClient, TrialbusError, as_config
+from trialbus.output import fail
 from trialbus.render import NoJob
 from trialbus.render import render as render_job
 from trialbus.stack.commands import down_command, status_command, up
@@ -64,11 +65,6 @@ class Options:
 
 def _console() -> Console:
     return Console(highlight=False)
-
-
-def fail(message: str, code: int = 1) -> typer.Exit:
-    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    return typer.Exit(code)
 
 
 def with_client(ctx: typer.Context, work: Callable[[AsyncClient], Awaitable[T]]) -> T:

@@ -14,6 +14,10 @@ So: a consumer with deliveries beyond its ack floor is made again from the ack f
 we subscribe (the messages come again, in order, before any later one), and a failed batch or
 a gap in the stream sequences ends the subscription, and we subscribe again the same way.
 Handlers are idempotent, so reading a message twice changes nothing.
+
+A push consumer: the server sends as fast as the dispatcher acks (flow control), and
+messages are collected by a callback. nats-py's pull ``fetch`` awaits every message on its
+own, which cost the dispatcher ~60 µs per metric record.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@
 - :mod:`.signals`: stop requests recorded without locks (a handler that cannot hang).
 - :mod:`.trials`: what a user's stop does to running trials.
 - :mod:`.state`: the state file and lock under the data dir, and a killed supervisor's leftovers.
-- :mod:`.processes`: processes by pid *and* start time; who holds a port.
+- :mod:`.processes`: processes by pid *and* start time, stopped by identity; who holds a port.
+- :mod:`.probes`: whether a part is ready (its port, its ``/healthz``).
 - :mod:`.control`: ``status`` and ``down`` from another terminal.
 - :mod:`.commands`: the three commands of the CLI.
 """

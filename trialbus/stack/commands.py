@@ -11,9 +11,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from trialbus.output import fail
 from trialbus.stack.control import StackStatus, down, stack_status
 from trialbus.stack.errors import StackError
 from trialbus.stack.options import StackOptions
@@ -51,14 +51,6 @@ class _Unbreakable(io.TextIOBase):
         return getattr(self._stream, "encoding", "utf-8")
 
 
-def _fail(message: str, code: int = 1, log_tail: str = "") -> typer.Exit:
-    console = Console(stderr=True, highlight=False)
-    if log_tail:
-        console.print(f"[dim]{escape(log_tail)}[/]")
-    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    return typer.Exit(code)
-
-
 def up(
     command: Annotated[
         list[str] | None, typer.Argument(help="After `--`: a command to run once the stack is ready.")
@@ -91,7 +83,7 @@ def up(
     try:
         code = run(options, command, console)
     except StackError as exc:
-        raise _fail(str(exc), exc.exit_code, exc.log_tail) from None
+        raise fail(str(exc), exc.exit_code, exc.log_tail) from None
     raise typer.Exit(code)
 
 
@@ -107,7 +99,7 @@ def down_command(
     try:
         said = down(data_dir.expanduser().resolve(), console, keep_trials, timeout)
     except StackError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     console.print(said)
 
 

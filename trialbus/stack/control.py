@@ -10,17 +10,16 @@ pid *and* start time before anything is signalled.
 from __future__ import annotations
 
 import signal
-import socket
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
 from rich.console import Console
 
 from trialbus.stack.errors import StackError
 from trialbus.stack.options import StackOptions
+from trialbus.stack.probes import health, port_open
 from trialbus.stack.state import (
     STOP_REQUEST,
     DataDirLock,
@@ -81,24 +80,8 @@ def stack_status(data_dir: Path, probe: bool = True) -> StackStatus | None:
 
 def _health(host: str, part: PartRecord) -> str:
     if part.port is not None:
-        try:
-            with socket.create_connection((host, part.port), timeout=0.5):
-                return "ok"
-        except OSError:
-            return "not answering"
-    if part.health is None:
-        return "-"
-    try:
-        answer = httpx.get(part.health, timeout=1.0, trust_env=False)
-    except httpx.HTTPError:
-        return "not answering"
-    if answer.status_code == 200:
-        return "ok"
-    try:
-        nats = answer.json().get("nats", "")
-    except ValueError:
-        nats = ""
-    return f"unavailable (NATS {nats})" if nats else f"unavailable ({answer.status_code})"
+        return "ok" if port_open(host, part.port, timeout=0.5) else "not answering"
+    return health(part.health) if part.health is not None else "-"
 
 
 def down(data_dir: Path, console: Console, keep_trials: bool = False, timeout: float = 40.0) -> str:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,14 +33,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
 from rich.console import Console
 
 from trialbus.stack.compose import NATS_RESTART, SERVICES, ServiceDef
 from trialbus.stack.errors import StackError
 from trialbus.stack.options import StackOptions, nats_server_binary, trial_secret
 from trialbus.stack.policy import RestartPolicy, Restarts
-from trialbus.stack.processes import ProcessId, describe, free_port, port_free, port_holder, stack_of
+from trialbus.stack.probes import health, port_open
+from trialbus.stack.processes import ProcessId, describe, free_port, port_free, port_holder, stack_of, terminate
 from trialbus.stack.signals import StopSignals
 from trialbus.stack.state import PartRecord, PartState
 
@@ -226,14 +225,14 @@ class Stack:
         part.identity = ProcessId.of(part.proc.pid) or ProcessId(part.proc.pid, 0.0)
         part.started = time.monotonic()
         part.restart_at = None
-        self._set(part, "starting")
+        self.mark(part, "starting")
 
     def ready(self, part: Part) -> bool:
         """Whether the part's latest start is ready (one quick probe)."""
         if part.port is not None:
-            return _port_open(self.options.host, part.port)
+            return port_open(self.options.host, part.port)
         if part.health_url is not None:
-            return _healthy(part.health_url)
+            return health(part.health_url) == "ok"
         return time.monotonic() - part.started >= self.options.settle
 
     def _tiers(self) -> list[list[Part]]:
@@ -248,7 +247,7 @@ class Stack:
                 for part in list(waiting):
                     if self.ready(part):
                         waiting.remove(part)
-                        self._set(part, "running")
+                        self.mark(part, "running")
                         where = part.health_url or (self.options.nats_url if part.port else "running")
                         self.console.print(f"[green]✓[/] {part.name} ready: {where} "
                                            f"[dim](pid {part.proc.pid}, log {part.log})[/]")  # fmt: skip
@@ -265,19 +264,12 @@ class Stack:
                                      f"log: {late.log}", tail(late.log))  # fmt: skip
                 self.signals.wait(0.1)
 
-    def _set(self, part: Part, state: PartState) -> None:
+    def mark(self, part: Part, state: PartState) -> None:
+        """Record a new state of ``part``, and say so through ``on_change``."""
         part.state, part.since = state, datetime.now(UTC)
         self.on_change()
 
-    def mark(self, part: Part, state: PartState) -> None:
-        """Record a new state of ``part`` (the supervisor's restarts)."""
-        self._set(part, state)
-
     # -- stopping -------------------------------------------------------------------------
-
-    def dead(self) -> Part | None:
-        """A part that exited while it should be running."""
-        return next((p for p in self.parts if p.proc is not None and p.state != "exited" and not p.alive()), None)
 
     def stop(self, deadline: float | None = None) -> None:
         """Stop every part: the services at once, then nats-server; each gets SIGTERM, then SIGKILL of
@@ -289,36 +281,27 @@ class Stack:
             self._stop_tier(list(reversed(tier)), deadline)
 
     def _stop_tier(self, tier: list[Part], deadline: float) -> None:
-        running = [p for p in tier if p.alive()]
         for part in tier:
             part.restart_at = None
             if not part.alive() and part.state != "exited":
-                self._set(part, "exited")
+                self.mark(part, "exited")
+        running = [p for p in tier if p.alive()]
         if not running:
             return
         for part in running:
-            self._set(part, "stopping")
-            if not self.signals.hurried:
-                with contextlib.suppress(ProcessLookupError):
-                    part.proc.send_signal(signal.SIGTERM)
-        kill_at = min(time.monotonic() + self.options.stop_grace, deadline)
-        names = ", ".join(p.name for p in running)
-        with self.console.status(f"stopping {names}…"):
-            while running:
-                for part in [p for p in running if not p.alive()]:
-                    running.remove(part)
-                    self._stopped(part)
-                if not running:
-                    break
-                if self.signals.hurried or time.monotonic() >= kill_at:
-                    for part in running:
-                        self.kill(part)
-                    continue
-                self.signals.wait(0.05)
+            self.mark(part, "stopping")
+        grace = max(0.0, min(self.options.stop_grace, deadline - time.monotonic()))
+        with self.console.status(f"stopping {', '.join(p.name for p in running)}…"):
+            terminate([p.identity for p in running if p.identity], grace, lambda: self.signals.hurried)
+        for part in running:
+            if part.alive():  # not the process its identity names (it cannot be): by its handle
+                self.kill(part)
+            part.proc.wait()
+            self._stopped(part)
 
     def _stopped(self, part: Part) -> None:
         part.last_exit = part.exit_text()
-        self._set(part, "exited")
+        self.mark(part, "exited")
         self.console.print(f"[dim]stopped {part.name} ({part.exit_text()})[/]")
 
     def kill(self, part: Part) -> None:
@@ -329,29 +312,7 @@ class Stack:
             os.killpg(part.proc.pid, signal.SIGKILL)
         part.proc.wait()
 
-    def kill_all(self) -> None:
-        for part in self.parts:
-            part.restart_at = None
-            if part.alive():
-                self.kill(part)
-                self._stopped(part)
-
 
 def _fill(template: str, values: Mapping[str, str | int]) -> str:
     """``str.format`` for the stack's names, leaving ``{port}`` for :meth:`Stack.spawn`."""
     return template.format(**values, port="{port}")
-
-
-def _port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1.0, trust_env=False).status_code == 200  # no proxy for localhost
-    except httpx.HTTPError:
-        return False

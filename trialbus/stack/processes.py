@@ -8,6 +8,8 @@ import contextlib
 import os
 import signal
 import socket
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psutil
@@ -56,6 +58,22 @@ class ProcessId:
 
     def kill(self) -> bool:
         return self.signal(signal.SIGKILL, group=True)
+
+
+def terminate(processes: Sequence[ProcessId], grace: float, hurried: Callable[[], bool] = lambda: False) -> None:
+    """SIGTERM each, wait up to ``grace`` seconds for all (less once ``hurried()``), then SIGKILL
+    the process groups still there and wait until the kernel has them gone."""
+    for process in processes:
+        if not hurried():
+            process.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(p.alive() for p in processes) and time.monotonic() < deadline and not hurried():
+        time.sleep(0.05)
+    for process in processes:
+        process.kill()
+    until = time.monotonic() + 5  # SIGKILL is not instant
+    while any(p.alive() for p in processes) and time.monotonic() < until:
+        time.sleep(0.02)
 
 
 def port_free(host: str, port: int) -> bool:

@@ -11,11 +11,8 @@ another program is never signalled).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
-import signal
-import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -25,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from rich.console import Console
 
 from trialbus.stack.errors import StackError
-from trialbus.stack.processes import ProcessId
+from trialbus.stack.processes import ProcessId, terminate
 
 STATE_FILE = "stack.json"
 LOCK_FILE = "stack.lock"
@@ -200,22 +197,7 @@ def stop_leftovers(
     services = [(p, proc) for p, proc in left if p.port is None and p is not record.command]
     brokers = [(p, proc) for p, proc in left if p.port is not None]
     for tier in (commands, services, brokers):
-        terminate(tier, grace, hurried)
+        terminate([process for _, process in tier], grace, hurried)
     for part, process in left:
         console.print(f"[dim]stopped leftover {part.name} (pid {process.pid})[/]")
     return [part.name for part, _ in left]
-
-
-def terminate(parts: list[tuple[PartRecord, ProcessId]], grace: float, hurried: Callable[[], bool]) -> None:
-    """SIGTERM each, wait up to ``grace`` seconds for all, then SIGKILL the groups still there."""
-    for _, process in parts:
-        process.signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while any(process.alive() for _, process in parts) and time.monotonic() < deadline and not hurried():
-        time.sleep(0.05)
-    for _, process in parts:
-        with contextlib.suppress(OSError):
-            process.kill()
-    until = time.monotonic() + 5  # SIGKILL is not instant: wait until the kernel has them gone
-    while any(process.alive() for _, process in parts) and time.monotonic() < until:
-        time.sleep(0.02)
