@@ -224,6 +224,10 @@ def host(gpu_stack: Host, request):
         gpu_stack.stack.start("adapter")
     yield gpu_stack
     gpu_stack.end_sleepers()
+    if "adapter" in gpu_stack.stack.procs:
+        # Back to the fixture's one idle GPU, published: the next test's set_gpus then waits for
+        # a fresh read, never matching the last test's status (same shape, a now-dead foreign pid).
+        gpu_stack.set_gpus(1)
     if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
         print(gpu_stack.stack.logs(), file=sys.stderr)
 
