@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # out of the venv: with nni importable, every other test's trials would load it (seconds each) instead of the shim.
 NNI_SDK := .nni-sdk
 
-.PHONY: install run up test bench soak schemas clean sshd chromium
+.PHONY: install run up test bench soak fuzz schemas clean sshd chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,13 @@ bench: $(STAMP)
 # and the tuner are each SIGKILLed once under `trialbus up`: prints lost / duplicated / stuck, exits 1 on any.
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak --trials $(or $(TRIALS),300)
+
+# Every HTTP endpoint of the dispatcher, the gateway and the web UI fuzzed from its OpenAPI schema, longer than
+# `make test` does: FUZZ_EXAMPLES cases (500) per operation and generation mode, a new seed each run (FUZZ_SEED=n
+# replays one); prints each operation's calls and answers, fails on a 5xx, a hang or a refusal that changed state.
+fuzz: $(STAMP)  ## fuzz every HTTP endpoint from its OpenAPI schema (FUZZ_EXAMPLES=500, FUZZ_SEED=random)
+	FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),500) FUZZ_SEED=$(or $(FUZZ_SEED),random) \
+		$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=0 tests/e2e/test_fuzz.py
 
 schemas: $(STAMP)
 	$(BIN)/python -m contracts.schemas

@@ -32,7 +32,7 @@ from bench.remote import ssh_machines
 from bench.trials import percentile, spawn_rate, trial_rate, write_noop
 from bench.tuner import tuner_rate
 from services.trial_keeper import SHIM_PATH
-from trialbus.stack import Stack, StackOptions, trial_secret
+from trialbus.stack import Stack, StackOptions
 from trialbus.stack.processes import free_port
 
 COUNTS = {1: 40, 4: 80, 16: 160}
@@ -56,6 +56,7 @@ def main() -> None:
     use_fake_gpu(root / "gpu")
     with ssh_machines(root) as machines, kubernetes_cluster(root, command) as cluster:
         stack.start()
+        os.environ["TRIALBUS_DATA_DIR"] = str(stack.data_dir)  # clients here find its client.json
         try:
             run(console, options, stack, root, code, command, machines, cluster)
         finally:
@@ -69,7 +70,7 @@ def run(console: Console, options: StackOptions, stack: Stack, root: Path, code:
     if "trials" in parts:
         local_trials(console, options, code, command)
     if "metrics" in parts:
-        secret = trial_secret(stack.data_dir)
+        secret = stack.credentials.trial_secret
         rate = asyncio.run(
             metric_rate(options.nats_url, f"http://127.0.0.1:{options.gateway_port}", secret, "benchmetrics")
         )

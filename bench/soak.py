@@ -112,7 +112,7 @@ def soak(
         began = time.monotonic()
         experiment = asyncio.run(_run(up, code, result, trials, concurrency, kills, timeout, console))
         result.seconds = time.monotonic() - began
-        asyncio.run(_check(up.nats_url, experiment, run_log, metrics, result))
+        asyncio.run(_check(up, experiment, run_log, metrics, result))
     finally:
         began = time.monotonic()
         up.ctrl_c()
@@ -135,7 +135,7 @@ async def _run(up: Up, code: Path, result: SoakResult, trials: int, concurrency:
         "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
         "tuner": {"name": "Random", "classArgs": {"seed": 7}},
     }  # fmt: skip
-    async with AsyncClient(up.nats_url, request_timeout=5) as client:
+    async with AsyncClient(up.nats_url, request_timeout=5, **up.nats_auth) as client:
         experiment = await client.create_experiment(config)
         plan = [(part, trials * (i + 1) // (len(kills) + 2)) for i, part in enumerate(kills)]  # within 5/7 of it
         pending: tuple[Kill, float, int] | None = None
@@ -180,9 +180,9 @@ async def _run(up: Up, code: Path, result: SoakResult, trials: int, concurrency:
         return experiment
 
 
-async def _check(nats_url: str, experiment: str, run_log: Path, metrics: int, result: SoakResult) -> None:
+async def _check(up: Up, experiment: str, run_log: Path, metrics: int, result: SoakResult) -> None:
     """What a user would check: the trials' ends, their runs, their metrics in the stream and the view."""
-    async with AsyncClient(nats_url, request_timeout=30) as client:
+    async with AsyncClient(up.nats_url, request_timeout=30, **up.nats_auth) as client:
         states = await client.list_trials(experiment)
     result.submitted = len(states)
     result.lost = max(result.trials - len({t.parameter_id for t in states}), 0)
@@ -202,7 +202,7 @@ async def _check(nats_url: str, experiment: str, run_log: Path, metrics: int, re
         result.problems.append(f"trial {trial_id} ran {runs[trial_id]} times")
 
     stored: dict[tuple[str, str, int], list] = defaultdict(list)
-    for record in await _stream_records(nats_url, experiment):
+    for record in await _stream_records(up, experiment):
         stored[(record.trial_id, record.type.value, record.sequence)].append(record.decoded())
     result.metrics_stored = sum(len(v) for v in stored.values())
     for trial in states:
@@ -223,15 +223,15 @@ async def _check(nats_url: str, experiment: str, run_log: Path, metrics: int, re
     result.metrics_wrong += sum(len(v) for (trial_id, _, _), v in stored.items() if trial_id not in known)
 
 
-async def _stream_records(nats_url: str, experiment: str) -> list[MetricRecord]:
+async def _stream_records(up: Up, experiment: str) -> list[MetricRecord]:
     """Every message of the experiment in METRICS, duplicates included (no dedupe here)."""
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(up.nats_url, **up.nats_auth)
     try:
         js = nc.jetstream()
         subject = f"metrics.{experiment}.>"
         info = await js.stream_info("METRICS", subjects_filter=subject)
         total = sum((info.state.subjects or {}).values())
-        sub = await js.subscribe(subject, ordered_consumer=True)
+        sub = await js.subscribe(subject, stream="METRICS", ordered_consumer=True)
         records = []
         while len(records) < total:
             msg = await sub.next_msg(timeout=10)

@@ -8,6 +8,7 @@ registered in :data:`PLATFORMS`; the others come with their adapters.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -18,12 +19,14 @@ from pydantic import (
     SerializationInfo,
     SerializeAsAny,
     ValidationError,
+    ValidationInfo,
     field_serializer,
     field_validator,
     model_validator,
 )
 
-from contracts.base import REVEAL, Secret
+from contracts import sealing
+from contracts.base import CLEAR, SEALED_FROM_USER, Secret
 from contracts.frameworkcontroller import FrameworkcontrollerConfig
 from contracts.legacy import is_legacy, to_v2
 from contracts.nni import NniModel, TrainingService, _canonical, check_reporting_role
@@ -140,7 +143,8 @@ class OpenpaiConfig(TrainingService):
     #: Where the same share is mounted inside the job's containers.
     container_storage_mount_point: str = Field(min_length=1)
     #: An OpenPAI job protocol v2 document the trial's job starts from (any field the protocol allows).
-    openpai_config: dict[str, Any] | None = None
+    #: Left out of repr: its ``secrets`` and registry passwords are secrets.
+    openpai_config: dict[str, Any] | None = Field(default=None, repr=False)
     #: The same, from a YAML file: read where the config is loaded (NNI only validates it).
     openpai_config_file: str | None = None
     #: With several task roles in ``openpaiConfig``: the one whose first instance reports the
@@ -152,22 +156,35 @@ class OpenpaiConfig(TrainingService):
     def _scheme(cls, value: str) -> str:
         return value.rstrip("/") if "://" in value else "https://" + value.rstrip("/")
 
+    @field_validator("openpai_config")
+    @classmethod
+    def _unseal(cls, template: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        """The job's secrets as :data:`~contracts.base.Secret` fields are read: unsealed from
+        the bus with a key, kept sealed without one, refused sealed from a user."""
+        from_bus = (info.context or {}).get("from_bus")
+
+        def unseal(where: str, value: Any) -> Any:
+            if not sealing.is_sealed(value):
+                return value
+            if not from_bus:
+                raise ValueError(f"openpaiConfig.{where}: {SEALED_FROM_USER}")
+            try:
+                return json.loads(sealing.unseal(value)) if sealing.installed() else value
+            except sealing.SealingError:
+                return value  # a wrong key: the adapter fails the trial with why (sealing.unreadable)
+
+        return _job_secrets(template, unseal)
+
     @field_serializer("openpai_config", when_used="json")
     def _mask(self, template: dict[str, Any] | None, info: SerializationInfo) -> dict[str, Any] | None:
-        """The job's ``secrets`` and registry passwords as OpenPAI itself shows them (``******``),
-        except on the bus."""
-        if template is None or (info.context or {}).get("reveal_secrets"):
+        """The job's ``secrets`` and registry passwords as OpenPAI itself shows them (``******``);
+        sealed on the bus; in clear only in a user's request to the dispatcher."""
+        context = info.context or {}
+        if context.get("clear_secrets"):
             return template
-        shown = dict(template)
-        if "secrets" in shown:
-            shown["secrets"] = "******"
-        if isinstance(shown.get("prerequisites"), list):
-            shown["prerequisites"] = [
-                {**p, "auth": {**p["auth"], "password": "******"}}
-                if isinstance(p, dict) and isinstance(p.get("auth"), dict) and "password" in p["auth"] else p
-                for p in shown["prerequisites"]
-            ]
-        return shown
+        if context.get("reveal_secrets"):
+            return _job_secrets(template, lambda _, v: v if sealing.is_sealed(v) else sealing.seal(json.dumps(v)))
+        return _job_secrets(template, lambda _, v: "******")
 
     @field_validator("container_storage_mount_point")
     @classmethod
@@ -196,6 +213,32 @@ class OpenpaiConfig(TrainingService):
         return parse_megabytes(self.trial_memory_size)
 
 
+def _job_secrets(template: dict[str, Any] | None, change: Any) -> dict[str, Any] | None:
+    """``template`` with its job ``secrets`` and each prerequisite's registry password
+    replaced by ``change(where, value)``; the template itself is left as it is."""
+    if template is None:
+        return None
+    shown = dict(template)
+    if "secrets" in shown:
+        shown["secrets"] = change("secrets", shown["secrets"])
+    if isinstance(shown.get("prerequisites"), list):
+        shown["prerequisites"] = [
+            {**p, "auth": {**p["auth"], "password": change(f"prerequisites.{i}.auth.password", p["auth"]["password"])}}
+            if isinstance(p, dict) and isinstance(p.get("auth"), dict) and "password" in p["auth"] else p
+            for i, p in enumerate(shown["prerequisites"])
+        ]
+    return shown
+
+
+def secret_paths(config: ExperimentConfig) -> list[str]:
+    """Where ``config`` holds platform secrets (``trainingService.token``): what the bus
+    carries sealed, so what a dispatcher without ``TRIALBUS_SECRETS_KEY`` must refuse."""
+    found = [path for path, _ in sealing.secret_values(config)]
+    if isinstance(service := config.training_service, OpenpaiConfig):
+        _job_secrets(service.openpai_config, lambda where, v: found.append(f"trainingService.openpaiConfig.{where}"))
+    return found
+
+
 #: platform name → its config model. A new platform registers here.
 PLATFORMS: dict[str, type[TrainingService]] = {
     "local": LocalConfig, "remote": RemoteConfig, "openpai": OpenpaiConfig,
@@ -203,7 +246,9 @@ PLATFORMS: dict[str, type[TrainingService]] = {
 }  # fmt: skip
 
 
-def parse_training_service(value: Any) -> TrainingService:
+def parse_training_service(value: Any, info: ValidationInfo) -> TrainingService:
+    """The platform's model of a ``trainingService`` mapping (validated in the caller's
+    context: a sealed secret is accepted only from the bus)."""
     if isinstance(value, TrainingService):
         return value
     if isinstance(value, list):
@@ -214,7 +259,7 @@ def parse_training_service(value: Any) -> TrainingService:
     model = PLATFORMS.get(str(platform))
     if model is None:
         raise ValueError(f"unknown platform {platform!r}; available: {', '.join(PLATFORMS)}")
-    return model.model_validate(value)
+    return model.model_validate(value, context=info.context)
 
 
 class ExperimentConfig(NniModel):
@@ -320,8 +365,9 @@ class ExperimentConfig(NniModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
     def wire_json(self) -> dict[str, Any]:
-        """camelCase JSON with secrets in clear: only for sending the config to the dispatcher."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True, context=REVEAL)
+        """camelCase JSON with secrets in clear, as the user wrote them: only for a user's
+        request to the dispatcher (which keeps no copy of it; it seals what it stores)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True, context=CLEAR)
 
 
 def load_experiment_config(path: str | Path) -> ExperimentConfig:

@@ -7,9 +7,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, SerializeAsAny, field_serializer, field_validator
+from pydantic import Field, SerializeAsAny, field_validator
 
-from contracts.base import Contract
+from contracts.base import Contract, TrialToken
 from contracts.experiment import TrainingService, parse_training_service
 from contracts.state import TrialStatus
 
@@ -31,21 +31,18 @@ class TrialRequest(Contract):
     trial_gpu_number: int | None = None
     training_service: SerializeAsAny[TrainingService]
     #: HMAC of ``<experiment>/<trial>``: the trial's credential at the metrics gateway.
-    #: Revealed only on the dispatch subject of its platform, masked everywhere else.
-    token: SecretStr
+    #: Sealed on the dispatch subject of its platform (in clear there only from a dispatcher
+    #: without ``TRIALBUS_SECRETS_KEY``), masked everywhere else.
+    token: TrialToken
     #: Seconds the trial may run before it is stopped EARLY_STOPPED (enforced by the dispatcher).
     max_trial_duration: float | None = None
 
     _service = field_validator("training_service", mode="before")(parse_training_service)
 
-    @field_serializer("token", when_used="json")
-    def _reveal(self, token: SecretStr) -> str:
-        # Only ``encode`` (the dispatch subject) writes JSON; logs use repr, which masks it.
-        return token.get_secret_value()
-
 
 class TrialEvent(Contract):
-    """``events.<experiment>.<trial>``: a trial changed status. Dedupe id ``<trial>:<status>:<attempt>``."""
+    """``events.<experiment>.<trial>.<source>``: a trial changed status, said by its adapter or the
+    dispatcher (the source). Dedupe id ``<trial>:<status>:<attempt>``."""
 
     kind: Literal["trial.event"] = "trial.event"
     v: Literal[1] = 1

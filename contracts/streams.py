@@ -30,7 +30,7 @@ DISPATCH = StreamConfig(
 
 EVENTS = StreamConfig(
     name="EVENTS",
-    description="Trial status changes (events.<experiment>.<trial>)",
+    description="Trial status changes, each under its source (events.<experiment>.<trial>.<source>)",
     subjects=["events.>"],
     retention=RetentionPolicy.LIMITS,
     storage=StorageType.FILE,

@@ -1,6 +1,12 @@
 """Subject builders and dedupe ids (DESIGN.md, "Subjects, streams, buckets").
 
 Every subject and ``Nats-Msg-Id`` in Trialbus is built here and nowhere else.
+
+A trial event's subject names who published it: ``events.<experiment>.<trial>.<source>``,
+``<source>`` the adapter's name (``local-gpu``, ``remote``…) or ``dispatcher``. The NATS
+permissions (``k8s/base/nats/auth.conf``) let each user publish only on its own source, so
+the source is who the broker let speak, and the dispatcher applies an adapter's event only
+for the trials it dispatched to that adapter (:mod:`services.dispatcher.ownership`).
 """
 
 from __future__ import annotations
@@ -15,8 +21,27 @@ def dispatch(adapter: str) -> str:
     return f"dispatch.{adapter}"
 
 
-def events(experiment: str = "*", trial: str = "*") -> str:
-    return f"events.{experiment}.{trial}"
+#: The source of the events the dispatcher decides itself (WAITING, the ends it imposes).
+DISPATCHER = "dispatcher"
+
+
+def events(experiment: str = "*", trial: str = "*", source: str = "*") -> str:
+    """``events.<experiment>.<trial>.<source>``: a trial's status changes as ``source`` (an
+    adapter's name, or :data:`DISPATCHER`) reports them."""
+    return f"events.{experiment}.{trial}.{source}"
+
+
+def experiment_events(experiment: str) -> str:
+    """Every event of one experiment, whatever its trial and source: ``events.<experiment>.>``
+    (which also matches the source-less ``events.<experiment>.<trial>`` of older versions)."""
+    return f"events.{experiment}.>"
+
+
+def trial_events(experiment: str, trial: str) -> list[str]:
+    """The filters that read one trial's events: every source's, and the source-less
+    ``events.<experiment>.<trial>`` an older version wrote (a JetStream consumer takes both
+    as ``filter_subjects``)."""
+    return [events(experiment, trial), f"events.{experiment}.{trial}"]
 
 
 def metrics(experiment: str = "*", trial: str = "*") -> str:
@@ -63,6 +88,18 @@ def metric_id(trial: str, metric_type: str, sequence: int) -> str:
 
 
 def trial_from_subject(subject: str) -> tuple[str, str]:
-    """``events.<exp>.<trial>`` / ``metrics.<exp>.<trial>`` → (experiment, trial)."""
-    _, experiment, trial = subject.split(".", 2)
+    """``events.<exp>.<trial>[.<source>]`` / ``metrics.<exp>.<trial>`` → (experiment, trial)."""
+    _, experiment, trial, *_ = subject.split(".", 3)
     return experiment, trial
+
+
+def source_from_subject(subject: str) -> str | None:
+    """``events.<exp>.<trial>.<source>`` → the source (an adapter's name or ``dispatcher``).
+
+    None for a three-token ``events.<exp>.<trial>``: an event written by a version older than
+    sources, before an upgrade. Such an event predates the permission that now refuses that
+    subject to every user, so a reader takes it as it always did (the dispatcher applies it
+    to its trial); nobody can publish one any more where the broker has users.
+    """
+    parts = subject.split(".", 3)
+    return parts[3] if len(parts) == 4 else None

@@ -33,7 +33,7 @@ import yaml
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel, Field, ValidationError
 
@@ -52,6 +52,7 @@ from contracts.base import Contract, ContractError
 from contracts.experiment import format_validation_error, load_experiment_config, read_job_template, read_key_files
 from contracts.streams import EVENTS, METRICS
 from services.common.code import CodeUpload, upload_code
+from trialbus import local
 from trialbus.watcher import ExperimentWatcher, TrialOutcome
 
 __all__ = [
@@ -142,7 +143,8 @@ class AsyncClient:
     """Connect, then call; use as ``async with AsyncClient(url) as client: ...``.
 
     ``url`` may list several servers, comma-separated. ``user``/``password`` or ``creds``
-    (a ``.creds`` file) authenticate when the server requires it. ``request_timeout`` is in
+    (a ``.creds`` file) authenticate when the server requires it; given none, the client user of
+    a ``trialbus up`` on this machine at ``url`` is used (:mod:`trialbus.local`). ``request_timeout`` is in
     seconds. After the first connection, a lost connection is retried forever.
     """
 
@@ -186,6 +188,8 @@ class AsyncClient:
             return self
         self.url = url or self.url
         auth = {**self._auth, **{k: v for k, v in {"user": user, "password": password, "creds": creds}.items() if v}}
+        if not auth["user"] and not auth["creds"] and (found := local.credentials_for(self.url)):
+            auth["user"], auth["password"] = found  # `trialbus up` on this machine: its client user
 
         async def quiet(*_: object) -> None:  # the default callbacks log every retry at ERROR
             pass
@@ -336,8 +340,8 @@ class AsyncClient:
 
     # -- streams ---------------------------------------------------------------------------
 
-    async def _follow(self, stream: str, subject: str) -> AsyncIterator[bytes]:
-        """Payloads of an ordered consumer, oldest first.
+    async def _follow(self, stream: str, filters: list[str]) -> AsyncIterator[bytes]:
+        """Payloads of an ordered consumer on the subjects ``filters`` match, oldest first.
 
         A callback subscription fills a local buffer that this generator drains: nats-py's
         ``sub.messages`` spends a task and two loop turns per message, which halved the rate
@@ -362,8 +366,10 @@ class AsyncClient:
             ready.set()
 
         try:
+            several = ConsumerConfig(filter_subjects=filters) if len(filters) > 1 else None
             sub = await self.js.subscribe(
-                subject, stream=stream, cb=on_message, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+                filters[0], stream=stream, cb=on_message, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL,
+                config=several,
             )
         except NotFoundError:
             raise TrialbusError(503, f"stream {stream} does not exist yet; is the stack running?") from None
@@ -387,29 +393,33 @@ class AsyncClient:
 
     def events(self, experiment_id: str, trial_id: str = "*") -> AsyncIterator[TrialEvent]:
         """Every status change of the experiment's trials (or one trial), history first, then live."""
+        if trial_id == "*":
+            filters = [subjects.experiment_events(experiment_id)]
+        else:
+            filters = subjects.trial_events(experiment_id, trial_id)
         return self._unique(
-            EVENTS.name, subjects.events(experiment_id, trial_id), TrialEvent,
+            EVENTS.name, filters, TrialEvent,
             lambda e: subjects.event_id(e.trial_id, e.status.value, e.attempt),
         )
 
     def metrics(self, experiment_id: str, trial_id: str = "*") -> AsyncIterator[MetricRecord]:
         """Every metric of the experiment's trials (or one trial), history first, then live."""
         return self._unique(
-            METRICS.name, subjects.metrics(experiment_id, trial_id), MetricRecord,
+            METRICS.name, [subjects.metrics(experiment_id, trial_id)], MetricRecord,
             lambda r: subjects.metric_id(r.trial_id, r.type.value, r.sequence),
         )
 
     async def _unique(
-        self, stream: str, subject: str, model: type[M], dedupe_id: Callable[[M], str]
+        self, stream: str, filters: list[str], model: type[M], dedupe_id: Callable[[M], str]
     ) -> AsyncIterator[M]:
         """Decoded messages, each once: the stream's own dedupe id, applied again here in
         case a message was stored twice (a resend after the stream's dedupe window)."""
         seen: set[str] = set()
-        async for data in self._follow(stream, subject):
+        async for data in self._follow(stream, filters):
             try:
                 item = model.decode(data)
             except ContractError as exc:
-                log.warning("skipping a message on %s: %s", subject, exc)
+                log.warning("skipping a message on %s: %s", " ".join(filters), exc)
                 continue
             key = dedupe_id(item)
             if key not in seen:

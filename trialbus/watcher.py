@@ -88,7 +88,7 @@ class ExperimentWatcher:
     async def start(self) -> None:
         for stream, subject, handle in (
             (METRICS.name, subjects.metrics(self.experiment_id, ">"), self._on_metric),
-            (EVENTS.name, subjects.events(self.experiment_id, ">"), self._on_event),
+            (EVENTS.name, subjects.experiment_events(self.experiment_id), self._on_event),
         ):
             # A callback per message: nats-py's ``sub.messages`` spends a task and two loop
             # turns on each, and a tuner waiting on trials reads every metric they report.

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from contracts import TrainingService, TrialRequest, TrialStatus
 from contracts.base import utcnow
@@ -62,6 +62,9 @@ class AdapterSettings(ServiceSettings):
     wait_hold: float = Field(default=2.0, gt=0)
     #: Seconds between two writes of this replica's status to the ``platforms`` bucket.
     status_interval: float = Field(default=5.0, gt=0, le=20)
+    #: The dispatcher's TRIALBUS_SECRETS_KEY (Fernet key(s), comma-separated): unseals the
+    #: platform secrets and trial tokens of the requests. Without it such trials fail, saying so.
+    secrets_key: SecretStr | None = None
 
 
 @dataclass(frozen=True)

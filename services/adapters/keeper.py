@@ -1,15 +1,12 @@
 """What the adapters that run the trial keeper themselves (local-gpu on its host, remote
-over SSH, openpai through a shared file system) share: fetching and unpacking a code
-snapshot, and reading how a trial ended from the keeper's ``state.json``."""
+over SSH, openpai through a shared file system) share: fetching a code snapshot (checked
+and unpacked by :mod:`services.common.code_archive`), and reading how a trial ended from
+the keeper's ``state.json``."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-import io
-import os
-import shutil
-import tarfile
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,6 +17,7 @@ from contracts import TrialStatus
 from services.adapters.base import TrialOutcome
 from services.adapters.errors import PermanentError, TransientError
 from services.common.bus import Bus
+from services.common.code_archive import UnsafeArchive, check_archive
 
 
 class Bundle:
@@ -52,36 +50,15 @@ async def fetch_code(bus: Bus, digest: str) -> bytes:
     return archive
 
 
-class UnsafeArchive(ValueError):
-    """A code snapshot that is not a tar.gz, or would write outside its directory."""
-
-
-def extract_code(archive: bytes, dest: Path) -> None:
-    """Unpack a code snapshot (tar.gz) into ``dest`` atomically.
-
-    Unpacks into a temporary sibling, then renames it: a reader sees all of it or none.
-    Members with absolute paths, ``..``, links leaving the tree or device files are
-    refused (tarfile's ``data`` filter, plus an explicit check that names the member).
-    """
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+async def fetch_checked_code(bus: Bus, digest: str) -> bytes:
+    """:func:`fetch_code`, then every check of an unpacking (for the remote adapter, whose agent
+    unpacks it on the machine): an unsafe snapshot fails the trial with the member's name."""
+    archive = await fetch_code(bus, digest)
     try:
-        try:
-            with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-                for member in tar.getmembers():
-                    parts = Path(member.name).parts
-                    if member.name.startswith("/") or ".." in parts:
-                        raise UnsafeArchive(f"member {member.name!r} would be written outside the code directory")
-                tar.extractall(tmp, filter="data")
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            raise UnsafeArchive(f"cannot unpack the code snapshot: {exc}") from exc
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if not dest.is_dir():  # not "another process won the race"
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        await asyncio.to_thread(check_archive, archive)
+    except UnsafeArchive as exc:
+        raise PermanentError(f"code snapshot sha256:{digest}: {exc}") from None
+    return archive
 
 
 def outcome_of(state: dict, keeper_status: int | None, keeper_out: str | None = None) -> TrialOutcome:

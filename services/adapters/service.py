@@ -52,6 +52,7 @@ from contracts import (
     PlatformStatus,
     TrialRequest,
     TrialStatus,
+    sealing,
     streams,
     subjects,
 )
@@ -281,6 +282,8 @@ class AdapterService(Service):
             try:
                 while True:  # more than one round only for a request that waits for capacity
                     try:
+                        if (unreadable := sealing.unreadable(request)) is not None:  # no key, or not the dispatcher's
+                            raise PermanentError(f"the trial's secrets cannot be read here: {unreadable}")
                         handle = await self.adapter.launch(request)
                     except Waiting as exc:
                         if await self._wait(owned, msg, str(exc), received):
@@ -429,7 +432,10 @@ class AdapterService(Service):
         if (request := _decode(CheckRequest, msg)) is None:
             return
         try:
-            problems = await self.adapter.check(request.training_service)
+            if (unreadable := sealing.unreadable(request)) is not None:
+                problems = [f"the {self.adapter.name} adapter cannot read the experiment's secrets: {unreadable}"]
+            else:
+                problems = await self.adapter.check(request.training_service)
         except Exception as exc:  # a bug must not block creating experiments
             log.exception("cannot check a training service")
             problems = [f"the {self.adapter.name} adapter could not check the platform: {exc}"]

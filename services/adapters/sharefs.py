@@ -31,8 +31,9 @@ from pydantic import Field
 from contracts import TrialRequest
 from services.adapters.base import AdapterSettings
 from services.adapters.errors import PermanentError
-from services.adapters.keeper import Bundle, UnsafeArchive, extract_code, fetch_code
+from services.adapters.keeper import Bundle, fetch_code
 from services.common.bus import Bus
+from services.common.code_archive import UnsafeArchive, extract_code
 
 MARK = "TRIALBUS_COMMAND"
 

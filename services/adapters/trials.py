@@ -223,7 +223,7 @@ class OwnedTrials:
             experiment_id=owned.experiment_id, trial_id=owned.trial_id, attempt=owned.attempt, status=status,
             platform=self.adapter.name, replica=self.settings.replica, **fields,
         )
-        subject = subjects.events(owned.experiment_id, owned.trial_id)
+        subject = subjects.events(owned.experiment_id, owned.trial_id, self.adapter.name)  # its own only
         headers = {"Nats-Msg-Id": msg_id or subjects.event_id(owned.trial_id, status.value, owned.attempt)}
         payload, delay = event.encode(), 0.1
         while True:

@@ -19,6 +19,8 @@ Guarantees:
 - Symbolic links are followed, as NNI does; a broken link or a loop is an error.
 - :func:`upload_code` stores the archive in the ``code`` object store under its hex
   digest only when no object of that name exists, so a second upload sends nothing.
+- An archive from anyone else (``POST /api/v1/code``, the store) is untrusted input: it is
+  checked and unpacked only by :mod:`services.common.code_archive`, never by tarfile directly.
 """
 
 from __future__ import annotations
@@ -230,8 +232,12 @@ def pack_code(directory: str | Path, *, max_files: int = MAX_FILES, max_bytes: i
                 raise PackingError(f"{root} holds more than {max_bytes // (1024 * 1024)} MiB of files; {hint}")
             info.size = st.st_size
             info.mode = 0o755 if st.st_mode & stat.S_IXUSR else 0o644
-            with path.open("rb") as f:
-                tar.addfile(info, f)
+            try:
+                with path.open("rb") as f:
+                    tar.addfile(info, f)
+            except OSError as exc:  # unreadable, or not the size it said (/proc, a file being written)
+                raise PackingError(f"cannot read {path}: {exc.strerror or exc}; remove it or list it in "
+                                   f"{IGNORE_FILE}") from None  # fmt: skip
     data = buffer.getvalue()
     return CodeArchive(data, "sha256:" + hashlib.sha256(data).hexdigest())
 
@@ -248,23 +254,11 @@ async def code_store(js: JetStreamContext) -> ObjectStore:
         return await js.object_store(CODE_STORE.bucket)
 
 
-def check_archive(data: bytes) -> str:
-    """Check that ``data`` is a tar.gz whose members stay inside their folder; its ``sha256:<hex>``."""
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            for member in tar.getmembers():
-                name = member.name
-                if name.startswith("/") or ".." in Path(name).parts:
-                    raise PackingError(f"code archive member {name!r} would land outside the code directory")
-                if not (member.isfile() or member.isdir()):
-                    raise PackingError(f"code archive member {name!r} is not a regular file or directory")
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise PackingError(f"the body is not a tar.gz archive of a code directory ({exc})") from None
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
 async def store_archive(bus_or_js: object, data: bytes, ref: str) -> str:
-    """Put an archive in the ``code`` store under its digest unless it is there; return ``ref``."""
+    """Put an archive in the ``code`` store under its digest unless it is there; return ``ref``.
+
+    Check an archive that is not from :func:`pack_code` with ``code_archive.check_archive`` first.
+    """
     js: JetStreamContext = getattr(bus_or_js, "js", bus_or_js)
     store = await code_store(js)
     digest = ref.removeprefix("sha256:")

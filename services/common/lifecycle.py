@@ -19,6 +19,7 @@ import signal
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+from contracts import sealing
 from services.common import logs
 from services.common.bus import Bus, bootstrap, connect
 from services.common.settings import ServiceSettings
@@ -47,6 +48,7 @@ def run(factory: Callable[[], tuple[Service, ServiceSettings]]) -> None:
     """Entry point of every ``python -m services.<name>``."""
     service, settings = factory()
     logs.setup(service.name, settings.log_level, settings.log_json)
+    _install_secrets_key(service, settings)
     try:
         import uvloop
 
@@ -54,6 +56,23 @@ def run(factory: Callable[[], tuple[Service, ServiceSettings]]) -> None:
     except ImportError:  # pragma: no cover - uvloop is a dependency; stay correct without it
         pass
     raise SystemExit(asyncio.run(_main(service, settings)))
+
+
+def _install_secrets_key(service: Service, settings: ServiceSettings) -> None:
+    """Give this process the key of platform secrets, if its settings have one (the
+    dispatcher's and the adapters' only: clients, the web UI and the tuner never hold it)."""
+    if "secrets_key" not in type(settings).model_fields:
+        return
+    key = getattr(settings, "secrets_key", None)
+    try:
+        count = sealing.install(key.get_secret_value() if key is not None else None)
+    except sealing.SealingError as exc:
+        raise SystemExit(f"{service.name}: {exc}") from None
+    if count:
+        log.info("platform secrets are sealed on the bus (%s: %d key(s))", sealing.ENV, count)
+    else:
+        log.warning("no %s: platform secrets (tokens, passwords, keys) can be neither sealed nor unsealed here; "
+                    "an experiment holding one is refused, and its trials fail, saying so", sealing.ENV)  # fmt: skip
 
 
 async def _main(service: Service, settings: ServiceSettings) -> int:

@@ -7,6 +7,7 @@ All settings come from the environment with the prefix ``TRIALBUS_`` (for exampl
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,3 +34,21 @@ class ServiceSettings(BaseSettings):
     #: Copies JetStream keeps of every stream, bucket and the code store (3 on a NATS cluster
     #: of 3, so one server's restart pauses nothing); applied by whoever creates them.
     stream_replicas: int = Field(default=1, ge=1, le=5)
+
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+def load_settings(cls: type[S], service: str) -> S:
+    """``cls()`` from the environment, or exit with one line per problem that names its variable."""
+    from pydantic import ValidationError
+
+    try:
+        return cls()
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            message = str(error["msg"]).removeprefix("Value error, ")
+            where = "_".join(map(str, error["loc"])).upper()
+            problems.append(f"TRIALBUS_{where}: {message}" if where else message)
+        raise SystemExit(f"{service}: invalid settings: {'; '.join(problems)}") from None

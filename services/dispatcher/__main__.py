@@ -1,23 +1,13 @@
 """``python -m services.dispatcher``"""
 
-import sys
-
-from pydantic import ValidationError
-
 from services.common.lifecycle import run
+from services.common.settings import load_settings
 from services.dispatcher.service import DispatcherService
 from services.dispatcher.settings import DispatcherSettings
 
 
 def main() -> None:
-    try:
-        settings = DispatcherSettings()
-    except ValidationError as exc:
-        missing = [".".join(map(str, e["loc"])) for e in exc.errors()]
-        sys.exit(
-            f"dispatcher: invalid settings ({exc.error_count()} problem(s): {', '.join(missing)}). "
-            "TRIALBUS_TRIAL_SECRET is required and must match the metrics gateway's."
-        )
+    settings = load_settings(DispatcherSettings, "dispatcher")
     run(lambda: (DispatcherService(settings), settings))
 
 

@@ -6,21 +6,29 @@ the NATS API (:mod:`services.dispatcher.bus_api`) calls the very same methods.
 
 from __future__ import annotations
 
-import json
-import secrets
 from collections.abc import Callable
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+import orjson
+from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.common import openapi as doc
 from services.common import platforms
+from services.common.auth import Access, AccessDenied, require_content_type
 from services.common.bus import Bus
 from services.common.http import health_routes
+from services.dispatcher import openapi as spec
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.errors import ApiError
+from services.dispatcher.openapi import CHANGE, CODE_TYPES, READ
 from services.dispatcher.settings import DispatcherSettings
+
+#: Documents the bearer token in the OpenAPI schema; the check itself is ``authorize`` below.
+BEARER = HTTPBearer(auto_error=False, description="TRIALBUS_API_TOKEN (`trialbus up` keeps it in <data>/api-token)")
 
 
 def create_app(
@@ -28,6 +36,9 @@ def create_app(
 ) -> FastAPI:
     app = FastAPI(title="Trialbus dispatcher", version="1", docs_url="/api/docs", openapi_url="/api/openapi.json")
     app.include_router(health_routes(bus))
+    if settings.allowed_origins:  # CORS only where configured, for those origins only
+        app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins, allow_methods=["*"],
+                           allow_headers=["Authorization", "Content-Type"])  # fmt: skip
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -41,15 +52,14 @@ def create_app(
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"error": "; ".join(e["msg"] for e in exc.errors())}, status_code=422)
 
+    access = Access(settings)
+
+    @app.exception_handler(AccessDenied)
+    async def denied(_: Request, exc: AccessDenied) -> JSONResponse:
+        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+
     def authorize(request: Request) -> None:
-        if settings.api_token is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            raise ApiError(401, "missing bearer token: send 'Authorization: Bearer <token>' (the TRIALBUS_API_TOKEN)")
-        if not secrets.compare_digest(token.encode(), settings.api_token.get_secret_value().encode()):
-            raise ApiError(401, "wrong bearer token")
+        access.role(request)
 
     async def body(request: Request, limit: int) -> bytes:
         declared = request.headers.get("content-length")
@@ -63,42 +73,49 @@ def create_app(
         return data
 
     async def json_body(request: Request) -> dict:
+        require_content_type(request, "application/json")
         raw = await body(request, settings.api_max_body)
-        try:
-            data = json.loads(raw)
+        try:  # as the NATS API parses: no NaN, no lone surrogate (neither can be stored), 1024 levels at most
+            data = orjson.loads(raw)
         except ValueError as exc:
             raise ApiError(400, f"request body is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise ApiError(400, "request body must be a JSON object")
         return data
 
-    api = APIRouter(prefix="/api/v1", dependencies=[Depends(authorize)])
+    api = APIRouter(prefix="/api/v1", dependencies=[Depends(authorize), Security(BEARER)])
 
-    @api.post("/code", status_code=201)
+    @api.post("/code", status_code=201, openapi_extra=spec.code_body,
+              responses={**doc.answer(201, "stored", spec.CREATED_CODE), **doc.refusals(*CHANGE, 413, 415)})
     async def put_code(request: Request) -> dict:
+        require_content_type(request, *CODE_TYPES)
         archive = await body(request, settings.api_max_code)
         return {"codeRef": await dispatcher().put_code(archive)}
 
-    @api.post("/experiments", status_code=201)
+    @api.post("/experiments", status_code=201, openapi_extra=spec.experiment_body,
+              responses={**doc.answer(201, "created", spec.CREATED_EXPERIMENT),
+                         **doc.refusals(*CHANGE, 413, 415)})
     async def create_experiment(request: Request) -> dict:
         state = await dispatcher().create_experiment(await json_body(request))
         return {"id": state.id}
 
-    @api.get("/experiments")
+    @api.get("/experiments", responses=doc.refusals(*READ))
     async def list_experiments() -> list[dict]:
         return dispatcher().list_experiments()
 
-    @api.get("/experiments/{experiment_id}")
+    @api.get("/experiments/{experiment_id}", responses=doc.refusals(*READ, 404))
     async def get_experiment(experiment_id: str) -> dict:
         core = dispatcher()
         return core.experiment_view(core.experiment(experiment_id))
 
-    @api.delete("/experiments/{experiment_id}")
+    @api.delete("/experiments/{experiment_id}", responses=doc.refusals(*CHANGE, 404))
     async def stop_experiment(experiment_id: str) -> dict:
         core = dispatcher()
         return core.experiment_view(await core.stop_experiment(experiment_id))
 
-    @api.post("/experiments/{experiment_id}/trials", status_code=201)
+    @api.post("/experiments/{experiment_id}/trials", status_code=201, openapi_extra=spec.trial_body,
+              responses={**doc.answer(201, "submitted (WAITING)", spec.SUBMITTED_TRIAL),
+                         **doc.refusals(*CHANGE, 404, 409, 413, 415)})
     async def submit_trial(experiment_id: str, request: Request) -> dict:
         data = await json_body(request)
         unknown = set(data) - {"parameters", "parameterId"}
@@ -109,30 +126,32 @@ def create_app(
         trial = await dispatcher().submit_trial(experiment_id, data["parameters"], data.get("parameterId"))
         return {"id": trial.id, "sequenceId": trial.sequence_id, "status": trial.status.value}
 
-    @api.get("/experiments/{experiment_id}/trials")
+    @api.get("/experiments/{experiment_id}/trials", responses=doc.refusals(*READ, 404))
     async def list_trials(experiment_id: str) -> list[dict]:
         return dispatcher().list_trials(experiment_id)
 
-    @api.get("/trials/{trial_id}")
+    @api.get("/trials/{trial_id}", responses=doc.refusals(*READ, 404))
     async def get_trial(trial_id: str) -> dict:
         return dispatcher().trial(trial_id).view()
 
-    @api.get("/trials/{trial_id}/metrics")
+    @api.get("/trials/{trial_id}/metrics", responses=doc.refusals(*READ, 404))
     async def trial_metrics(trial_id: str) -> list[dict]:
         return await dispatcher().trial_metrics(trial_id)
 
-    @api.post("/trials/{trial_id}/cancel", status_code=202)
+    @api.post("/trials/{trial_id}/cancel", status_code=202,
+              responses={**doc.answer(202, "canceling", spec.CANCELED_TRIAL), **doc.refusals(*CHANGE, 404, 409)})
     async def cancel_trial(trial_id: str) -> dict:
         trial = await dispatcher().cancel_trial(trial_id)
         return {"id": trial.id, "status": trial.status.value}
 
-    @api.get("/trials/{trial_id}/log", response_class=PlainTextResponse)
+    @api.get("/trials/{trial_id}/log", response_class=PlainTextResponse,
+             responses=doc.refusals(*READ, 404, 409, 503, why=spec.NO_ADAPTER))
     async def trial_log(trial_id: str, maxBytes: int = 64 * 1024) -> str:  # noqa: N803 - query name is camelCase
         if not 0 < maxBytes <= 4 * 1024 * 1024:
             raise ApiError(422, "maxBytes must be between 1 and 4194304")
         return await dispatcher().trial_log(trial_id, maxBytes)
 
-    @api.get("/platforms")
+    @api.get("/platforms", responses=doc.refusals(*READ))
     async def list_platforms() -> list[dict]:
         return [status.to_json() for status in await platforms.statuses(dispatcher().bus)]
 

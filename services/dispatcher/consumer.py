@@ -65,8 +65,12 @@ class StreamReader:
         handle: Callable[[list[Msg]], Awaitable[None]],
         batch: int,
         on_floor: Callable[[int], None] = lambda seq: None,
+        inbox_prefix: str = "_INBOX",
     ) -> None:
         self.js = js
+        #: Where this connection may receive (``_INBOX_<user>`` under users): a consumer that
+        #: delivers elsewhere (made by a run with another user, or none) is made again.
+        self.inbox_prefix = inbox_prefix
         self.stream = stream
         self.handle = handle
         self.batch = batch
@@ -162,9 +166,16 @@ class StreamReader:
             await self.js.delete_consumer(self.stream, config.durable_name)
             return config
         floor = info.ack_floor.stream_seq
-        if info.delivered.stream_seq <= floor:
+        ours = info.config.deliver_subject.startswith(self.inbox_prefix + ".")
+        if info.delivered.stream_seq <= floor and ours:
             return config
-        log.info("%s: messages %d to %d were delivered but never acked (a previous run died holding them); "
-                 "reading them again", self.stream, floor + 1, info.delivered.stream_seq)  # fmt: skip
+        if not ours:  # e.g. made before the broker had users: we could not subscribe to it
+            log.info("%s: making the consumer %s again, to deliver to this user's inbox (from message %d)",
+                     self.stream, config.durable_name, floor + 1)  # fmt: skip
+        else:
+            log.info("%s: messages %d to %d were delivered but never acked (a previous run died holding them); "
+                     "reading them again", self.stream, floor + 1, info.delivered.stream_seq)  # fmt: skip
         await self.js.delete_consumer(self.stream, config.durable_name)
+        if floor == 0:
+            return config
         return dataclasses.replace(config, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=floor + 1)

@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from contracts import subjects
+from contracts import sealing, subjects
 from contracts.base import utcnow
-from contracts.experiment import ExperimentConfig, format_validation_error
+from contracts.experiment import ExperimentConfig, format_validation_error, secret_paths
 from contracts.messages import CancelRequest, TrialEvent
 from contracts.state import ExperimentState, ExperimentStatus, TrialState, TrialStatus
 from services.common.bus import Bus
@@ -32,6 +32,7 @@ from services.common.logs import bind
 from services.dispatcher import history, snapshots
 from services.dispatcher.errors import ApiError
 from services.dispatcher.folds import MetricFold, MetricsProgress
+from services.dispatcher.ownership import EventGate
 from services.dispatcher.requests import trial_request
 from services.dispatcher.settings import DispatcherSettings
 from services.dispatcher.store import StateStore
@@ -63,6 +64,8 @@ class Dispatcher:
         self._by_parameter: dict[str, dict[int | str, str]] = defaultdict(dict)
         #: how far the METRICS stream is applied (a trial's end waits for its metrics)
         self.metrics = MetricsProgress()
+        #: which events may change a trial: its owner's only (:mod:`.ownership`)
+        self.gate = EventGate()
 
     # ------------------------------------------------------------------ start
 
@@ -110,6 +113,8 @@ class Dispatcher:
             config = ExperimentConfig.model_validate(data)
         except ValidationError as exc:
             raise ApiError(422, format_validation_error(exc)) from None
+        if not sealing.installed() and (held := secret_paths(config)):  # never stored in clear
+            raise ApiError(422, f"{sealing.NO_KEY} (this experiment's config holds {', '.join(held)})")
         await history.check_platform(self.bus, config, self.settings.check_timeout)
         code_ref = await snapshots.code_ref_for(self.bus, config)
         if code_ref != config.trial_code_ref:
@@ -242,23 +247,28 @@ class Dispatcher:
 
     # ------------------------------------------------------------ bus inputs
 
-    async def on_events(self, events: list[TrialEvent]) -> None:
-        """Apply a batch of adapters' events; returns once their effect is in KV (then ack).
+    async def on_events(self, events: list[tuple[str, TrialEvent]]) -> None:
+        """Apply a batch of adapters' events, each with the subject it came on; returns once
+        their effect is in KV (then ack).
 
-        Idempotent: replays and duplicates change nothing. The trials' new states are
-        written together at the end (one write per trial, however many of its events the
-        batch holds), together with the requests of the trials that took the freed slots.
+        Idempotent: replays and duplicates change nothing. An event from anyone but its
+        trial's adapter (or the dispatcher) is refused (:mod:`.ownership`). The trials' new
+        states are written together at the end (one write per trial, however many of its
+        events the batch holds), together with the requests of the trials that took the freed slots.
         """
         sends: list[TrialState] = []
-        for event in events:
-            await self.on_event(event, sends)
-        await asyncio.gather(self.store.flush(event.trial_id for event in events), *(self._send(t) for t in sends))
+        for subject, event in events:
+            await self.on_event(subject, event, sends)
+        flush = self.store.flush(event.trial_id for _, event in events)
+        await asyncio.gather(flush, *(self._send(t) for t in sends))
 
-    async def on_event(self, event: TrialEvent, sends: list[TrialState]) -> None:
+    async def on_event(self, subject: str, event: TrialEvent, sends: list[TrialState]) -> None:
         """Apply one event to the cache. Its trial's state is left for :meth:`on_events` to
         flush, and the trials that take a slot it freed are added to ``sends``: no round trip
         happens under the experiment lock."""
         trial = self.store.trials.get(event.trial_id)
+        if not self.gate.admits(subject, event, trial.platform if trial else None):
+            return
         if trial is None or event.attempt != trial.attempt:
             return
         if event.status == TrialStatus.WAITING:  # an adapter says what the dispatched trial waits for
@@ -505,7 +515,7 @@ class Dispatcher:
             exit_code=trial.exit_code,
         )
         await self.bus.js.publish(
-            subjects.events(trial.experiment_id, trial.id),
+            subjects.events(trial.experiment_id, trial.id, subjects.DISPATCHER),
             event.encode(),
             headers={"Nats-Msg-Id": subjects.event_id(trial.id, status.value, trial.attempt)},
         )

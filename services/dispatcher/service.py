@@ -18,6 +18,7 @@ from nats.aio.subscription import Subscription
 
 from contracts.base import ContractError
 from contracts.messages import TrialEvent
+from services.common.auth import bind_host
 from services.common.bus import Bus
 from services.common.http import HttpServer
 from services.common.lifecycle import Service
@@ -51,22 +52,24 @@ class DispatcherService(Service):
         await store.load(bus)
         self.core = Dispatcher(self.settings, bus, store)
         self.core.rebuild()
+        inbox = bus.nc.new_inbox().rpartition(".")[0]
         self._readers = [
-            StreamReader(bus.js, "EVENTS", self._on_events, batch=64),
-            StreamReader(bus.js, "METRICS", self._on_metrics, batch=1000, on_floor=self.core.metrics.applied),
+            StreamReader(bus.js, "EVENTS", self._on_events, batch=64, inbox_prefix=inbox),
+            StreamReader(bus.js, "METRICS", self._on_metrics, batch=1000, on_floor=self.core.metrics.applied,
+                         inbox_prefix=inbox),  # fmt: skip
         ]
         self._tasks = [
             *(asyncio.create_task(reader.run(self._stopping)) for reader in self._readers),
             asyncio.create_task(self._sweep()),
         ]
         self._api = await bus_api.serve(bus, self.core)
-        self.http = HttpServer(
-            create_app(self.settings, lambda: self.core, lambda: self.bus),
-            self.settings.api_host,
-            self.settings.api_port,
-        )
+        host = bind_host(self.settings, self.settings.api_host, "the REST API")
+        app = create_app(self.settings, lambda: self.core, lambda: self.bus)
+        self.http = HttpServer(app, host, self.settings.api_port)
         await self.http.start()
-        log.info("REST API on http://%s:%d/api/v1", self.settings.api_host, self.http.port)
+        roles = "no token" if self.settings.api_token is None else (
+            "full and read-only tokens" if self.settings.api_read_token else "token required")
+        log.info("REST API on http://%s:%d/api/v1 (%s)", host, self.http.port, roles)
 
     def failed(self) -> BaseException | None:
         for task in self._tasks:
@@ -87,10 +90,10 @@ class DispatcherService(Service):
             await reader.close()
 
     async def _on_events(self, msgs: list[Msg]) -> None:
-        events = []
+        events = []  # each with its subject: it names the publisher (the trial's owner or not)
         for msg in msgs:
             try:
-                events.append(TrialEvent.decode(msg.data))
+                events.append((msg.subject, TrialEvent.decode(msg.data)))
             except ContractError as exc:
                 log.error("dropping malformed event on %s: %s", msg.subject, exc)
         await self.core.on_events(events)

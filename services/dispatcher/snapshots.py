@@ -11,7 +11,8 @@ import asyncio
 
 from contracts.experiment import ExperimentConfig
 from services.common.bus import Bus
-from services.common.code import PackingError, check_archive, store_archive, upload_code
+from services.common.code import PackingError, store_archive, upload_code
+from services.common.code_archive import check_archive
 from services.dispatcher.errors import ApiError
 
 

@@ -22,7 +22,8 @@ from datetime import datetime
 from typing import NamedTuple
 
 import orjson
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request, Response, Security
+from fastapi.security import HTTPBearer
 from nats.errors import Error as NatsError
 from prometheus_client import Counter, Histogram
 
@@ -31,6 +32,7 @@ from contracts.base import utcnow
 from services.common import logs, tokens
 from services.common.bus import Bus
 from services.common.http import health_routes
+from services.metrics_gateway import openapi as spec
 from services.metrics_gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,8 @@ NOT_IN_SUBJECTS = frozenset(".*> \t\r\n")
 RECORDS = Counter("trialbus_gateway_records", "Metric records accepted, by outcome", ["outcome"])
 BATCHES = Counter("trialbus_gateway_batches", "Batches answered 200")
 REJECTIONS = Counter("trialbus_gateway_rejections", "Requests refused, by reason", ["reason"])
+#: Documents the trial's token in the OpenAPI schema; :meth:`Intake.accept` checks it.
+TRIAL_TOKEN = HTTPBearer(auto_error=False, description="the trial's token (TRIALBUS_TRIAL_TOKEN in its environment)")
 PUBLISH_SECONDS = Histogram("trialbus_gateway_publish_seconds", "Seconds from a batch's first publish to its last ack")
 
 
@@ -104,11 +108,19 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def loads(text: str | bytes) -> object:
-    """JSON as NNI writes it: orjson first (fast), ``json`` for NaN / Infinity (json_tricks emits them)."""
+    """JSON as NNI writes it: orjson first (fast), ``json`` for NaN / Infinity (json_tricks emits them).
+
+    ValueError for what only ``json`` reads but cannot be published (lone surrogates, nesting past
+    the recursion limit), so a record that passes never fails later."""
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
-        return json.loads(text)
+        try:
+            value = json.loads(text)
+            orjson.dumps(value)
+        except (RecursionError, TypeError) as exc:
+            raise ValueError(f"cannot be published: {exc}") from None
+        return value
 
 
 def parse_batch(body: bytes, max_records: int) -> tuple[str, list]:
@@ -257,7 +269,8 @@ def create_app(settings: GatewaySettings, bus: Callable[[], Bus | None], publish
     app.include_router(health_routes(bus))
     intake = Intake(settings, bus, publish)
 
-    @app.post("/api/v1/trials/{trial_id}/metrics")
+    @app.post("/api/v1/trials/{trial_id}/metrics", dependencies=[Security(TRIAL_TOKEN)], responses=spec.RESPONSES,
+              openapi_extra=spec.batch_body(settings.gateway_max_records, RECORD_TYPES))
     async def post_metrics(trial_id: str, request: Request) -> Response:
         try:
             accepted = await intake.accept(trial_id, request)

@@ -21,39 +21,41 @@ API (JSON; every refusal is ``{"error": "<what to do>"}`` with a 4xx/5xx status)
     GET  /api/trials/{id}/metrics/stream        server-sent ``metrics`` events: the trial's records,
                                                 history first, then live (``problem`` if unreadable)
 
-With ``api_token`` set, everything but ``/healthz``, ``/metrics``, ``/login`` and the static
-files (which hold no data) needs
-``Authorization: Bearer <token>`` or the cookie ``/login`` sets. The cookie holds an HMAC
-of the token, not the token: it opens the web UI and nothing else. POSTs that a browser
-sends from another site (its ``Origin`` is not this host) are refused, so a page
-elsewhere cannot cancel trials through a browser that is logged in, or on localhost.
+Who may call is :mod:`services.common.auth` (the dispatcher's tokens and checks): everything but
+``/healthz``, ``/metrics``, ``/login`` and the static files (which hold no data) needs
+``Authorization: Bearer <token>`` or the cookie ``/login`` sets, and a ``Host`` of this machine.
+The cookie (``SameSite=Strict``, ``HttpOnly``) holds an HMAC of the token and its role, not the
+token: it opens the web UI and nothing else; the read-only token's cookie cannot cancel or
+stop. POSTs that a browser sends from another site (its ``Origin`` is not this host) are
+refused, so a page elsewhere cannot cancel trials through a browser that is logged in.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import html
-import secrets
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import nats.errors
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, StreamingResponse
+from fastapi.security import APIKeyCookie, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.common import openapi as doc
+from services.common.auth import Access, AccessDenied, session_value
 from services.common.bus import Bus
 from services.common.http import health_routes
 from services.webui import curves
+from services.webui import openapi as spec
 from services.webui.actions import Dispatcher, Refused
 from services.webui.hub import KEEPALIVE, RETRY, Hub, frame
 from services.webui.model import Model
+from services.webui.openapi import CHANGE, READ, RELAYED
 from services.webui.settings import WebuiSettings
 
 STATIC = Path(__file__).parent / "static"
@@ -70,11 +72,11 @@ SECURITY_HEADERS = {
 #: Seconds between keep-alive comments on an idle event stream.
 KEEPALIVE_SECONDS = 15.0
 MAX_LOG_BYTES = 4 * 1024 * 1024
-
-
-def session_value(token: str) -> str:
-    """What the cookie holds: an HMAC of the token, so the cookie is no API credential."""
-    return hmac.new(token.encode(), b"trialbus-webui-session", hashlib.sha256).hexdigest()
+#: The two ways to present the token, documented in the OpenAPI schema; ``authorize`` checks them.
+CREDENTIALS = [
+    Security(HTTPBearer(auto_error=False, description="TRIALBUS_API_TOKEN (or the read-only token)")),
+    Security(APIKeyCookie(name=COOKIE, auto_error=False, description="the session cookie /login sets")),
+]
 
 
 def load_static(folder: Path = STATIC) -> dict[str, tuple[bytes, str]]:
@@ -106,11 +108,14 @@ def json_response(body: Any, status: int = 200) -> Response:
 def create_app(
     settings: WebuiSettings, model: Model, hub: Hub, bus: Callable[[], Bus | None], dispatcher: Dispatcher
 ) -> FastAPI:
-    app = FastAPI(title="Trialbus web UI", docs_url=None, redoc_url=None, openapi_url=None)
+    # The OpenAPI schema holds no data, so it is served without a token (as the dispatcher's); no docs pages.
+    app = FastAPI(title="Trialbus web UI", docs_url=None, redoc_url=None, openapi_url="/api/openapi.json")
     app.include_router(health_routes(bus))
     static = load_static()
     token = settings.api_token.get_secret_value() if settings.api_token else None
-    session = session_value(token) if token else None
+    read_token = settings.api_read_token.get_secret_value() if settings.api_read_token else None
+    access = Access(settings, hint="open /login?token=<TRIALBUS_API_TOKEN> once in this browser (`trialbus up` "
+                                   "prints the link), or send 'Authorization: Bearer <TRIALBUS_API_TOKEN>'")
 
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused) -> Response:
@@ -135,62 +140,57 @@ def create_app(
         return await refused(request, Refused(400, problems))
 
     def authorize(request: Request) -> None:
-        if token is None:
-            return
-        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and presented:
-            if secrets.compare_digest(presented.strip().encode(), token.encode()):
-                return
-            raise Refused(401, "wrong bearer token: send the TRIALBUS_API_TOKEN the web UI was started with")
-        cookie = request.cookies.get(COOKIE)
-        if cookie and secrets.compare_digest(cookie.encode(), session.encode()):
-            return
-        raise Refused(401, "this Trialbus web UI needs the API token: open /login?token=<TRIALBUS_API_TOKEN> "
-                           "once in this browser, or send 'Authorization: Bearer <TRIALBUS_API_TOKEN>'")  # fmt: skip
-
-    def same_origin(request: Request) -> None:
-        origin = request.headers.get("origin")
-        if origin and urlsplit(origin).netloc != request.headers.get("host"):
-            raise Refused(403, f"cross-site request from {origin} refused: use the web UI's own page")
+        try:
+            request.state.role = access.role(request, request.cookies.get(COOKIE))
+        except AccessDenied as exc:
+            raise Refused(exc.status, exc.message) from None
 
     @app.get("/login", include_in_schema=False)
     async def login(request: Request) -> Response:
+        try:
+            access.check_host(request)
+        except AccessDenied as exc:
+            raise Refused(exc.status, exc.message) from None
         given = request.query_params.get("token")
         if token is None:
             return RedirectResponse("/", status_code=303)
         if not given:
-            raise Refused(400, "add the API token: /login?token=<TRIALBUS_API_TOKEN>")
-        if not secrets.compare_digest(given.encode(), token.encode()):
-            raise Refused(401, "wrong token: use the TRIALBUS_API_TOKEN the web UI was started with")
+            raise Refused(400, "add the API token: /login?token=<TRIALBUS_API_TOKEN> (`trialbus up` prints this link)")
+        role = access.match(given)
+        if role is None:
+            raise Refused(401, "wrong token: use the TRIALBUS_API_TOKEN (or read-only token) the stack runs with; "
+                               "`trialbus up` keeps it in <data>/api-token")  # fmt: skip
         answer = RedirectResponse("/", status_code=303)
-        answer.set_cookie(COOKIE, session, httponly=True, samesite="strict", path="/")
+        answer.set_cookie(COOKIE, session_value(token if role == "full" else read_token, role), httponly=True,
+                          samesite="strict", path="/")  # fmt: skip
         return answer
 
-    pages = APIRouter(dependencies=[Depends(authorize)])
+    pages = APIRouter(dependencies=[Depends(authorize), *CREDENTIALS])
 
     def shell() -> Response:
         content, media_type = static["index.html"]
         return Response(content, media_type=media_type, headers=SECURITY_HEADERS)
 
-    @pages.get("/")
+    @pages.get("/", responses=spec.page(*READ))
     async def newest() -> Response:
         return shell()
 
-    @pages.get("/experiments/{experiment_id}")
+    @pages.get("/experiments/{experiment_id}", responses=spec.page(*READ, 404))
     async def experiment_page(experiment_id: str) -> Response:
         if experiment_id not in model.experiments:
             raise Refused(404, f"there is no experiment {experiment_id!r} (it may have been removed, or the id is "
                                "mistyped)")  # fmt: skip
         return shell()
 
-    @app.get("/static/{name}")  # no data in them: open without the token, so the 401 page has its style
+    # No data in them: open without the token, so the 401 page has its style.
+    @app.get("/static/{name}", responses=spec.STATIC)
     async def static_file(name: str) -> Response:
         if name not in static:
             raise Refused(404, f"no static file {name!r}")
         content, media_type = static[name]
         return Response(content, media_type=media_type, headers=SECURITY_HEADERS)
 
-    api = APIRouter(prefix="/api", dependencies=[Depends(authorize)])
+    api = APIRouter(prefix="/api", dependencies=[Depends(authorize), *CREDENTIALS])
 
     def experiment_of(experiment_id: str) -> dict[str, Any]:
         overview = model.overview(experiment_id)
@@ -204,34 +204,35 @@ def create_app(
             raise Refused(404, f"trial {trial_id!r} not found")
         return trial
 
-    @api.get("/experiments")
+    @api.get("/experiments", responses=doc.refusals(*READ))
     async def list_experiments() -> Response:
         return json_response(model.summaries())
 
-    @api.get("/experiments/{experiment_id}")
+    @api.get("/experiments/{experiment_id}", responses=doc.refusals(*READ, 404))
     async def get_experiment(experiment_id: str) -> Response:
         return json_response(experiment_of(experiment_id))
 
-    @api.get("/experiments/{experiment_id}/trials")
+    @api.get("/experiments/{experiment_id}/trials", responses=doc.refusals(*READ, 404))
     async def list_trials(experiment_id: str) -> Response:
         experiment_of(experiment_id)
         return json_response(model.rows(experiment_id))
 
-    @api.post("/experiments/{experiment_id}/stop", dependencies=[Depends(same_origin)])
+    @api.post("/experiments/{experiment_id}/stop", responses=doc.refusals(*CHANGE, *RELAYED))
     async def stop_experiment(experiment_id: str) -> Response:
         result = await dispatcher.stop_experiment(experiment_id)
         return json_response({"id": experiment_id, "status": (result or {}).get("status")})
 
-    @api.get("/trials/{trial_id}")
+    @api.get("/trials/{trial_id}", responses=doc.refusals(*READ, 404))
     async def get_trial(trial_id: str) -> Response:
         return json_response(model.row(trial_of(trial_id)))
 
-    @api.post("/trials/{trial_id}/cancel", dependencies=[Depends(same_origin)])
+    @api.post("/trials/{trial_id}/cancel", responses=doc.refusals(*CHANGE, *RELAYED))
     async def cancel_trial(trial_id: str) -> Response:
         result = await dispatcher.cancel_trial(trial_id)
         return json_response({"id": trial_id, "status": (result or {}).get("status")})
 
-    @api.get("/trials/{trial_id}/log")
+    @api.get("/trials/{trial_id}/log", openapi_extra=spec.log_size(MAX_LOG_BYTES),
+             responses=doc.refusals(*READ, *RELAYED))
     async def trial_log(trial_id: str, request: Request) -> Response:
         raw = request.query_params.get("maxBytes", str(64 * 1024))
         if not raw.isdigit() or not 0 < int(raw) <= MAX_LOG_BYTES:
@@ -244,7 +245,7 @@ def create_app(
             raise Refused(503, "NATS is unavailable; retry in a moment")
         return current
 
-    @api.get("/trials/{trial_id}/metrics")
+    @api.get("/trials/{trial_id}/metrics", responses=doc.refusals(*READ, 404, 503, 504))
     async def trial_metrics(trial_id: str) -> Response:
         trial = trial_of(trial_id)
         current = connected()
@@ -253,7 +254,7 @@ def create_app(
         except TimeoutError:
             raise Refused(504, f"the METRICS stream did not deliver trial {trial_id}'s records in time") from None
 
-    @api.get("/platforms")
+    @api.get("/platforms", responses=doc.refusals(*READ))
     async def list_platforms() -> Response:
         return json_response(hub.platforms)
 
@@ -261,7 +262,8 @@ def create_app(
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
 
-    @api.get("/events")
+    @api.get("/events", openapi_extra=spec.EXPERIMENT_FILTER,
+             responses=spec.event_stream("the live page's events (snapshot, then changes)", *READ, 404))
     async def events(request: Request) -> StreamingResponse:
         experiment_id = request.query_params.get("experiment") or None
         if experiment_id is not None:
@@ -284,7 +286,8 @@ def create_app(
 
         return event_stream(frames())
 
-    @api.get("/trials/{trial_id}/metrics/stream")
+    @api.get("/trials/{trial_id}/metrics/stream",
+             responses=spec.event_stream("the trial's metric records: history, then live", *READ, 404, 503))
     async def curve_stream(trial_id: str) -> StreamingResponse:
         trial = trial_of(trial_id)
         current = connected()

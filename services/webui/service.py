@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 
+from services.common.auth import bind_host
 from services.common.bus import Bus
 from services.common.http import HttpServer
 from services.common.lifecycle import Service
@@ -48,13 +49,11 @@ class WebuiService(Service):
         ]
         dispatcher = Dispatcher(lambda: self.bus, self.settings.webui_request_timeout)
         app = create_app(self.settings, self.model, self.hub, lambda: self.bus, dispatcher)
-        self.http = HttpServer(app, self.settings.webui_host, self.settings.webui_port)
+        host = bind_host(self.settings, self.settings.webui_host, "the web UI")
+        self.http = HttpServer(app, host, self.settings.webui_port)
         await self.http.start()
-        secured = "bearer token or /login cookie" if self.settings.api_token else "no token (keep it on localhost)"
-        if self.settings.api_token is None and self.settings.webui_host not in ("127.0.0.1", "localhost", "::1"):
-            log.warning("serving on %s without TRIALBUS_API_TOKEN: anyone who reaches the port can cancel trials "
-                        "and stop experiments", self.settings.webui_host)  # fmt: skip
-        log.info("web UI on http://%s:%d/ (%s)", self.settings.webui_host, self.http.port, secured)
+        secured = "bearer token or /login cookie" if self.settings.api_token else "no token"
+        log.info("web UI on http://%s:%d/ (%s)", host, self.http.port, secured)
 
     @property
     def port(self) -> int:

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 
-from services.common.settings import ServiceSettings
+from services.common.auth import AccessSettings
 
 
-class WebuiSettings(ServiceSettings):
-    #: Address the web UI binds to (default 127.0.0.1); keep it unless ``api_token`` is set.
+class WebuiSettings(AccessSettings):
+    """Who may open it: :class:`~services.common.auth.AccessSettings` (the dispatcher's tokens);
+    a page or call needs ``Authorization: Bearer <token>`` or the cookie ``/login?token=`` sets."""
+
+    #: Address the web UI binds to (default 127.0.0.1; loopback only when ``api_auth`` is ``none``).
     webui_host: str = "127.0.0.1"
     #: TCP port of the web UI (default 8082; 0 = any free port).
     webui_port: int = Field(default=8082, ge=0, le=65535)
-    #: When set (the dispatcher's TRIALBUS_API_TOKEN), every page and call needs
-    #: ``Authorization: Bearer <token>`` or the cookie that ``/login?token=<token>`` sets.
-    api_token: SecretStr | None = Field(default=None, min_length=1)
     #: Seconds between two pushes of an experiment's changes to browsers (default 0.2).
     webui_batch_interval: float = Field(default=0.2, gt=0, le=5)
     #: Seconds between two reads of the adapters' platform status (default 3.0).

@@ -10,6 +10,8 @@ import pytest
 from tests.fixtures.stack import Stack
 
 TOKEN = "s3cret-api-token"
+JSON = {"Content-Type": "application/json"}
+GZIP = {"Content-Type": "application/gzip"}
 GOOD = {"trialCommand": "python3 trial.py", "trialConcurrency": 1, "trainingService": {"platform": "local"}}
 
 
@@ -24,7 +26,7 @@ def api(tmp_path, nats_server):
 
 
 def call(stack: Stack, method: str, path: str, token: str | None = TOKEN, **kwargs):
-    headers = kwargs.pop("headers", {})
+    headers = dict(kwargs.pop("headers", {}))
     if token:
         headers["Authorization"] = f"Bearer {token}"
     return stack.rest(method, path, headers=headers, **kwargs)
@@ -49,7 +51,7 @@ def test_bad_requests_are_refused_and_change_nothing(api):
         # (method, path, kwargs, token, status, words in the message)
         ("GET", "/experiments", {}, None, 401, "Authorization: Bearer"),
         ("GET", "/experiments", {}, "wrong", 401, "wrong bearer token"),
-        ("POST", "/experiments", {"content": b"{not json"}, TOKEN, 400, "not valid JSON"),
+        ("POST", "/experiments", {"content": b"{not json", "headers": JSON}, TOKEN, 400, "not valid JSON"),
         ("POST", "/experiments", {"json": [1, 2]}, TOKEN, 400, "JSON object"),
         ("POST", "/experiments", {"json": {**GOOD, "trialConcurrency": -2}}, TOKEN, 422, "trialConcurrency"),
         (
@@ -61,7 +63,7 @@ def test_bad_requests_are_refused_and_change_nothing(api):
             "unknown platform 'mars'",
         ),
         ("POST", "/experiments", {"json": {**GOOD, "tunerr": {}}}, TOKEN, 422, "does not have field(s) tunerr"),
-        ("POST", "/experiments", {"content": b"{" + b" " * 5000 + b"}"}, TOKEN, 413, "over the limit"),
+        ("POST", "/experiments", {"content": b"{" + b" " * 5000 + b"}", "headers": JSON}, TOKEN, 413, "over the limit"),
         (
             "POST",
             "/experiments",
@@ -84,7 +86,7 @@ def test_bad_requests_are_refused_and_change_nothing(api):
         ("GET", "/trials/nope", {}, TOKEN, 404, "trial 'nope' not found"),
         ("POST", "/trials/nope/cancel", {}, TOKEN, 404, "trial 'nope' not found"),
         ("GET", "/trials/nope/log", {}, TOKEN, 404, "trial 'nope' not found"),
-        ("POST", "/code", {"content": b"this is not a tar.gz"}, TOKEN, 400, "tar.gz"),
+        ("POST", "/code", {"content": b"this is not a tar.gz", "headers": GZIP}, TOKEN, 400, "tar.gz"),
     ]
     for method, path, kwargs, token, status, words in cases:
         answer = call(api, method, path, token, **kwargs)

@@ -185,9 +185,9 @@ def test_every_setting_reaches_the_job_and_secrets_never_leak(pai_stack, pai, sh
         assert not [path for path, reply in answers.items() if secret in reply.text]
         assert not [who for who, log in logs.items() if secret in log]
         holders = {stream for stream, text in bus.items() if secret in text}
-        # The stored experiment keeps the platform's config in clear: an adapter restarted on
-        # another host reads it to adopt its jobs (README: "in clear only on the bus").
-        assert holders <= {"KV_experiments", "DISPATCH"}, (secret, holders)
+        # The stored experiment keeps the platform's secrets sealed (contracts.sealing): an
+        # adapter restarted on another host unseals them with its key to adopt its jobs.
+        assert holders == set(), (secret, holders)
     assert experiment in bus["KV_experiments"] and f"{trial_id}:SUCCEEDED" in bus["EVENTS"], "the dump saw them"
 
 

@@ -46,17 +46,25 @@ def browser() -> Iterator:
 
 
 @pytest.fixture
-def page(browser):
-    """A fresh browser context and page; a script error in the page fails the test."""
+def page(browser, request):
+    """A fresh browser context and page, logged in to the test's ``ui`` once as a user does
+    (the link `trialbus up` prints); a script error in the page fails the test."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(WAIT_MS)
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
+    if "ui" in request.fixturenames:
+        login(page, request.getfixturevalue("ui"))
     yield page
     context.close()
     if errors:
         pytest.fail(f"the page raised: {errors}")
+
+
+def login(page, ui: Stack) -> None:
+    answer = page.goto(f"{ui.webui}/login?token={ui.token}")
+    assert answer is not None and answer.ok, "the login link opens the web UI"
 
 
 @pytest.fixture
@@ -189,7 +197,8 @@ def test_secrets_in_a_config_never_reach_the_page(ui: Stack, page, code_dir: Pat
         shown = page.text_content("#exp-config")
         assert "**********" in shown and ("10.9.8.7" in shown or "pai.example.com" in shown)
         assert secret not in page.content()
-        assert secret not in httpx.get(f"{ui.webui}/api/experiments/{experiment}").text
+        shown = httpx.get(f"{ui.webui}/api/experiments/{experiment}", headers=ui.auth)
+        assert shown.status_code == 200 and secret not in shown.text
 
 
 def put_states(url: str, states: list) -> None:
@@ -232,6 +241,7 @@ def thousand_trials(experiment_id: str, start: datetime) -> list[TrialState]:
 def test_a_thousand_trials_render_and_stay_live(nats_server, tmp_path: Path, page) -> None:
     # Given an experiment with 1,000 trials as the dispatcher keeps them (no processes needed)
     ui = Stack(root=tmp_path, nats=nats_server).start("webui")
+    login(page, ui)
     try:
         start = datetime(2020, 1, 1, tzinfo=UTC)
         config_ = ExperimentConfig.model_validate(config(tmp_path))

@@ -8,6 +8,7 @@ gateway publish them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import tarfile
@@ -58,9 +59,13 @@ async def publish_metric(js: JetStreamContext, trial: str, kind: MetricType, seq
     await js.publish(subjects.metrics(EXP, trial), record.encode())
 
 
-async def publish_event(js: JetStreamContext, trial: str, status: TrialStatus, attempt: int = 0) -> None:
+async def publish_event(
+    js: JetStreamContext, trial: str, status: TrialStatus, attempt: int = 0, source: str = "local-gpu",
+    subject: str | None = None,
+) -> None:
+    """As ``source`` (an adapter, or the dispatcher) publishes it; ``subject`` replaces its subject."""
     event = TrialEvent(experiment_id=EXP, trial_id=trial, status=status, attempt=attempt, time=datetime.now(UTC))
-    await js.publish(subjects.events(EXP, trial), event.encode())
+    await js.publish(subject or subjects.events(EXP, trial, source), event.encode())
 
 
 # -- code snapshots --------------------------------------------------------------------------
@@ -134,6 +139,35 @@ async def test_events_and_metrics_are_yielded_once_each(client: AsyncClient, js:
     metrics = await first(2, client.metrics(EXP, "t1"))
     assert [e.status for e in events] == [TrialStatus.RUNNING, TrialStatus.SUCCEEDED]
     assert [(m.type, m.decoded()) for m in metrics] == [(MetricType.PERIODICAL, 0.1), (MetricType.FINAL, 0.9)]
+
+
+async def test_a_trials_events_are_read_from_every_source_and_from_before_sources(
+    client: AsyncClient, js: JetStreamContext
+) -> None:
+    # Given a trial whose WAITING an older version wrote without a source (before an upgrade),
+    # whose RUNNING its adapter published, and whose end the dispatcher decided; and another trial
+    await publish_event(js, "t2", TrialStatus.WAITING, subject=f"events.{EXP}.t2")
+    await publish_event(js, "t2", TrialStatus.RUNNING, source="remote")
+    await publish_event(js, "other", TrialStatus.RUNNING, source="remote")
+    await publish_event(js, "t2", TrialStatus.USER_CANCELED, source=subjects.DISPATCHER)
+
+    async def first(n: int, events) -> list[tuple[str, TrialStatus]]:
+        got = []
+        async with contextlib.aclosing(events):
+            async for event in events:
+                got.append((event.trial_id, event.status))
+                if len(got) == n:
+                    return got
+
+    # When a tuner reads that trial's events, and the experiment's
+    one = await asyncio.wait_for(first(3, client.events(EXP, "t2")), 10)
+    every = await asyncio.wait_for(first(4, client.events(EXP)), 10)
+
+    # Then it sees every one, in order, the older one included; and waiting for the trial ends
+    statuses = [TrialStatus.WAITING, TrialStatus.RUNNING, TrialStatus.USER_CANCELED]
+    assert one == [("t2", status) for status in statuses]
+    assert every == [*one[:2], ("other", TrialStatus.RUNNING), one[2]]
+    assert (await client.wait_trial("t2", 10, experiment_id=EXP)).status == TrialStatus.USER_CANCELED
 
 
 async def test_a_slow_reader_gets_every_metric_in_order_with_a_bounded_buffer(

@@ -5,20 +5,27 @@ defines started as local processes exactly as ``make up`` starts them, each repo
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import nats
+import nats.errors
 import pytest
 import yaml
 from rich.console import Console
 
 from tests.e2e.helpers import wait_until
 from tests.fixtures.nats import free_port
+from trialbus import local
 from trialbus.stack import LOCAL, SERVICES, Stack, StackOptions, compose_services
+from trialbus.stack.compose import SECRETS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
@@ -63,6 +70,15 @@ def test_required_secrets_fail_with_a_message_and_env_example_documents_every_va
     assert variables <= documented, variables - documented
     for secret in ("TRIALBUS_TRIAL_SECRET", "NATS_PASSWORD_DISPATCHER", "NATS_PASSWORD_CLIENT"):
         assert re.search(rf"\$\{{{secret}:\?[^}}]+\}}", text), f"{secret} must be required with a message"
+    # The API token and the secrets key: required wherever they are used, never empty by default
+    for name, keys in {"dispatcher": ("TRIALBUS_API_TOKEN", "TRIALBUS_SECRETS_KEY"), "webui": ("TRIALBUS_API_TOKEN",),
+                       **{adapter: ("TRIALBUS_SECRETS_KEY",) for adapter in ADAPTERS}}.items():  # fmt: skip
+        for key in keys:
+            value = SERVICES_OF_COMPOSE[name]["environment"][key]
+            assert re.fullmatch(rf"\$\{{{key}:\?[^}}]+\}}", value), (name, key, value)
+    # The API, the web UI and NATS are published on loopback unless the user says otherwise
+    for name in ("dispatcher", "webui", "nats"):
+        assert all(p.startswith("${TRIALBUS_PUBLISH_ADDRESS:-127.0.0.1}:") for p in SERVICES_OF_COMPOSE[name]["ports"])
 
 
 def test_the_sandbox_profile_adds_both_emulators():
@@ -91,7 +107,9 @@ def test_make_up_runs_the_services_compose_defines():
         spec = OURS[service.name]
         assert ("python", *service.argv) == tuple(spec["command"])
         for key, value in spec["environment"].items():  # the same settings, but for addresses and credentials
-            if key not in LOCAL:
+            if key in SECRETS:  # the same variables, filled with the local stack's own secrets
+                assert service.secrets[key] == value, (service.name, key)
+            elif key not in LOCAL:
                 assert service.env[key] == re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value)), (service.name, key)
     assert compose_services(ROOT / "compose.yaml") == SERVICES
 
@@ -108,9 +126,58 @@ def test_every_compose_service_starts_on_the_host_and_reports_in(tmp_path: Path)
         assert "tuner started" in (options.data_dir / "logs" / "tuner.log").read_text()
 
         def adapters() -> set[str]:
-            replicas = httpx.get(f"{options.api_url}/api/v1/platforms").json()
+            token = (options.data_dir / "api-token").read_text().strip()
+            replicas = httpx.get(f"{options.api_url}/api/v1/platforms", headers={"Authorization": f"Bearer {token}"})
+            replicas = replicas.json()
             return {p["adapter"] for p in replicas}
 
         wait_until(lambda: adapters() == set(ADAPTERS), 30, "every adapter's status in /platforms")
+        local_users_and_secrets(stack)
     finally:
         stack.stop()
+
+
+def local_users_and_secrets(stack: Stack) -> None:
+    """The local stack as secure as compose: NATS users, tokens, secrets only where compose gives them."""
+    data = stack.data_dir
+    for name in ("api-token", "trial-secret", "secrets-key", "nats-passwords.json", "client.json"):
+        assert stat.S_IMODE((data / name).stat().st_mode) == 0o600, name
+    found = local.find(data)
+    assert found is not None and found.api_token == (data / "api-token").read_text().strip()
+    # REST: no token, no answer; the token of client.json opens it
+    api = f"{stack.options.api_url}/api/v1/experiments"
+    assert httpx.get(api).status_code == 401
+    assert httpx.get(api, headers={"Authorization": f"Bearer {found.api_token}"}).status_code == 200
+
+    async def nats_checks() -> None:
+        with pytest.raises(nats.errors.Error):  # no credentials: refused at connect
+            await nats.connect(found.nats_url, max_reconnect_attempts=0, allow_reconnect=False, connect_timeout=2)
+        refused: list[Exception] = []
+
+        async def on_error(exc: Exception) -> None:
+            refused.append(exc)
+
+        nc = await nats.connect(found.nats_url, user=found.nats_user, password=found.nats_password, error_cb=on_error)
+        try:  # the client may ask the dispatcher, and may not send a trial request itself
+            listed = json.loads((await nc.request("trialbus.api.experiment.list", b"{}", timeout=5)).data)
+            assert listed["ok"] is True
+            await nc.publish("dispatch.local-gpu", b"{}")
+            await nc.flush()
+            await asyncio.sleep(0.5)
+            assert any("permissions violation" in str(e).lower() for e in refused), refused
+        finally:
+            await nc.close()
+
+    asyncio.run(nats_checks())
+    # Each service holds the secrets compose gives it, and no other
+    held = {part.name: set(environ(part.proc.pid)) for part in stack.parts if part.name != "nats-server"}
+    assert {"TRIALBUS_API_TOKEN", "TRIALBUS_TRIAL_SECRET", "TRIALBUS_SECRETS_KEY"} <= held["dispatcher"]
+    assert "TRIALBUS_SECRETS_KEY" not in held["webui"] | held["tuner"] | held["metrics-gateway"]
+    assert "TRIALBUS_API_TOKEN" not in held["tuner"] | held["local-gpu"] | held["metrics-gateway"]
+    assert all("TRIALBUS_SECRETS_KEY" in held[a] and "TRIALBUS_TRIAL_SECRET" not in held[a] for a in ADAPTERS)
+    assert all("TRIALBUS_NATS_PASSWORD" in names for names in held.values())
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)

@@ -9,7 +9,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from contracts import streams
+from contracts import streams, subjects
 from services.common.bus import bootstrap
 from services.dispatcher.consumer import StreamReader, first_gap
 from tests.fixtures.nats import NatsServer
@@ -42,7 +42,7 @@ class Applier:
 
 async def publish(js, first: int, last: int) -> None:
     for i in range(first, last + 1):
-        await js.publish(f"events.exp.t{i}", str(i).encode())
+        await js.publish(subjects.events("exp", f"t{i}", "local-gpu"), str(i).encode())
 
 
 async def applied_through(applier: Applier, seq: int, timeout: float = 10) -> None:
@@ -115,3 +115,35 @@ def test_a_gap_in_the_stream_sequences_is_found_and_redeliveries_are_not_gaps():
     assert first_gap([delivered(s) for s in (5, 6, 8, 9)], 4) == 2
     assert first_gap([delivered(s) for s in (3, 6)], 6) is None, "redeliveries of applied ones"
     assert first_gap([delivered(7)], 5) == 0
+
+
+async def test_a_consumer_made_for_another_inbox_is_made_again_from_its_ack_floor(js, nats_server):
+    # Given a run before the broker had users: it applied 1..3 through a consumer delivering to _INBOX.
+    applier, stopping = Applier(), asyncio.Event()
+    reader = StreamReader(js, "EVENTS", applier, batch=64)
+    task = asyncio.create_task(reader.run(stopping))
+    await publish(js, 1, 3)
+    await applied_through(applier, 3)
+    assert await floor(js) == (3, 0)
+    stopping.set()
+    await reader.close()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+    # When the dispatcher runs as its own user, which may receive only on _INBOX_dispatcher.>
+    nc = await nats.connect(nats_server.url, inbox_prefix="_INBOX_dispatcher")
+    applier, stopping = Applier(), asyncio.Event()
+    reader = StreamReader(nc.jetstream(), "EVENTS", applier, batch=64, inbox_prefix="_INBOX_dispatcher")
+    task = asyncio.create_task(reader.run(stopping))
+    await publish(js, 4, 5)
+    await applied_through(applier, 5)
+
+    # Then it reads on from the floor, through a consumer that delivers to its own inbox
+    assert applier.applied == [4, 5]
+    info = await js.consumer_info("EVENTS", streams.dispatcher_consumer("EVENTS").durable_name)
+    assert info.config.deliver_subject.startswith("_INBOX_dispatcher.")
+    stopping.set()
+    await reader.close()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await nc.close()

@@ -31,7 +31,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig
 
-from contracts import streams
+from contracts import streams, subjects
 from contracts.messages import MetricRecord
 from services.common.bus import bootstrap, inbox_prefix
 from tests.e2e.helpers import wait_until
@@ -224,11 +224,11 @@ def test_an_experiment_runs_with_a_nats_user_per_service(server: AuthNatsServer,
 
             outcomes, records, trial_ids = asyncio.run(tune())
             # and the web UI shows them, with curves from METRICS, and relays an action to the dispatcher
-            shown = httpx.get(f"{stack.webui}/api/experiments", timeout=10).json()
+            shown = httpx.get(f"{stack.webui}/api/experiments", headers=stack.auth, timeout=10).json()
             assert len(shown) == 2, shown
-            curve = httpx.get(f"{stack.webui}/api/trials/{trial_ids[0]}/metrics", timeout=10)
+            curve = httpx.get(f"{stack.webui}/api/trials/{trial_ids[0]}/metrics", headers=stack.auth, timeout=10)
             assert curve.status_code == 200 and len(curve.json()) == 3, curve.text
-            again = httpx.post(f"{stack.webui}/api/trials/{trial_ids[0]}/cancel", timeout=10)
+            again = httpx.post(f"{stack.webui}/api/trials/{trial_ids[0]}/cancel", headers=stack.auth, timeout=10)
             assert again.status_code == 409 and "already ended" in again.json()["error"], again.text
     except BaseException:
         print(stack.logs(), file=sys.stderr)
@@ -293,11 +293,30 @@ async def test_an_adapter_reads_only_its_own_dispatch_subject(connect, dispatche
     assert [m.data for m in fetched] == [b'{"secret": "ssh password"}', b"{}"]
 
 
+async def test_an_adapter_publishes_events_only_under_its_own_name(connect, dispatcher: User):
+    # Given the local-gpu adapter's user, which may report its own trials
+    local = await connect("local-gpu")
+    ack = await local.nc.jetstream().publish(subjects.events("x", "y", "local-gpu"), b"{}")
+    assert ack.stream == streams.EVENTS.name
+
+    # When it speaks as another adapter, as the dispatcher, or without a source (the older layout)
+    for subject in (subjects.events("x", "y", "openpai"), subjects.events("x", "y", subjects.DISPATCHER), "events.x.y"):
+        await local.nc.publish(subject, b"{}")
+        # then the server refuses it
+        await local.refused("publish", subject)
+    # and the dispatcher speaks only as itself
+    await dispatcher.nc.jetstream().publish(subjects.events("x", "y", subjects.DISPATCHER), b"{}")
+    await dispatcher.nc.publish(subjects.events("x", "y", "openpai"), b"{}")
+    await dispatcher.refused("publish", subjects.events("x", "y", "openpai"))
+    info = await dispatcher.nc.jetstream().stream_info(streams.EVENTS.name, subjects_filter=">")
+    assert info.state.subjects == {"events.x.y.local-gpu": 1, "events.x.y.dispatcher": 1}
+
+
 async def test_the_gateway_publishes_metrics_only(connect, dispatcher: User):
     gateway = await connect("gateway")
     ack = await gateway.nc.jetstream().publish("metrics.e1.t1", b"{}")
     assert ack.stream == streams.METRICS.name
-    for subject in ("events.x.y", "dispatch.local-gpu"):
+    for subject in ("events.x.y.local-gpu", "dispatch.local-gpu"):
         await gateway.nc.publish(subject, b"{}")
         await gateway.refused("publish", subject)
     assert await stored(dispatcher, "dispatch.local-gpu") == 0
@@ -306,7 +325,7 @@ async def test_the_gateway_publishes_metrics_only(connect, dispatcher: User):
 
 async def test_a_client_asks_the_dispatcher_and_publishes_no_work_events_or_metrics(connect, dispatcher: User):
     client = await connect("client")
-    for subject in ("dispatch.local-gpu", "events.x.y", "metrics.x.y"):
+    for subject in ("dispatch.local-gpu", "events.x.y.local-gpu", "metrics.x.y"):
         await client.nc.publish(subject, b"{}")
         await client.refused("publish", subject)
     await client.nc.jetstream().stream_info(streams.EVENTS.name)  # it may read events and metrics

@@ -15,6 +15,7 @@ from pathlib import Path
 import nats
 import pytest
 
+from contracts.streams import EVENTS
 from tests.fixtures.nats import nats_server_binary, require_binary
 from tests.fixtures.standins import StandinStack
 from tests.fixtures.up import gone
@@ -292,18 +293,20 @@ def test_nats_server_killed_is_restarted_on_the_same_store(make_stack):
     up = stack.up()
     up.wait_for("Trialbus is up")
     url = f"nats://127.0.0.1:{stack.ports['nats']}"
+    # the dispatcher's user: the one that may create the EVENTS stream and publish its own events
+    password = json.loads((stack.data_dir / "nats-passwords.json").read_text())["dispatcher"]
 
     async def publish() -> None:
-        nc = await nats.connect(url)
+        nc = await nats.connect(url, user="dispatcher", password=password, inbox_prefix="_INBOX_dispatcher")
         js = nc.jetstream()
-        await js.add_stream(name="KEPT", subjects=["kept.>"])
-        await js.publish("kept.one", b"1")
+        await js.add_stream(EVENTS)
+        await js.publish("events.kept.one.dispatcher", b"1")
         await nc.close()
 
     async def count() -> int:
-        nc = await nats.connect(url)
+        nc = await nats.connect(url, user="dispatcher", password=password, inbox_prefix="_INBOX_dispatcher")
         try:
-            return (await nc.jetstream().stream_info("KEPT")).state.messages
+            return (await nc.jetstream().stream_info("EVENTS")).state.messages
         finally:
             await nc.close()
 

@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from contracts import MetricRecord, MetricType, TrialStatus, streams, subjects
+from contracts import MetricRecord, MetricType, TrialStatus, sealing, streams, subjects
 from contracts.base import utcnow
 from services.common.bus import Bus, bootstrap, connect
 from services.common.settings import ServiceSettings
@@ -24,6 +24,7 @@ from services.webui.settings import WebuiSettings
 from tests.unit.test_webui_model import PAI_TOKEN, START, experiment, local_config, openpai_config, trial
 
 TOKEN = "webui-test-token-5d1e"
+READ_TOKEN = "webui-read-only-token-77a0"
 
 
 @pytest.fixture
@@ -32,6 +33,15 @@ async def bus(nats_server) -> AsyncIterator[Bus]:
     await bootstrap(bus)
     yield bus
     await bus.close()
+
+
+def as_the_dispatcher_writes(state: Any) -> bytes:
+    """``state`` as the bucket holds it: platform secrets sealed, with a key this web UI lacks."""
+    sealing.install(sealing.generate_key())
+    try:
+        return state.encode()
+    finally:
+        sealing.install(None)
 
 
 class Webui:
@@ -45,7 +55,7 @@ class Webui:
     async def put(self, *states: Any) -> None:
         for state in states:
             bucket = streams.TRIALS_BUCKET if state.kind == "trial.state" else streams.EXPERIMENTS_BUCKET
-            await (await self.bus.kv(bucket.bucket)).put(state.id, state.encode())
+            await (await self.bus.kv(bucket.bucket)).put(state.id, as_the_dispatcher_writes(state))
 
     async def metric(self, trial_id: str, sequence: int, value: Any, kind: str = "PERIODICAL") -> None:
         record = MetricRecord(experiment_id="exp1", trial_id=trial_id, type=MetricType(kind), sequence=sequence,
@@ -94,7 +104,8 @@ class Events:
 @contextlib.asynccontextmanager
 async def running(bus: Bus, nats_url: str, **settings: Any) -> AsyncIterator[Webui]:
     config = WebuiSettings(nats_url=nats_url, webui_port=0, webui_batch_interval=0.05, webui_request_timeout=2,
-                           webui_platform_interval=0.5, **{"api_token": None, **settings})  # fmt: skip
+                           webui_platform_interval=0.5,
+                           **{"api_auth": "token" if settings.get("api_token") else "none", **settings})  # fmt: skip
     service = WebuiService(config)
     await service.start(bus)
     webui = Webui(service, bus)
@@ -150,7 +161,7 @@ async def test_secrets_never_leave_the_web_ui(webui: Webui) -> None:
         _, snapshot = await events.next()
     shown = "".join(a.text for a in answers) + json.dumps(snapshot)
     assert all(a.status_code == 200 for a in answers)
-    assert PAI_TOKEN not in shown
+    assert PAI_TOKEN not in shown and "sealed:v1:" not in shown
     assert snapshot["experiment"]["config"]["trainingService"]["token"] == "**********"
 
 
@@ -275,6 +286,32 @@ async def test_with_a_token_every_page_and_call_needs_it(bus: Bus, nats_server, 
             assert (await events.next())[1]["experiment"]["id"] == "exp1"
     ours = [r.getMessage() for r in caplog.records if not r.name.startswith(("httpx", "httpcore"))]  # the client's own
     assert ours and not any(TOKEN in line for line in ours)
+
+
+async def test_a_read_only_session_sees_everything_and_changes_nothing(bus: Bus, nats_server) -> None:
+    asked: list[str] = []
+
+    async def dispatcher(msg) -> None:
+        asked.append(msg.subject)
+        await msg.respond(orjson.dumps({"ok": True, "result": {"id": "T9", "status": "USER_CANCELED"}}))
+
+    await bus.nc.subscribe(subjects.api("trial.cancel"), cb=dispatcher)
+    async with running(bus, nats_server.url, api_token=TOKEN, api_read_token=READ_TOKEN) as webui:
+        await webui.put(experiment())
+        login = await webui.http.get("/login", params={"token": READ_TOKEN})
+        assert login.status_code == 303
+        assert (await webui.http.get("/api/experiments")).status_code == 200
+        refused = await webui.http.post("/api/trials/T9/cancel")
+        assert refused.status_code == 403 and "read-only token" in refused.json()["error"]
+        assert asked == [], "nothing reached the dispatcher"
+        # DNS rebinding: a page whose name now points here sends its own name as Host
+        rebound = await webui.http.get("/api/experiments", headers={"Host": "evil.example:8082"})
+        assert rebound.status_code == 400 and "does not answer to Host" in rebound.json()["error"]
+        page = await webui.http.get("/login", params={"token": TOKEN}, headers={"Host": "evil.example"})
+        assert page.status_code == 400 and "set-cookie" not in page.headers
+        # the full token's session may act
+        await webui.http.get("/login", params={"token": TOKEN})
+        assert (await webui.http.post("/api/trials/T9/cancel")).status_code == 200 and asked
 
 
 async def test_unreadable_entries_are_skipped_without_showing_their_values(webui: Webui, bus: Bus, caplog) -> None:

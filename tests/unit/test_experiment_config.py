@@ -154,16 +154,21 @@ def test_remote_needs_machines_and_trial_gpus_for_sharing():
     assert ExperimentConfig.model_validate(remote(shared, trialGpuNumber=1))
 
 
-def test_secrets_are_masked_everywhere_but_on_the_bus():
+def test_secrets_are_masked_everywhere_and_sealed_on_the_bus():
+    from contracts import ExperimentState, sealing
+    from contracts.base import utcnow
+
     config = ExperimentConfig.model_validate(remote({"host": "h", "user": "u", "password": "hunter2"}))
     assert "hunter2" not in repr(config) and "hunter2" not in str(config.public_json())
     assert config.public_json()["trainingService"]["machineList"][0]["password"] == "**********"
-    assert config.wire_json()["trainingService"]["machineList"][0]["password"] == "hunter2"
-    from contracts import ExperimentState
-    from contracts.base import utcnow
-
+    assert config.wire_json()["trainingService"]["machineList"][0]["password"] == "hunter2", "a user's request"
     state = ExperimentState(id="e1", config=config, start_time=utcnow())
-    stored = ExperimentState.decode(state.encode()).config.training_service.machine_list[0]
+    sealing.install(sealing.generate_key())
+    try:
+        assert b"hunter2" not in state.encode()
+        stored = ExperimentState.decode(state.encode()).config.training_service.machine_list[0]
+    finally:
+        sealing.install(None)
     assert stored.password.get_secret_value() == "hunter2", "the dispatcher keeps what adapters need"
     assert "hunter2" not in str(state.view({}))
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from contracts import ExperimentConfig, ExperimentState, TrialState, TrialStatus
+from contracts import ExperimentConfig, ExperimentState, TrialState, TrialStatus, sealing
 from contracts.state import default_metric
 from services.webui.hub import Hub
 from services.webui.model import Model, platform_link
@@ -111,13 +111,19 @@ def test_counts_cover_every_status_and_follow_changes():
 
 @pytest.mark.parametrize("config", [openpai_config(), remote_config()], ids=["openpai-token", "ssh-password"])
 def test_no_view_holds_a_secret(config):
-    model = model_with(experiment(config=config), trial("T1", 0, parameters={"lr": 0.1}))
-    hub = Hub(model, interval=0.1)
-    shown = json.dumps([model.overview("exp1"), model.rows("exp1"), model.summaries()]) + hub.snapshot("exp1").decode()
-    assert PAI_TOKEN not in shown and SSH_PASSWORD not in shown
-    assert "**********" in json.dumps(model.overview("exp1")["config"])
-    stored = experiment(config=config).encode().decode()  # what the bucket holds: the secret in clear
-    assert PAI_TOKEN in stored or SSH_PASSWORD in stored
+    sealing.install(sealing.generate_key())  # the dispatcher writes the bucket
+    try:
+        stored = experiment(config=config).encode()
+    finally:
+        sealing.install(None)  # the web UI holds no key
+    assert PAI_TOKEN.encode() not in stored and SSH_PASSWORD.encode() not in stored, "the bucket holds it sealed"
+    for state in (experiment(config=config), ExperimentState.decode(stored)):  # in clear, and as the web UI reads it
+        model = model_with(state, trial("T1", 0, parameters={"lr": 0.1}))
+        hub = Hub(model, interval=0.1)
+        shown = json.dumps([model.overview("exp1"), model.rows("exp1"), model.summaries()])
+        shown += hub.snapshot("exp1").decode()
+        assert PAI_TOKEN not in shown and SSH_PASSWORD not in shown and "sealed:v1:" not in shown
+        assert "**********" in json.dumps(model.overview("exp1")["config"])
 
 
 def test_openpai_trials_link_to_their_job_with_the_attempt_after_the_first():

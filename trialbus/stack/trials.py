@@ -30,14 +30,16 @@ class TrialStop:
     error: str | None = None
 
 
-def end_running_trials(nats_url: str, reason: str, deadline: float, hurried: Callable[[], bool]) -> TrialStop:
+def end_running_trials(
+    nats_url: str, auth: tuple[str, str], reason: str, deadline: float, hurried: Callable[[], bool]
+) -> TrialStop:
     """Stop every RUNNING experiment with ``reason`` and wait until their trials have ended,
     until ``deadline`` (monotonic) or until ``hurried()``. Never raises: a dispatcher that does
     not answer is reported in :attr:`TrialStop.error`."""
     result = TrialStop()
 
     async def main() -> None:
-        work = asyncio.create_task(_stop(nats_url, reason, deadline, result))
+        work = asyncio.create_task(_stop(nats_url, auth, reason, deadline, result))
         while not work.done():
             if hurried() or time.monotonic() >= deadline:
                 work.cancel()
@@ -54,9 +56,10 @@ def end_running_trials(nats_url: str, reason: str, deadline: float, hurried: Cal
     return result
 
 
-async def _stop(nats_url: str, reason: str, deadline: float, result: TrialStop) -> None:
+async def _stop(nats_url: str, auth: tuple[str, str], reason: str, deadline: float, result: TrialStop) -> None:
     timeout = max(0.5, min(5.0, deadline - time.monotonic()))
-    async with AsyncClient(nats_url, request_timeout=timeout) as client:
+    user, password = auth
+    async with AsyncClient(nats_url, user=user, password=password, request_timeout=timeout) as client:
         for experiment in await client.list_experiments():  # O(experiments): one call, counts included
             if experiment.status == ExperimentStatus.RUNNING:
                 live = experiment.trial_counts.get("WAITING", 0) + experiment.trial_counts.get("RUNNING", 0)

@@ -44,10 +44,11 @@ from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, TransientError, Waiting
 from services.adapters.gpu.placement import GpuAsk
 from services.adapters.gpu.scheduler import GpuScheduler, Holding
-from services.adapters.keeper import UnsafeArchive, extract_code, fetch_code, outcome_of
+from services.adapters.keeper import fetch_code, outcome_of
 from services.adapters.local_gpu import client
 from services.adapters.local_gpu.settings import LocalGpuSettings
 from services.common.bus import Bus
+from services.common.code_archive import UnsafeArchive, extract_code
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from contracts import TrainingService, TrialRequest, TrialStatus
+from contracts import TrainingService, TrialRequest, TrialStatus, sealing
 from contracts.base import utcnow
 from contracts.experiment import OpenpaiConfig
 from services.adapters import sharefs
@@ -273,6 +273,9 @@ class OpenpaiAdapter(PlatformAdapter):
         for state in await platforms.experiments(self._bus):
             service = state.config.training_service
             if not isinstance(service, OpenpaiConfig):
+                continue
+            if (unreadable := sealing.unreadable(service)) is not None:
+                log.warning("cannot adopt the jobs of experiment %s: %s", state.id, unreadable)
                 continue
             client, report = self.client(service), jobs.reporting_role(service)
             held = {}

@@ -36,7 +36,7 @@ from contracts.base import utcnow
 from contracts.experiment import RemoteConfig, RemoteMachineConfig
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, Stale, TransientError, Waiting
-from services.adapters.keeper import Bundle, fetch_code, outcome_of
+from services.adapters.keeper import Bundle, fetch_checked_code, outcome_of
 from services.adapters.remote.client import AGENT_PATH, AgentError, Machine, MachineDown, machine_key
 from services.adapters.remote.placement import MachinePlacement
 from services.adapters.remote.settings import RemoteSettings
@@ -244,7 +244,7 @@ class RemoteAdapter(PlatformAdapter):
         task = self._archives.get(code_ref)
         if task is None or (task.done() and task.exception() is not None):
             digest = code_ref.removeprefix("sha256:")
-            task = self._archives[code_ref] = asyncio.create_task(fetch_code(self._bus, digest))
+            task = self._archives[code_ref] = asyncio.create_task(fetch_checked_code(self._bus, digest))
         return await asyncio.shield(task)
 
     # ------------------------------------------------------------------ watching
