@@ -112,3 +112,28 @@ def test_the_dispatcher_refuses_to_start_without_a_token(tmp_path, nats_server):
     run = subprocess.run([sys.executable, "-m", "services.dispatcher"], env=short, capture_output=True, text=True,
                          timeout=60)  # fmt: skip
     assert run.returncode != 0 and "TRIALBUS_API_TOKEN: a token must have at least 16 characters" in run.stderr
+
+
+def test_cors_opens_only_to_the_origins_configured(tmp_path, nats_server):
+    dashboard = "https://dash.example.com"
+    stack = Stack(root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_ALLOWED_ORIGINS": dashboard})
+    stack.start("dispatcher")
+    try:
+        asked = {"Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}  # fmt: skip
+        preflight = httpx.options(f"{stack.api}/experiments", headers={"Origin": dashboard, **asked}, timeout=10)
+        assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == dashboard
+        other = httpx.options(f"{stack.api}/experiments", headers={"Origin": "http://evil.example", **asked},
+                              timeout=10)  # fmt: skip
+        assert "access-control-allow-origin" not in other.headers
+        created = stack.rest("POST", "/experiments", json=EXPERIMENT, headers={"Origin": dashboard})
+        assert created.status_code == 201 and created.headers["access-control-allow-origin"] == dashboard
+        refused(stack.rest("POST", "/experiments", json=EXPERIMENT, headers={"Origin": "http://evil.example"}), 403,
+                "cross-site request from http://evil.example refused")  # fmt: skip
+    finally:
+        stack.stop()
+
+
+def test_no_cors_by_default(dispatcher: Stack):
+    answer = dispatcher.rest("GET", "/experiments", headers={"Origin": "https://dash.example.com"})
+    assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers
