@@ -77,6 +77,11 @@ class AccessSettings(ServiceSettings):
 
     _hosts = field_validator("allowed_hosts", "allowed_origins", mode="before")(_names)
 
+    @field_validator("api_token", "api_read_token", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, token: object) -> object:  # compose's ``${TRIALBUS_API_READ_TOKEN:-}``
+        return None if token == "" else token
+
     @field_validator("api_token", "api_read_token")
     @classmethod
     def _long_enough(cls, token: SecretStr | None) -> SecretStr | None:
