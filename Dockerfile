@@ -9,6 +9,7 @@ FROM python:3.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md compose.yaml ./
+COPY k8s/base/nats/auth.conf k8s/base/nats/auth.conf
 COPY contracts contracts
 COPY services services
 COPY trialbus trialbus

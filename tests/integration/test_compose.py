@@ -181,3 +181,25 @@ def local_users_and_secrets(stack: Stack) -> None:
 def environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def test_the_image_build_has_every_file_the_wheel_carries():
+    """`pip install .` in the Dockerfile fails on a force-included file the context lacks."""
+    import tomllib
+
+    forced = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"][
+        "force-include"]  # fmt: skip
+    allowed = (ROOT / ".dockerignore").read_text().splitlines()
+    copied = " ".join(line for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("COPY "))
+    for source in forced:
+        assert f"!{source}" in allowed, f"{source} is not in the build context (.dockerignore)"
+        assert source in copied, f"the Dockerfile's build stage does not COPY {source}"
+
+
+def test_compose_v1_reads_it_too():
+    """Debian's docker-compose 1.29 refuses a top-level `name:`; COMPOSE_PROJECT_NAME in .env
+    names the project for both versions. The NATS image can be one built here."""
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    assert "name" not in compose
+    assert re.search(r"^COMPOSE_PROJECT_NAME=trialbus$", (ROOT / ".env.example").read_text(), re.MULTILINE)
+    assert compose["services"]["nats"]["image"] == "${TRIALBUS_NATS_IMAGE:-nats:2.10.22-alpine}"
