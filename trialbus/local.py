@@ -57,13 +57,19 @@ def credentials_for(url: str) -> tuple[str, str] | None:
 def write(directory: Path, stack: LocalStack) -> Path:
     """Write ``client.json`` (mode 0600) atomically."""
     path = directory / CLIENT_FILE
-    tmp = directory / f".{CLIENT_FILE}.tmp"
+    write_private(path, json.dumps(asdict(stack)))
+    return path
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace ``path`` atomically with ``text``, readable by this user only (mode 0600 from
+    the start: never a moment when another user could read it)."""
+    tmp = path.with_name(f".{path.name}.tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(asdict(stack), f)
+        f.write(text)
     tmp.replace(path)
-    return path
 
 
 def _servers(url: str) -> list[str]:

@@ -62,6 +62,17 @@ def stack(tmp_path: Path, nats_server, run_log: Path, request):
         print(stack.logs(), file=sys.stderr)
 
 
+@pytest.fixture
+def stacks(request):
+    """Stacks a test starts; stopped at the end, their logs printed when it failed."""
+    started: list[Stack] = []
+    yield started
+    for stack in started:
+        stack.stop()
+        if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+            print(stack.logs(), file=sys.stderr)
+
+
 def config(code_dir: Path, **overrides) -> dict:
     return {
         "experimentName": "e2e",

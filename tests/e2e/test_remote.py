@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import sys
 import tempfile
 import textwrap
 import time
@@ -99,16 +98,6 @@ def start_stack(root: Path, nats_server, servers, remote_root: str, **env: str) 
     )  # fmt: skip
     return stack.start("dispatcher", "gateway", "remote")
 
-
-@pytest.fixture
-def stacks(request):
-    """Stacks a test starts; stopped at the end, their logs printed when it failed."""
-    started: list[Stack] = []
-    yield started
-    for stack in started:
-        stack.stop()
-        if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
-            print(stack.logs(), file=sys.stderr)
 
 
 @pytest.fixture

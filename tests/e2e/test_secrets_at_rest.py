@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import sys
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -122,15 +121,6 @@ def holding(secrets: dict[str, str], messages: Iterator[tuple[str, bytes]]) -> l
     """(what, where) for each secret found in a message."""
     return [(what, where) for where, raw in messages for what, secret in secrets.items() if secret.encode() in raw]
 
-
-@pytest.fixture
-def stacks(request):
-    started: list[Stack] = []
-    yield started
-    for stack in started:
-        stack.stop()
-        if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
-            print(stack.logs(), file=sys.stderr)
 
 
 def test_secrets_are_used_by_the_adapters_and_never_on_the_bus_in_clear(

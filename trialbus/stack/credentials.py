@@ -23,6 +23,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from trialbus import local
 from trialbus.stack.errors import StackError
 
 #: Secrets a local stack keeps, by compose variable, each in its own file (mode 0600).
@@ -82,7 +83,7 @@ def load(data_dir: Path, environ: dict[str, str] | None = None) -> Credentials:
     missing = [user for user in users if user not in passwords]
     if missing:  # a newer auth.conf has a user this data dir does not know yet
         passwords.update({user: nats_password() for user in missing})
-        _write(data_dir / NATS_PASSWORDS, json.dumps(passwords), replace=True)
+        local.write_private(data_dir / NATS_PASSWORDS, json.dumps(passwords) + "\n")
     return Credentials(
         api_token=None if no_token else value("TRIALBUS_API_TOKEN", lambda: secrets.token_urlsafe(32)),
         trial_secret=value("TRIALBUS_TRIAL_SECRET", lambda: secrets.token_hex(32)),
@@ -101,7 +102,7 @@ def nats_password() -> str:
 def secret_file(path: Path, make) -> str:
     """The secret in ``path``, created (mode 0600, exclusively) with ``make()`` on first use."""
     try:
-        return _write(path, make(), replace=False)
+        return _create(path, make())
     except FileExistsError:
         if path.stat().st_mode & 0o077:
             path.chmod(0o600)
@@ -111,14 +112,9 @@ def secret_file(path: Path, make) -> str:
         return secret
 
 
-def _write(path: Path, secret: str, replace: bool) -> str:
+def _create(path: Path, secret: str) -> str:
+    """Create ``path`` (mode 0600) holding ``secret``; FileExistsError if it exists."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if replace:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.unlink(missing_ok=True)
-        _write(tmp, secret, replace=False)
-        tmp.replace(path)
-        return secret
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secret + "\n")
