@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # out of the venv: with nni importable, every other test's trials would load it (seconds each) instead of the shim.
 NNI_SDK := .nni-sdk
 
-.PHONY: install run up test bench soak fuzz schemas clean sshd chromium
+.PHONY: install run up test bench soak fuzz schemas clean sshd chromium docker wheelhouse image compose-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,11 +45,17 @@ chromium:
 		fi; \
 	fi
 
+# The compose tests run a real Docker engine. Started here in the background while the suite runs: Debian's engine
+# installed where it is missing and we can (root, apt), dockerd started, the images built (tests/fixtures/docker.py;
+# the compose tests run last and wait for it).
+docker: | $(STAMP)
+	@$(BIN)/python -m tests.fixtures.docker --background
+
 $(NNI_SDK)/.installed: pyproject.toml | $(STAMP)
 	$(BIN)/pip install -q --target $(NNI_SDK) 'nni>=3.0'
 	touch $@
 
-test: $(STAMP) $(NNI_SDK)/.installed sshd chromium  ## lint, layering, then the suite
+test: $(STAMP) $(NNI_SDK)/.installed sshd chromium docker  ## lint, layering, then the suite
 	$(BIN)/ruff check contracts services trialbus bench tests
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
@@ -69,8 +75,24 @@ fuzz: $(STAMP)  ## fuzz every HTTP endpoint from its OpenAPI schema (FUZZ_EXAMPL
 	FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),500) FUZZ_SEED=$(or $(FUZZ_SEED),random) \
 		$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=0 tests/e2e/test_fuzz.py
 
+# Every dependency as a wheel in wheelhouse/ (and hatchling, to build Trialbus): the image then builds with no
+# package index (an air-gapped build). Remade when pyproject.toml changes.
+wheelhouse: $(STAMP)
+	$(BIN)/python -c 'from tests.fixtures.docker import wheelhouse; wheelhouse()'
+
+# The image, from the wheelhouse, on BASE_IMAGE (default: the official slim Python; any image with Python 3.11 and
+# its venv module does): make image BASE_IMAGE=my-registry/python:3.11 IMAGE=trialbus:dev
+image: wheelhouse
+	docker build --build-arg BASE_IMAGE=$(or $(BASE_IMAGE),python:3.11-slim-bookworm) -t $(or $(IMAGE),ghcr.io/trialbus/trialbus:0.1.0) .
+
+# The compose tests on their own: the engine (started as root where it is missing), a base image made offline with
+# debootstrap, the wheelhouse, the image with both builders, then compose.yaml with Compose v2 and v1.
+compose-test: $(STAMP)
+	$(BIN)/python -m tests.fixtures.docker
+	$(BIN)/python -m pytest -q -s -p no:cacheprovider tests/e2e/test_compose.py
+
 schemas: $(STAMP)
 	$(BIN)/python -m contracts.schemas
 
 clean:
-	rm -rf $(VENV) $(NNI_SDK) .trialbus
+	rm -rf $(VENV) $(NNI_SDK) .trialbus wheelhouse/*.whl wheelhouse/.pyproject-sha256

@@ -106,6 +106,7 @@ class TrialState(Contract):
                 "final_metric",
                 "intermediate_count",
                 "platform",
+                "replica",
                 "message",
                 "attempt",
             },

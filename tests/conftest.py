@@ -17,3 +17,8 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    # The compose tests run last: the images they need build meanwhile (make test starts that).
+    items.sort(key=lambda item: item.nodeid.startswith("tests/e2e/test_compose.py"))

@@ -24,6 +24,7 @@ unpacked or shipped) read them as untrusted input, through this one reader. Guar
 
 from __future__ import annotations
 
+import copy
 import gzip
 import hashlib
 import io
@@ -155,6 +156,24 @@ class _Rules:
         return None
 
 
+#: Python 3.11.4+ has tarfile's extraction filters (PEP 706); Debian bookworm's own 3.11.2 does not.
+_HAS_FILTERS = hasattr(tarfile, "data_filter")
+_FILTER_ERRORS: tuple[type[Exception], ...] = (tarfile.FilterError,) if _HAS_FILTERS else ()
+
+
+def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path, *, filters: bool = _HAS_FILTERS) -> None:
+    """Unpack one member that :class:`_Rules` accepted (a file or a directory, inside ``dest``)
+    as the ``data`` filter would: with the "data" filter where Python has it, else with what it
+    does to such a member done here (owned by us, no setuid/setgid/sticky bit, no write for others)."""
+    if filters:
+        tar.extract(member, dest, filter="data")
+        return
+    safe = copy.copy(member)
+    safe.uid, safe.gid, safe.uname, safe.gname = os.getuid(), os.getgid(), "", ""
+    safe.mode = (member.mode & 0o755) | (0o700 if member.isdir() else 0o600)
+    tar.extract(safe, dest)
+
+
 def _read(data: bytes, dest: Path | None, max_files: int, max_bytes: int) -> None:
     """Check every member of ``data`` in one streaming pass, unpacking into ``dest`` if given."""
     cap = max_bytes + (max_files + 1) * HEADER_ROOM + TAIL_ROOM
@@ -169,8 +188,8 @@ def _read(data: bytes, dest: Path | None, max_files: int, max_bytes: int) -> Non
                 where = f"after member {member.name!r}"
                 if dest is not None:
                     try:
-                        tar.extract(member, dest, filter="data")
-                    except tarfile.FilterError as exc:  # our checks come first; this is the backstop
+                        _extract(tar, member, dest)
+                    except _FILTER_ERRORS as exc:  # our checks come first; this is the backstop
                         raise UnsafeArchive(f"code archive member {member.name!r}: {exc}") from None
                     except OSError as exc:
                         raise UnsafeArchive(f"cannot unpack code archive member {member.name!r}: {exc}") from None

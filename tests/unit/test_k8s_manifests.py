@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import re
-import secrets
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,9 +18,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.fixtures.kubernetes import K8S, kustomize, operator_tree
 from tests.fixtures.nats import nats_server_binary, require_binary
 
-K8S = Path(__file__).resolve().parents[2] / "k8s"
 BASE = K8S / "base"
 #: The base and every overlay, by name (``production`` is k8s/overlays/production).
 BUILDS = ("base", *sorted(p.parent.name for p in (K8S / "overlays").glob("*/kustomization.yaml")))
@@ -47,29 +46,13 @@ def password_key(user: str) -> str:
     return "NATS_PASSWORD_" + user.upper().replace("-", "_")
 
 
-def kubectl() -> str:
-    return require_binary(shutil.which("kubectl"), "kubectl")
-
-
 def build_dir(root: Path, build: str) -> Path:
     return root / build if build == "base" else root / "overlays" / build
 
 
-def kustomize(directory: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
-
-
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> Path:
-    """A copy of ``k8s/`` as a fresh checkout has it, plus the production secrets.env an
-    operator writes from its example (random values)."""
-    root = tmp_path_factory.mktemp("k8s") / "k8s"
-    shutil.copytree(K8S, root, ignore=shutil.ignore_patterns("secrets.env"))
-    shutil.copy(BASE / "secrets.env", root / "base" / "secrets.env")  # the base's examples are committed
-    production = root / "overlays" / "production"
-    keys = re.findall(r"^([A-Z_]+)=", (production / "secrets.env.example").read_text(), re.M)
-    (production / "secrets.env").write_text("".join(f"{key}={secrets.token_hex(16)}\n" for key in keys))
-    return root
+    return operator_tree(tmp_path_factory.mktemp("k8s"))
 
 
 @pytest.fixture(scope="module")
