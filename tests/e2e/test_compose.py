@@ -139,7 +139,7 @@ def test_the_image_runs_as_an_unprivileged_user_without_build_tools(images):
     report(f"image {images.trialbus}: {engine.image_size(images.trialbus) / 1e6:.0f} MB "
            f"(base {engine.image_size(engine.BASE_IMAGE) / 1e6:.0f} MB)")  # fmt: skip
     probe = "for t in gcc cc make pip pip3; do command -v $t; done; id -u; python -c 'import services, trialbus'"
-    out = client.containers.run(images.trialbus, ["sh", "-c", probe], remove=True).decode()
+    out = engine.output_of(images.trialbus, ["sh", "-c", probe])
     assert out.split() == ["10001"], f"build tools in the image, or not uid 10001: {out}"
 
 
@@ -148,9 +148,8 @@ def test_buildkit_builds_the_same_image_from_the_same_dockerfile(images):
     classic, buildkit = (client.images.get(tag).attrs["Config"] for tag in (images.trialbus, engine.IMAGE_BUILDKIT))
     for key in ("User", "Cmd", "Env", "WorkingDir", "ExposedPorts", "Volumes"):
         assert classic[key] == buildkit[key], key
-    out = client.containers.run(engine.IMAGE_BUILDKIT, ["python", "-c", "import services.dispatcher; print('ok')"],
-                                remove=True)  # fmt: skip
-    assert out.decode().strip() == "ok"
+    out = engine.output_of(engine.IMAGE_BUILDKIT, ["python", "-c", "import services.dispatcher; print('ok')"])
+    assert out.strip() == "ok"
     sizes = [engine.image_size(tag) for tag in (images.trialbus, engine.IMAGE_BUILDKIT)]
     assert abs(sizes[0] - sizes[1]) < 0.05 * sizes[0], sizes
 
@@ -272,8 +271,7 @@ def test_the_kubernetes_manifests_render_with_the_built_image_and_run_commands_i
                 if image == images.trialbus}  # fmt: skip
         assert ours, f"k8s/overlays/{overlay}: no container runs {images.trialbus}"
         commands |= ours
-    out = engine.docker_client().containers.run(images.trialbus, ["python", "-c", RUNNABLE, *sorted(commands)],
-                                                remove=True).decode()  # fmt: skip
+    out = engine.output_of(images.trialbus, ["python", "-c", RUNNABLE, *sorted(commands)])
     assert out == "", out
     assert len(commands) >= len(USERS), sorted(commands)
     report(f"k8s: {len(commands)} commands of {images.trialbus} run in the image")
