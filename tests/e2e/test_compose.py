@@ -23,6 +23,8 @@ import nats.errors
 import pytest
 import yaml
 
+from contracts import streams
+from services.common.bus import bootstrap
 from tests.e2e.helpers import wait_until
 from tests.fixtures import docker as engine
 from tests.fixtures.compose import TRIALBUS, ComposeProject, compose_project
@@ -141,6 +143,26 @@ def test_the_image_runs_as_an_unprivileged_user_without_build_tools(images):
     probe = "for t in gcc cc make pip pip3; do command -v $t; done; id -u; python -c 'import services, trialbus'"
     out = engine.output_of(images.trialbus, ["sh", "-c", probe])
     assert out.split() == ["10001"], f"build tools in the image, or not uid 10001: {out}"
+
+
+def test_the_nats_image_starts_as_the_official_one_and_holds_our_streams(images):
+    """Started by testcontainers as its NATS module starts the official image (``-js``, ready when it
+    logs "Server is ready"), the one the suite makes in its place holds every stream and bucket of ours."""
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.wait_strategies import LogMessageWaitStrategy
+
+    async def bootstrap_on(url: str) -> set[str]:
+        nc = await nats.connect(url)
+        try:
+            await bootstrap(nc.jetstream())
+            return {info.config.name for info in await nc.jetstream().streams_info()}
+        finally:
+            await nc.close()
+
+    server = DockerContainer(images.nats).with_command("-js").with_exposed_ports(4222)
+    with server.waiting_for(LogMessageWaitStrategy("Server is ready")):
+        made = asyncio.run(bootstrap_on(f"nats://{server.get_container_host_ip()}:{server.get_exposed_port(4222)}"))
+    assert {s.name for s in streams.STREAMS} | {f"KV_{b.bucket}" for b in streams.BUCKETS} <= made, made
 
 
 def test_buildkit_builds_the_same_image_from_the_same_dockerfile(images):
