@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # out of the venv: with nni importable, every other test's trials would load it (seconds each) instead of the shim.
 NNI_SDK := .nni-sdk
 
-.PHONY: install run up test bench soak fuzz schemas clean sshd chromium docker wheelhouse image compose-test
+.PHONY: install run up test bench soak fuzz schemas clean sshd chromium docker wheelhouse image compose-test failover
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,11 @@ bench: $(STAMP)
 # and the tuner are each SIGKILLed once under `trialbus up`: prints lost / duplicated / stuck, exits 1 on any.
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak --trials $(or $(TRIALS),300)
+
+# The METRICS stream's leader node SIGKILLed KILLS times (2) under `trialbus up --cluster 3` while TRIALS trials (120)
+# of 20 metrics run, each node down DOWN s (10): prints lost / duplicated and the pause, exits 1 on any loss or duplicate.
+failover: $(STAMP)
+	$(BIN)/python -m bench.failover --trials $(or $(TRIALS),120) --kills $(or $(KILLS),2) --down $(or $(DOWN),10)
 
 # Every HTTP endpoint of the dispatcher, the gateway and the web UI fuzzed from its OpenAPI schema, longer than
 # `make test` does: FUZZ_EXAMPLES cases (500) per operation and generation mode, a new seed each run (FUZZ_SEED=n

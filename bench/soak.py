@@ -112,7 +112,7 @@ def soak(
         began = time.monotonic()
         experiment = asyncio.run(_run(up, code, result, trials, concurrency, kills, timeout, console))
         result.seconds = time.monotonic() - began
-        asyncio.run(_check(up, experiment, run_log, metrics, result))
+        asyncio.run(check(up, experiment, run_log, metrics, result))
     finally:
         began = time.monotonic()
         up.ctrl_c()
@@ -180,7 +180,7 @@ async def _run(up: Up, code: Path, result: SoakResult, trials: int, concurrency:
         return experiment
 
 
-async def _check(up: Up, experiment: str, run_log: Path, metrics: int, result: SoakResult) -> None:
+async def check(up: Up, experiment: str, run_log: Path, metrics: int, result: SoakResult) -> None:
     """What a user would check: the trials' ends, their runs, their metrics in the stream and the view."""
     async with AsyncClient(up.nats_url, request_timeout=30, **up.nats_auth) as client:
         states = await client.list_trials(experiment)

@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 #: Initial connection attempts before giving up (later drops are retried forever).
 CONNECT_ATTEMPTS = 3
+#: Seconds a first connection may take, all attempts together.
+CONNECT_DEADLINE = 10.0
 #: Messages an ``events()``/``metrics()`` iterator buffers ahead of its reader.
 FOLLOW_BUFFER = 4096
 
@@ -194,6 +196,11 @@ class AsyncClient:
         async def quiet(*_: object) -> None:  # the default callbacks log every retry at ERROR
             pass
 
+        refusals: list[Exception] = []
+
+        async def remember(exc: Exception) -> None:  # the reason to give if no server takes us
+            refusals.append(exc)
+
         options: dict[str, Any] = dict(
             servers=[s.strip() for s in self.url.split(",")],
             name="trialbus-client",
@@ -202,7 +209,7 @@ class AsyncClient:
             # nats-py retries a first connection forever when this is -1; try a few times,
             # then say so, and switch to reconnect-forever once connected (below).
             max_reconnect_attempts=CONNECT_ATTEMPTS,
-            error_cb=quiet,
+            error_cb=remember,
             disconnected_cb=quiet,
             closed_cb=self._end_followers,
         )
@@ -210,10 +217,11 @@ class AsyncClient:
             options.update(user=auth["user"], password=auth["password"] or "")
         if auth["creds"]:
             options["user_credentials"] = str(auth["creds"])
-        try:
-            self._nc = await nats.connect(**options)
+        try:  # bounded: against a cluster, nats-py adds the servers it learns to its list at each
+            # refused attempt (a wrong password), and would go on trying them for ever
+            self._nc = await asyncio.wait_for(nats.connect(**options), CONNECT_DEADLINE)
         except (OSError, TimeoutError, nats.errors.Error) as exc:
-            reason = str(exc) or type(exc).__name__
+            reason = str(refusals[-1] if refusals else exc) or type(exc).__name__
             raise TrialbusError(
                 503, f"cannot connect to NATS at {self.url} ({reason}); is the stack running (`trialbus up`)?"
             ) from None

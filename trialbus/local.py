@@ -1,11 +1,12 @@
 """How a client on the same machine finds a running ``trialbus up``: ``<data>/client.json``.
 
 ``trialbus up`` writes it (mode 0600: only its user reads it, as Jupyter's runtime files) with
-the NATS URL and the ``client`` user's password, the API and web UI URLs and the API token.
-The CLI, :class:`~trialbus.client.AsyncClient` and ``trialbus.Experiment`` use it when they are
-given no NATS credentials, and only for the NATS URL it names, so a password of this machine's
-stack is never sent to another server. The data dir is ``TRIALBUS_DATA_DIR``, else ``.trialbus``
-(``trialbus up``'s default) in the working directory.
+the NATS URL (every server of a cluster, comma-separated, so a client reaches the cluster
+through any of them) and the ``client`` user's password, the API and web UI URLs and the API
+token. The CLI, :class:`~trialbus.client.AsyncClient` and ``trialbus.Experiment`` use it when
+they are given no NATS credentials, and only for a NATS URL whose servers are all the stack's,
+so a password of this machine's stack is never sent to another server. The data dir is
+``TRIALBUS_DATA_DIR``, else ``.trialbus`` (``trialbus up``'s default) in the working directory.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ CLIENT_FILE = "client.json"
 
 @dataclass(frozen=True)
 class LocalStack:
+    #: Every nats-server of the stack, comma-separated.
     nats_url: str
     nats_user: str
     nats_password: str
@@ -47,9 +49,10 @@ def find(directory: Path | None = None) -> LocalStack | None:
 
 
 def credentials_for(url: str) -> tuple[str, str] | None:
-    """The local stack's NATS user and password when ``url`` is its NATS URL."""
-    found = find()
-    if found is None or _servers(found.nats_url) != _servers(url):
+    """The local stack's NATS user and password when ``url`` names its servers (all, or some of a
+    cluster's: the client learns the others from them)."""
+    found, asked = find(), set(_servers(url))
+    if found is None or not asked or not asked <= set(_servers(found.nats_url)):
         return None
     return found.nats_user, found.nats_password
 

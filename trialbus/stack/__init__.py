@@ -4,7 +4,8 @@
 - :mod:`.policy`: restart policies, back-off and crash loops (pure logic).
 - :mod:`.options`: what ``up`` is asked for; the nats-server binary.
 - :mod:`.credentials`: the stack's secrets under the data dir, and the NATS users they open.
-- :mod:`.parts`: starting and stopping the parts in order (nats-server, then the services).
+- :mod:`.nats`: the nats-servers: one, or a JetStream cluster of 3 or 5 (``--cluster``), and their configs.
+- :mod:`.parts`: starting and stopping the parts in order (the nats-servers, then the services).
 - :mod:`.supervisor`: ``up``'s loop: restarts what dies, stops in order on a signal.
 - :mod:`.signals`: stop requests recorded without locks (a handler that cannot hang).
 - :mod:`.trials`: what a user's stop does to running trials.

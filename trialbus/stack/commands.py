@@ -16,6 +16,7 @@ from rich.table import Table
 from trialbus.output import fail
 from trialbus.stack.control import StackStatus, down, stack_status
 from trialbus.stack.errors import StackError
+from trialbus.stack.nats import check_size
 from trialbus.stack.options import StackOptions
 from trialbus.stack.supervisor import run
 
@@ -51,6 +52,15 @@ class _Unbreakable(io.TextIOBase):
         return getattr(self._stream, "encoding", "utf-8")
 
 
+def _cluster_size(size: int) -> int:
+    """``--cluster``: 1, 3 or 5, else a usage error saying why."""
+    try:
+        check_size(size)
+    except StackError as exc:
+        raise typer.BadParameter(str(exc).removeprefix(f"--cluster {size}: ")) from None
+    return size
+
+
 def up(
     command: Annotated[
         list[str] | None, typer.Argument(help="After `--`: a command to run once the stack is ready.")
@@ -66,6 +76,10 @@ def up(
     stop_timeout: Annotated[
         float, typer.Option(min=1, help="Seconds a stop may take (CMD, trials, every part) before it kills.")
     ] = 25.0,
+    cluster: Annotated[
+        int, typer.Option(callback=_cluster_size, help="nats-servers: 1, or a JetStream cluster of 3 or 5 as in "
+                          "production, every stream and bucket on each (the first on --nats-port).")
+    ] = 1,
 ) -> None:
     """Start nats-server and the services of compose.yaml, and keep them running until Ctrl-C.
 
@@ -76,9 +90,13 @@ def up(
 
     With `trialbus up -- CMD ARGS…` it runs CMD once the stack is ready, with TRIALBUS_NATS_URL,
     TRIALBUS_API_URL and TRIALBUS_WEBUI_URL set, then stops the stack and exits with CMD's exit code.
+
+    With `--cluster 3` NATS is a JetStream cluster of three nats-servers, as Kubernetes runs it: one
+    can die (the stack restarts it) while trials, metrics and every service go on.
     """
     options = StackOptions(data_dir=data_dir, nats_port=nats_port, api_port=api_port, gateway_port=gateway_port,
-                           webui_port=webui_port, keep_trials=keep_trials, stop_timeout=stop_timeout)  # fmt: skip
+                           webui_port=webui_port, keep_trials=keep_trials, stop_timeout=stop_timeout,
+                           cluster=cluster)  # fmt: skip
     console = Console(file=_Unbreakable(sys.stderr), highlight=False)
     try:
         code = run(options, command, console)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trialbus.stack.errors import StackError
+from trialbus.stack.nats import check_size
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,9 @@ class StackOptions:
     gateway_port: int = 8081
     webui_port: int = 8082
     host: str = "127.0.0.1"
+    #: nats-servers: 1, or a JetStream cluster of 3 or 5 keeping that many copies of every stream
+    #: (:mod:`trialbus.stack.nats`). The first listens on ``nats_port``, the others on free ports.
+    cluster: int = 1
     #: Seconds each part may take to become ready.
     start_timeout: float = 60.0
     #: Seconds between SIGTERM and SIGKILL when stopping a part.
@@ -35,8 +39,12 @@ class StackOptions:
     crash_loop: int = 5
     crash_loop_window: float = 60.0
 
+    def __post_init__(self) -> None:
+        check_size(self.cluster)
+
     @property
     def nats_url(self) -> str:
+        """The first nats-server's URL (a cluster's others are chosen at start: ``Stack.broker``)."""
         return f"nats://{self.host}:{self.nats_port}"
 
     @property

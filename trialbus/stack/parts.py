@@ -1,11 +1,13 @@
 """Starting and stopping the parts of the stack: ``nats-server`` and the services of compose.yaml.
 
 Start order: ``nats-server`` (JetStream, store in ``<data>/nats``), ready (its TCP port
-answers), then every service of compose.yaml at once, as compose starts services that depend
-only on nats; each is ready when its ``/healthz`` answers 200. Stop: every service at
-once (each stops its own intake, then finishes or hands back its work and drains), then
-nats-server, each SIGTERM then SIGKILL of its whole process group after ``stop_grace``
-seconds, all within the caller's deadline. A hurried stop (a second Ctrl-C) kills at once.
+answers), or with ``cluster`` N the N nodes of a JetStream cluster at once, ready when each one's
+``/healthz`` says it has joined and the cluster has a meta leader (:mod:`.nats`); then every
+service of compose.yaml at once, as compose starts services that depend only on nats; each is
+ready when its ``/healthz`` answers 200. Stop: every service at once (each stops its own intake,
+then finishes or hands back its work and drains), then the nats-servers, each SIGTERM then
+SIGKILL of its whole process group after ``stop_grace`` seconds, all within the caller's
+deadline. A hurried stop (a second Ctrl-C) kills at once.
 
 Guarantees:
 
@@ -18,6 +20,8 @@ Guarantees:
   compose and Kubernetes. Each service gets the secrets compose.yaml gives it and no other
   (:mod:`trialbus.stack.credentials`: generated once, kept in the data dir, mode 0600), and
   ``<data>/client.json`` (0600) tells clients on this machine how to connect (:mod:`trialbus.local`).
+- Every service and client gets every nats-server's URL (``TRIALBUS_NATS_URL``, comma-separated)
+  and ``TRIALBUS_STREAM_REPLICAS``: one copy of each stream and bucket per server.
 - Services and trials see the Python that runs ``trialbus`` first on PATH, so a trial's
   ``python3`` is the stack's Python.
 """
@@ -25,7 +29,6 @@ Guarantees:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -39,7 +42,7 @@ from pathlib import Path
 from rich.console import Console
 
 from trialbus import local
-from trialbus.stack import credentials
+from trialbus.stack import credentials, nats
 from trialbus.stack.compose import NATS_RESTART, SECRETS, SERVICES, ServiceDef, interpolate
 from trialbus.stack.errors import StackError
 from trialbus.stack.options import StackOptions, nats_server_binary
@@ -74,7 +77,7 @@ class Part:
     argv: list[str]
     env: dict[str, str]
     health: str | None
-    #: A TCP port that answers once it is ready (nats-server).
+    #: A nats-server's client port, which answers once it is ready when it has no ``health``.
     port: int | None
     policy: RestartPolicy
     log: Path
@@ -129,6 +132,8 @@ class Stack:
         self.data_dir = options.data_dir.expanduser().resolve()
         self.log_dir = self.data_dir / "logs"
         self.credentials: credentials.Credentials | None = None
+        #: The nats-servers, chosen at start.
+        self.broker: nats.Broker | None = None
 
     def client_env(self) -> dict[str, str]:
         """Environment for programs that use the stack (``trialbus up -- CMD``): its URLs, the
@@ -178,16 +183,21 @@ class Stack:
             "gateway_port": o.gateway_port, "webui_port": o.webui_port, "data_dir": str(self.data_dir),
         }  # fmt: skip
         self.credentials = credentials.load(self.data_dir)
+        broker = self.broker = nats.plan(o.host, o.nats_port, o.cluster, self.data_dir,
+                                         (o.api_port, o.gateway_port, o.webui_port))  # fmt: skip
         local.write(self.data_dir, self.local_stack())
-        common = {**self._base_env(), "TRIALBUS_NATS_URL": o.nats_url, "TRIALBUS_DATA_DIR": str(self.data_dir)}
+        common = {**self._base_env(), "TRIALBUS_NATS_URL": broker.urls, "TRIALBUS_DATA_DIR": str(self.data_dir),
+                  "TRIALBUS_STREAM_REPLICAS": str(broker.replicas)}  # fmt: skip
 
         def restarts() -> Restarts:
             return Restarts(o.restart_backoff, o.restart_backoff_max, o.crash_loop, o.crash_loop_window)
 
-        argv = [nats_server_binary(), "-c", str(self._nats_config())]
+        binary = nats_server_binary()
+        nats.write_configs(broker, self.data_dir)
         nats_env = {**common, **{v: self.credentials.nats[u] for u, v in self.credentials.nats_variables.items()}}
-        parts = [Part("nats-server", argv, nats_env, None, o.nats_port, self.nats_restart,
-                      self.log_dir / "nats-server.log", restarts())]  # fmt: skip
+        parts = [Part(node.name, [binary, "-c", str(node.config)], nats_env, node.health(o.host), node.port,
+                      self.nats_restart, self.log_dir / f"{node.name}.log", restarts())
+                 for node in broker.nodes]  # fmt: skip
         variables = {**os.environ, **self.credentials.variables}
         for service in self.services:
             env = {**common, **{k: _fill(v, values) for k, v in service.env.items()}}
@@ -199,26 +209,12 @@ class Stack:
                               self.log_dir / f"{service.name}.log", restarts()))  # fmt: skip
         return parts
 
-    def _nats_config(self) -> Path:
-        """``<data>/nats.conf``: JetStream in ``<data>/nats``, this host and port, and the users of
-        auth.conf (copied beside it at every start, so it is always this version's)."""
-        o = self.options
-        auth = self.data_dir / "nats-auth.conf"
-        auth.write_text(credentials.auth_conf().read_text())
-        config = self.data_dir / "nats.conf"
-        config.write_text(
-            "# Written by `trialbus up` at every start; edit compose.yaml or k8s/base/nats/auth.conf instead.\n"
-            f"listen: {json.dumps(f'{o.host}:{o.nats_port}')}\n"
-            f"jetstream {{ store_dir: {json.dumps(str(self.data_dir / 'nats'))} }}\n"
-            "include nats-auth.conf\n"
-        )
-        return config
-
     def local_stack(self) -> local.LocalStack:
         """What a client on this machine needs to use the stack (``<data>/client.json``)."""
         o = self.options
         creds = self.credentials
-        return local.LocalStack(nats_url=o.nats_url, nats_user="client", nats_password=creds.nats["client"],
+        urls = self.broker.urls if self.broker is not None else o.nats_url
+        return local.LocalStack(nats_url=urls, nats_user="client", nats_password=creds.nats["client"],
                                 api_url=o.api_url, webui_url=o.webui_url, api_token=creds.api_token)  # fmt: skip
 
     def check_ports(self) -> None:
@@ -265,15 +261,16 @@ class Stack:
         self.mark(part, "starting")
 
     def ready(self, part: Part) -> bool:
-        """Whether the part's latest start is ready (one quick probe)."""
-        if part.port is not None:
-            return port_open(self.options.host, part.port)
+        """Whether the part's latest start is ready (one quick probe): its ``/healthz`` where it has
+        one (a service, a cluster's nats-server), else its port (one nats-server), else alive a while."""
         if part.health_url is not None:
             return health(part.health_url) == "ok"
+        if part.port is not None:
+            return port_open(self.options.host, part.port)
         return time.monotonic() - part.started >= self.options.settle
 
     def _tiers(self) -> list[list[Part]]:
-        """nats-server, then every service at once: as compose, where each depends only on nats."""
+        """The nats-servers, then every service at once: as compose, where each depends only on nats."""
         return [[p for p in self.parts if p.port is not None], [p for p in self.parts if p.port is None]]
 
     def _wait_ready(self, tier: list[Part]) -> None:
@@ -285,7 +282,7 @@ class Stack:
                     if self.ready(part):
                         waiting.remove(part)
                         self.mark(part, "running")
-                        where = part.health_url or (self.options.nats_url if part.port else "running")
+                        where = f"nats://{self.options.host}:{part.port}" if part.port else part.health_url or "running"
                         self.console.print(f"[green]✓[/] {part.name} ready: {where} "
                                            f"[dim](pid {part.proc.pid}, log {part.log})[/]")  # fmt: skip
                     elif not part.alive():
@@ -309,7 +306,7 @@ class Stack:
     # -- stopping -------------------------------------------------------------------------
 
     def stop(self, deadline: float | None = None) -> None:
-        """Stop every part: the services at once, then nats-server; each gets SIGTERM, then SIGKILL of
+        """Stop every part: the services at once, then the nats-servers; each gets SIGTERM, then SIGKILL of
         its group after ``stop_grace`` seconds or at ``deadline`` (monotonic), at once when hurried."""
         deadline = deadline if deadline is not None else time.monotonic() + self.options.stop_timeout
         services = [p for p in self.parts if p.port is None]

@@ -71,7 +71,7 @@ class StackRecord(BaseModel):
     started_at: datetime
     data_dir: str
     host: str
-    #: ``nats``, ``api``, ``gateway``, ``webui``.
+    #: ``nats``, ``api``, ``gateway``, ``webui``; ``nats-2``… the client ports of a cluster's other nodes.
     ports: dict[str, int]
     keep_trials: bool = False
     #: In start order.
@@ -179,9 +179,9 @@ def stop_leftovers(
     data_dir: Path, console: Console, grace: float, hurried: Callable[[], bool] = lambda: False
 ) -> list[str]:
     """Stop what a supervisor that is gone left running on ``data_dir`` (the caller holds the
-    lock): ``up -- CMD``'s command, then every service at once, then nats-server, each SIGTERM then SIGKILL of its group
-    after ``grace`` seconds. Trials are not touched: the next stack's adapters adopt them.
-    The names of the parts stopped."""
+    lock): ``up -- CMD``'s command, then every service at once, then the nats-servers, each
+    SIGTERM then SIGKILL of its group after ``grace`` seconds. Trials are not touched: the next
+    stack's adapters adopt them. The names of the parts stopped."""
     record = read_record(data_dir)
     if record is None:
         return []

@@ -2,14 +2,15 @@
 
 One thread, no locks: signal handlers only record the request (:mod:`.signals`), and the loop
 here wakes on them at once. While running, a part that exits is started again after a back-off
-as its compose ``restart:`` policy says (nats-server on the same JetStream directory), and the
-console says which, why and when; a part that keeps dying (``crash_loop`` exits within
-``crash_loop_window`` seconds) stops the stack with its log tail and exit code 1.
+as its compose ``restart:`` policy says (a nats-server on its same JetStream directory, at its
+same addresses: a cluster's node rejoins its cluster), and the console says which, why and
+when; a part that keeps dying (``crash_loop`` exits within ``crash_loop_window`` seconds)
+stops the stack with its log tail and exit code 1.
 
 A stop (first SIGINT, SIGTERM or SIGHUP, ``trialbus down``, or CMD's end) goes in order
 within ``stop_timeout`` seconds: CMD is asked to stop; the running experiments are stopped so
 their trials end USER_CANCELED with the reason (unless ``keep_trials``: :mod:`.trials`); then
-every service, then nats-server. A second signal kills every part at once and says so.
+every service, then the nats-servers. A second signal kills every part at once and says so.
 """
 
 from __future__ import annotations
@@ -117,8 +118,11 @@ class Supervisor:
     def _banner(self) -> None:
         o = self.options
         found = self.stack.local_stack()
+        broker = self.stack.broker
+        nats = f"NATS cluster of {len(broker.nodes)} ({broker.urls})" if broker and broker.clustered else (
+            f"NATS {o.nats_url}")
         self.console.print(
-            f"[bold green]Trialbus is up[/]: NATS {o.nats_url}, API {o.api_url}, "
+            f"[bold green]Trialbus is up[/]: {nats}, API {o.api_url}, "
             f"gateway http://{o.host}:{o.gateway_port}; logs in {self.stack.log_dir}"
         )
         if self.console.is_terminal:  # the login link holds the token: a terminal's, never a log's
@@ -279,12 +283,16 @@ class Supervisor:
         return PartRecord(name="command", pid=child.pid, started=identity.started, state="running",
                           since=self.started_at, log="")  # fmt: skip
 
+    def _nats_ports(self) -> dict[str, int]:
+        return self.stack.broker.ports if self.stack.broker is not None else {}
+
     def _write_state(self) -> None:
         o = self.options
         me = self._me
         record = StackRecord(
             supervisor_pid=me.pid, supervisor_started=me.started, started_at=self.started_at,
-            data_dir=str(self.stack.data_dir), host=o.host, ports=o.ports, keep_trials=o.keep_trials,
+            data_dir=str(self.stack.data_dir), host=o.host, ports={**o.ports, **self._nats_ports()},
+            keep_trials=o.keep_trials,
             parts=[part.record() for part in self.stack.parts], command=self._command_record(),
         )  # fmt: skip
         with contextlib.suppress(OSError):  # a full disk must not stop the supervision
