@@ -25,7 +25,7 @@ from rich.table import Table
 
 from contracts import ExperimentStatus, MetricType, TrialStatus
 from services.common.code import PackingError
-from trialbus import __version__
+from trialbus import __version__, local
 from trialbus.client import DEFAULT_NATS_URL, AsyncClient, TrialbusError, as_config
 from trialbus.output import fail
 from trialbus.render import NoJob
@@ -155,7 +155,7 @@ def experiment_run(
                             password=options.nats_password, request_timeout=options.timeout)  # fmt: skip
     try:
         experiment_id = experiment.start()
-        url = f"{_webui_url()}/experiments/{experiment_id}"
+        url = f"{_webui_url(options.nats_url)}/experiments/{experiment_id}"
         console.print(f"created experiment [bold]{experiment_id}[/]; web UI: {url}")
         if detach:
             console.print(f"it runs on its own: `trialbus watch {experiment_id}`, `trialbus experiment stop "
@@ -179,8 +179,11 @@ def experiment_run(
         experiment.close()
 
 
-def _webui_url() -> str:
-    return os.environ.get("TRIALBUS_WEBUI_URL", "http://127.0.0.1:8082").rstrip("/")
+def _webui_url(nats_url: str) -> str:
+    """``TRIALBUS_WEBUI_URL``, else that of the ``trialbus up`` whose NATS this is, else the default."""
+    stack = local.stack_for(nats_url)
+    found = os.environ.get("TRIALBUS_WEBUI_URL") or (stack.webui_url if stack else "http://127.0.0.1:8082")
+    return found.rstrip("/")
 
 
 @experiment_app.command("list")

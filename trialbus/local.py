@@ -48,13 +48,19 @@ def find(directory: Path | None = None) -> LocalStack | None:
         return None
 
 
-def credentials_for(url: str) -> tuple[str, str] | None:
-    """The local stack's NATS user and password when ``url`` names its servers (all, or some of a
-    cluster's: the client learns the others from them)."""
+def stack_for(url: str) -> LocalStack | None:
+    """The local stack when ``url`` names its servers (all, or some of a cluster's: the client
+    learns the others from them), else None."""
     found, asked = find(), set(_servers(url))
     if found is None or not asked or not asked <= set(_servers(found.nats_url)):
         return None
-    return found.nats_user, found.nats_password
+    return found
+
+
+def credentials_for(url: str) -> tuple[str, str] | None:
+    """The local stack's NATS user and password when ``url`` names its servers."""
+    found = stack_for(url)
+    return (found.nats_user, found.nats_password) if found else None
 
 
 def write(directory: Path, stack: LocalStack) -> Path:

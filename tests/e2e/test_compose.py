@@ -128,7 +128,7 @@ async def assert_the_client_user_cannot_dispatch(project: ComposeProject) -> Non
         deadline = time.monotonic() + 5
         while not errors and time.monotonic() < deadline:
             await nc.flush()
-            time.sleep(0.05)
+            await asyncio.sleep(0.05)
     finally:
         await nc.close()
     assert any("permissions violation" in str(e).lower() for e in errors), errors
@@ -210,8 +210,9 @@ def test_compose_v2_runs_an_nni_config_spreads_it_over_three_replicas_and_surviv
                 lambda: [t for t in trials_of(project, experiment) if t["status"] == "RUNNING" and t["replica"]],
                 60, "running trials",
             )  # fmt: skip
-            victim = replicas[running[0]["replica"]]
-            victim_trials = {t["id"] for t in running if t["replica"] == running[0]["replica"]}
+            victim_name = running[0]["replica"]
+            victim = replicas[victim_name]
+            seen_running = sum(t["replica"] == victim_name for t in running)
             os.kill(victim.attrs["State"]["Pid"], signal.SIGKILL)
             killed_at = time.monotonic()
             output, _ = run.communicate(timeout=240)
@@ -222,7 +223,7 @@ def test_compose_v2_runs_an_nni_config_spreads_it_over_three_replicas_and_surviv
         assert victim.attrs["RestartCount"] >= 1 and victim.attrs["State"]["Status"] == "running", victim.attrs["State"]
         project.wait_healthy(time.monotonic() + 60)
         after = time.monotonic() - killed_at
-        report(f"killed {victim.name} with {len(victim_trials)} trial(s) running; restarted by compose "
+        report(f"killed {victim.name} with {seen_running} trial(s) seen running; restarted by compose "
                f"{victim.attrs['RestartCount']}x; the experiment was done {after:.1f}s later")  # fmt: skip
 
         trials = trials_of(project, experiment)
@@ -231,13 +232,11 @@ def test_compose_v2_runs_an_nni_config_spreads_it_over_three_replicas_and_surviv
             metrics = project.rest("GET", f"/trials/{t['id']}/metrics").json()
             sequences = [m["sequence"] for m in metrics if m["type"] == "PERIODICAL"]
             assert len(sequences) == len(set(sequences)) == t["intermediateCount"], (t["id"], sequences)
-            if t["id"] in victim_trials:  # it died with its container: said so, with what it reported kept
-                assert t["status"] in ("SUCCEEDED", "FAILED"), t
-                if t["status"] == "FAILED":
-                    assert "keeper exited unexpectedly" in t["message"], t
+            if t["replica"] == victim_name and t["status"] == "FAILED":  # it died with its container: said so
+                assert "keeper exited unexpectedly" in t["message"], t  # and what it reported is kept
             else:
                 assert t["status"] == "SUCCEEDED" and sequences == list(range(8)), t
-        lost = [t["id"] for t in trials if t["id"] in victim_trials and t["status"] == "FAILED"]
+        lost = [t["id"] for t in trials if t["status"] == "FAILED"]
         report(f"killed replica: {len(lost)} trial(s) failed with it (retried once issue 22 lands), "
                f"{18 - len(lost)} succeeded; no metric lost or duplicated")  # fmt: skip
     assert not project.containers(every=True), "down -v leaves no container"

@@ -169,6 +169,7 @@ def test_ctrl_c_during_experiment_run_stops_the_command_the_trials_and_the_stack
     up.wait_for("Trialbus is up")
     experiment = wait_until(lambda: (e := up.rest("GET", "/experiments").json()) and e[0]["id"], 60, "the experiment")
     running(up, experiment, 2, home.run_log)
+    assert f"web UI: http://127.0.0.1:{home.ports['webui']}/experiments/{experiment}" in up.text(), "on its own port"
     stack, trials = up.processes(), home.trial_processes()
 
     # When the user presses Ctrl-C

@@ -109,3 +109,19 @@ def test_up_takes_the_command_after_a_double_dash_unparsed(cli: CliRunner, tmp_p
     assert result.exit_code == 1
     assert result.output.startswith(f"error: port {port} for NATS is in use")
     assert "--nats-port" in result.output
+
+
+def test_the_web_ui_link_is_the_running_stacks_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`experiment run` prints the web UI of the `trialbus up` whose NATS it uses, on its ports."""
+    from trialbus import local
+    from trialbus.cli import _webui_url
+
+    stack = local.LocalStack(nats_url="nats://127.0.0.1:14222", nats_user="client", nats_password="p",
+                             api_url="http://127.0.0.1:18080", webui_url="http://127.0.0.1:18082")  # fmt: skip
+    local.write(tmp_path, stack)
+    monkeypatch.setenv("TRIALBUS_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("TRIALBUS_WEBUI_URL", raising=False)
+    assert _webui_url("nats://127.0.0.1:14222") == "http://127.0.0.1:18082"
+    assert _webui_url("nats://elsewhere:4222") == "http://127.0.0.1:8082", "another stack: the default"
+    monkeypatch.setenv("TRIALBUS_WEBUI_URL", "https://trialbus.example/")
+    assert _webui_url("nats://127.0.0.1:14222") == "https://trialbus.example", "the environment says best"
