@@ -32,7 +32,7 @@ import nats
 from rich.console import Console
 from rich.table import Table
 
-from bench.soak import TRIAL, SoakResult, check
+from bench.soak import TRIAL, SoakResult, check, print_verdict
 from tests.fixtures.up import Up, new_ports
 from trialbus.client import AsyncClient, TrialbusError
 
@@ -293,12 +293,7 @@ def report(result: FailoverResult, console: Console) -> None:
             ("  node back (restarted, caught up) after", f"{k.back_after:.1f} s" if k.back_after else "never"),
         ]  # fmt: skip
     rows.append(("stop (Ctrl-C) time, exit code", f"{soak.stop_seconds:.1f} s, {soak.stop_code}"))
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-    for problem in soak.problems[:20]:
-        console.print(f"[red]problem:[/] {problem}")
-    console.print("[bold green]PASS[/]" if result.ok() else "[bold red]FAIL[/]")
+    print_verdict(table, rows, soak.problems, result.ok(), console)
 
 
 def main() -> None:

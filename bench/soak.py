@@ -262,12 +262,17 @@ def report(result: SoakResult, console: Console) -> None:
     ]  # fmt: skip
     rows += [(f"{k.part} killed at {k.at} ended, back after",
               f"{k.back_after:.1f} s" if k.back_after is not None else "never") for k in result.kills]  # fmt: skip
+    print_verdict(table, rows, result.problems, result.ok(), console)
+
+
+def print_verdict(table: Table, rows: list[tuple[str, str]], problems: list[str], ok: bool, console: Console) -> None:
+    """A run's figures in ``table``, its first 20 problems, then PASS or FAIL (soak and failover alike)."""
     for row in rows:
         table.add_row(*row)
     console.print(table)
-    for problem in result.problems[:20]:
+    for problem in problems[:20]:
         console.print(f"[red]problem:[/] {problem}")
-    console.print("[bold green]PASS[/]" if result.ok() else "[bold red]FAIL[/]")
+    console.print("[bold green]PASS[/]" if ok else "[bold red]FAIL[/]")
 
 
 def main() -> None:
