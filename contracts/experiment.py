@@ -284,6 +284,8 @@ class ExperimentConfig(NniModel):
     assessor: dict[str, Any] | None = None
     advisor: dict[str, Any] | None = None
     training_service: SerializeAsAny[TrainingService]
+    #: NNI v1's ``multiThread`` (Trialbus extension in v2): the tuner is called from several threads at once.
+    multi_thread: bool | None = None
     # Accepted for NNI compatibility; the manager-side settings have no effect here.
     nni_manager_ip: str | None = None
     use_annotation: bool | None = None
@@ -380,6 +382,10 @@ def load_experiment_config(path: str | Path) -> ExperimentConfig:
     for key in list(data):
         if _canonical(key) in ("trialcodedirectory", "searchspacefile") and isinstance(data[key], str):
             data[key] = str((base / Path(data[key]).expanduser()).resolve())
+        if _canonical(key) in ("tuner", "assessor", "advisor") and isinstance(data[key], dict):
+            data[key] = {k: str((base / Path(v).expanduser()).resolve())
+                         if _canonical(str(k)) == "codedirectory" and isinstance(v, str) else v
+                         for k, v in data[key].items()}  # fmt: skip
     try:
         config = ExperimentConfig.model_validate(data)
     except ValidationError as exc:

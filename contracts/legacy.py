@@ -16,9 +16,9 @@ TOP = {
     "maxExecDuration": "maxExperimentDuration", "maxTrialNum": "maxTrialNumber",
     "maxTrialDuration": "maxTrialDuration", "searchSpacePath": "searchSpaceFile",
     "logDir": "experimentWorkingDirectory", "logLevel": "logLevel", "nniManagerIp": "nniManagerIp",
-    "useAnnotation": "useAnnotation", "debug": "debug",
+    "useAnnotation": "useAnnotation", "debug": "debug", "multiThread": "multiThread",
 }  # fmt: skip
-IGNORED = {"authorName", "trainingServicePlatform", "multiThread", "versionCheck", "logCollection", "multiPhase"}
+IGNORED = {"authorName", "trainingServicePlatform", "versionCheck", "logCollection", "multiPhase"}
 TRIAL = {"command": "trialCommand", "codeDir": "trialCodeDirectory", "gpuNum": "trialGpuNumber"}
 MACHINE = {"ip": "host", "port": "port", "username": "user", "passwd": "password", "sshKeyPath": "sshKeyFile",
            "passphrase": "sshPassphrase", "gpuIndices": "gpuIndices", "maxTrialNumPerGpu": "maxTrialNumberPerGpu",
@@ -59,9 +59,27 @@ def to_v2(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _algorithm(section: dict[str, Any], kind: str) -> dict[str, Any]:
-    renames = {f"builtin{kind.title()}Name": "name", "className": "className", "codeDir": "codeDirectory",
-               "classArgs": "classArgs", "classFileName": "classFileName", "gpuIndices": "gpuIndices"}  # fmt: skip
-    return {renames.get(k, k): v for k, v in section.items()}
+    """``builtin<Kind>Name`` → ``name``; ``codeDir`` + ``classFileName`` + ``className`` → ``className:
+    <file stem>.<class>`` + ``codeDirectory`` (NNI's ``convert_algo``)."""
+    section = dict(section)
+    out: dict[str, Any] = {}
+    builtin = section.pop(f"builtin{kind.title()}Name", None)
+    if builtin is not None:
+        out["name"] = builtin
+    elif "classFileName" in section or "codeDir" in section:
+        file_name, class_name = section.pop("classFileName", None), section.pop("className", None)
+        if not isinstance(file_name, str) or not file_name.endswith(".py"):
+            raise ValueError(f"{kind}.classFileName must name a .py file in {kind}.codeDir, got {file_name!r}")
+        if not isinstance(class_name, str) or not class_name:
+            raise ValueError(f"{kind}.className must name the class in {kind}.classFileName")
+        if "codeDir" not in section:
+            raise ValueError(f"{kind}.codeDir must be set with {kind}.classFileName")
+        out["className"] = f"{file_name[:-3]}.{class_name}"
+        out["codeDirectory"] = section.pop("codeDir")
+    renames = {"className": "className", "classArgs": "classArgs", "gpuIndices": "gpuIndices",
+               "codeDir": "codeDirectory"}  # fmt: skip
+    out.update({renames.get(k, k): v for k, v in section.items()})
+    return out
 
 
 def _local(data: dict[str, Any], trial: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
