@@ -2,8 +2,9 @@
 (NNI's ``training_services/frameworkcontroller.py`` and ``k8s_storage.py``, v2.5+ layout).
 
 NNI's names and rules, plus a few Trialbus extensions, each marked: the framework's and the
-tasks' ``retryPolicy``, ``reportingTaskRole`` (as for OpenPAI), ``containerMountPath`` (where
-pods see the storage; NNI fixes ``/tmp/mount``) and ``preparingTimeout``.
+tasks' ``retryPolicy``, ``reportingTaskRole`` (as for OpenPAI; the first role by default),
+``containerMountPath`` (where pods see the storage; NNI fixes ``/tmp/mount``) and
+``preparingTimeout``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from contracts.nni import NniModel, TrainingService, check_reporting_role
+from contracts.nni import NniModel, TrainingService, choose_reporting_role
 from contracts.units import parse_megabytes, parse_seconds
 
 #: What FrameworkController accepts as a Framework's or a task role's name.
@@ -132,7 +133,9 @@ class FrameworkcontrollerConfig(TrainingService):
     reuse_mode: bool = True
     #: The framework's retry policy (Trialbus extension; default: no retry).
     retry_policy: RetryPolicy | None = None
-    #: With several task roles: the one whose first task reports the trial's metrics (Trialbus extension).
+    #: The task role whose first task reports the trial's metrics and exit code (Trialbus
+    #: extension); the first of ``taskRoles`` when unset. Every other task runs its command
+    #: without reporting.
     reporting_task_role: str | None = None
     #: Where the pods mount the storage (Trialbus extension; NNI's fixed path by default).
     container_mount_path: str = "/tmp/mount"
@@ -155,10 +158,11 @@ class FrameworkcontrollerConfig(TrainingService):
         names = [role.name for role in self.task_roles]
         if len(set(names)) != len(names):
             raise ValueError(f"task role names must differ: {', '.join(names)}")
-        check_reporting_role(self.reporting_task_role, names, "taskRoles")
+        choose_reporting_role(self.reporting_task_role, names, "taskRoles")
         return self
 
     @property
     def reporting_role(self) -> FrameworkcontrollerRole:
-        name = self.reporting_task_role or self.task_roles[0].name
+        """``reportingTaskRole``, or the first task role (see :func:`contracts.nni.choose_reporting_role`)."""
+        name = choose_reporting_role(self.reporting_task_role, [role.name for role in self.task_roles], "taskRoles")
         return next(role for role in self.task_roles if role.name == name)

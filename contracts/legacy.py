@@ -1,34 +1,63 @@
 """NNI's legacy (v1) experiment config, converted to the v2 layout the way NNI converts it
 (``nni/experiment/config/convert.py::to_v2``): a file with ``trainingServicePlatform`` is v1.
 
-Converted: the top-level keys, ``trial``, ``tuner``/``assessor``/``advisor`` (``builtin…Name``
-→ ``name``), and the platforms ``local``, ``remote``, ``pai`` and ``frameworkcontroller``.
-What NNI itself does not convert (``multiPhase: true``, ``frameworkcontrollerConfig`` with
-``pvc`` or ``configPath``) is refused with the reason.
+Every key of NNI 2.x's v1 schema (``nni/tools/nnictl/config_schema.py``) is converted as
+NNI's converter converts it, accepted with no effect where it changes nothing here
+(``authorName``, ``versionCheck``…), or refused with its dotted path and the reason; so is
+any key that is not in the schema. A key NNI's converter drops although it changes how
+trials run is converted to its v2 meaning (``maxTrialDuration``, ``namespace``) or refused
+(``includeIntermediateResults: true``, ``sharedStorage``…). ``docs/nni-v1.md`` has the table.
+
+NNI's v1 hybrid form (``trainingServicePlatform: hybrid`` with ``hybridConfig:
+{trainingServicePlatforms: [local, remote, pai]}``) becomes a ``trainingService`` list, one
+section per listed platform in its order. The platforms are in :mod:`contracts.legacy_platforms`.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-TOP = {
-    "experimentName": "experimentName", "trialConcurrency": "trialConcurrency",
-    "maxExecDuration": "maxExperimentDuration", "maxTrialNum": "maxTrialNumber",
-    "maxTrialDuration": "maxTrialDuration", "searchSpacePath": "searchSpaceFile",
-    "logDir": "experimentWorkingDirectory", "logLevel": "logLevel", "nniManagerIp": "nniManagerIp",
-    "useAnnotation": "useAnnotation", "debug": "debug", "multiThread": "multiThread",
-}  # fmt: skip
-IGNORED = {"authorName", "trainingServicePlatform", "versionCheck", "logCollection", "multiPhase"}
+from contracts.legacy_platforms import CONVERTERS, HYBRID, NOT_HERE, PAI_TRIAL, PLATFORMS, SECTIONS
+from contracts.legacy_sections import Keys, convert, mapping, truthy
+
+ALGORITHMS = ("tuner", "assessor", "advisor")
+#: How every refusal begins.
+REFUSED = "legacy (v1) config: "
+
+TOP = Keys(
+    moved={
+        "experimentName": "experimentName", "trialConcurrency": "trialConcurrency",
+        "maxExecDuration": "maxExperimentDuration", "maxTrialNum": "maxTrialNumber",
+        "maxTrialDuration": "maxTrialDuration", "searchSpacePath": "searchSpaceFile", "multiThread": "multiThread",
+        "nniManagerIp": "nniManagerIp", "logDir": "experimentWorkingDirectory", "debug": "debug",
+        "logLevel": "logLevel", "useAnnotation": "useAnnotation",
+    },
+    no_effect=frozenset({"authorName", "description", "versionCheck", "logCollection", "multiPhase"}),
+    refused={"sharedStorage": "Trialbus does not mount NNI's shared storage where trials run (it ships the trial "
+             "code itself); mount the storage on those machines yourself and remove this section"},
+    refused_if={
+        "multiPhase": (truthy, "NNI 2 removed multi-phase trials (its converter refuses them too)"),
+        "useAnnotation": (truthy, "Trialbus does not expand NNI annotations (a search space written as comments "
+                          "in the trial code): give searchSpacePath and read parameters with "
+                          "nni.get_next_parameter()"),
+    },
+    nested=frozenset({"trainingServicePlatform", "trial", *ALGORITHMS, *SECTIONS}),
+)  # fmt: skip
+
+#: The trial keys every platform of ours has → top-level v2 keys.
 TRIAL = {"command": "trialCommand", "codeDir": "trialCodeDirectory", "gpuNum": "trialGpuNumber"}
-MACHINE = {"ip": "host", "port": "port", "username": "user", "passwd": "password", "sshKeyPath": "sshKeyFile",
-           "passphrase": "sshPassphrase", "gpuIndices": "gpuIndices", "maxTrialNumPerGpu": "maxTrialNumberPerGpu",
-           "useActiveGpu": "useActiveGpu", "pythonPath": "pythonPath"}  # fmt: skip
-PAI_TRIAL = {"nniManagerNFSMountPath": "localStorageMountPoint", "containerNFSMountPath": "containerStorageMountPoint",
-             "cpuNum": "trialCpuNumber", "memoryMB": "trialMemorySize", "image": "dockerImage",
-             "virtualCluster": "virtualCluster", "paiStorageConfigName": "storageConfigName",
-             "paiConfigPath": "openpaiConfigFile"}  # fmt: skip
-FC_ROLE = {"name": "name", "taskNum": "taskNumber", "command": "command", "gpuNum": "gpuNumber", "cpuNum": "cpuNumber",
-           "memoryMB": "memorySize", "image": "dockerImage"}  # fmt: skip
+_NAS_MODE = (lambda v: v not in (None, "classic_mode"),
+             "NNI's NAS modes rewrite annotated trial code, which Trialbus does not do (classic_mode, the "
+             "default, is accepted)")  # fmt: skip
+_INTERMEDIATE = ("NNI 2 dropped it, and Trialbus does not hand the tuner an early-stopped trial's last "
+                 "intermediate result as its final one")  # fmt: skip
+#: Trial keys of NNI's v1 platforms Trialbus does not have.
+OTHER_TRIAL = {
+    **dict.fromkeys(("ps", "master", "worker"), "kubeflow"),
+    **dict.fromkeys(("authFile", "shmMB", "dataDir", "outputDir", "portList"), "paiYarn"),
+    **dict.fromkeys(("namespace", "imagePullSecrets", "nfs", "adaptive", "checkpoint", "memorySize"), "adl"),
+}  # fmt: skip
 
 
 def is_legacy(data: dict[str, Any]) -> bool:
@@ -36,109 +65,133 @@ def is_legacy(data: dict[str, Any]) -> bool:
 
 
 def to_v2(data: dict[str, Any]) -> dict[str, Any]:
-    """The v2 config of a v1 one; ValueError naming what cannot be converted."""
-    if data.get("multiPhase"):
-        raise ValueError("multiPhase: true is not supported (NNI 2 removed multi-phase trials)")
-    platform = data["trainingServicePlatform"]
-    out: dict[str, Any] = {new: data[old] for old, new in TOP.items() if old in data}
-    trial = dict(data.get("trial") or {})
-    out.update({new: trial.pop(old) for old, new in TRIAL.items() if old in trial})
-    for kind in ("tuner", "assessor", "advisor"):
-        if isinstance(data.get(kind), dict):
-            out[kind] = _algorithm(data[kind], kind)
-    converters = {"local": _local, "remote": _remote, "pai": _pai, "frameworkcontroller": _frameworkcontroller}
-    if platform not in converters:
-        raise ValueError(f"a legacy (v1) config for platform {platform!r} cannot be converted; write it in the v2 "
-                         "layout (trainingService: {platform: …})")  # fmt: skip
-    out["trainingService"] = converters[platform](data, trial, out)
-    unknown = set(data) - set(TOP) - IGNORED - {"trial", "tuner", "assessor", "advisor", f"{platform}Config",
-                                                "machineList", "paiConfig"}  # fmt: skip
-    if unknown:
-        raise ValueError(f"legacy (v1) config: unknown key(s) {', '.join(sorted(unknown))}")
-    return out
-
-
-def _algorithm(section: dict[str, Any], kind: str) -> dict[str, Any]:
-    """``builtin<Kind>Name`` → ``name``; ``codeDir`` + ``classFileName`` + ``className`` → ``className:
-    <file stem>.<class>`` + ``codeDirectory`` (NNI's ``convert_algo``)."""
-    section = dict(section)
-    out: dict[str, Any] = {}
-    builtin = section.pop(f"builtin{kind.title()}Name", None)
-    if builtin is not None:
-        out["name"] = builtin
-    elif "classFileName" in section or "codeDir" in section:
-        file_name, class_name = section.pop("classFileName", None), section.pop("className", None)
-        if not isinstance(file_name, str) or not file_name.endswith(".py"):
-            raise ValueError(f"{kind}.classFileName must name a .py file in {kind}.codeDir, got {file_name!r}")
-        if not isinstance(class_name, str) or not class_name:
-            raise ValueError(f"{kind}.className must name the class in {kind}.classFileName")
-        if "codeDir" not in section:
-            raise ValueError(f"{kind}.codeDir must be set with {kind}.classFileName")
-        out["className"] = f"{file_name[:-3]}.{class_name}"
-        out["codeDirectory"] = section.pop("codeDir")
-    renames = {"className": "className", "classArgs": "classArgs", "gpuIndices": "gpuIndices",
-               "codeDir": "codeDirectory"}  # fmt: skip
-    out.update({renames.get(k, k): v for k, v in section.items()})
-    return out
-
-
-def _local(data: dict[str, Any], trial: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
-    local = data.get("localConfig") or {}
-    service = {"platform": "local"}
-    for old, new in (("gpuIndices", "gpuIndices"), ("maxTrialNumPerGpu", "maxTrialNumberPerGpu"),
-                     ("useActiveGpu", "useActiveGpu")):  # fmt: skip
-        if old in local:
-            service[new] = local[old]
-    return service
-
-
-def _remote(data: dict[str, Any], trial: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
-    remote = data.get("remoteConfig") or {}
-    machines = [{MACHINE.get(k, k): v for k, v in machine.items()} for machine in data.get("machineList") or []]
-    service: dict[str, Any] = {"platform": "remote", "machineList": machines}
-    if "reuse" in remote:
-        service["reuseMode"] = remote["reuse"]
-    return service
-
-
-def _pai(data: dict[str, Any], trial: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
-    pai = data.get("paiConfig") or {}
-    service: dict[str, Any] = {"platform": "openpai"}
-    service.update({new: trial.pop(old) for old, new in PAI_TRIAL.items() if old in trial})
-    for old, new in (("userName", "username"), ("token", "token"), ("host", "host"), ("reuse", "reuseMode")):
-        if old in pai:
-            service[new] = pai[old]
-    return service
-
-
-def _frameworkcontroller(data: dict[str, Any], trial: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
-    fc = data.get("frameworkcontrollerConfig") or {}
-    storage = fc.get("storage", "nfs")
-    if storage == "pvc" or "configPath" in fc:
-        raise ValueError("frameworkcontrollerConfig with a pvc storage or a configPath template is not converted by "
-                         "NNI either; use storage nfs or azureStorage")  # fmt: skip
-    service: dict[str, Any] = {"platform": "frameworkcontroller"}
-    for old, new in (("serviceAccountName", "serviceAccountName"), ("namespace", "namespace"), ("reuse", "reuseMode")):
-        if old in fc:
-            service[new] = fc[old]
-    if storage == "nfs":
-        nfs = fc.get("nfs") or {}
-        service["storage"] = {"storageType": "nfs", "server": nfs.get("server"), "path": nfs.get("path")}
-    else:
-        vault, azure = fc.get("keyVault") or {}, fc.get("azureStorage") or {}
-        service["storage"] = {"storageType": "azureStorage", "azureAccount": azure.get("accountName"),
-                              "azureShare": azure.get("azureShare"), "keyVaultName": vault.get("vaultName"),
-                              "keyVaultKey": vault.get("name")}  # fmt: skip
-    roles = []
-    for role in trial.pop("taskRoles", []) or []:
-        converted = {FC_ROLE[k]: v for k, v in role.items() if k in FC_ROLE}
-        policy = role.get("frameworkAttemptCompletionPolicy") or {}
-        converted["frameworkAttemptCompletionPolicy"] = {
-            "minFailedTaskCount": policy.get("minFailedTaskCount", 1),
-            "minSucceedTaskCount": policy.get("minSucceededTaskCount", -1),
-        }
-        roles.append(converted)
-    service["taskRoles"] = roles
-    if roles and "trialCommand" not in out:
+    """The v2 config of a v1 one (sharing nothing with ``data``); ValueError naming every key
+    that is refused, and why."""
+    data = copy.deepcopy(data)
+    platforms, hybrid = _platforms(data)
+    problems: list[str] = []
+    out = convert(data, "", TOP, problems)
+    out.update(convert(data.get("trial"), "trial", _trial_keys(platforms), problems))
+    for kind in ALGORITHMS:
+        if data.get(kind):
+            out[kind] = _algorithm(data[kind], kind, out, problems)
+    if data.get("advisor") and (data.get("tuner") or data.get("assessor")):
+        problems.append("advisor: set an advisor, or a tuner (and an assessor), not both (NNI's v1 rule)")
+    used = {*platforms, "hybrid"} if hybrid else set(platforms)
+    for section, owner in SECTIONS.items():
+        if section in data and owner not in used:
+            problems.append(f"{section}: {_unused(owner, data['trainingServicePlatform'], platforms)}")
+    services = [CONVERTERS[platform](data, hybrid, problems) for platform in platforms]
+    if problems:
+        raise ValueError(REFUSED + "; ".join(problems))
+    out["trainingService"] = services if hybrid else services[0]
+    roles = services[0].get("taskRoles")
+    if roles and not out.get("trialCommand"):  # NNI's converter: the first role's command
         out["trialCommand"] = roles[0].get("command")
-    return service
+    return out
+
+
+def _platforms(data: dict[str, Any]) -> tuple[list[str], bool]:
+    """The v1 platforms the config runs on (several in hybrid mode), and whether it is hybrid;
+    ValueError for a platform Trialbus does not have."""
+    ours = f"Trialbus runs {', '.join(PLATFORMS)}, and hybrid of {', '.join(HYBRID)}"
+    platform = data["trainingServicePlatform"]
+    if not isinstance(platform, str):
+        raise ValueError(f"{REFUSED}trainingServicePlatform: must name one platform, not {platform!r}; {ours}")
+    if platform in PLATFORMS:
+        return [platform], False
+    if platform in NOT_HERE:
+        raise ValueError(f"{REFUSED}trainingServicePlatform: {platform} is an NNI platform Trialbus does not "
+                         f"have; {ours}")  # fmt: skip
+    if platform != "hybrid":
+        raise ValueError(f"{REFUSED}trainingServicePlatform: unknown platform {platform!r}; {ours}"
+                         + (" (v1 calls openpai pai)" if platform == "openpai" else ""))  # fmt: skip
+    problems: list[str] = []
+    hybrid = mapping(data.get("hybridConfig"), "hybridConfig", problems)
+    problems.extend(f"hybridConfig.{key}: unknown key; hybridConfig takes trainingServicePlatforms"
+                    for key in hybrid if key != "trainingServicePlatforms")  # fmt: skip
+    listed = hybrid.get("trainingServicePlatforms")
+    if not listed or not isinstance(listed, list):
+        problems.append("hybridConfig.trainingServicePlatforms: must list the platforms, e.g. [local, remote]")
+        listed = []
+    not_here = [str(p) for p in listed if p not in HYBRID]
+    if not_here:
+        why = ", ".join(f"{p} ({_why_not_hybrid(p)})" for p in not_here)
+        problems.append(f"hybridConfig.trainingServicePlatforms: {why}; a v1 hybrid config may list "
+                        f"{', '.join(HYBRID)}")  # fmt: skip
+    twice = sorted({str(p) for p in listed if listed.count(p) > 1})
+    if twice:
+        problems.append(f"hybridConfig.trainingServicePlatforms: {', '.join(twice)} listed more than once")
+    if problems:
+        raise ValueError(REFUSED + "; ".join(problems))
+    return listed, True
+
+
+def _why_not_hybrid(platform: str) -> str:
+    if platform in NOT_HERE:
+        return "an NNI platform Trialbus does not have"
+    if platform == "frameworkcontroller":
+        return "not in NNI's v1 hybrid mode; write the config in v2, with a trainingService list"
+    return "not an NNI v1 platform"
+
+
+def _unused(owner: str, platform: str, platforms: list[str]) -> str:
+    if owner in NOT_HERE:
+        return f"a section of NNI's {owner} platform, which Trialbus does not have; remove it"
+    if owner == "hybrid":
+        return "only read with trainingServicePlatform: hybrid"
+    runs = f"hybridConfig lists {', '.join(platforms)}" if platform == "hybrid" else f"the platform is {platform}"
+    return f"a section of platform {owner}, which this config does not use ({runs}); remove it"
+
+
+def _trial_keys(platforms: list[str]) -> Keys:
+    """The ``trial`` keys of NNI's v1 schema for ``platforms``: moved to the top, read by a
+    platform's converter, or refused with the platform they belong to."""
+    refused = {key: f"a trial key of NNI's {owner} platform, which Trialbus does not have"
+               for key, owner in OTHER_TRIAL.items()}  # fmt: skip
+    nested: set[str] = set()
+    if "pai" in platforms:
+        nested.update(PAI_TRIAL)
+    else:
+        refused.update(dict.fromkeys(PAI_TRIAL, "an OpenPAI key (trainingServicePlatform pai, or hybrid with pai); "
+                                                f"this config runs on {', '.join(platforms)}"))  # fmt: skip
+    moved = dict(TRIAL)
+    if "frameworkcontroller" in platforms:
+        nested.add("taskRoles")
+        for key in ("command", "gpuNum"):
+            del moved[key]
+            refused[key] = "not a trial key for frameworkcontroller: each of trial.taskRoles has its own"
+    else:
+        refused["taskRoles"] = "a frameworkcontroller key (trainingServicePlatform frameworkcontroller)"
+    return Keys(moved=moved, refused=refused, refused_if={"nasMode": _NAS_MODE}, nested=frozenset(nested))
+
+
+def _algorithm(section: Any, kind: str, out: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """``builtin<Kind>Name`` → ``name``; ``codeDir`` + ``classFileName`` + ``className`` →
+    ``className: <file stem>.<class>`` + ``codeDirectory``; ``classArgs`` as it is;
+    ``gpuIndices`` → the top-level ``tunerGpuIndices`` (NNI's ``convert_algo`` and ``to_v2``)."""
+    builtin = f"builtin{kind.title()}Name"
+    custom = ("codeDir", "classFileName", "className")
+    keys = Keys(moved={"classArgs": "classArgs"}, nested=frozenset({builtin, *custom, "gpuIndices"}),
+                refused_if={"includeIntermediateResults": (truthy, _INTERMEDIATE)})  # fmt: skip
+    args = convert(section, kind, keys, problems)
+    if not isinstance(section, dict):
+        return args
+    given = [key for key in custom if key in section]
+    algorithm: dict[str, Any] = {}
+    if builtin in section:
+        if given:
+            problems.append(f"{kind}: set {builtin} or {', '.join(custom)}, not both (NNI's v1 rule)")
+        algorithm["name"] = section[builtin]
+    elif len(given) < len(custom):
+        problems.append(f"{kind}: set {builtin}, or {', '.join(custom)} together (NNI's v1 rule)")
+    elif not isinstance(file_name := section["classFileName"], str) or not file_name.endswith(".py"):
+        problems.append(f"{kind}.classFileName: must name a .py file in {kind}.codeDir, not {file_name!r}")
+    elif not isinstance(section["className"], str) or not section["className"]:
+        problems.append(f"{kind}.className: must name the class in {kind}.classFileName")
+    else:
+        algorithm["className"] = f"{file_name[:-3]}.{section['className']}"
+        algorithm["codeDirectory"] = section["codeDir"]
+    if section.get("gpuIndices") is not None:
+        out["tunerGpuIndices"] = section["gpuIndices"]
+    return {**algorithm, **args}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 
@@ -53,11 +53,23 @@ class TrainingService(NniModel):
     reuse_mode: bool = False
 
 
-def check_reporting_role(chosen: str | None, roles: list[str], where: str) -> None:
-    """With several task roles, ``reportingTaskRole`` must name the one whose metrics are the
-    trial's (a Trialbus extension): ValueError when it is unset or names no role of ``where``."""
-    if chosen is not None and chosen not in roles:
+def choose_reporting_role(chosen: str | None, roles: list[str], where: str) -> str:
+    """The task role whose first instance reports the trial's metrics and exit code:
+    ``chosen`` (``reportingTaskRole``, a Trialbus extension) or, without it, the first of
+    ``roles`` in the config's order (NNI has no such key: its multi-role configs run
+    unchanged). ValueError, listing the roles of ``where``, when ``chosen`` names none."""
+    if chosen is None:
+        return roles[0]
+    if chosen not in roles:
         raise ValueError(f"reportingTaskRole {chosen!r} is not a task role of {where} ({', '.join(roles)})")
-    if chosen is None and len(roles) > 1:
-        raise ValueError(f"{where} has task roles {', '.join(roles)}: set reportingTaskRole to the one whose "
-                         "metrics are the trial's")  # fmt: skip
+    return chosen
+
+
+def format_validation_error(exc: ValidationError, where: str = "experiment config") -> str:
+    """One line per problem, naming the field in the user's own words."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return f"invalid {where}: " + "; ".join(lines)

@@ -7,7 +7,7 @@ REST API answers with :meth:`TrialState.view` and :meth:`ExperimentState.view`.
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -63,13 +63,15 @@ class TrialState(Contract):
     experiment_id: str
     #: NNI's "Trial No.": 0, 1, 2… per experiment, in submission order.
     sequence_id: int
-    #: 0 for the first run; a retry after a transient platform failure gets the next number.
+    #: 0 for the first run; a retry after a transient platform failure gets the next number, and
+    #: so does a hybrid experiment's trial taken back from a platform that went down before starting it.
     attempt: int = 0
     status: TrialStatus = TrialStatus.WAITING
     #: The hyper-parameters the trial receives from ``nni.get_next_parameter()``.
     parameters: dict[str, Any] = Field(default_factory=dict)
     #: NNI's ``parameter_id`` (an int, or a string for BOHB/Hyperband).
     parameter_id: int | str | None = None
+    #: The adapter that runs it; in a hybrid experiment chosen at dispatch ("" until then).
     platform: str
     submit_time: datetime
     start_time: datetime | None = None
@@ -128,13 +130,21 @@ class ExperimentState(Contract):
     message: str | None = None
     #: The tuner has nothing more to propose (NNI's NO_MORE_TRIAL): DONE once the trials submitted end.
     no_more_trials: bool = False
+    #: Seconds it stood STOPPED before being resumed (NNI's resume): not counted as run time.
+    stopped_seconds: float = 0.0
+
+    def run_time(self, now: datetime) -> timedelta:
+        """How long it has run (to its end, or ``now``), the time it stood stopped left out: what
+        ``maxExperimentDuration`` limits, as NNI's ``execDuration``."""
+        return (self.end_time or now) - self.start_time - timedelta(seconds=self.stopped_seconds)
 
     def view(self, trial_counts: dict[str, int]) -> dict[str, Any]:
         """The REST shape of ``GET /api/v1/experiments/{id}`` (secrets masked)."""
         body = self.model_dump(
             mode="json",
             by_alias=True,
-            include={"id", "status", "code_ref", "start_time", "end_time", "message", "no_more_trials"},
+            include={"id", "status", "code_ref", "start_time", "end_time", "message", "no_more_trials",
+                     "stopped_seconds"},
         )
         body["config"] = self.config.public_json()
         body["trialCount"] = sum(trial_counts.values())

@@ -18,41 +18,26 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import threading
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from datetime import datetime
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any
 
 import nats
-import yaml
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
-from pydantic import BaseModel, Field, ValidationError
 
-from contracts import (
-    ExperimentConfig,
-    ExperimentState,
-    MetricRecord,
-    MetricType,
-    PlatformStatus,
-    TrialEvent,
-    TrialState,
-    TrialStatus,
-    subjects,
-)
-from contracts.base import Contract, ContractError
-from contracts.experiment import format_validation_error, load_experiment_config, read_job_template, read_key_files
+from contracts import ExperimentConfig, MetricRecord, PlatformStatus, TrialEvent, TrialState, TrialStatus, subjects
 from contracts.streams import EVENTS, METRICS
 from services.common.code import CodeUpload, upload_code
 from trialbus import local
+from trialbus.api import DEFAULT_NATS_URL, ExperimentView, SubmittedTrial, TrialbusError, TrialMetric
+from trialbus.api import parse as _parse
+from trialbus.configs import as_config
+from trialbus.follow import follow, unique
+from trialbus.sync import Client
 from trialbus.watcher import ExperimentWatcher, TrialOutcome
 
 __all__ = [
@@ -62,83 +47,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 #: Initial connection attempts before giving up (later drops are retried forever).
 CONNECT_ATTEMPTS = 3
 #: Seconds a first connection may take, all attempts together.
 CONNECT_DEADLINE = 10.0
 #: Messages an ``events()``/``metrics()`` iterator buffers ahead of its reader.
 FOLLOW_BUFFER = 4096
-
-M = TypeVar("M", bound=BaseModel)
-T = TypeVar("T")
-
-
-class TrialbusError(Exception):
-    """The dispatcher refused a request, or could not be reached. ``status`` is HTTP-like."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class SubmittedTrial(NamedTuple):
-    id: str
-    sequence_id: int
-    status: TrialStatus
-
-
-class TrialMetric(Contract):
-    """One metric of a trial as ``trial.metrics`` answers it; ``value`` already decoded."""
-
-    type: MetricType
-    sequence: int
-    value: Any
-    timestamp: datetime
-
-
-class ExperimentView(ExperimentState):
-    """An experiment as the API shows it: its state, config secrets masked, trial counts."""
-
-    #: Trials submitted so far.
-    trial_count: int = 0
-    #: Number of trials by status, e.g. ``{"RUNNING": 4, "SUCCEEDED": 12}``.
-    trial_counts: dict[str, int] = Field(default_factory=dict)
-
-
-def as_config(config: ExperimentConfig | Mapping[str, Any] | str | Path) -> ExperimentConfig:
-    """An ExperimentConfig from a model, a dict (paths relative to the cwd) or a YAML file.
-
-    As NNI does, a ``searchSpaceFile`` is read into ``searchSpace`` here, on the user's
-    machine, so the dispatcher never needs the file; so are remote machines' ``sshKeyFile``.
-    """
-    if isinstance(config, str | Path):
-        config = load_experiment_config(config)
-    elif not isinstance(config, ExperimentConfig):
-        try:
-            config = ExperimentConfig.model_validate(dict(config))
-        except ValidationError as exc:
-            raise ValueError(format_validation_error(exc)) from None
-        config = read_job_template(read_key_files(config))
-    update: dict[str, Any] = {"trial_code_directory": str(Path(config.trial_code_directory).expanduser().resolve())}
-    if config.search_space is None and config.search_space_file:
-        path = Path(config.search_space_file).expanduser()
-        try:
-            space = yaml.safe_load(path.read_text())  # JSON is YAML
-        except (OSError, yaml.YAMLError) as exc:
-            raise ValueError(f"cannot read searchSpaceFile {path}: {exc}") from None
-        if not isinstance(space, dict):
-            raise ValueError(f"searchSpaceFile {path} must hold a mapping of parameter names to specs")
-        update["search_space"] = space
-    return config.model_copy(update=update)
-
-
-def _parse(model: type[M], data: Any) -> M:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise TrialbusError(502, f"unexpected answer from the dispatcher for {model.__name__}: {exc}") from None
 
 
 class AsyncClient:
@@ -308,6 +222,11 @@ class AsyncClient:
         body = {"id": experiment_id, **({"message": message} if message else {})}
         return _parse(ExperimentView, await self._call("experiment.stop", body))
 
+    async def resume_experiment(self, experiment_id: str) -> ExperimentView:
+        """Run a STOPPED experiment again (NNI's resume): it takes trials again, and the tuner service
+        drives it again if it has a tuner. A RUNNING one is answered as it is; a DONE one is a 409."""
+        return _parse(ExperimentView, await self._call("experiment.resume", {"id": experiment_id}))
+
     async def submit_trial(
         self, experiment_id: str, parameters: Mapping[str, Any], parameter_id: int | str | None = None
     ) -> SubmittedTrial:
@@ -348,57 +267,6 @@ class AsyncClient:
 
     # -- streams ---------------------------------------------------------------------------
 
-    async def _follow(self, stream: str, filters: list[str]) -> AsyncIterator[bytes]:
-        """Payloads of an ordered consumer on the subjects ``filters`` match, oldest first.
-
-        A callback subscription fills a local buffer that this generator drains: nats-py's
-        ``sub.messages`` spends a task and two loop turns per message, which halved the rate
-        a tuner could read metrics at. When the buffer holds ``FOLLOW_BUFFER`` messages the
-        callback waits for the reader, so flow control holds the server back from a slow
-        tuner instead of memory filling up.
-        """
-        buffer: deque[bytes] = deque()
-        ready, room, ended = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        room.set()
-
-        async def on_message(msg: Msg) -> None:
-            buffer.append(msg.data)
-            ready.set()
-            if len(buffer) >= FOLLOW_BUFFER and not ended.is_set():
-                room.clear()
-                await room.wait()
-
-        def end() -> None:  # the client closes: the iterator ends after what it holds
-            ended.set()
-            room.set()
-            ready.set()
-
-        try:
-            several = ConsumerConfig(filter_subjects=filters) if len(filters) > 1 else None
-            sub = await self.js.subscribe(
-                filters[0], stream=stream, cb=on_message, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL,
-                config=several,
-            )
-        except NotFoundError:
-            raise TrialbusError(503, f"stream {stream} does not exist yet; is the stack running?") from None
-        self._followers.add(end)
-        try:
-            while True:
-                while buffer:
-                    yield buffer.popleft()
-                    if len(buffer) <= FOLLOW_BUFFER // 2:
-                        room.set()
-                if ended.is_set():
-                    return
-                room.set()
-                ready.clear()
-                await ready.wait()
-        finally:
-            self._followers.discard(end)
-            # The connection may be draining or closed already (the client is closing).
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
-
     def events(self, experiment_id: str, trial_id: str = "*") -> AsyncIterator[TrialEvent]:
         """Every status change of the experiment's trials (or one trial), history first, then live."""
         if trial_id == "*":
@@ -417,22 +285,10 @@ class AsyncClient:
             lambda r: subjects.metric_id(r.trial_id, r.type.value, r.sequence),
         )
 
-    async def _unique(
-        self, stream: str, filters: list[str], model: type[M], dedupe_id: Callable[[M], str]
-    ) -> AsyncIterator[M]:
-        """Decoded messages, each once: the stream's own dedupe id, applied again here in
-        case a message was stored twice (a resend after the stream's dedupe window)."""
-        seen: set[str] = set()
-        async for data in self._follow(stream, filters):
-            try:
-                item = model.decode(data)
-            except ContractError as exc:
-                log.warning("skipping a message on %s: %s", " ".join(filters), exc)
-                continue
-            key = dedupe_id(item)
-            if key not in seen:
-                seen.add(key)
-                yield item
+    def _unique(self, stream: str, filters: list[str], model: type, dedupe_id: Callable[[Any], str]) -> AsyncIterator:
+        """Each record once, decoded, history first (:mod:`trialbus.follow`)."""
+        payloads = follow(self.js, stream, filters, FOLLOW_BUFFER, self._followers)
+        return unique(payloads, " ".join(filters), model, dedupe_id)
 
     async def _watcher(self, experiment_id: str) -> ExperimentWatcher:
         async with self._watchers_lock:
@@ -474,106 +330,3 @@ class AsyncClient:
     ) -> TrialOutcome:
         """Wait until the trial ended; its final status and FINAL metric."""
         return await self._await(trial_id, experiment_id, timeout, final=False)
-
-
-class Client:
-    """The :class:`AsyncClient` API for synchronous code: ``with Client(url) as client: ...``.
-
-    Calls run on an event loop in a daemon thread owned by this object; ``close`` stops it.
-    """
-
-    def __init__(self, url: str = DEFAULT_NATS_URL, **options: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="trialbus-client", daemon=True)
-        self._thread.start()
-        self._client = AsyncClient(url, **options)
-
-    def _run(self, coro: Awaitable[T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
-
-    def __enter__(self) -> Client:
-        try:
-            return self.connect()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def connect(self, url: str | None = None, **auth: Any) -> Client:
-        self._run(self._client.connect(url, **auth))
-        return self
-
-    def close(self) -> None:
-        if self._loop.is_closed():
-            return
-        try:
-            self._run(self._client.close())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
-
-    def upload_code(self, directory: str | Path) -> CodeUpload:
-        return self._run(self._client.upload_code(directory))
-
-    def create_experiment(self, config: ExperimentConfig | Mapping[str, Any] | str | Path) -> str:
-        return self._run(self._client.create_experiment(config))
-
-    def list_experiments(self) -> list[ExperimentView]:
-        return self._run(self._client.list_experiments())
-
-    def get_experiment(self, experiment_id: str) -> ExperimentView:
-        return self._run(self._client.get_experiment(experiment_id))
-
-    def list_platforms(self) -> list[PlatformStatus]:
-        return self._run(self._client.list_platforms())
-
-    def stop_experiment(self, experiment_id: str, message: str | None = None) -> ExperimentView:
-        return self._run(self._client.stop_experiment(experiment_id, message))
-
-    def submit_trial(
-        self, experiment_id: str, parameters: Mapping[str, Any], parameter_id: int | str | None = None
-    ) -> SubmittedTrial:
-        return self._run(self._client.submit_trial(experiment_id, parameters, parameter_id))
-
-    def list_trials(self, experiment_id: str) -> list[TrialState]:
-        return self._run(self._client.list_trials(experiment_id))
-
-    def get_trial(self, trial_id: str) -> TrialState:
-        return self._run(self._client.get_trial(trial_id))
-
-    def cancel_trial(self, trial_id: str) -> TrialStatus:
-        return self._run(self._client.cancel_trial(trial_id))
-
-    def trial_metrics(self, trial_id: str) -> list[TrialMetric]:
-        return self._run(self._client.trial_metrics(trial_id))
-
-    def trial_log(self, trial_id: str, max_bytes: int | None = None) -> str:
-        return self._run(self._client.trial_log(trial_id, max_bytes))
-
-    def wait_final(self, trial_id: str, timeout: float | None = None, *, experiment_id: str | None = None) -> Any:
-        return self._run(self._client.wait_final(trial_id, timeout, experiment_id=experiment_id))
-
-    def wait_trial(
-        self, trial_id: str, timeout: float | None = None, *, experiment_id: str | None = None
-    ) -> TrialOutcome:
-        return self._run(self._client.wait_trial(trial_id, timeout, experiment_id=experiment_id))
-
-    def _iterate(self, records: AsyncIterator[T]) -> Iterator[T]:
-        try:
-            while True:
-                try:
-                    yield self._run(records.__anext__())
-                except StopAsyncIteration:
-                    return
-        finally:
-            if not self._loop.is_closed():
-                self._run(records.aclose())  # type: ignore[attr-defined]
-
-    def events(self, experiment_id: str, trial_id: str = "*") -> Iterator[TrialEvent]:
-        return self._iterate(self._client.events(experiment_id, trial_id))
-
-    def metrics(self, experiment_id: str, trial_id: str = "*") -> Iterator[MetricRecord]:
-        return self._iterate(self._client.metrics(experiment_id, trial_id))

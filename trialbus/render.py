@@ -40,22 +40,24 @@ def masked(service: OpenpaiConfig, job: dict[str, Any]) -> dict[str, Any]:
 
 def render(config: ExperimentConfig) -> str:
     """The YAML of the job for the first attempt of a trial of ``config``, secrets masked."""
-    service = config.training_service
+    services = config.training_services
+    service = next((s for s in services if isinstance(s, OpenpaiConfig | FrameworkcontrollerConfig)), services[0])
     if isinstance(service, FrameworkcontrollerConfig):
         return framework(service)
     if not isinstance(service, OpenpaiConfig):
         how = RUNS_AS.get(service.platform, "submits no job")
         raise NoJob(f"trialbus render shows the job of platforms that submit jobs (openpai, frameworkcontroller); "
                     f"platform {service.platform!r} {how}")  # fmt: skip
-    gpus = config.gpus_per_trial or 0
+    gpus = config.gpus_for(service) or 0
     if service.reuse_mode:
         defaults = OpenpaiSettings.model_construct()  # the adapter's defaults; this shell's TRIALBUS_* unread
-        _, _, job = jobs.environment_job(service, EXPERIMENT_ID, ENVIRONMENT_ID, config.trial_command, gpus,
+        _, _, job = jobs.environment_job(service, EXPERIMENT_ID, ENVIRONMENT_ID, config.command_for(service), gpus,
                                          bundle().hash, defaults.reuse_poll, defaults.reuse_orphan_timeout)  # fmt: skip
         header = (f"# reuseMode: the OpenPAI job of environment {ENVIRONMENT_ID} of experiment {EXPERIMENT_ID}, which\n"
                   f"# runs trials one after another; the ids stand for the ones assigned at run time.\n")  # fmt: skip
     else:
-        _, _, job = jobs.trial_job(service, EXPERIMENT_ID, TRIAL_ID, 0, config.trial_command, gpus, bundle().hash)
+        command = config.command_for(service)
+        _, _, job = jobs.trial_job(service, EXPERIMENT_ID, TRIAL_ID, 0, command, gpus, bundle().hash)
         header = (f"# The OpenPAI job of trial {TRIAL_ID} of experiment {EXPERIMENT_ID}, attempt 0; {TRIAL_ID} and\n"
                   f"# {EXPERIMENT_ID} stand for the ids the dispatcher assigns. Secrets show as ******.\n")  # fmt: skip
     return header + yaml.safe_dump(masked(service, job), sort_keys=False)

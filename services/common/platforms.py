@@ -4,12 +4,15 @@ Each replica writes its own entry (``AdapterService``); an adapter reads its pee
 decide whether a trial it can never run here could run elsewhere, and the dispatcher
 answers ``GET /api/v1/platforms`` from them. Adapters whose platforms come with each
 experiment (SSH machines, OpenPAI clusters) also read the ``experiments`` bucket
-(:func:`experiments`) to find their trials again after a restart.
+(:func:`experiments`) to find their trials again after a restart, and follow it
+(:func:`watch_experiments`) to know which of their machines running experiments need.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 
 import nats.errors
@@ -65,3 +68,24 @@ async def experiments(bus: Bus) -> list[ExperimentState]:
         except ContractError as exc:
             log.warning("skipping unreadable experiment %s: %s", key, exc)
     return found
+
+
+async def watch_experiments(bus: Bus, apply: Callable[[ExperimentState], None]) -> None:
+    """Call ``apply`` with every experiment in the bucket, then with each change, until cancelled
+    (a broken watch is opened again; unreadable entries are skipped)."""
+    kv = await bus.kv(streams.EXPERIMENTS_BUCKET.bucket)
+    while True:
+        try:
+            watcher = await kv.watchall(ignore_deletes=True)
+            async for entry in watcher:
+                if entry is None or not entry.value:
+                    continue
+                try:
+                    apply(ExperimentState.decode(entry.value))
+                except ContractError as exc:
+                    log.warning("skipping unreadable experiment %s: %s", entry.key, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("watching the experiments failed (%s); watching again", exc)
+            await asyncio.sleep(1.0)

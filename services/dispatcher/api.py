@@ -6,13 +6,14 @@ the NATS API (:mod:`services.dispatcher.bus_api`) calls the very same methods.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -29,6 +30,23 @@ from services.dispatcher.settings import DispatcherSettings
 
 #: Documents the bearer token in the OpenAPI schema; the check itself is ``authorize`` below.
 BEARER = HTTPBearer(auto_error=False, description="TRIALBUS_API_TOKEN (`trialbus up` keeps it in <data>/api-token)")
+
+
+def home_page(webui_url: str | None) -> str:
+    """What a browser opening the API's address gets: where the web UI is, and the API's own pages."""
+    if webui_url:
+        where = f'<p>The web UI is at <a id="webui" href="{html.escape(webui_url)}">{html.escape(webui_url)}</a>.</p>'
+    else:
+        where = ("<p>The web UI runs on a port of its own; this dispatcher was not told its address "
+                 "(<code>TRIALBUS_WEBUI_URL</code>). <code>trialbus up</code> prints it, and "
+                 "<code>trialbus view EXPERIMENT</code> prints an experiment's page in it.</p>")  # fmt: skip
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Trialbus API</title></head>'
+        f"<body><main><h1>Trialbus API</h1>{where}"
+        '<p>This address serves the REST API under <code>/api/v1</code> (a bearer token is required): '
+        '<a id="docs" href="/api/docs">API docs</a>, <a href="/api/openapi.json">OpenAPI schema</a>, '
+        '<a href="/healthz">health</a>.</p></main></body></html>'
+    )
 
 
 def create_app(
@@ -60,6 +78,11 @@ def create_app(
 
     def authorize(request: Request) -> None:
         access.role(request)
+
+    @app.get("/", include_in_schema=False, response_class=HTMLResponse)
+    async def home(request: Request) -> HTMLResponse:
+        access.check_host(request)  # as every page: a Host of this machine (DNS rebinding)
+        return HTMLResponse(home_page(settings.webui_url), headers={"Cache-Control": "no-store"})
 
     async def body(request: Request, limit: int) -> bytes:
         declared = request.headers.get("content-length")
@@ -112,6 +135,12 @@ def create_app(
     async def stop_experiment(experiment_id: str) -> dict:
         core = dispatcher()
         return core.experiment_view(await core.stop_experiment(experiment_id))
+
+    @api.post("/experiments/{experiment_id}/resume", responses=doc.refusals(*CHANGE, 404, 409))
+    async def resume_experiment(experiment_id: str) -> dict:
+        """NNI's resume: a STOPPED experiment runs again (409 when it has nothing left to run)."""
+        core = dispatcher()
+        return core.experiment_view(await core.resume_experiment(experiment_id))
 
     @api.post("/experiments/{experiment_id}/trials", status_code=201, openapi_extra=spec.trial_body,
               responses={**doc.answer(201, "submitted (WAITING)", spec.SUBMITTED_TRIAL),

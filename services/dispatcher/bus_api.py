@@ -37,6 +37,9 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
     async def close(body: dict) -> Any:
         return core.experiment_view(await core.close_experiment(_text(body, "id")))
 
+    async def resume(body: dict) -> Any:
+        return core.experiment_view(await core.resume_experiment(_text(body, "id")))
+
     async def submit(body: dict) -> Any:
         trial = await core.submit_trial(_text(body, "experimentId"), body.get("parameters"), body.get("parameterId"))
         return {"id": trial.id, "sequenceId": trial.sequence_id, "status": trial.status.value}
@@ -60,6 +63,7 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
         "experiment.get": get_experiment,
         "experiment.stop": stop,
         "experiment.close": close,
+        "experiment.resume": resume,
         "trial.submit": submit,
         "trial.list": lambda body: sync(lambda: core.list_trials(_text(body, "experimentId"))),
         "trial.get": lambda body: sync(lambda: core.trial(_text(body, "id")).view()),

@@ -33,6 +33,7 @@ from services.dispatcher import history, snapshots
 from services.dispatcher.errors import ApiError
 from services.dispatcher.folds import MetricFold, MetricsProgress
 from services.dispatcher.ownership import EventGate
+from services.dispatcher.placement import Placement
 from services.dispatcher.requests import trial_request
 from services.dispatcher.settings import DispatcherSettings
 from services.dispatcher.store import StateStore
@@ -66,6 +67,8 @@ class Dispatcher:
         self.metrics = MetricsProgress()
         #: which events may change a trial: its owner's only (:mod:`.ownership`)
         self.gate = EventGate()
+        #: the platforms' capacity, and the choice of platform in hybrid experiments (:mod:`.placement`)
+        self.placement = Placement(settings.platform_stale_after)
 
     # ------------------------------------------------------------------ start
 
@@ -83,6 +86,7 @@ class Dispatcher:
                 continue
             if trial.dispatched:
                 self._active[trial.experiment_id].add(trial.id)
+                self.placement.occupy(trial.experiment_id, trial.platform)
                 if trial.status == TrialStatus.WAITING:
                     self._unsent.add(trial.id)
             else:
@@ -153,6 +157,44 @@ class Dispatcher:
             await self._finish_if_done(experiment_id)
             return self.experiment(experiment_id)
 
+    async def resume_experiment(self, experiment_id: str) -> ExperimentState:
+        """NNI's resume: a STOPPED experiment is RUNNING again and takes trials; the tuner service,
+        which drives the RUNNING experiments that have a tuner, claims it and adopts its trials.
+
+        ``maxExperimentDuration`` counts the time the experiment ran, not the time it stood
+        stopped, as NNI's ``execDuration`` does (:meth:`ExperimentState.run_time`: the time
+        stopped is added up in ``stopped_seconds``).
+        ``maxTrialNumber`` counts every trial submitted before, the canceled ones too (NNI's
+        ``currSubmittedTrialNum``). A RUNNING experiment is answered as it is (a resume sent
+        twice is one resume); one with nothing left to run is refused (409) with the reason:
+        DONE, its tuner out of trials, or a limit reached.
+        """
+        async with self._locks[experiment_id]:
+            state = self.experiment(experiment_id)
+            if state.status == ExperimentStatus.RUNNING:
+                return state
+            now, trials, duration = utcnow(), state.config.max_trial_number, state.config.max_experiment_duration
+            why = None
+            if state.no_more_trials:
+                why = "its tuner had no more trials to propose"
+            elif trials is not None and len(self.store.trials_of[experiment_id]) >= trials:
+                why = f"it has run maxTrialNumber ({trials}) trials"
+            elif duration is not None and state.run_time(now) >= timedelta(seconds=duration):
+                why = f"it has run for its maxExperimentDuration ({duration:g}s)"
+            elif state.status == ExperimentStatus.DONE:
+                why = "it has ended"
+            if why is not None:
+                raise ApiError(409, f"experiment {experiment_id} is {state.status.value}: {why}, so a resume would run "
+                                    "nothing; create a new experiment to run more trials")
+            stopped_for = now - state.end_time if state.end_time else timedelta(0)
+            update = {"status": ExperimentStatus.RUNNING, "end_time": None, "message": None,
+                      "stopped_seconds": state.stopped_seconds + stopped_for.total_seconds()}  # fmt: skip
+            state = state.model_copy(update=update)
+            await self.store.put_experiment(state)
+            log.info("experiment %s resumed after %.0fs stopped", experiment_id, stopped_for.total_seconds())
+            await self._dispatch_ready(experiment_id)
+            return state
+
     # ------------------------------------------------------------------ trials
 
     def trial(self, trial_id: str) -> TrialState:
@@ -200,7 +242,7 @@ class Dispatcher:
                 sequence_id=sequence_id,
                 parameters=parameters,
                 parameter_id=sequence_id if parameter_id is None else parameter_id,
-                platform=config.adapter,
+                platform="" if config.hybrid else config.adapter,  # hybrid: chosen at dispatch
                 submit_time=utcnow(),
                 message=f"waiting for a free slot (trialConcurrency {config.trial_concurrency})",
             )
@@ -267,9 +309,11 @@ class Dispatcher:
         flush, and the trials that take a slot it freed are added to ``sends``: no round trip
         happens under the experiment lock."""
         trial = self.store.trials.get(event.trial_id)
+        if trial is not None and event.attempt != trial.attempt:
+            return  # an attempt that is over (a hybrid trial taken back from its platform): nothing to apply
         if not self.gate.admits(subject, event, trial.platform if trial else None):
             return
-        if trial is None or event.attempt != trial.attempt:
+        if trial is None:
             return
         if event.status == TrialStatus.WAITING:  # an adapter says what the dispatched trial waits for
             if event.platform and trial.status == TrialStatus.WAITING and trial.message != event.message:
@@ -354,6 +398,8 @@ class Dispatcher:
                         await self._cancel(
                             trial, TrialStatus.EARLY_STOPPED, f"trial ran longer than maxTrialDuration ({limit:g}s)"
                         )
+                if state.config.hybrid:
+                    await self._replace(state)
                 if self._duration_over(state):
                     for trial_id in list(self._queue[state.id]):
                         await self._end(
@@ -368,29 +414,85 @@ class Dispatcher:
 
     def _duration_over(self, state: ExperimentState) -> bool:
         limit = state.config.max_experiment_duration
-        return limit is not None and utcnow() - state.start_time >= timedelta(seconds=limit)
+        return limit is not None and state.run_time(utcnow()) >= timedelta(seconds=limit)
 
     async def _dispatch_ready(self, experiment_id: str) -> None:
         """Dispatch queued trials while the experiment has free slots."""
         await asyncio.gather(*(self._send(trial) for trial in self._take_ready(experiment_id)))
 
     def _take_ready(self, experiment_id: str) -> list[TrialState]:
-        """Move queued trials into free slots (in the cache); the caller sends them."""
+        """Move queued trials into free slots (in the cache); the caller sends them.
+
+        A hybrid experiment's trial goes to the platform :class:`.Placement` chooses; while
+        none is up with room, the queue waits (its head says why) and the sweep tries again.
+        """
         state = self.store.experiments[experiment_id]
+        config = state.config
         queue, active = self._queue[experiment_id], self._active[experiment_id]
         taken = []
-        while queue and len(active) < state.config.trial_concurrency and state.status == ExperimentStatus.RUNNING:
-            trial = self.store.trials[queue.popleft()].model_copy(
+        while queue and len(active) < config.trial_concurrency and state.status == ExperimentStatus.RUNNING:
+            head = self.store.trials[queue[0]]
+            adapter = self.placement.choose(experiment_id, config) if config.hybrid else config.adapter
+            if adapter is None:
+                why = self.placement.why_waiting(config)
+                if head.message != why:
+                    self.store.defer(head.model_copy(update={"message": why}))
+                break
+            queue.popleft()
+            trial = head.model_copy(
                 update={
                     "dispatched": True,
-                    "message": f"dispatched to {state.config.adapter}; waiting for an adapter replica to start it",
+                    "platform": adapter,
+                    "message": f"dispatched to {adapter}; waiting for an adapter replica to start it",
                 }
             )
             self.store.defer(trial)
             active.add(trial.id)
+            self.placement.occupy(experiment_id, adapter)
             self._unsent.add(trial.id)
             taken.append(trial)
         return taken
+
+    async def _replace(self, state: ExperimentState) -> None:
+        """Take back a hybrid experiment's trials sent to a platform that went down before
+        starting them, and queue them first again, for another platform. O(trialConcurrency).
+
+        Only a request withdrawn from the stream is taken back (unclaimed, or held by a replica
+        waiting for capacity); that replica is told to drop it (a cancel, which ends every attempt
+        it holds of the trial). The trial goes out again as its next attempt, so anything the old
+        one still says is ignored (``on_event`` reads only the current attempt).
+        """
+        config = state.config
+        down = {s.adapter for s in config.training_services if not self.placement.up(s, config)}
+        if not down:
+            return
+        back = []
+        for trial_id in list(self._active[state.id]):
+            trial = self.store.trials[trial_id]
+            seq = self._dispatch_seq.get(trial_id)
+            if trial.status != TrialStatus.WAITING or trial.platform not in down or trial.cancel_status or seq is None:
+                continue
+            try:
+                withdrawn = await self.bus.js.delete_msg("DISPATCH", seq)
+            except Exception:
+                withdrawn = False
+            if not withdrawn:
+                continue
+            message = f"taken back from {trial.platform}, which went down before starting it"
+            cancel = CancelRequest(experiment_id=state.id, trial_id=trial_id, status=TrialStatus.SYS_CANCELED,
+                                   message=message)  # fmt: skip
+            await self.bus.nc.publish(subjects.control(trial.platform, "cancel"), cancel.encode())
+            self._active[state.id].discard(trial_id)
+            self.placement.release(state.id, trial.platform)
+            self._dispatch_seq.pop(trial_id, None)
+            back.append(trial.model_copy(update={"dispatched": False, "platform": "", "attempt": trial.attempt + 1,
+                                                 "message": message}))  # fmt: skip
+            log.info("trial %s: %s", trial_id, message)
+        for trial in reversed(back):
+            self.store.defer(trial)
+            self._queue[state.id].appendleft(trial.id)
+        if back:
+            await self.store.flush([t.id for t in back])
 
     async def _send(self, trial: TrialState) -> None:
         """Persist a dispatched trial and publish its request (concurrently; see ``rebuild``)."""
@@ -400,7 +502,7 @@ class Dispatcher:
         state = self.store.experiments[trial.experiment_id]
         request = trial_request(state, trial, self.settings.trial_secret.get_secret_value())
         publish = self.bus.js.publish(
-            subjects.dispatch(state.config.adapter),
+            subjects.dispatch(trial.platform),
             request.encode(),
             headers={"Nats-Msg-Id": subjects.dispatch_id(trial.id, trial.attempt)},
         )
@@ -469,7 +571,9 @@ class Dispatcher:
                 "exit_code": exit_code if exit_code is not None else trial.exit_code,
             }
         )
-        self._active[trial.experiment_id].discard(trial.id)
+        if trial.id in self._active[trial.experiment_id]:
+            self._active[trial.experiment_id].discard(trial.id)
+            self.placement.release(trial.experiment_id, trial.platform)
         if trial.id in self._queue[trial.experiment_id]:
             self._queue[trial.experiment_id].remove(trial.id)
         self._cancel_sent.pop(trial.id, None)

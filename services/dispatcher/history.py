@@ -4,6 +4,7 @@ a new experiment (one replica of its adapter)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -12,6 +13,7 @@ import nats.errors
 from contracts import subjects
 from contracts.experiment import ExperimentConfig
 from contracts.messages import CheckReply, CheckRequest, LogReply, LogRequest, MetricRecord
+from contracts.nni import TrainingService
 from contracts.state import TrialState
 from services.common.bus import Bus
 from services.dispatcher.errors import ApiError
@@ -50,19 +52,26 @@ async def trial_log(bus: Bus, trial: TrialState, max_bytes: int, timeout: float)
 
 
 async def check_platform(bus: Bus, config: ExperimentConfig, timeout: float) -> None:
-    """Ask the experiment's adapter whether it can run its trials; 422 with its problems if not.
+    """Ask each of the experiment's adapters whether it can run its trials; 422 with their
+    problems if one cannot (each of a hybrid experiment's platforms must be usable, as in NNI).
 
     No adapter running, or none answering in time, is no error: the trials wait for one.
     """
-    request = CheckRequest(training_service=config.training_service)
-    try:
-        reply = await bus.nc.request(subjects.control(config.adapter, "check"), request.encode(), timeout=timeout)
-    except nats.errors.NoRespondersError:
-        log.info("no %s adapter is running to check the new experiment; its trials wait for one", config.adapter)
-        return
-    except (nats.errors.TimeoutError, TimeoutError):
-        log.warning("the %s adapter did not check the new experiment within %.0fs", config.adapter, timeout)
-        return
-    problems = CheckReply.decode(reply.data).problems
+    found = await asyncio.gather(*(_check(bus, service, timeout) for service in config.training_services))
+    problems = [f"the {service.adapter} platform cannot run this experiment: " + "; ".join(p)
+                for service, p in zip(config.training_services, found, strict=True) if p]  # fmt: skip
     if problems:
-        raise ApiError(422, f"the {config.adapter} platform cannot run this experiment: " + "; ".join(problems))
+        raise ApiError(422, "; ".join(problems))
+
+
+async def _check(bus: Bus, service: TrainingService, timeout: float) -> list[str]:
+    request = CheckRequest(training_service=service)
+    try:
+        reply = await bus.nc.request(subjects.control(service.adapter, "check"), request.encode(), timeout=timeout)
+    except nats.errors.NoRespondersError:
+        log.info("no %s adapter is running to check the new experiment; its trials wait for one", service.adapter)
+        return []
+    except (nats.errors.TimeoutError, TimeoutError):
+        log.warning("the %s adapter did not check the new experiment within %.0fs", service.adapter, timeout)
+        return []
+    return CheckReply.decode(reply.data).problems

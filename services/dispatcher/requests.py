@@ -12,18 +12,21 @@ from services.common.tokens import trial_token
 
 
 def trial_request(state: ExperimentState, trial: TrialState, secret: str) -> TrialRequest:
-    """Everything the platform needs to run the trial, with its gateway token.
+    """Everything the platform needs to run the trial, with its gateway token: the section of
+    the platform it was sent to (one of a hybrid experiment's), with NNI's per-platform
+    ``trialCommand`` and ``trialGpuNumber``.
 
     The parameter record is NNI's (``msg_dispatcher._pack_parameter``): the keeper writes it
     verbatim to ``parameter.cfg``, where ``nni.get_next_parameter()`` reads it.
     """
     config = state.config
+    service = config.service_for(trial.platform) or config.training_services[0]
     return TrialRequest(
         experiment_id=trial.experiment_id,
         trial_id=trial.id,
         sequence_id=trial.sequence_id,
         attempt=trial.attempt,
-        trial_command=config.trial_command,
+        trial_command=config.command_for(service),
         code_ref=state.code_ref,
         parameter_record=json.dumps(
             {
@@ -33,8 +36,8 @@ def trial_request(state: ExperimentState, trial: TrialState, secret: str) -> Tri
                 "parameter_index": 0,
             }
         ),
-        trial_gpu_number=config.gpus_per_trial,
-        training_service=config.training_service,
+        trial_gpu_number=config.gpus_for(service),
+        training_service=service,
         token=SecretStr(trial_token(secret, trial.experiment_id, trial.id)),
         max_trial_duration=config.max_trial_duration,
     )

@@ -16,8 +16,9 @@ import orjson
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from contracts import streams
 from contracts.base import ContractError
-from contracts.messages import TrialEvent
+from contracts.messages import PlatformStatus, TrialEvent
 from services.common.auth import bind_host
 from services.common.bus import Bus
 from services.common.http import HttpServer
@@ -61,6 +62,7 @@ class DispatcherService(Service):
         self._tasks = [
             *(asyncio.create_task(reader.run(self._stopping)) for reader in self._readers),
             asyncio.create_task(self._sweep()),
+            asyncio.create_task(self._watch_platforms()),
         ]
         self._api = await bus_api.serve(bus, self.core)
         host = bind_host(self.settings, self.settings.api_host, "the REST API")
@@ -119,6 +121,28 @@ class DispatcherService(Service):
             folds = []
         await self.core.on_metrics(folds, msgs[-1].metadata.sequence.stream)
         await msgs[-1].ack()  # cumulative, once the state they produced is in KV
+
+    async def _watch_platforms(self) -> None:
+        """Keep the adapters' statuses (the ``platforms`` bucket) for hybrid placement; a broken
+        watch is opened again (the statuses are a few seconds old at worst)."""
+        kv = await self.bus.kv(streams.PLATFORMS_BUCKET.bucket)
+        while not self._stopping.is_set():
+            try:
+                watcher = await kv.watchall()
+                async for entry in watcher:
+                    if entry is None:
+                        continue
+                    try:
+                        status = PlatformStatus.decode(entry.value) if entry.value else None
+                    except ContractError as exc:
+                        log.warning("ignoring the platform status under %s: %s", entry.key, exc)
+                        continue
+                    self.core.placement.status(entry.key, status)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("watching the platforms' statuses failed (%s); watching again", exc)
+                await asyncio.sleep(1.0)
 
     async def _sweep(self) -> None:
         while not self._stopping.is_set():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+import re
+
+from pydantic import Field, SecretStr, field_validator
 
 from services.common.auth import AccessSettings
 
@@ -14,6 +16,10 @@ class DispatcherSettings(AccessSettings):
     api_host: str = "127.0.0.1"
     #: REST API port (0 = any free port).
     api_port: int = Field(default=8080, ge=0, le=65535)
+    #: The web UI's address as a browser reaches it (``TRIALBUS_WEBUI_URL``, e.g.
+    #: ``http://127.0.0.1:8082``), linked from the page at ``/`` (a browser opening the API's
+    #: address). ``trialbus up`` sets it to its own web UI; unset, the page says how to find it.
+    webui_url: str | None = None
     #: Secret shared with the metrics gateway; trial tokens are HMACs under it. Required.
     trial_secret: SecretStr
     #: Fernet key(s), comma-separated, sealing platform secrets on the bus (the first seals,
@@ -28,3 +34,16 @@ class DispatcherSettings(AccessSettings):
     control_timeout: float = Field(default=2.0, gt=0)
     #: Seconds to wait for an adapter to check a new experiment's platform (SSH connections).
     check_timeout: float = Field(default=20.0, gt=0)
+    #: Seconds after its replicas' last status a platform counts as down (hybrid experiments
+    #: then send their trials elsewhere); adapters publish their status every 5 s.
+    platform_stale_after: float = Field(default=15.0, gt=0)
+
+    @field_validator("webui_url")
+    @classmethod
+    def _an_address(cls, url: str | None) -> str | None:
+        if not url:  # compose's ``${TRIALBUS_WEBUI_URL:-}``: unset
+            return None
+        if not re.fullmatch(r"https?://[^\s/?#]+(/\S*)?", url):
+            raise ValueError(f"{url!r} is not an address a browser opens: give http(s)://HOST:PORT, e.g. "
+                             "http://127.0.0.1:8082")
+        return url

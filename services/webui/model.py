@@ -37,7 +37,7 @@ def platform_link(config: ExperimentConfig, trial: TrialState) -> str | None:
     OpenPAI names a trial's job ``trialbus_<experiment>_<trial>`` (``_<attempt>`` after the
     first attempt); its web portal shows a job at ``/job-detail.html``.
     """
-    service = config.training_service
+    service = config.service_for(trial.platform)
     if not isinstance(service, OpenpaiConfig) or urlsplit(service.host).scheme not in ("http", "https"):
         return None  # no page; and never a javascript: link
     job = f"trialbus_{trial.experiment_id}_{trial.id}" + (f"_{trial.attempt}" if trial.attempt else "")
@@ -156,7 +156,7 @@ class Model:
             optimizeMode=config.optimize_mode,
             trialConcurrency=config.trial_concurrency,
             maxTrialNumber=config.max_trial_number,
-            duration=_seconds(state.start_time, state.end_time),
+            duration=max(0.0, state.run_time(utcnow()).total_seconds()),  # time stopped left out (NNI)
             best=None if best is None else {
                 "value": default_metric(best.final_metric), "trialId": best.id, "sequenceId": best.sequence_id,
             },

@@ -230,9 +230,10 @@ def test_bad_settings_are_refused_at_creation(tmp_path, nats_server, share):
             "no FrameworkController": (fc_config(code), "FrameworkController is not installed in this cluster"),
             "storage not mounted": (fc_config(code, storage={"storageType": "nfs", "server": "x", "path": "/y"}),
                                     "storage nfs://x/y is not mounted on the adapter's host"),
-            "two roles": (fc_config(code, taskRoles=[*fc_config(code)["trainingService"]["taskRoles"],
-                                                     {**fc_config(code)["trainingService"]["taskRoles"][0],
-                                                      "name": "ps"}]), "set reportingTaskRole"),
+            "no such role": (fc_config(code, taskRoles=[*fc_config(code)["trainingService"]["taskRoles"],
+                                                        {**fc_config(code)["trainingService"]["taskRoles"][0],
+                                                         "name": "ps"}], reportingTaskRole="chief"),
+                             "reportingTaskRole 'chief' is not a task role of taskRoles (worker, ps)"),
         }  # fmt: skip
         for name, (config, reason) in cases.items():
             reply = stack.rest("POST", "/experiments", json=config)

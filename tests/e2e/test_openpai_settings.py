@@ -191,17 +191,17 @@ def test_every_setting_reaches_the_job_and_secrets_never_leak(pai_stack, pai, sh
     assert experiment in bus["KV_experiments"] and f"{trial_id}:SUCCEEDED" in bus["EVENTS"], "the dump saw them"
 
 
-def test_several_task_roles_without_a_reporting_role_are_refused_at_creation(pai_stack, pai, share, tmp_path):  # noqa: F811
+def test_a_reporting_task_role_that_names_no_role_is_refused_at_creation(pai_stack, pai, share, tmp_path):  # noqa: F811
     template = job_config(share[1])
     template["taskRoles"]["evaluator"] = copy.deepcopy(template["taskRoles"]["trainer"])
     template["extras"]["hivedScheduler"]["taskRoles"]["evaluator"] = {"skuType": "DT", "skuNumber": 1}
-    config = openpai_config(write_code(tmp_path, TRIAL), pai, share, openpaiConfig=template)
+    config = openpai_config(write_code(tmp_path, TRIAL), pai, share, openpaiConfig=template, reportingTaskRole="tester")
 
     reply = pai_stack.rest("POST", "/experiments", json=config)
 
     assert reply.status_code == 422, reply.text
     error = reply.json()["error"]
-    assert "trainer, evaluator" in error and "set reportingTaskRole to the one whose metrics are the trial's" in error
+    assert "reportingTaskRole 'tester' is not a task role of openpaiConfig (trainer, evaluator)" in error, error
     assert pai_stack.rest("GET", "/experiments").json() == [], "nothing was created"
     assert SECRET not in reply.text and REGISTRY_PASSWORD not in reply.text
     assert SECRET not in pai_stack.log("dispatcher") and REGISTRY_PASSWORD not in pai_stack.log("dispatcher")

@@ -332,6 +332,10 @@ def test_gpus_are_placed_per_machine_by_the_shared_rules(
     assert shown.exit_code == 0, shown.output
     assert f"{ssh_user().name}@127.0.0.1:{a.port}" in shown.output and "0: Fake GPU" in shown.output
     assert f"{ssh_user().name}@127.0.0.1:{b.port}" in shown.output and "unreachable" in shown.output
+    # Once the experiment is over, its machines leave the platform status (the panel lists no stale "down").
+    assert stack.rest("DELETE", f"/experiments/{experiment}").status_code == 200
+    remote = lambda: next(s for s in stack.rest("GET", "/platforms").json() if s["adapter"] == "remote")  # noqa: E731
+    wait_until(lambda: not remote()["machines"], 20, "the finished experiment's machines to leave the platform status")
 
 
 def test_a_machine_down_longer_than_the_timeout_fails_its_trials_and_they_are_stopped_when_it_is_back(

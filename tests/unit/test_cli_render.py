@@ -48,7 +48,7 @@ def write_config(folder: Path, name: str = "config.yml", **service) -> Path:
         },
     }  # fmt: skip
     path = folder / name
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(config, sort_keys=False))  # the order written: the first task role reports
     return path
 
 
@@ -99,11 +99,22 @@ def test_without_openpai_config_nni_s_job_wraps_the_trial_command(cli: CliRunner
     assert TOKEN not in text, "the token is never part of a job"
 
 
+def test_with_several_task_roles_the_first_one_reports(cli: CliRunner, tmp_path: Path):
+    role = JOB["taskRoles"]["worker"]
+    two_roles = {**JOB, "taskRoles": {"worker": role, "ps": role}}  # one mapping: the file says ps: *id001
+    for service, reporter in (({}, "worker"), ({"reportingTaskRole": "ps"}, "ps")):
+        _, job = rendered(cli, write_config(tmp_path, openpaiConfig=two_roles, **service))
+        assert [role for role, spec in job["taskRoles"].items() if "report.env" in spec["commands"][-1]] == [reporter]
+
+
 def test_an_invalid_config_prints_the_validation_error(cli: CliRunner, tmp_path: Path):
-    two_roles = {**JOB, "taskRoles": {"a": JOB["taskRoles"]["worker"], "b": JOB["taskRoles"]["worker"]}}
+    two_roles = {**JOB, "taskRoles": {"b": JOB["taskRoles"]["worker"], "a": JOB["taskRoles"]["worker"]}}
+    (tmp_path / "two.yml").write_text(yaml.safe_dump(two_roles, sort_keys=False))
+    no_role = "reportingTaskRole 'c' is not a task role of openpaiConfig (b, a)"
     cases = {
         "memory.yml": ({"trialMemorySize": "8 furlongs"}, "bad size '8 furlongs'"),
-        "roles.yml": ({"openpaiConfig": two_roles}, "set reportingTaskRole"),
+        "roles.yml": ({"openpaiConfig": two_roles, "reportingTaskRole": "c"}, no_role),
+        "roles-file.yml": ({"openpaiConfigFile": "two.yml", "reportingTaskRole": "c"}, no_role),
         "file.yml": ({"openpaiConfigFile": "nope.yml"}, "cannot read trainingService.openpaiConfigFile"),
     }
     for name, (service, complaint) in cases.items():

@@ -76,7 +76,15 @@ def test_unknown_keys_are_named() -> None:
         ({"trainingService": {"platform": "k8s"}}, "unknown platform 'k8s'; available: local"),
         ({"trainingService": {"platform": "frameworkcontroller", "storage": {"storageType": "pvc"}}},
          "storage.storageType must be nfs or azureStorage, not 'pvc'"),
-        ({"trainingService": [{"platform": "local"}]}, "hybrid mode) is not supported"),
+        ({"trainingService": [{"platform": "local"}, {"platform": "aml"}]},
+         "trainingService lists platform(s) aml that Trialbus does not have; a hybrid list may hold local, remote"),
+        ({"trainingService": [{"platform": "local"}, {"platform": "local"}]}, "lists platform local more than once"),
+        ({"trainingService": []}, "trainingService is an empty list"),
+        ({"trainingService": [{"platform": "local"}, {"platform": "remote"}]},
+         "trainingService item 1 (remote): machineList: Field required"),
+        ({"trainingService": [{"platform": "local", "trialCodeDirectory": "/elsewhere"}]},
+         "trialCodeDirectory differs from trialCodeDirectory"),
+        ({"trainingService": {"platform": "kubeflow"}}, "platform 'kubeflow' is not available in Trialbus"),
         ({"maxTrialDuration": "3 years"}, "bad duration '3 years'"),
         ({"trialGpuNumber": 1}, "useActiveGpu must be set when trialGpuNumber > 0"),
         ({"trainingService": {"platform": "local", "maxTrialNumberPerGpu": 2}}, "maxTrialNumberPerGpu only applies"),
@@ -192,4 +200,67 @@ def test_key_files_are_read_where_the_config_is_loaded(tmp_path: Path):
     assert machine.ssh_key.get_secret_value().startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
     (tmp_path / "config.yml").write_text(text.replace("keys/id", "keys/missing"))
     with pytest.raises(ValueError, match=r"machineList.0.sshKeyFile: cannot read .*keys/missing \(No such file"):
+        load_experiment_config(tmp_path / "config.yml")
+
+
+NNI_HYBRID = """
+searchSpaceFile: search_space.json
+trialCommand: python3 mnist.py
+trialGpuNumber: 0
+trialConcurrency: 5
+maxTrialNumber: 20
+tuner:
+  name: TPE
+  classArgs:
+    optimize_mode: maximize
+# For local, remote, openpai, and aml, NNI can use multiple training services at one time
+trainingService:
+  - platform: local
+  - platform: remote
+    trialCommand: python3 mnist.py --remote
+    trialGpuNumber: 1
+    machineList:
+      - host: 10.1.1.1
+        user: alice
+        ssh_key_file: id_rsa
+"""
+
+
+def test_nni_hybrid_config_loads_each_platform_with_its_own_settings(tmp_path: Path) -> None:
+    """NNI's hybrid example (its aml entry left out): each platform's section, key files read, and
+    NNI's rule that a platform's own trialCommand and trialGpuNumber win over the top-level ones."""
+    from contracts import sealing
+    from contracts.messages import TrialRequest
+    from contracts.state import ExperimentState, TrialState
+    from services.dispatcher.requests import trial_request
+
+    (tmp_path / "search_space.json").write_text('{"lr": {"_type": "uniform", "_value": [0, 1]}}')
+    (tmp_path / "id_rsa").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    (tmp_path / "config.yml").write_text(NNI_HYBRID)
+    config = load_experiment_config(tmp_path / "config.yml")
+    assert config.hybrid and config.platform == "local+remote" and config.adapters == ["local-gpu", "remote"]
+    local, remote = config.training_services
+    assert remote.machine_list[0].ssh_key.get_secret_value().startswith("-----BEGIN")  # read where loaded
+    assert (config.command_for(local), config.gpus_for(local)) == ("python3 mnist.py", 0)
+    assert (config.command_for(remote), config.gpus_for(remote)) == ("python3 mnist.py --remote", 1)
+    assert config.service_for("remote") is remote and config.service_for("openpai") is None
+    # What an adapter receives is its own platform's section, with its command and GPUs.
+    state = ExperimentState(id="e", config=config, code_ref=None, start_time="2026-01-01T00:00:00Z")
+    trial = TrialState(id="t", experiment_id="e", sequence_id=0, platform="remote", submit_time=state.start_time)
+    sealing.install(sealing.generate_key())  # the bus carries the SSH key sealed
+    try:
+        request = TrialRequest.decode(trial_request(state, trial, "secret").encode())
+    finally:
+        sealing.install(None)
+    assert request.training_service.platform == "remote" and request.trial_command == "python3 mnist.py --remote"
+    assert request.trial_gpu_number == 1
+    # Round trip as the API shows it: a list, secrets masked.
+    shown = config.public_json()["trainingService"]
+    assert [s["platform"] for s in shown] == ["local", "remote"] and "BEGIN" not in str(shown)
+    assert ExperimentConfig.model_validate(config.wire_json()).training_services == config.training_services
+
+
+def test_nni_hybrid_example_with_aml_is_refused_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "config.yml").write_text(NNI_HYBRID + "  - platform: aml\n    dockerImage: msranni/nni\n")
+    with pytest.raises(ValueError, match="trainingService lists platform.s. aml that Trialbus does not have"):
         load_experiment_config(tmp_path / "config.yml")

@@ -55,7 +55,8 @@ def test_a_v2_config_needs_no_trial_command_and_takes_both_spellings_of_the_poli
     ("service", "expected"),
     [
         ({"taskRoles": [{**ROLE, "name": "Worker_1"}]}, "must match ^[a-z0-9]{1,63}$"),
-        ({"taskRoles": [ROLE, {**ROLE, "name": "ps"}]}, "set reportingTaskRole"),
+        ({"taskRoles": [ROLE, {**ROLE, "name": "ps"}], "reportingTaskRole": "chief"},
+         "reportingTaskRole 'chief' is not a task role of taskRoles (worker, ps)"),
         ({"taskRoles": [ROLE, ROLE]}, "task role names must differ"),
         ({"taskRoles": []}, "taskRoles: List should have at least 1 item"),
         ({"storage": {"storageType": "pvc", "path": "/x"}}, "storageType must be nfs or azureStorage, not 'pvc'"),
@@ -128,7 +129,7 @@ def service_of(**service) -> FrameworkcontrollerConfig:
 def test_a_trial_s_framework():
     roles = [{**ROLE, "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": -1, "minSucceedTaskCount": 1}},
              {**ROLE, "name": "ps", "gpuNumber": 0, "taskNumber": 1}]  # fmt: skip
-    service = service_of(taskRoles=roles, reportingTaskRole="worker", serviceAccountName="runner",
+    service = service_of(taskRoles=roles, serviceAccountName="runner",
                          retryPolicy={"fancyRetryPolicy": True, "maxRetryCount": 2})  # fmt: skip
     body = frameworks.render(service, "exp1", "AbC9d", 1, "host-1", "/tmp/mount/trialbus/trials/exp1/AbC9d-1",
                              "/tmp/mount/trialbus/bin/h/trial_keeper.py")  # fmt: skip
@@ -160,6 +161,19 @@ def test_a_trial_s_framework():
         template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "x"},
                     "template": role["task"]["pod"]}  # fmt: skip
         kubernetes_validate.validate(template, "1.30", strict=True)
+
+
+def test_the_first_task_role_reports_unless_reporting_task_role_names_another():
+    roles = [ROLE, {**ROLE, "name": "ps"}, {**ROLE, "name": "chief"}]
+
+    def reporters(**chosen: str) -> list[str]:
+        body = frameworks.render(service_of(taskRoles=roles, **chosen), "e", "t", 0, "r", "/tmp/mount/t", "/k.py")
+        return [role["name"] for role in body["spec"]["taskRoles"]
+                if "report.env" in role["task"]["pod"]["spec"]["containers"][0]["command"][2]]  # fmt: skip
+
+    assert reporters() == ["worker"], "NNI's configs have no reportingTaskRole: the first role reports"
+    assert reporters(reportingTaskRole="chief") == ["chief"]
+    assert service_of(taskRoles=roles[::-1]).reporting_role.name == "chief", "the order written, not sorted"
 
 
 def test_azure_storage_mounts_the_experiment_s_secret():

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
-from contracts.experiment import ExperimentConfig, OpenpaiConfig, format_validation_error
+from contracts.experiment import ExperimentConfig, OpenpaiConfig, format_validation_error, load_experiment_config
 from services.adapters import sharefs
 from services.adapters.openpai import jobs
 from services.trial_keeper import KEEPER_PATH
@@ -52,7 +54,7 @@ def test_the_user_s_job_keeps_every_field_and_its_templates():
         "extras": {"gangAllocation": True,
                    "com.microsoft.pai.runtimeplugin": [{"plugin": "ssh", "parameters": {"jobssh": True}}]},
     }  # fmt: skip
-    config = service(openpaiConfig=template, reportingTaskRole="worker")
+    config = service(openpaiConfig=template)
     job = jobs.render(config, "trialbus_e_t", "ignored", 0, SHARE, "/k/trial_keeper.py")
     assert job["name"] == "trialbus_e_t" and job["jobRetryCount"] == 2 and job["secrets"] == {"key": "s3cret"}
     assert job["extras"] == template["extras"] and job["taskRoles"]["worker"]["instances"] == 2
@@ -63,15 +65,44 @@ def test_the_user_s_job_keeps_every_field_and_its_templates():
         "python3 train.py --lr <% $parameters.lr %> --key <% $secrets.key %>"], "the config is not changed"
 
 
-def test_several_task_roles_need_a_reporting_role():
-    two = {"taskRoles": {"a": {"commands": ["x"]}, "b": {"commands": ["y"]}}}
+def reporters(config: OpenpaiConfig) -> list[str]:
+    """The task roles whose rendered commands may read ``report.env`` (their first instance reports)."""
+    job = jobs.render(config, "trialbus_e_t", "python3 trial.py", 0, SHARE, "/k/trial_keeper.py")
+    return [role for role, spec in job["taskRoles"].items() if "report.env" in spec["commands"][-1]]
+
+
+def test_the_first_task_role_reports_unless_reporting_task_role_names_another():
+    two = {"taskRoles": {"worker": {"commands": ["x"]}, "ps": {"commands": ["y"]}}}  # not in alphabetical order
+    assert jobs.reporting_role(service(openpaiConfig=two)) == "worker", "NNI's configs have no reportingTaskRole"
+    assert reporters(service(openpaiConfig=two)) == ["worker"]
+    assert reporters(service(openpaiConfig=two, reportingTaskRole="ps")) == ["ps"]
+    again = ExperimentConfig.model_validate_json(ExperimentConfig.model_validate({
+        "trialCommand": "x", "trialConcurrency": 1, "trialGpuNumber": 0,
+        "trainingService": service(openpaiConfig=two).model_dump(by_alias=True, context={"clear_secrets": True}),
+    }).model_dump_json(by_alias=True, context={"clear_secrets": True}))  # fmt: skip
+    assert jobs.reporting_role(again.training_service) == "worker", "the order survives the trip over the bus"
+    assert reporters(service()) == ["taskrole"], "NNI's generated job: its one role"
+
+
+def test_a_reporting_task_role_that_names_no_role_is_refused_with_the_roles(tmp_path: Path):
+    two = {"taskRoles": {"worker": {"commands": ["x"]}, "ps": {"commands": ["y"]}}}
     with pytest.raises(ValidationError) as caught:
-        service(openpaiConfig=two)
-    assert "set reportingTaskRole to the one whose metrics are the trial's" in format_validation_error(caught.value)
-    with pytest.raises(ValidationError, match="is not a task role of openpaiConfig"):
-        service(openpaiConfig=two, reportingTaskRole="c")
+        service(openpaiConfig=two, reportingTaskRole="chief")
+    expected = "reportingTaskRole 'chief' is not a task role of openpaiConfig (worker, ps)"
+    assert expected in format_validation_error(caught.value)
+    with pytest.raises(ValidationError, match=r"of the job generated without openpaiConfig \(taskrole\)"):
+        service(reportingTaskRole="worker")
+    # From openpaiConfigFile, the roles are known once the file is read (where the config is loaded).
+    (tmp_path / "job.yml").write_text(yaml.safe_dump(two, sort_keys=False))
+    (tmp_path / "config.yml").write_text(yaml.safe_dump({
+        "trialCommand": "x", "trialConcurrency": 1, "trialGpuNumber": 0,
+        "trainingService": service(openpaiConfigFile="job.yml", reportingTaskRole="chief").model_dump(
+            by_alias=True, exclude_none=True, context={"clear_secrets": True}, mode="json"),
+    }))  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        jobs.reporting_role(load_experiment_config(tmp_path / "config.yml").training_service)
     with pytest.raises(ValidationError, match="set openpaiConfig or openpaiConfigFile, not both"):
-        service(openpaiConfig=two, reportingTaskRole="a", openpaiConfigFile="x.yml")
+        service(openpaiConfig=two, openpaiConfigFile="x.yml")
 
 
 @pytest.mark.parametrize(

@@ -43,8 +43,9 @@ def experiment(experiment_id: str = "exp1", config: dict | None = None, start: d
 
 
 def trial(trial_id: str, sequence: int = 0, experiment_id: str = "exp1", **fields: Any) -> TrialState:
-    return TrialState(id=trial_id, experiment_id=experiment_id, sequence_id=sequence, platform="local-gpu",
-                      submit_time=START, **fields)  # fmt: skip
+    fields.setdefault("platform", "local-gpu")
+    return TrialState(id=trial_id, experiment_id=experiment_id, sequence_id=sequence, submit_time=START,
+                      **fields)  # fmt: skip
 
 
 def model_with(state: ExperimentState, *trials: TrialState) -> Model:
@@ -128,11 +129,11 @@ def test_no_view_holds_a_secret(config):
 
 def test_openpai_trials_link_to_their_job_with_the_attempt_after_the_first():
     state = experiment("e1", openpai_config(host="http://pai.local:9186/", username="al ice"))
-    first = trial("T1", 0, experiment_id="e1")
+    first = trial("T1", 0, experiment_id="e1", platform="openpai")
     assert platform_link(state.config, first) == (
         "http://pai.local:9186/job-detail.html?username=al+ice&jobName=trialbus_e1_T1"
     )
-    retried = trial("T1", 0, experiment_id="e1", attempt=2)
+    retried = trial("T1", 0, experiment_id="e1", attempt=2, platform="openpai")
     assert platform_link(state.config, retried).endswith("jobName=trialbus_e1_T1_2")
     assert platform_link(experiment().config, trial("T1")) is None
     assert model_with(state, first).rows("e1")[0]["link"].startswith("http://pai.local:9186/job-detail.html")
@@ -140,7 +141,7 @@ def test_openpai_trials_link_to_their_job_with_the_attempt_after_the_first():
 
 def test_a_link_is_never_a_script():
     state = experiment("e1", openpai_config(host="javascript://x%0aalert(1)"))
-    assert platform_link(state.config, trial("T1", experiment_id="e1")) is None
+    assert platform_link(state.config, trial("T1", experiment_id="e1", platform="openpai")) is None
 
 
 def test_rows_come_in_sequence_order_with_replica_and_default():

@@ -51,6 +51,7 @@ LOCAL = {
     "TRIALBUS_GATEWAY_URL", "TRIALBUS_TRIAL_GATEWAY_URL", "TRIALBUS_DATA_DIR",
     "TRIALBUS_ADAPTER_HTTP_HOST", "TRIALBUS_ADAPTER_HTTP_PORT", "TRIALBUS_REPLICA",
     "TRIALBUS_TUNER_HTTP_HOST", "TRIALBUS_TUNER_HTTP_PORT", "TRIALBUS_WEBUI_HOST", "TRIALBUS_WEBUI_PORT",
+    "TRIALBUS_WEBUI_URL",
 }  # fmt: skip
 #: Secret settings: compose.yaml says which service gets which; the local stack fills the
 #: variables they name with its own credentials, never from the user's environment by accident.
@@ -58,7 +59,8 @@ SECRETS = {"TRIALBUS_NATS_PASSWORD", "TRIALBUS_API_TOKEN", "TRIALBUS_API_READ_TO
            "TRIALBUS_SECRETS_KEY"}  # fmt: skip
 #: The local values of those, per kind of service (the common ones come from the stack).
 LOCAL_ENV = {
-    "services.dispatcher": {"TRIALBUS_API_HOST": "{host}", "TRIALBUS_API_PORT": "{api_port}"},
+    "services.dispatcher": {"TRIALBUS_API_HOST": "{host}", "TRIALBUS_API_PORT": "{api_port}",
+                            "TRIALBUS_WEBUI_URL": "http://{host}:{webui_port}"},  # linked from its page at /
     "services.metrics_gateway": {"TRIALBUS_GATEWAY_HOST": "{host}", "TRIALBUS_GATEWAY_PORT": "{gateway_port}"},
     "adapter": {"TRIALBUS_REPLICA": "{name}-0", "TRIALBUS_GATEWAY_URL": "http://{host}:{gateway_port}",
                 "TRIALBUS_ADAPTER_HTTP_HOST": "{host}", "TRIALBUS_ADAPTER_HTTP_PORT": "{port}"},

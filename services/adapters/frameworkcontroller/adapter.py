@@ -304,7 +304,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         """This replica's Frameworks of the frameworkcontroller experiments on the bus."""
         handles = []
         for state in await platforms.experiments(self._bus):
-            service = state.config.training_service
+            service = state.config.service_for(self.name)
             if not isinstance(service, FrameworkcontrollerConfig):
                 continue
             try:
@@ -357,7 +357,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
 
     async def past(self, experiment_id: str, trial_id: str) -> TrialHandle | None:
         for state in await platforms.experiments(self._bus):
-            service = state.config.training_service
+            service = state.config.service_for(self.name)
             if state.id == experiment_id and isinstance(service, FrameworkcontrollerConfig):
                 with contextlib.suppress(PermanentError):
                     found = sharefs.newest_attempt(self.root(service).local, experiment_id, trial_id)

@@ -271,7 +271,7 @@ class OpenpaiAdapter(PlatformAdapter):
         whose trials were never reported."""
         handles = []
         for state in await platforms.experiments(self._bus):
-            service = state.config.training_service
+            service = state.config.service_for(self.name)
             if not isinstance(service, OpenpaiConfig):
                 continue
             if (unreadable := sealing.unreadable(service)) is not None:
@@ -280,9 +280,9 @@ class OpenpaiAdapter(PlatformAdapter):
             client, report = self.client(service), jobs.reporting_role(service)
             held = {}
             if service.reuse_mode:
-                gpus = state.config.trial_gpu_number if service.trial_gpu_number is None else service.trial_gpu_number
+                gpus = state.config.gpus_for(service)
                 held = self.pools.adopt(state.id, service.local_storage_mount_point, client, gpus or 0,
-                                        state.config.trial_command, self.settings.replica)  # fmt: skip
+                                        state.config.command_for(service), self.settings.replica)  # fmt: skip
             attempts = sharefs.unreported(service.local_storage_mount_point, state.id, self.settings.replica)
             for key in set(held) - {(t, a) for t, a, _ in attempts}:  # released before its ticket was removed
                 held.pop(key).drop(key)
@@ -311,8 +311,9 @@ class OpenpaiAdapter(PlatformAdapter):
 
     async def _service(self, experiment_id: str) -> OpenpaiConfig | None:
         for state in await platforms.experiments(self._bus):
-            if state.id == experiment_id and isinstance(state.config.training_service, OpenpaiConfig):
-                return state.config.training_service
+            service = state.config.service_for(self.name)
+            if state.id == experiment_id and isinstance(service, OpenpaiConfig):
+                return service
         return None
 
     async def release(self, handle: TrialHandle) -> None:

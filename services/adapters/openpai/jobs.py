@@ -20,9 +20,11 @@ The script is a private temporary file of the container (``mktemp``: mode 0600),
 the share: once OpenPAI has rendered them, the commands may hold the job's secrets.
 
 Only the reporting role's first instance gets the settings file with the gateway and the
-trial's token (``.trialbus/report.env``, 0600, never in the job spec); every other task
-runs the same way without them (``.trialbus/quiet.env``). With one task role, it reports;
-with several, ``trainingService.reportingTaskRole`` names it (refused at creation if unset).
+trial's token (``.trialbus/report.env``, 0600, never in the job spec): it alone reports the
+trial's metrics, and its keeper's exit code is the trial's. Every other task runs the same
+way without them (``.trialbus/quiet.env``). The reporting role is
+``trainingService.reportingTaskRole`` when set, else the first of ``openpaiConfig.taskRoles``
+in the order written (NNI's multi-role configs have no such key and run unchanged).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from contracts.experiment import OpenpaiConfig
+from contracts.nni import choose_reporting_role
 from services.adapters import sharefs
 from services.adapters.sharefs import MARK, Share
 
@@ -59,17 +62,12 @@ def _checked(name: str) -> str:
 
 
 def reporting_role(service: OpenpaiConfig) -> str:
-    """The task role whose first instance reports the trial's metrics; ValueError if unclear."""
-    roles = list((service.openpai_config or {}).get("taskRoles") or {"taskrole": {}})
-    if service.reporting_task_role is not None:
-        if service.reporting_task_role not in roles:
-            raise ValueError(f"reportingTaskRole {service.reporting_task_role!r} is not a task role of "
-                             f"openpaiConfig ({', '.join(roles)})")  # fmt: skip
-        return service.reporting_task_role
-    if len(roles) != 1:
-        raise ValueError(f"openpaiConfig has task roles {', '.join(roles)}: set trainingService.reportingTaskRole "
-                         "to the one whose metrics are the trial's")  # fmt: skip
-    return roles[0]
+    """The task role whose first instance reports the trial's metrics and exit code:
+    ``reportingTaskRole``, else the job's first task role; ValueError if it names no role."""
+    roles = (service.openpai_config or {}).get("taskRoles")
+    if isinstance(roles, dict) and roles:
+        return choose_reporting_role(service.reporting_task_role, list(map(str, roles)), "openpaiConfig")
+    return choose_reporting_role(service.reporting_task_role, ["taskrole"], "the job generated without openpaiConfig")
 
 
 def trial_job(service: OpenpaiConfig, experiment_id: str, trial_id: str, attempt: int, trial_command: str, gpus: int,
@@ -135,10 +133,13 @@ def _job(service: OpenpaiConfig, name: str, trial_command: str, gpus: int,
     job["name"] = name
     job.setdefault("protocolVersion", 2)
     job.setdefault("type", "job")
-    for role, spec in (job.get("taskRoles") or {}).items():
+    roles = job.get("taskRoles") or {}
+    for role, spec in roles.items():
         if not _ROLE.match(str(role)) or not isinstance(spec, dict):
             continue  # the server says what is wrong with it
-        spec["commands"] = commands_of(str(role), list(map(str, spec.get("commands") or [trial_command])))
+        # A new mapping per role: roles written as YAML aliases of one another share one.
+        commands = list(map(str, spec.get("commands") or [trial_command]))
+        roles[role] = {**spec, "commands": commands_of(str(role), commands)}
     return job
 
 

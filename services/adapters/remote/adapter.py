@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from contracts import TrainingService, TrialRequest, TrialStatus, subjects
+from contracts import ExperimentState, ExperimentStatus, TrainingService, TrialRequest, TrialStatus, subjects
 from contracts.base import utcnow
 from contracts.experiment import RemoteConfig, RemoteMachineConfig
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
@@ -87,6 +87,7 @@ class RemoteAdapter(PlatformAdapter):
         self.placement = MachinePlacement(settings, self.name, self.trials.values, self.capacity_freed)
         self.abandoned: dict[str, set[str]] = {}  # machine → trial dirs given up on: kill when back
         self.unreported: dict[str, set[str]] = {}  # machine → trial dirs to mark reported when back
+        self.wanted: dict[str, set[str]] = {}  # running experiment → the keys of its machines
         self._bus: Bus | None = None
         self._http: httpx.AsyncClient | None = None
         self._loops: list[asyncio.Task] = []
@@ -97,7 +98,8 @@ class RemoteAdapter(PlatformAdapter):
     async def start(self, bus: Bus) -> None:
         self._bus = bus
         self._http = httpx.AsyncClient(timeout=10)
-        self._loops = [asyncio.create_task(self._status_loop()), asyncio.create_task(self._retention_loop())]
+        self._loops = [asyncio.create_task(self._status_loop()), asyncio.create_task(self._retention_loop()),
+                       asyncio.create_task(platforms.watch_experiments(bus, self._on_experiment))]  # fmt: skip
 
     async def stop(self) -> None:
         for task in self._loops:
@@ -405,8 +407,8 @@ class RemoteAdapter(PlatformAdapter):
     async def adopt(self) -> list[TrialHandle]:
         """Trials on the machines of the experiments on the bus that this adapter left running."""
         for state in await platforms.experiments(self._bus):
-            if isinstance(state.config.training_service, RemoteConfig):
-                for config in state.config.training_service.machine_list:
+            if isinstance(service := state.config.service_for(self.name), RemoteConfig):
+                for config in service.machine_list:
                     self.machine(config)
         await asyncio.gather(*(m.ready(wait=0) for m in self.machines.values()))
         handles = []
@@ -476,9 +478,21 @@ class RemoteAdapter(PlatformAdapter):
 
     # ------------------------------------------------------------------ bookkeeping
 
+    def _on_experiment(self, state: ExperimentState) -> None:
+        service = state.config.service_for(self.name)
+        if state.status == ExperimentStatus.RUNNING and isinstance(service, RemoteConfig):
+            self.wanted[state.id] = {machine_key(m) for m in service.machine_list}
+        else:
+            self.wanted.pop(state.id, None)
+
     def describe(self) -> dict:
+        """The machines running experiments use, and those holding trials here: a machine of
+        finished experiments only (kept open a while, or waiting to clean up) is not shown."""
+        shown = set().union(*self.wanted.values(), (t.machine.key for t in self.trials.values()))
         machines = []
         for machine in self.machines.values():
+            if machine.key not in shown:
+                continue
             machines.append({
                 "name": machine.name, "up": machine.up.is_set(), "error": machine.error, "cpus": machine.cpus,
                 "running": self.placement.running(machine), "gpus": self.placement.describe(machine),

@@ -1,0 +1,1 @@
+"""The ``trialbus`` commands by subject; :mod:`trialbus.cli` assembles them into the one command."""

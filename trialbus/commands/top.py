@@ -1,0 +1,79 @@
+"""``trialbus top``: a live table of the experiments, as ``nnictl top`` shows them, until Ctrl-C.
+
+One row per experiment, newest first: its status, platform, its trials by state (out of
+``maxTrialNumber``), the best final result for its ``optimize_mode``, and how long it has run.
+``--once`` prints the table once and exits (scripts, tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from contracts import ExperimentStatus, TrialState, TrialStatus
+from contracts.state import default_metric
+from trialbus.api import ExperimentView
+from trialbus.client import AsyncClient
+from trialbus.commands.common import console, duration, metric, moment, status, with_client
+
+
+async def _rows(client: AsyncClient, limit: int | None) -> list[tuple[ExperimentView, TrialState | None]]:
+    """The newest ``limit`` experiments, each with its best trial."""
+    experiments = (await client.list_experiments())[:limit]
+    trials = await asyncio.gather(*(client.list_trials(e.id) for e in experiments))
+    return [(e, _best(e, ts)) for e, ts in zip(experiments, trials, strict=True)]
+
+
+def _best(experiment: ExperimentView, trials: list[TrialState]) -> TrialState | None:
+    scored = [t for t in trials if t.status == TrialStatus.SUCCEEDED and default_metric(t.final_metric) is not None]
+    pick = min if experiment.config.optimize_mode == "minimize" else max
+    return pick(scored, key=lambda t: default_metric(t.final_metric) or 0.0) if scored else None
+
+
+def table(rows: list[tuple[ExperimentView, TrialState | None]], every: float | None) -> Table:
+    running = sum(e.status == ExperimentStatus.RUNNING for e, _ in rows)
+    when = f"refreshed {time.strftime('%H:%M:%S')} every {every:g}s, Ctrl-C to quit" if every else ""
+    title = f"{len(rows)} experiment{'' if len(rows) == 1 else 's'}, {running} running"
+    shown = Table("experiment", "name", "status", "platform", "running", "waiting", "ended", "best", "trial",
+                  "duration", "started", title=title, caption=when, box=None)  # fmt: skip
+    for e, best in rows:
+        counts = e.trial_counts
+        ended = sum(n for s, n in counts.items() if s not in (TrialStatus.WAITING, TrialStatus.RUNNING))
+        limit = e.config.max_trial_number
+        shown.add_row(
+            e.id, escape(e.config.experiment_name or ""), status(e.status), e.config.platform,
+            str(counts.get("RUNNING", 0)), str(counts.get("WAITING", 0)), f"{ended}/{limit}" if limit else str(ended),
+            metric(best.final_metric) if best else "", best.id if best else "",
+            duration(e.start_time, e.end_time, e.stopped_seconds), moment(e.start_time),
+        )  # fmt: skip
+    return shown
+
+
+async def _live(client: AsyncClient, out: Console, every: float) -> None:
+    limit = max(3, out.size.height - 6)
+    with Live(table(await _rows(client, limit), every), console=out, auto_refresh=False) as live:
+        while True:
+            await asyncio.sleep(every)
+            live.update(table(await _rows(client, limit), every), refresh=True)
+
+
+def top(
+    ctx: typer.Context,
+    every: Annotated[float, typer.Option("--time", "-t", min=0.5, help="Seconds between refreshes.")] = 3.0,
+    once: Annotated[bool, typer.Option("--once", help="Print the table once and exit.")] = False,
+) -> None:
+    """A live table of the experiments (nnictl top): status, trials, best result; Ctrl-C quits."""
+    out = console()
+    if once:
+        out.print(table(with_client(ctx, lambda c: _rows(c, None)), None))
+        return
+    with contextlib.suppress(KeyboardInterrupt):
+        with_client(ctx, lambda c: _live(c, out, every))
