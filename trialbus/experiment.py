@@ -30,8 +30,7 @@ from typing import Any
 
 from contracts import ExperimentConfig, ExperimentStatus, TrialState, TrialStatus
 from contracts.state import default_metric
-from services.tuner import nni_classes
-from services.tuner.algorithms import for_experiment
+from services.tuner import choose
 from trialbus.client import DEFAULT_NATS_URL, Client, ExperimentView, TrialMetric, as_config
 
 __all__ = ["Experiment", "best_trial", "check_tuner"]
@@ -43,17 +42,14 @@ POLL = 0.5
 def check_tuner(config: ExperimentConfig) -> None:
     """Refuse, before anything is created, a config the tuner service could not run (ValueError, with why).
 
-    Built-in names are checked here exactly as the service builds them; a ``className`` is loaded only
-    where the tuner service runs (its code directory and the nni package live there).
+    Built-in names (and their search space) are checked here exactly as the service builds them; a
+    ``className`` is checked for shape and loaded only where the tuner service runs (its code directory and
+    the nni package live there), and gets the search space as written, in whatever format it reads.
     """
     if not (config.tuner or config.advisor):
         raise ValueError("the config has no tuner: add one, e.g. `tuner: {name: TPE, classArgs: {optimize_mode: "
                          "maximize}}` (or submit trials yourself with trialbus.Client)")
-    if nni_classes.names_class(config.tuner or config.advisor) or nni_classes.names_class(config.assessor):
-        if config.search_space is None:
-            raise ValueError("the experiment has no searchSpace (or searchSpaceFile) for its tuner to search")
-        return
-    for_experiment(config)
+    choose.check(config)
 
 
 def best_trial(trials: list[TrialState], config: ExperimentConfig) -> TrialState | None:
@@ -73,13 +69,20 @@ class _Section:
         self.__dict__.update(values)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v.to_dict() if isinstance(v, _Section) else v for k, v in self.__dict__.items()
-                if v is not None and not (k == "class_args" and not v)}  # fmt: skip
+        return {k: _plain(v) for k, v in self.__dict__.items() if v is not None and not (k == "class_args" and not v)}
 
 
-def _draft(platform: str) -> _Section:
+def _plain(value: Any) -> Any:
+    if isinstance(value, _Section):
+        return value.to_dict()
+    return [_plain(v) for v in value] if isinstance(value, list) else value
+
+
+def _draft(platform: str | list[str]) -> _Section:
+    """NNI's ``Experiment("local")``, or ``Experiment(["local", "remote"])`` for hybrid mode."""
+    service = [_Section(platform=p) for p in platform] if isinstance(platform, list) else _Section(platform=platform)
     return _Section(
-        trial_concurrency=1, trial_code_directory=".", training_service=_Section(platform=platform),
+        trial_concurrency=1, trial_code_directory=".", training_service=service,
         tuner=_Section(name=None, class_args={}), assessor=None,
     )  # fmt: skip
 
@@ -89,7 +92,7 @@ class Experiment:
 
     def __init__(
         self,
-        config: ExperimentConfig | Mapping[str, Any] | str | Path,
+        config: ExperimentConfig | Mapping[str, Any] | str | Path | list[str],
         *,
         nats_url: str | None = None,
         user: str | None = None,
@@ -98,6 +101,8 @@ class Experiment:
     ) -> None:
         if isinstance(config, str) and not config.endswith((".yml", ".yaml", ".json")) and not Path(config).exists():
             self.config: Any = _draft(config)  # a platform name, as Experiment("local") in NNI
+        elif isinstance(config, list) and all(isinstance(p, str) for p in config):
+            self.config = _draft(config)  # NNI's hybrid mode: Experiment(["local", "remote"])
         else:
             self.config = as_config(config)
         self.id: str | None = None
@@ -117,6 +122,21 @@ class Experiment:
         experiment = cls.__new__(cls)
         experiment.config, experiment.id = view.config, view.id
         experiment._client, experiment._connected = client, True
+        return experiment
+
+    @classmethod
+    def resume(cls, experiment_id: str, port: int | None = None, *, wait_completion: bool = True,
+               debug: bool = False, **options: Any) -> Experiment:  # fmt: skip
+        """Run a STOPPED experiment again (NNI's ``Experiment.resume``); with ``wait_completion``,
+        block until it is DONE or STOPPED (Ctrl-C stops it). ``port`` and ``debug`` are NNI's, unused."""
+        experiment = cls.connect(experiment_id, **options)
+        experiment._client.resume_experiment(experiment_id)
+        if wait_completion:
+            try:
+                experiment.wait()
+            except KeyboardInterrupt:
+                experiment.stop()
+                raise
         return experiment
 
     # ----------------------------------------------------------------- lifecycle

@@ -16,7 +16,7 @@ import json
 import logging
 import secrets
 import string
-from collections import defaultdict, deque
+from collections import defaultdict
 from datetime import timedelta
 from typing import Any
 
@@ -33,9 +33,8 @@ from services.dispatcher import history, snapshots
 from services.dispatcher.errors import ApiError
 from services.dispatcher.folds import MetricFold, MetricsProgress
 from services.dispatcher.ownership import EventGate
-from services.dispatcher.placement import Placement
-from services.dispatcher.requests import trial_request
 from services.dispatcher.settings import DispatcherSettings
+from services.dispatcher.slots import Slots
 from services.dispatcher.store import StateStore
 
 log = logging.getLogger(__name__)
@@ -51,24 +50,16 @@ class Dispatcher:
         self.bus = bus
         self.store = store
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        #: experiment → trial ids WAITING for a slot, in submission order
-        self._queue: dict[str, deque[str]] = defaultdict(deque)
-        #: experiment → trial ids dispatched and not ended (they hold the slots)
-        self._active: dict[str, set[str]] = defaultdict(set)
         #: trial → loop time of the last cancel request sent to its adapter
         self._cancel_sent: dict[str, float] = {}
-        #: trial → sequence of its request in DISPATCH, so a cancel can withdraw it unclaimed
-        self._dispatch_seq: dict[str, int] = {}
-        #: trials marked dispatched whose request is not (known to be) on the stream yet
-        self._unsent: set[str] = set()
         #: experiment → parameterId → trial: a submit sent again after its answer was lost is the same trial
         self._by_parameter: dict[str, dict[int | str, str]] = defaultdict(dict)
         #: how far the METRICS stream is applied (a trial's end waits for its metrics)
         self.metrics = MetricsProgress()
         #: which events may change a trial: its owner's only (:mod:`.ownership`)
         self.gate = EventGate()
-        #: the platforms' capacity, and the choice of platform in hybrid experiments (:mod:`.placement`)
-        self.placement = Placement(settings.platform_stale_after)
+        #: the experiments' queues and slots, and where their trials go (:mod:`.slots`)
+        self.slots = Slots(settings, bus, store)
 
     # ------------------------------------------------------------------ start
 
@@ -82,15 +73,7 @@ class Dispatcher:
         for trial in self.store.trials.values():
             if trial.parameter_id is not None:
                 self._by_parameter[trial.experiment_id][trial.parameter_id] = trial.id
-            if trial.status.terminal:
-                continue
-            if trial.dispatched:
-                self._active[trial.experiment_id].add(trial.id)
-                self.placement.occupy(trial.experiment_id, trial.platform)
-                if trial.status == TrialStatus.WAITING:
-                    self._unsent.add(trial.id)
-            else:
-                self._queue[trial.experiment_id].append(trial.id)
+            self.slots.load(trial)
 
     # ------------------------------------------------------------- experiments
 
@@ -192,7 +175,7 @@ class Dispatcher:
             state = state.model_copy(update=update)
             await self.store.put_experiment(state)
             log.info("experiment %s resumed after %.0fs stopped", experiment_id, stopped_for.total_seconds())
-            await self._dispatch_ready(experiment_id)
+            await self.slots.dispatch_ready(experiment_id)
             return state
 
     # ------------------------------------------------------------------ trials
@@ -251,11 +234,11 @@ class Dispatcher:
             # leaves nothing the client was told about; a resend after a crash is deduplicated.
             self.store.defer(trial)
             self._by_parameter[experiment_id][trial.parameter_id] = trial.id
-            self._queue[experiment_id].append(trial.id)
-            sends = self._take_ready(experiment_id)
+            self.slots.enqueue(trial)
+            sends = self.slots.take_ready(experiment_id)
             writes = [
                 self._publish_event(trial, TrialStatus.WAITING),
-                *(self._send(t) for t in sends),
+                *(self.slots.send(t) for t in sends),
             ]
             if all(t.id != trial.id for t in sends):
                 writes.append(self.store.flush([trial.id]))  # as the cache holds it then
@@ -302,7 +285,7 @@ class Dispatcher:
         for subject, event in events:
             await self.on_event(subject, event, sends)
         flush = self.store.flush(event.trial_id for _, event in events)
-        await asyncio.gather(flush, *(self._send(t) for t in sends))
+        await asyncio.gather(flush, *(self.slots.send(t) for t in sends))
 
     async def on_event(self, subject: str, event: TrialEvent, sends: list[TrialState]) -> None:
         """Apply one event to the cache. Its trial's state is left for :meth:`on_events` to
@@ -378,11 +361,11 @@ class Dispatcher:
                 await self.store.flush(list(self.store.dirty))
             except Exception as exc:
                 log.warning("writing %d trial states failed (%s); will retry", len(self.store.dirty), exc)
-        for trial_id in list(self._unsent):
+        for trial_id in list(self.slots.unsent):
             trial = self.store.trials[trial_id]
             async with self._locks[trial.experiment_id]:
-                if trial_id in self._unsent and not self.store.trials[trial_id].status.terminal:
-                    await self._send(self.store.trials[trial_id])
+                if trial_id in self.slots.unsent and not self.store.trials[trial_id].status.terminal:
+                    await self.slots.send(self.store.trials[trial_id])
         for state in list(self.store.experiments.values()):
             if state.status != ExperimentStatus.RUNNING:
                 continue
@@ -399,15 +382,15 @@ class Dispatcher:
                             trial, TrialStatus.EARLY_STOPPED, f"trial ran longer than maxTrialDuration ({limit:g}s)"
                         )
                 if state.config.hybrid:
-                    await self._replace(state)
+                    await self.slots.take_back(state)
                 if self._duration_over(state):
-                    for trial_id in list(self._queue[state.id]):
+                    for trial_id in list(self.slots.queue[state.id]):
                         await self._end(
                             self.store.trials[trial_id],
                             TrialStatus.SYS_CANCELED,
                             "maxExperimentDuration was reached before the trial could start",
                         )
-                await self._dispatch_ready(state.id)
+                await self.slots.dispatch_ready(state.id)
                 await self._finish_if_done(state.id)
 
     # --------------------------------------------------------------- internals
@@ -416,118 +399,14 @@ class Dispatcher:
         limit = state.config.max_experiment_duration
         return limit is not None and state.run_time(utcnow()) >= timedelta(seconds=limit)
 
-    async def _dispatch_ready(self, experiment_id: str) -> None:
-        """Dispatch queued trials while the experiment has free slots."""
-        await asyncio.gather(*(self._send(trial) for trial in self._take_ready(experiment_id)))
-
-    def _take_ready(self, experiment_id: str) -> list[TrialState]:
-        """Move queued trials into free slots (in the cache); the caller sends them.
-
-        A hybrid experiment's trial goes to the platform :class:`.Placement` chooses; while
-        none is up with room, the queue waits (its head says why) and the sweep tries again.
-        """
-        state = self.store.experiments[experiment_id]
-        config = state.config
-        queue, active = self._queue[experiment_id], self._active[experiment_id]
-        taken = []
-        while queue and len(active) < config.trial_concurrency and state.status == ExperimentStatus.RUNNING:
-            head = self.store.trials[queue[0]]
-            adapter = self.placement.choose(experiment_id, config) if config.hybrid else config.adapter
-            if adapter is None:
-                why = self.placement.why_waiting(config)
-                if head.message != why:
-                    self.store.defer(head.model_copy(update={"message": why}))
-                break
-            queue.popleft()
-            trial = head.model_copy(
-                update={
-                    "dispatched": True,
-                    "platform": adapter,
-                    "message": f"dispatched to {adapter}; waiting for an adapter replica to start it",
-                }
-            )
-            self.store.defer(trial)
-            active.add(trial.id)
-            self.placement.occupy(experiment_id, adapter)
-            self._unsent.add(trial.id)
-            taken.append(trial)
-        return taken
-
-    async def _replace(self, state: ExperimentState) -> None:
-        """Take back a hybrid experiment's trials sent to a platform that went down before
-        starting them, and queue them first again, for another platform. O(trialConcurrency).
-
-        Only a request withdrawn from the stream is taken back (unclaimed, or held by a replica
-        waiting for capacity); that replica is told to drop it (a cancel, which ends every attempt
-        it holds of the trial). The trial goes out again as its next attempt, so anything the old
-        one still says is ignored (``on_event`` reads only the current attempt).
-        """
-        config = state.config
-        down = {s.adapter for s in config.training_services if not self.placement.up(s, config)}
-        if not down:
-            return
-        back = []
-        for trial_id in list(self._active[state.id]):
-            trial = self.store.trials[trial_id]
-            seq = self._dispatch_seq.get(trial_id)
-            if trial.status != TrialStatus.WAITING or trial.platform not in down or trial.cancel_status or seq is None:
-                continue
-            try:
-                withdrawn = await self.bus.js.delete_msg("DISPATCH", seq)
-            except Exception:
-                withdrawn = False
-            if not withdrawn:
-                continue
-            message = f"taken back from {trial.platform}, which went down before starting it"
-            cancel = CancelRequest(experiment_id=state.id, trial_id=trial_id, status=TrialStatus.SYS_CANCELED,
-                                   message=message)  # fmt: skip
-            await self.bus.nc.publish(subjects.control(trial.platform, "cancel"), cancel.encode())
-            self._active[state.id].discard(trial_id)
-            self.placement.release(state.id, trial.platform)
-            self._dispatch_seq.pop(trial_id, None)
-            back.append(trial.model_copy(update={"dispatched": False, "platform": "", "attempt": trial.attempt + 1,
-                                                 "message": message}))  # fmt: skip
-            log.info("trial %s: %s", trial_id, message)
-        for trial in reversed(back):
-            self.store.defer(trial)
-            self._queue[state.id].appendleft(trial.id)
-        if back:
-            await self.store.flush([t.id for t in back])
-
-    async def _send(self, trial: TrialState) -> None:
-        """Persist a dispatched trial and publish its request (concurrently; see ``rebuild``)."""
-        if self.store.trials[trial.id].status.terminal:  # ended (canceled) before it went out
-            self._unsent.discard(trial.id)
-            return
-        state = self.store.experiments[trial.experiment_id]
-        request = trial_request(state, trial, self.settings.trial_secret.get_secret_value())
-        publish = self.bus.js.publish(
-            subjects.dispatch(trial.platform),
-            request.encode(),
-            headers={"Nats-Msg-Id": subjects.dispatch_id(trial.id, trial.attempt)},
-        )
-        try:  # the cache holds the trial as dispatched (``_take_ready``), maybe changed since
-            _, ack = await asyncio.gather(self.store.flush([trial.id]), publish)
-        except Exception as exc:  # the broker is away: the sweep sends it again
-            log.warning("dispatching trial %s failed (%s); will retry", trial.id, exc)
-            return
-        self._dispatch_seq[trial.id] = ack.seq
-        self._unsent.discard(trial.id)
-
     async def _cancel(self, trial: TrialState, status: TrialStatus, message: str | None) -> TrialState:
         if not trial.dispatched:
             return await self._end(trial, status, message)
         if trial.cancel_status is None:
             trial = trial.model_copy(update={"cancel_status": status, "message": message})
             await self.store.put_trial(trial)
-        seq = self._dispatch_seq.get(trial.id)
-        if trial.status == TrialStatus.WAITING and seq is not None:
-            try:  # withdraw the request if no replica has claimed it yet
-                withdrawn = await self.bus.js.delete_msg("DISPATCH", seq)
-            except Exception:
-                withdrawn = False
-            if withdrawn:
-                return await self._end(trial, trial.cancel_status, message)
+        if trial.status == TrialStatus.WAITING and await self.slots.withdraw(trial):  # not claimed yet
+            return await self._end(trial, trial.cancel_status, message)
         await self._request_cancel(trial)
         return self.store.trials[trial.id]
 
@@ -571,23 +450,17 @@ class Dispatcher:
                 "exit_code": exit_code if exit_code is not None else trial.exit_code,
             }
         )
-        if trial.id in self._active[trial.experiment_id]:
-            self._active[trial.experiment_id].discard(trial.id)
-            self.placement.release(trial.experiment_id, trial.platform)
-        if trial.id in self._queue[trial.experiment_id]:
-            self._queue[trial.experiment_id].remove(trial.id)
+        self.slots.free(trial)
         self._cancel_sent.pop(trial.id, None)
-        self._dispatch_seq.pop(trial.id, None)
-        self._unsent.discard(trial.id)
         # The slot is free at once (the platform's is: every caller ends a trial that is not
         # running there): the next trial goes out while this end is written. A write-through
         # that fails leaves the cache as it was, and the caller applies the end again; a
         # deferred one stays dirty until written (see StateStore).
         if sends is not None:
             self.store.defer(trial)
-            sends += self._take_ready(trial.experiment_id)
+            sends += self.slots.take_ready(trial.experiment_id)
         else:
-            await asyncio.gather(self.store.put_trial(trial), self._dispatch_ready(trial.experiment_id))
+            await asyncio.gather(self.store.put_trial(trial), self.slots.dispatch_ready(trial.experiment_id))
         if publish:  # a decision of the dispatcher's own: put it in the history too
             await self._publish_event(trial, status)
         log.info("trial %s %s%s", trial.id, status.value, f": {message}" if message else "")

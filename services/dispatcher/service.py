@@ -137,7 +137,7 @@ class DispatcherService(Service):
                     except ContractError as exc:
                         log.warning("ignoring the platform status under %s: %s", entry.key, exc)
                         continue
-                    self.core.placement.status(entry.key, status)
+                    self.core.slots.placement.status(entry.key, status)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -43,37 +43,24 @@ Substitutes, and why:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import optuna
 from optuna.pruners import BasePruner, HyperbandPruner, MedianPruner, NopPruner, PercentilePruner
 from optuna.samplers import BaseSampler, NSGAIISampler, RandomSampler, TPESampler
 from optuna.trial import Trial, TrialState
 
-from .space import Grid, Parameters, SearchSpace, grid, locate, parse_search_space, suggest
+from contracts import TrialStatus
+from services.tuner.protocol import Metric, NoMoreTrials, ParameterId, Proposal, TrialEnd
+from services.tuner.space import Grid, Parameters, SearchSpace, grid, locate, suggest
 
-if TYPE_CHECKING:
-    from contracts import ExperimentConfig
+__all__ = ["NoMoreTrials", "Tuner", "assessor", "name_and_args", "tuner"]
 
-Metric = float | Mapping[str, Any]
-"""A metric as trials report it: a number, or a dict whose ``default`` key is the number NNI tunes on."""
+log = logging.getLogger(__name__)
 
 _PARAMETERS = "parameters"  # the user attribute holding each trial's parameters in NNI's shape
-
-
-class TunerLike(Protocol):
-    """What the tuner service drives: :class:`Tuner`, or NNI's own classes (:mod:`services.tuner.nni_classes`)."""
-
-    def ask(self) -> tuple[int, Parameters]: ...
-    def adopt(self, params: Parameters) -> int: ...
-    def report(self, number: int, step: int, value: Metric) -> None: ...
-    def should_prune(self, number: int) -> bool: ...
-    def tell(self, number: int, value: Metric | None) -> None: ...
-
-
-class NoMoreTrials(LookupError):
-    """The tuner has nothing left to propose (GridSearch walked its grid), as NNI's ``NoMoreTrialError``."""
 
 
 class Tuner:
@@ -81,7 +68,11 @@ class Tuner:
 
     Call order per trial: :meth:`ask`, then any number of :meth:`report` / :meth:`should_prune`, then exactly one
     :meth:`tell`. Trials may overlap. ``number`` is Optuna's trial number, 0, 1, 2... in order of :meth:`ask`.
+    The driver calls it through :class:`~services.tuner.protocol.TunerLike` (:meth:`propose`, :meth:`finish`),
+    one call at a time: ``multiThread`` does not apply to Optuna (:mod:`services.tuner.choose` says why).
     """
+
+    judge = "assessor"
 
     def __init__(self, study: optuna.Study, space: SearchSpace, points: Grid | None = None) -> None:
         self.study = study
@@ -116,7 +107,18 @@ class Tuner:
         self._running[trial.number] = trial
         return trial.number, params
 
-    def adopt(self, params: Parameters) -> int:
+    def propose(self, count: int) -> Proposal:
+        """Up to ``count`` new trials from :meth:`ask`; fewer, with the reason, once there are no more."""
+        proposal = Proposal()
+        for _ in range(count):
+            try:
+                proposal.trials.append(self.ask())
+            except NoMoreTrials as exc:
+                proposal.no_more = str(exc)
+                break
+        return proposal
+
+    def adopt(self, params: Parameters, parameter_id: ParameterId | None = None, *, resumed: bool = False) -> int:
         """Take a running trial this tuner did not propose (its predecessor's before a restart, or one a person
         submitted) as if :meth:`ask` had: it then takes reports and one tell like any other.
 
@@ -132,12 +134,12 @@ class Tuner:
         self._reseed = True
         return trial.number
 
-    def report(self, number: int, step: int, value: Metric) -> None:
+    def report(self, number: int, step: int, value: Metric, *, trial_id: str = "") -> None:
         """An intermediate result (``nni.report_intermediate_result``) at ``step``, for the pruner."""
         self._running[number].report(_number(value), step)
         self._reported.add(number)
 
-    def should_prune(self, number: int) -> bool:
+    def should_prune(self, number: int, *, trial_id: str = "") -> bool:
         """Whether the assessor would stop the trial now, judged on what :meth:`report` received."""
         return self._running[number].should_prune()
 
@@ -146,13 +148,34 @@ class Tuner:
 
         A trial without a final result counts as pruned when it reported intermediate results (TPE then learns
         from its last one), as failed otherwise.
+        :raises ValueError: a final result that is no number (nor a dict with ``default``); the trial is still
+            running then, and ``tell(number, None)`` ends it.
         """
+        score = None if value is None else _number(value)
         trial = self._running.pop(number)
-        if value is not None:
-            self.study.tell(trial, _number(value))
+        if score is not None:
+            self.study.tell(trial, score)
         else:
             self.study.tell(trial, state=TrialState.PRUNED if number in self._reported else TrialState.FAIL)
         self._reported.discard(number)
+
+    def finish(self, ends: list[tuple[ParameterId, TrialEnd]]) -> None:
+        """Each trial's end: its final result counts when it SUCCEEDED (a final result Optuna cannot read is
+        logged, and the trial counts as failed); other ends count as pruned or failed (:meth:`tell`)."""
+        for number, end in ends:
+            value = end.final if end.status == TrialStatus.SUCCEEDED else None
+            try:
+                self.tell(int(number), value)
+            except (ValueError, TypeError) as exc:
+                log.warning("trial %s: final result %r not used by the tuner: %s", end.trial_id, value, exc)
+                self.tell(int(number), None)
+
+    def forget(self, number: ParameterId) -> None:
+        """A proposal that never ran counts as a failed trial."""
+        self.tell(int(number), None)
+
+    def close(self, *, ended: bool, failed: bool = False) -> None:
+        """Nothing to release: the study lives in memory."""
 
     def best(self) -> tuple[Parameters, float]:
         """The best finished trial's parameters and final result; ValueError while none has finished."""
@@ -179,7 +202,8 @@ def _number(value: Metric) -> float:
 # --- configuration ------------------------------------------------------------------------------
 
 
-def _name_and_args(config: Mapping[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
+def name_and_args(config: Mapping[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
+    """A built-in ``{name, classArgs}`` section's name and classArgs (v1's ``builtin<Kind>Name`` too)."""
     keys = {str(k).lower(): v for k, v in config.items()}
     name = keys.get("name", keys.get(f"builtin{kind}name"))
     if not isinstance(name, str):
@@ -252,7 +276,7 @@ def tuner(config: Mapping[str, Any] | None, space: SearchSpace, seed: int | None
         disagrees, or an assessor beside Hyperband/BOHB (which prune by themselves).
     :raises SearchSpaceError: GridSearch over a space it cannot enumerate.
     """
-    name, args = _name_and_args(config or {"name": "TPE"}, "tuner")
+    name, args = name_and_args(config or {"name": "TPE"}, "tuner")
     name, (accepted, build) = _lookup(name, _TUNERS, "tuner")
     _check_args(name, args, accepted | {"optimize_mode", "seed"})
     direction = _direction(name, args)
@@ -263,7 +287,7 @@ def tuner(config: Mapping[str, Any] | None, space: SearchSpace, seed: int | None
     if pruner is None:
         pruner = assessor(assessor_config)
         if assessor_config is not None:
-            assessor_name, assessor_args = _name_and_args(assessor_config, "assessor")
+            assessor_name, assessor_args = name_and_args(assessor_config, "assessor")
             if "optimize_mode" in assessor_args and assessor_args["optimize_mode"] != direction:
                 raise ValueError(f"assessor {assessor_name} has optimize_mode {assessor_args['optimize_mode']!r} "
                                  f"but tuner {name} has {direction!r}")
@@ -297,38 +321,8 @@ def assessor(config: Mapping[str, Any] | None) -> BasePruner:
     """
     if config is None:
         return NopPruner()
-    name, args = _name_and_args(config, "assessor")
+    name, args = name_and_args(config, "assessor")
     name, (accepted, build) = _lookup(name, _ASSESSORS, "assessor")
     _check_args(name, args, accepted | {"optimize_mode", "start_step"})
     _direction(name, args)
     return build(args)
-
-
-def for_experiment(config: ExperimentConfig, seed: int | None = None) -> TunerLike:
-    """The tuner (with its assessor) an experiment config asks for: ``tuner`` (or NNI's older ``advisor``) and
-    ``assessor``, each a built-in name mapped onto Optuna or, with the nni package, a ``className``.
-
-    :raises ValueError: no search space, or a config :func:`tuner`/:func:`assessor` refuses, with the reason.
-    """
-    from services.tuner import nni_classes
-
-    if config.search_space is None:
-        raise ValueError("the experiment has no searchSpace (or searchSpaceFile) for its tuner to search")
-    space = parse_search_space(config.search_space)
-    tuner_config = config.tuner or config.advisor
-    if nni_classes.names_class(tuner_config):
-        driven: TunerLike = nni_classes.NniTuner(nni_classes.instantiate(tuner_config, "tuner"), config.search_space)
-        assessor_config = config.assessor
-        if assessor_config and not nni_classes.names_class(assessor_config):  # a built-in name: NNI's class
-            name, args = _name_and_args(assessor_config, "assessor")
-            path = nni_classes.BUILTIN_ASSESSORS.get(name.lower())
-            if path is None:
-                raise ValueError(f"unknown assessor {name!r}; the known assessors are {', '.join(_ASSESSORS)}")
-            assessor_config = {"className": path, "classArgs": args}
-        if assessor_config:
-            driven = nni_classes.NniAssessor(driven, nni_classes.instantiate(assessor_config, "assessor"))
-        return driven
-    if nni_classes.names_class(config.assessor):
-        driven = tuner(tuner_config, space, seed)
-        return nni_classes.NniAssessor(driven, nni_classes.instantiate(config.assessor, "assessor"))
-    return tuner(tuner_config, space, seed, assessor_config=config.assessor)

@@ -12,7 +12,12 @@ rebuilds the same knowledge: it adopts every trial of the experiment (:meth:`Tun
 replays the experiment's metrics, and only then tells the tuner the ends it saw in the snapshot
 and lets the assessor judge (judging half-replayed curves would stop trials too early).
 
-Everything happens in one task, in arrival order, so the tuner is never called concurrently.
+Everything happens in one task, in arrival order, so the driver never calls the tuner twice at once
+(a user's class with ``multiThread`` runs the calls of one batch on several threads: the trials wanted
+at once, the ends seen together). Tuner calls run off the event loop: a slow tuner holds up its own
+experiment only. A user's class that raises stops the experiment with its traceback as the message
+(:class:`~services.tuner.protocol.ClassFailed`); a built-in tuner's error ends the driver, which the
+service restarts.
 """
 
 from __future__ import annotations
@@ -31,18 +36,37 @@ from contracts.streams import METRICS
 from services.common.api import ApiCallError, call
 from services.common.bus import Bus
 from services.common.logs import bind
-from services.tuner.algorithms import NoMoreTrials, TunerLike
-from services.tuner.space import SearchSpaceError
+from services.tuner.protocol import ClassFailed, ParameterId, Proposal, TrialEnd, TunerLike
 
 log = logging.getLogger(__name__)
 
 #: Seconds between two tries of a submit the dispatcher could not take (not running, broker away).
 RETRY_AFTER = 1.0
+#: Seconds a tuner gets to close (NNI's ``_on_exit``) before the driver lets it be.
+CLOSE_GRACE = 5.0
+#: Seconds an ended experiment's driver gets to tell the tuner the ends it has not told yet (the last trial's end
+#: and the experiment's can arrive in either order).
+DRAIN_GRACE = 5.0
+
+
+async def stop_experiment(bus: Bus, experiment_id: str, message: str, timeout: float, *, retry: bool) -> None:
+    """Stop the experiment with ``message``; with ``retry``, again and again while the dispatcher is away."""
+    while True:
+        try:
+            await call(bus.nc, "experiment.stop", {"id": experiment_id, "message": message}, timeout)
+            return
+        except ApiCallError as exc:
+            if exc.status == 404 or not retry:  # 404: gone
+                log.warning("could not stop experiment %s: %s", experiment_id, exc.message)
+                return
+            log.warning("could not stop experiment %s (%s); trying again in %.0fs", experiment_id, exc.message,
+                        RETRY_AFTER)  # fmt: skip
+            await asyncio.sleep(RETRY_AFTER)
 
 
 @dataclass
 class _Trial:
-    number: int | None  # the tuner's; None for a trial outside the search space (not modelled)
+    number: ParameterId | None  # the tuner's; None for a trial it cannot model (outside the search space)
     status: TrialStatus = TrialStatus.WAITING
     told: bool = False
     early_stop_asked: bool = False
@@ -59,13 +83,18 @@ class Driver:
         self.tuner = tuner
         self.api_timeout = api_timeout
         self.trials: dict[str, _Trial] = {}
-        self.pending: dict[int, dict[str, Any]] = {}  # asked, not yet seen as a trial: number → parameters
-        self._unsent: set[int] = set()  # pending numbers whose submit failed: sent again after RETRY_AFTER
+        self.pending: dict[ParameterId, dict[str, Any]] = {}  # proposed, not yet seen as a trial
+        self._unsent: set[ParameterId] = set()  # pending ids whose submit failed: sent again after RETRY_AFTER
         self._ends: list[TrialState] = []  # ends seen before the metrics were replayed, told after
+        self._due: list[tuple[ParameterId, TrialEnd]] = []  # ends to tell the tuner, in one batch
         self.no_more = state.no_more_trials
+        #: The user's class failed: the experiment is being stopped with this.
+        self.failure: ClassFailed | None = None
         self.replayed = False
         self._inbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._snapshot = trials
+        self._closing: str | None = None  # why the tuner has no more trials, until the dispatcher is told
+        self._ending = False  # the experiment ended: the last ends are told, then the driver returns
         self._task: asyncio.Task | None = None
         self._metrics_sub: Any = None
         self._retry_at = 0.0
@@ -85,14 +114,27 @@ class Driver:
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"tuner-{self.experiment_id}")
 
-    async def stop(self) -> None:
+    async def stop(self, *, ended: bool = False) -> None:
+        """Stop driving; ``ended`` when the experiment is over: the tuner then hears of the trials' last ends
+        (within :data:`DRAIN_GRACE`) and gets its ``_on_exit``. Not ``ended`` when another replica takes over."""
+        if ended and self._task is not None and not self._task.done():
+            self._inbox.put_nowait(("ended", None))
+            with contextlib.suppress(TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._task), DRAIN_GRACE)
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         if self._metrics_sub is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._metrics_sub.unsubscribe()
+        closing = asyncio.to_thread(self.tuner.close, ended=ended, failed=self.failure is not None)
+        try:
+            await asyncio.wait_for(closing, CLOSE_GRACE)
+        except TimeoutError:
+            log.warning("experiment %s: the tuner did not close within %.0fs", self.experiment_id, CLOSE_GRACE)
+        except Exception as exc:
+            log.warning("experiment %s: closing the tuner failed: %r", self.experiment_id, exc)
 
     def done(self) -> BaseException | None:
         """The error that ended the driver, if it ended by one."""
@@ -102,32 +144,55 @@ class Driver:
 
     # -------------------------------------------------------------------- loop
 
+    async def _call(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+        """A tuner call, off the event loop."""
+        return await asyncio.to_thread(method, *args, **kwargs)
+
     async def _run(self) -> None:
         with bind(experiment=self.experiment_id):
-            for trial in self._snapshot:
-                self._learn(trial)
-            await self._replay_then_follow()
-            while True:
-                await self._step()
-                timeout = RETRY_AFTER if self._unsent else None
-                try:
-                    kind, item = await asyncio.wait_for(self._inbox.get(), timeout)
-                except TimeoutError:
-                    continue
-                self._handle(kind, item)
-                while not self._inbox.empty():  # a burst is handled before the next decisions
-                    self._handle(*self._inbox.get_nowait())
+            try:
+                await self._drive()
+            except ClassFailed as exc:
+                self.failure = exc
+                log.error("experiment %s: %s", self.experiment_id, exc)
+                await stop_experiment(self.bus, self.experiment_id, exc.message("the tuner failed: "),
+                                      self.api_timeout, retry=True)
 
-    def _handle(self, kind: str, item: Any) -> None:
+    async def _drive(self) -> None:
+        for trial in self._snapshot:
+            await self._learn(trial, resumed=True)
+        await self._replay_then_follow()
+        while True:
+            await self._tell_due()
+            if self._ending and self._settled():
+                return
+            await self._step()
+            timeout = RETRY_AFTER if self._unsent else None
+            try:
+                kind, item = await asyncio.wait_for(self._inbox.get(), timeout)
+            except TimeoutError:
+                continue
+            await self._handle(kind, item)
+            while not self._inbox.empty():  # a burst is handled before the next decisions
+                await self._handle(*self._inbox.get_nowait())
+
+    async def _handle(self, kind: str, item: Any) -> None:
         if kind == "trial":
-            self._learn(item)
+            await self._learn(item, resumed=False)
         elif kind == "metric":
-            self._metric(item)
+            await self._metric(item)
         elif kind == "replayed":
-            self._caught_up()
+            await self._caught_up()
         elif kind == "experiment":
             self.state = item
             self.no_more = self.no_more or item.no_more_trials
+        elif kind == "ended":
+            self._ending = self.no_more = True
+
+    def _settled(self) -> bool:
+        """Every trial ended and told (after the experiment did: nothing more for the tuner)."""
+        return self.replayed and not self._due and all(t.told or (t.status.terminal and t.number is None)
+                                                       for t in self.trials.values())  # fmt: skip
 
     async def _replay_then_follow(self) -> None:
         """Subscribe to the experiment's metrics from the start. Once the records stored when we looked have
@@ -151,32 +216,33 @@ class Driver:
         self._metrics_sub = await self.bus.js.subscribe(subject, stream=METRICS.name, cb=on_message,
                                                         ordered_consumer=True)
 
-    def _learn(self, trial: TrialState) -> None:
+    async def _learn(self, trial: TrialState, *, resumed: bool) -> None:
         known = self.trials.get(trial.id)
         if known is None:
             if trial.experiment_id != self.experiment_id:
                 return
-            known = self.trials[trial.id] = _Trial(self._number_for(trial))
+            known = self.trials[trial.id] = _Trial(await self._number_for(trial, resumed=resumed))
         known.status = trial.status
         if trial.status.terminal and self.replayed:
-            self._tell(trial.id, known, trial)
+            self._end(trial.id, known, trial)
         elif trial.status.terminal:
             self._ends.append(trial)
 
-    def _number_for(self, trial: TrialState) -> int | None:
-        """Ours (submitted with ``parameterId`` = the tuner's number), or adopted."""
+    async def _number_for(self, trial: TrialState, *, resumed: bool) -> ParameterId | None:
+        """Ours (submitted with ``parameterId`` = the tuner's id), or adopted: ``resumed`` when it was on the bus
+        before this driver started."""
         number = trial.parameter_id
-        if isinstance(number, int) and number in self.pending and self.pending[number] == trial.parameters:
+        if number is not None and number in self.pending and self.pending[number] == trial.parameters:
             del self.pending[number]
             self._unsent.discard(number)
             return number
         try:
-            return self.tuner.adopt(trial.parameters)
-        except (SearchSpaceError, ValueError) as exc:
+            return await self._call(self.tuner.adopt, trial.parameters, trial.parameter_id, resumed=resumed)
+        except ValueError as exc:  # outside the search space, for a built-in tuner
             log.warning("trial %s is not modelled by the tuner (%s)", trial.id, exc)
             return None
 
-    def _metric(self, record: MetricRecord) -> None:
+    async def _metric(self, record: MetricRecord) -> None:
         known = self.trials.get(record.trial_id)
         if known is None or known.number is None or known.told or record.type != MetricType.PERIODICAL:
             return
@@ -184,44 +250,52 @@ class Driver:
             return
         known.steps.add(record.sequence)
         try:
-            self.tuner.report(known.number, record.sequence, record.decoded())
+            value = record.decoded()
+            await self._call(self.tuner.report, known.number, record.sequence, value, trial_id=record.trial_id)
         except (ValueError, TypeError) as exc:
             log.warning("trial %s: intermediate result %d not used by the assessor: %s",
                         record.trial_id, record.sequence, exc)
             return
         if self.replayed:
-            self._judge(record.trial_id, known)
+            await self._judge(record.trial_id, known)
 
-    def _caught_up(self) -> None:
+    async def _caught_up(self) -> None:
         self.replayed = True
         for trial in self._ends:
-            self._tell(trial.id, self.trials[trial.id], trial)
+            self._end(trial.id, self.trials[trial.id], trial)
         self._ends.clear()
-        for trial_id, known in self.trials.items():
+        await self._tell_due()
+        for trial_id, known in list(self.trials.items()):
             if known.status == TrialStatus.RUNNING and known.steps:
-                self._judge(trial_id, known)
+                await self._judge(trial_id, known)
         log.info("resumed from %d trials on the bus", len(self.trials))
 
-    def _tell(self, trial_id: str, known: _Trial, trial: TrialState) -> None:
+    def _end(self, trial_id: str, known: _Trial, trial: TrialState) -> None:
         if known.told or known.number is None:
             return
         known.told = True
-        value = trial.final_metric if trial.status == TrialStatus.SUCCEEDED else None
-        try:
-            self.tuner.tell(known.number, value)
-        except (ValueError, TypeError) as exc:
-            log.warning("trial %s: final result %r not used by the tuner: %s", trial_id, value, exc)
-            self.tuner.tell(known.number, None)
+        self._due.append((known.number, TrialEnd(trial_id, trial.status, trial.final_metric)))
 
-    def _judge(self, trial_id: str, known: _Trial) -> None:
+    async def _tell_due(self) -> None:
+        """The ends seen since the last time, told in one batch (in the order they were seen)."""
+        if self._due:
+            due, self._due = self._due, []
+            await self._call(self.tuner.finish, due)
+
+    async def _judge(self, trial_id: str, known: _Trial) -> None:
         if known.status != TrialStatus.RUNNING or known.early_stop_asked or known.number is None:
             return
-        if self.tuner.should_prune(known.number):
+        if await self._call(self.tuner.should_prune, known.number, trial_id=trial_id):
+            self._stop_early(trial_id, known, f"early-stopped by the {self.tuner.judge} after intermediate result "
+                                              f"#{max(known.steps)}")  # fmt: skip
+
+    def _stop_early(self, trial_id: str, known: _Trial | None, message: str) -> None:
+        if known is not None:
+            if known.status.terminal or known.early_stop_asked:
+                return
             known.early_stop_asked = True
-            step = max(known.steps)
-            message = f"early-stopped by the assessor after intermediate result #{step}"
-            log.info("trial %s: %s", trial_id, message)
-            asyncio.create_task(self._early_stop(trial_id, message))  # noqa: RUF006 - answers only log
+        log.info("trial %s: %s", trial_id, message)
+        asyncio.create_task(self._early_stop(trial_id, message))  # noqa: RUF006 - answers only log
 
     async def _early_stop(self, trial_id: str, message: str) -> None:
         try:
@@ -248,20 +322,31 @@ class Driver:
     async def _step(self) -> None:
         loop = asyncio.get_running_loop()
         if self.pending and loop.time() >= self._retry_at:  # submits that failed: the same parameters again
-            for number in sorted(self._unsent):
+            for number in sorted(self._unsent, key=str):
                 await self._submit(number, self.pending[number])
-        for _ in range(self._room()):
-            try:
-                number, params = self.tuner.ask()
-            except NoMoreTrials as exc:
-                self.no_more = True
-                log.info("%s; the experiment ends when its trials do", exc)
-                await self._close()
-                return
-            self.pending[number] = params
-            await self._submit(number, params)
+        room = self._room()
+        if room > 0:
+            for number, params in self._follow(await self._call(self.tuner.propose, room)):
+                self.pending[number] = params
+                await self._submit(number, params)
+        if self.no_more and self._closing is not None:
+            await self._close(self._closing)
 
-    async def _submit(self, number: int, params: dict[str, Any]) -> None:
+    def _follow(self, proposal: Proposal) -> list[tuple[ParameterId, dict[str, Any]]]:
+        """Take in what the tuner answered (trials to stop, whether it has more); the trials to submit."""
+        for trial_id in proposal.kills:
+            self._stop_early(trial_id, self.trials.get(trial_id), f"early-stopped by the {self.tuner.judge}")
+        if proposal.no_more is None:
+            pass
+        elif not proposal.for_now:
+            self.no_more, self._closing = True, proposal.no_more
+        else:  # an advisor with none now: the experiment closes once nothing runs and it sent nothing more
+            in_flight = sum(not t.status.terminal for t in self.trials.values()) + len(self.pending)
+            if not in_flight and not proposal.trials:
+                self.no_more, self._closing = True, proposal.no_more
+        return proposal.trials
+
+    async def _submit(self, number: ParameterId, params: dict[str, Any]) -> None:
         body = {"experimentId": self.experiment_id, "parameters": params, "parameterId": number}
         try:
             await call(self.bus.nc, "trial.submit", body, self.api_timeout)
@@ -270,7 +355,7 @@ class Driver:
                 log.info("the dispatcher takes no more trials: %s", exc.message)
                 self.pending.pop(number, None)
                 self._unsent.discard(number)
-                self.tuner.tell(number, None)
+                await self._call(self.tuner.forget, number)
                 self.no_more = True
                 return
             log.warning("submitting a trial failed (%s); trying again in %.0fs", exc.message, RETRY_AFTER)
@@ -279,7 +364,9 @@ class Driver:
             return
         self._unsent.discard(number)
 
-    async def _close(self) -> None:
+    async def _close(self, reason: str) -> None:
+        self._closing = None
+        log.info("%s; the experiment ends when its trials do", reason)
         try:
             await call(self.bus.nc, "experiment.close", {"id": self.experiment_id}, self.api_timeout)
         except ApiCallError as exc:

@@ -10,7 +10,9 @@
 - **Nothing of its own to lose.** A driver rebuilds its tuner from the trials and metrics on the bus
   (:mod:`services.tuner.driver`), so a restart or a takeover resumes where the last one stopped.
 - **A config it cannot run stops the experiment** with the reason as its message (``trialbus
-  experiment run`` checks the same before creating one, so this is for other clients).
+  experiment run`` checks the same before creating one, so this is for other clients), and so does a
+  user's tuner, assessor or advisor class that raises, when it is loaded or later, with its traceback.
+  A built-in tuner's error ends the driver, which is started again.
 
 The ``trials`` and ``experiments`` buckets are watched once for all experiments; each driver gets the
 changes of its own.
@@ -28,12 +30,12 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from contracts import ContractError, ExperimentState, ExperimentStatus, TrialState, streams
-from services.common.api import ApiCallError, call
 from services.common.bus import Bus
 from services.common.http import HttpServer, health_routes
 from services.common.lifecycle import Service
-from services.tuner.algorithms import for_experiment
-from services.tuner.driver import Driver
+from services.tuner.choose import for_experiment
+from services.tuner.driver import Driver, stop_experiment
+from services.tuner.protocol import ClassFailed
 from services.tuner.settings import TunerSettings
 
 log = logging.getLogger(__name__)
@@ -49,7 +51,9 @@ class TunerService(Service):
         self.experiments: dict[str, ExperimentState] = {}
         self.trials: dict[str, dict[str, TrialState]] = {}  # experiment → trial id → state
         self.drivers: dict[str, Driver] = {}
+        self._draining: dict[str, Driver] = {}  # ended experiments' drivers telling their tuners the last ends
         self.leases: dict[str, int] = {}  # experiment → revision of our lease entry
+        self._loading: set[str] = set()  # experiments whose tuner is being built (the user's class imported)
         self._tasks: list[asyncio.Task] = []
         self._failed: BaseException | None = None
         self._kv: dict[str, KeyValue] = {}
@@ -112,7 +116,7 @@ class TunerService(Service):
     async def _on_trial(self, raw: bytes) -> None:
         trial = TrialState.decode(raw)
         self.trials.setdefault(trial.experiment_id, {})[trial.id] = trial
-        if (driver := self.drivers.get(trial.experiment_id)) is not None:
+        if (driver := self.drivers.get(trial.experiment_id) or self._draining.get(trial.experiment_id)) is not None:
             driver.on_trial(trial)
 
     async def _on_experiment(self, raw: bytes) -> None:
@@ -120,7 +124,7 @@ class TunerService(Service):
         self.experiments[state.id] = state
         if (driver := self.drivers.get(state.id)) is not None:
             if state.status != ExperimentStatus.RUNNING:
-                await self._release(state.id, delete=True)
+                await self._release(state.id, delete=True, ended=True)
             else:
                 driver.on_experiment(state)
         elif self._wants(state):
@@ -133,6 +137,8 @@ class TunerService(Service):
     # -------------------------------------------------------------------- leases
 
     async def _claim(self, state: ExperimentState) -> None:
+        if state.id in self._loading:
+            return
         kv = self._kv[streams.TUNERS_BUCKET.bucket]
         try:
             revision = await kv.create(state.id, self.replica.encode())
@@ -154,28 +160,36 @@ class TunerService(Service):
         await self._drive(state)
 
     async def _drive(self, state: ExperimentState) -> None:
+        self._loading.add(state.id)
         try:
-            tuner = for_experiment(state.config)
-        except ValueError as exc:
-            message = f"the tuner cannot run: {exc}"
-            log.error("experiment %s: %s", state.id, message)
-            try:
-                await call(self.bus.nc, "experiment.stop", {"id": state.id, "message": message},
-                           self.settings.tuner_api_timeout)
-            except ApiCallError as error:
-                log.warning("could not stop experiment %s: %s", state.id, error.message)
+            tuner = await asyncio.to_thread(for_experiment, state.config)  # imports the user's class, if any
+        except (ValueError, ClassFailed) as exc:
+            message = exc.message("the tuner cannot run: ") if isinstance(exc, ClassFailed) else \
+                f"the tuner cannot run: {exc}"  # fmt: skip
+            log.error("experiment %s: %s", state.id, exc if isinstance(exc, ClassFailed) else message)
+            await stop_experiment(self.bus, state.id, message, self.settings.tuner_api_timeout, retry=False)
             await self._release(state.id, delete=True)
             return
-        driver = Driver(self.bus, state, tuner, list(self.trials.get(state.id, {}).values()),
+        finally:
+            self._loading.discard(state.id)
+        latest = self.experiments.get(state.id, state)
+        driver = Driver(self.bus, latest, tuner, list(self.trials.get(state.id, {}).values()),
                         self.settings.tuner_api_timeout)
         self.drivers[state.id] = driver
         await driver.start()
         log.info("driving experiment %s (%s)", state.id, type(tuner).__name__)
+        if latest.status != ExperimentStatus.RUNNING or state.id not in self.leases:  # it ended, or the lease went
+            await self._release(state.id, delete=latest.status != ExperimentStatus.RUNNING,
+                                ended=latest.status != ExperimentStatus.RUNNING)
 
-    async def _release(self, experiment_id: str, *, delete: bool) -> None:
+    async def _release(self, experiment_id: str, *, delete: bool, ended: bool = False) -> None:
         driver = self.drivers.pop(experiment_id, None)
         if driver is not None:
-            await driver.stop()
+            self._draining[experiment_id] = driver  # it still hears of its trials while it tells the last ends
+            try:
+                await driver.stop(ended=ended)
+            finally:
+                self._draining.pop(experiment_id, None)
         revision = self.leases.pop(experiment_id, None)
         if delete and revision is not None:
             with contextlib.suppress(nats.errors.Error, KeyWrongLastSequenceError):

@@ -223,6 +223,22 @@ def test_python_experiment_as_nni_scripts_write_it(tuned: Stack, mnist: Path) ->
         experiment.close()
 
 
+def test_python_resume_runs_a_stopped_experiment_to_its_end(tuned: Stack, mnist: Path) -> None:
+    config = paced(mnist, pause=0.2, trials=4, concurrency=1)
+    with Client(tuned.nats.url) as client:
+        experiment_id = client.create_experiment(config)
+        wait_until(lambda: any(t.status.value == "SUCCEEDED" for t in client.list_trials(experiment_id)), 60, "a trial")
+        client.stop_experiment(experiment_id)
+    experiment = Experiment.resume(experiment_id, nats_url=tuned.nats.url)  # NNI's classmethod; waits for the end
+    try:
+        assert experiment.get_status() == "DONE"
+        statuses = [t.status.value for t in experiment.list_trial_jobs()]
+        assert len(statuses) == 4 and statuses.count("USER_CANCELED") <= 1, statuses  # the one the stop ended
+        assert statuses.count("SUCCEEDED") >= 3
+    finally:
+        experiment.close()
+
+
 def test_a_restarted_tuner_resumes_from_the_trials_on_the_bus(tuned: Stack, mnist: Path) -> None:
     config = paced(mnist, pause=0.4, trials=10, concurrency=2)
     with Client(tuned.nats.url) as client:

@@ -1,0 +1,179 @@
+"""The slots of each experiment: which queued trial takes a free one, on which platform, and
+its request on the DISPATCH stream.
+
+An experiment holds at most ``trialConcurrency`` trials dispatched and not ended (they hold
+its slots); the others wait in its queue, in submission order. A trial taking a slot is
+marked dispatched in the cache first, then its request goes out (``send``), and until the
+stream acknowledged it the trial is *unsent*: the sweep sends it again, and the dedupe id
+(``<trial>:<attempt>``) makes a second copy a no-op. A hybrid experiment's trial goes to the
+platform :class:`~services.dispatcher.placement.Placement` chooses, and comes back to the
+queue when that platform goes down before starting it (``take_back``).
+
+Every method costs O(1) per trial it moves, except ``take_back`` (O(trialConcurrency)) and
+``free`` of a trial still queued (O(its queue), a cancel before dispatch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict, deque
+
+from contracts import subjects
+from contracts.messages import CancelRequest
+from contracts.state import ExperimentState, ExperimentStatus, TrialState, TrialStatus
+from services.common.bus import Bus
+from services.dispatcher.placement import Placement
+from services.dispatcher.requests import trial_request
+from services.dispatcher.settings import DispatcherSettings
+from services.dispatcher.store import StateStore
+
+log = logging.getLogger(__name__)
+
+
+class Slots:
+    """Queues, slots and requests of every experiment (the module's docstring)."""
+
+    def __init__(self, settings: DispatcherSettings, bus: Bus, store: StateStore) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.store = store
+        #: experiment → trial ids WAITING for a slot, in submission order
+        self.queue: dict[str, deque[str]] = defaultdict(deque)
+        #: experiment → trial ids dispatched and not ended (they hold the slots)
+        self.active: dict[str, set[str]] = defaultdict(set)
+        #: trials marked dispatched whose request is not (known to be) on the stream yet
+        self.unsent: set[str] = set()
+        #: trial → sequence of its request in DISPATCH, so it can be withdrawn unclaimed
+        self.seq: dict[str, int] = {}
+        #: the platforms' capacity, and the choice of platform in hybrid experiments
+        self.placement = Placement(settings.platform_stale_after)
+
+    def load(self, trial: TrialState) -> None:
+        """A trial of the state loaded at start: queued, or holding its slot (and sent again
+        while WAITING: a crash may have come between the KV write and the publish)."""
+        if trial.status.terminal:
+            return
+        if trial.dispatched:
+            self.active[trial.experiment_id].add(trial.id)
+            self.placement.occupy(trial.experiment_id, trial.platform)
+            if trial.status == TrialStatus.WAITING:
+                self.unsent.add(trial.id)
+        else:
+            self.queue[trial.experiment_id].append(trial.id)
+
+    def enqueue(self, trial: TrialState) -> None:
+        self.queue[trial.experiment_id].append(trial.id)
+
+    def free(self, trial: TrialState) -> None:
+        """The trial ended: its slot (or its place in the queue) is free."""
+        if trial.id in self.active[trial.experiment_id]:
+            self.active[trial.experiment_id].discard(trial.id)
+            self.placement.release(trial.experiment_id, trial.platform)
+        if trial.id in self.queue[trial.experiment_id]:
+            self.queue[trial.experiment_id].remove(trial.id)
+        self.seq.pop(trial.id, None)
+        self.unsent.discard(trial.id)
+
+    async def withdraw(self, trial: TrialState) -> bool:
+        """Delete the trial's request from the stream if no replica has claimed it yet."""
+        seq = self.seq.get(trial.id)
+        if seq is None:
+            return False
+        try:
+            return await self.bus.js.delete_msg("DISPATCH", seq)
+        except Exception:
+            return False
+
+    async def dispatch_ready(self, experiment_id: str) -> None:
+        """Dispatch queued trials while the experiment has free slots."""
+        await asyncio.gather(*(self.send(trial) for trial in self.take_ready(experiment_id)))
+
+    def take_ready(self, experiment_id: str) -> list[TrialState]:
+        """Move queued trials into free slots (in the cache); the caller sends them.
+
+        A hybrid experiment's trial goes to the platform :class:`.Placement` chooses; while
+        none is up with room, the queue waits (its head says why) and the sweep tries again.
+        """
+        state = self.store.experiments[experiment_id]
+        config = state.config
+        queue, active = self.queue[experiment_id], self.active[experiment_id]
+        taken = []
+        while queue and len(active) < config.trial_concurrency and state.status == ExperimentStatus.RUNNING:
+            head = self.store.trials[queue[0]]
+            adapter = self.placement.choose(experiment_id, config) if config.hybrid else config.adapter
+            if adapter is None:
+                why = self.placement.why_waiting(config)
+                if head.message != why:
+                    self.store.defer(head.model_copy(update={"message": why}))
+                break
+            queue.popleft()
+            trial = head.model_copy(
+                update={
+                    "dispatched": True,
+                    "platform": adapter,
+                    "message": f"dispatched to {adapter}; waiting for an adapter replica to start it",
+                }
+            )
+            self.store.defer(trial)
+            active.add(trial.id)
+            self.placement.occupy(experiment_id, adapter)
+            self.unsent.add(trial.id)
+            taken.append(trial)
+        return taken
+
+    async def take_back(self, state: ExperimentState) -> None:
+        """Take back a hybrid experiment's trials sent to a platform that went down before
+        starting them, and queue them first again, for another platform. O(trialConcurrency).
+
+        Only a request withdrawn from the stream is taken back (unclaimed, or held by a replica
+        waiting for capacity); that replica is told to drop it (a cancel, which ends every attempt
+        it holds of the trial). The trial goes out again as its next attempt, so anything the old
+        one still says is ignored (``on_event`` reads only the current attempt).
+        """
+        config = state.config
+        down = {s.adapter for s in config.training_services if not self.placement.up(s, config)}
+        if not down:
+            return
+        back = []
+        for trial_id in list(self.active[state.id]):
+            trial = self.store.trials[trial_id]
+            if trial.status != TrialStatus.WAITING or trial.platform not in down or trial.cancel_status:
+                continue
+            if not await self.withdraw(trial):
+                continue
+            message = f"taken back from {trial.platform}, which went down before starting it"
+            cancel = CancelRequest(experiment_id=state.id, trial_id=trial_id, status=TrialStatus.SYS_CANCELED,
+                                   message=message)  # fmt: skip
+            await self.bus.nc.publish(subjects.control(trial.platform, "cancel"), cancel.encode())
+            self.active[state.id].discard(trial_id)
+            self.placement.release(state.id, trial.platform)
+            self.seq.pop(trial_id, None)
+            back.append(trial.model_copy(update={"dispatched": False, "platform": "", "attempt": trial.attempt + 1,
+                                                 "message": message}))  # fmt: skip
+            log.info("trial %s: %s", trial_id, message)
+        for trial in reversed(back):
+            self.store.defer(trial)
+            self.queue[state.id].appendleft(trial.id)
+        if back:
+            await self.store.flush([t.id for t in back])
+
+    async def send(self, trial: TrialState) -> None:
+        """Persist a dispatched trial and publish its request (concurrently; see :meth:`load`)."""
+        if self.store.trials[trial.id].status.terminal:  # ended (canceled) before it went out
+            self.unsent.discard(trial.id)
+            return
+        state = self.store.experiments[trial.experiment_id]
+        request = trial_request(state, trial, self.settings.trial_secret.get_secret_value())
+        publish = self.bus.js.publish(
+            subjects.dispatch(trial.platform),
+            request.encode(),
+            headers={"Nats-Msg-Id": subjects.dispatch_id(trial.id, trial.attempt)},
+        )
+        try:  # the cache holds the trial as dispatched (``take_ready``), maybe changed since
+            _, ack = await asyncio.gather(self.store.flush([trial.id]), publish)
+        except Exception as exc:  # the broker is away: the sweep sends it again
+            log.warning("dispatching trial %s failed (%s); will retry", trial.id, exc)
+            return
+        self.seq[trial.id] = ack.seq
+        self.unsent.discard(trial.id)

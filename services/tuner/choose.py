@@ -1,0 +1,116 @@
+"""The tuner an experiment's config asks for: NNI's built-in names on Optuna, or the user's own classes.
+
+=====================================  ============================================================================
+config                                 what runs
+=====================================  ============================================================================
+``tuner`` (or ``advisor``) by name     :func:`services.tuner.algorithms.tuner` on Optuna, the ``assessor`` by name
+                                       as its pruner; the search space gets NNI's ``{_type, _value}`` check
+``tuner`` or ``advisor`` className     the class (:mod:`~services.tuner.loading`): an advisor (it derives from NNI's
+                                       ``MsgDispatcherBase``) by :mod:`~services.tuner.advisor`, a tuner by
+                                       :mod:`~services.tuner.nni_classes` with the assessor (a class, or a built-in
+                                       name as NNI's own class); the search space as written, unchecked
+built-in tuner, ``assessor`` class     the Optuna tuner, its trials judged by the class
+=====================================  ============================================================================
+
+``multiThread: true`` (NNI v1; ``config.multi_thread``) calls a user's classes from a pool of up to
+``trialConcurrency`` threads (:mod:`services.tuner.calls`). Built-in names ignore it: Optuna proposes in
+milliseconds, so there is no wait for threads to hide, and TPE asked for several trials at once from one study
+would only propose them from the same knowledge; so they are asked one at a time, as without it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from services.tuner import advisor, algorithms, loading
+from services.tuner.calls import Calls
+from services.tuner.nni_classes import BUILTIN_ASSESSORS, NniAssessor, NniTuner
+from services.tuner.protocol import TunerLike
+from services.tuner.space import parse_search_space
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from contracts import ExperimentConfig
+
+__all__ = ["check", "for_experiment"]
+
+log = logging.getLogger(__name__)
+
+
+def _tuner_section(config: ExperimentConfig) -> tuple[Mapping[str, Any] | None, str]:
+    if config.search_space is None:
+        raise ValueError("the experiment has no searchSpace (or searchSpaceFile) for its tuner to search")
+    return (config.tuner, "tuner") if config.tuner else (config.advisor, "advisor")
+
+
+def _assessor_class(config: Mapping[str, Any]) -> dict[str, Any]:
+    """An assessor section beside a tuner class: a class as it is, a built-in name as NNI's class of that name."""
+    if loading.names_class(config):
+        return dict(config)
+    name, args = algorithms.name_and_args(config, "assessor")
+    path = BUILTIN_ASSESSORS.get(name.lower())
+    if path is None:
+        known = ", ".join(p.rpartition(".")[2].removesuffix("Assessor") for p in BUILTIN_ASSESSORS.values())
+        raise ValueError(f"unknown assessor {name!r}; the known assessors are {known}")
+    return {"className": path, "classArgs": args}
+
+
+def check(config: ExperimentConfig) -> None:
+    """Refuse what can be refused without loading the user's classes (they load where the tuner service runs):
+    the built-in names, their classArgs and search space exactly as :func:`for_experiment` builds them, and the
+    shape of class sections. ValueError with the reason."""
+    tuner_config, kind = _tuner_section(config)
+    if loading.names_class(tuner_config):
+        loading.spec(tuner_config, kind)
+        if config.assessor:
+            loading.spec(_assessor_class(config.assessor), "assessor")
+        return
+    space = parse_search_space(config.search_space)
+    if loading.names_class(config.assessor):
+        loading.spec(config.assessor, "assessor")
+        algorithms.tuner(tuner_config, space)
+        return
+    algorithms.tuner(tuner_config, space, assessor_config=config.assessor)
+
+
+def _judged(tuner: TunerLike, config: Mapping[str, Any], threads: int) -> NniAssessor:
+    spec = loading.spec(config, "assessor")
+    cls = loading.load(spec)
+    try:
+        return NniAssessor(tuner, loading.construct(spec, cls), Calls(spec.owner, threads))
+    except BaseException:
+        tuner.close(ended=False)
+        raise
+
+
+def for_experiment(config: ExperimentConfig, seed: int | None = None) -> TunerLike:
+    """The tuner (with its assessor) ``config`` asks for, ready to propose.
+
+    :raises ValueError: no search space, or a config that names something that is not there, with the reason.
+    :raises ClassFailed: a user's class raised while it was imported, constructed or handed the search space.
+    """
+    tuner_config, kind = _tuner_section(config)
+    threads = config.trial_concurrency if config.multi_thread else 1
+    if loading.names_class(tuner_config):
+        spec = loading.spec(tuner_config, kind)
+        cls = loading.load(spec)
+        calls = Calls(spec.owner, threads)
+        try:
+            if advisor.is_advisor(cls):
+                if config.assessor:
+                    log.warning("%s is an advisor: it stops trials itself, and the assessor is ignored (as NNI "
+                                "ignores it)", spec.owner)
+                return advisor.create(spec, cls, config.search_space, calls)
+            tuner: TunerLike = NniTuner(loading.construct(spec, cls), config.search_space, calls)
+        except BaseException:
+            calls.close()
+            raise
+        return _judged(tuner, _assessor_class(config.assessor), threads) if config.assessor else tuner
+    if config.multi_thread:
+        log.info("multiThread has no effect on the built-in tuner: Optuna is asked for one trial at a time")
+    space = parse_search_space(config.search_space)
+    if loading.names_class(config.assessor):
+        return _judged(algorithms.tuner(tuner_config, space, seed), config.assessor, threads)
+    return algorithms.tuner(tuner_config, space, seed, assessor_config=config.assessor)
