@@ -143,7 +143,10 @@ class Placement:
     # ------------------------------------------------------------------ internals
 
     def _live(self, adapter: str) -> list[PlatformStatus]:
-        oldest = utcnow() - timedelta(seconds=self.stale_after)
+        now = utcnow()
+        oldest, forgotten = now - timedelta(seconds=self.stale_after), now - timedelta(seconds=10 * self.stale_after)
+        for key in [k for k, s in self.statuses.items() if s.time < forgotten]:  # a replica gone for good
+            del self.statuses[key]
         return [s for s in self.statuses.values() if s.adapter == adapter and s.time >= oldest]
 
     @staticmethod
