@@ -165,7 +165,7 @@ def test_create_view_top_trial_ls_log_trial_and_export_as_nnictl_users_type_them
 
     # And `trial ls` lists the three; `--head 1` the best, `--tail 1` the lowest of those with a result
     listed = ok(home.cli("trial", "ls", experiment))
-    assert all(t["id"] in listed for t in trials.values()) and "FAILED" in listed
+    assert all(t["id"] in listed for t in trials.values()) and "FAILED" in listed and "local-gpu" in listed
     assert mapping["id"] in ok(home.cli("trial", "ls", experiment, "--head", "1"))
     assert number["id"] not in ok(home.cli("trial", "ls", experiment, "--head", "1"))
     assert number["id"] in ok(home.cli("trial", "ls", experiment, "--tail", "1"))
@@ -211,7 +211,8 @@ def test_create_view_top_trial_ls_log_trial_and_export_as_nnictl_users_type_them
 def test_stop_and_resume_go_on_where_the_experiment_stopped_its_time_stopped_not_counted(home: Home) -> None:
     # Given an experiment with maxExperimentDuration 20s running two trials
     up = home.up()
-    space = {"x": {"_type": "choice", "_value": [0.5]}, "sleep": {"_type": "choice", "_value": [1.5]}}
+    # (5 s each: still running when the `stop` typed next arrives, however loaded the machine)
+    space = {"x": {"_type": "choice", "_value": [0.5]}, "sleep": {"_type": "choice", "_value": [5.0]}}
     config = home.config("resumed", maxTrialNumber=4, maxExperimentDuration="20s", tuner={"name": "Random"},
                          searchSpace=space)  # fmt: skip
     began = time.monotonic()

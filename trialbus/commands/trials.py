@@ -34,10 +34,10 @@ def _table(ctx: typer.Context, experiment_id: str | None, head: int | None, tail
         scored = sorted((t for t in trials if default_metric(t.final_metric) is not None),
                         key=lambda t: default_metric(t.final_metric) or 0.0, reverse=True)  # fmt: skip
         trials = scored[:head] if head else scored[-tail:] if tail else scored
-    table = Table("trial", "seq", "status", "intermediate", "final", "duration", box=None)
+    table = Table("trial", "seq", "status", "intermediate", "final", "duration", "platform", box=None)
     for t in trials:
         table.add_row(t.id, str(t.sequence_id), status(t.status), str(t.intermediate_count),
-                      metric(t.final_metric), duration(t.start_time, t.end_time))  # fmt: skip
+                      metric(t.final_metric), duration(t.start_time, t.end_time), t.platform)  # fmt: skip
     console().print(table)
 
 
