@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import nats
+import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from contracts import streams
 from services.common.settings import ServiceSettings
@@ -160,6 +161,12 @@ def inbox_prefix(user: str) -> str:
     return "_INBOX_" + "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in user)
 
 
+#: What JetStream says while it cannot answer yet (a cluster electing its leaders): asked again.
+NO_ANSWER = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError)
+#: Seconds the creation of the streams is retried while JetStream does not answer.
+BOOTSTRAP_PATIENCE = 60.0
+
+
 async def bootstrap(bus: Bus | JetStreamContext, replicas: int = 1) -> None:
     """Create or update every stream, bucket and the object store; idempotent.
 
@@ -169,7 +176,11 @@ async def bootstrap(bus: Bus | JetStreamContext, replicas: int = 1) -> None:
     """
     js = bus.js if isinstance(bus, Bus) else bus
     try:
-        await (bus.unless_denied(_create(js, replicas)) if isinstance(bus, Bus) else _create(js, replicas))
+        # A cluster just started may not answer JetStream requests until it has elected its leaders.
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(NO_ANSWER), wait=wait_exponential(max=2),
+                                           stop=stop_after_delay(BOOTSTRAP_PATIENCE), reraise=True):  # fmt: skip
+            with attempt:
+                await (bus.unless_denied(_create(js, replicas)) if isinstance(bus, Bus) else _create(js, replicas))
     except Denied as exc:
         log.info("this NATS user may not create streams (%s); using those the dispatcher creates", exc)
         await _await_created(bus)
@@ -220,6 +231,12 @@ async def _await_created(bus: Bus, poll: float = 1.0) -> None:
                 if what not in said:
                     log.info("waiting for the dispatcher to create %s", what)
                     said.add(what)
+                continue
+            except NO_ANSWER:
+                # JetStream not answering yet (a cluster still electing its leaders): ask again
+                if f"{what} (no answer)" not in said:
+                    log.info("JetStream does not answer about %s yet; asking again", what)
+                    said.add(f"{what} (no answer)")
                 continue
             except Denied:
                 log.debug("not allowed to look at %s: not waiting for it", what)

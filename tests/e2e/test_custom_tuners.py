@@ -20,6 +20,7 @@ import yaml
 
 from tests.e2e.helpers import wait_until
 from tests.e2e.test_tuner import nni_sdk
+from tests.fixtures.nats import NatsServer
 from tests.fixtures.stack import Stack
 from trialbus.client import Client
 
@@ -57,13 +58,19 @@ NOTE = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def stack(tmp_path: Path, nats_server):
-    """The stack; the tuner service with the real nni package on its path."""
-    stack = Stack(root=tmp_path, nats=nats_server, service_env={"tuner": {"PYTHONPATH": str(nni_sdk())}})
-    stack.start("dispatcher", "gateway", "adapter", "tuner")
-    yield stack
-    stack.stop()
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    """One stack for the module (each test its own experiment); the tuner service with the real nni package
+    on its path."""
+    root = tmp_path_factory.mktemp("custom-tuners")
+    server = NatsServer(root / "jetstream").start()
+    stack = Stack(root=root, nats=server, service_env={"tuner": {"PYTHONPATH": str(nni_sdk())}})
+    try:
+        stack.start("dispatcher", "gateway", "adapter", "tuner")
+        yield stack
+    finally:
+        stack.stop()
+        server.stop()
 
 
 @pytest.fixture
@@ -131,7 +138,7 @@ def test_a_custom_tuner_gets_its_own_search_space_format(stack: Stack, folder: P
     done = run_cli(stack, "experiment", "run", "-f", str(folder / "config.yml"))  # the CLI checks it first
     assert done.returncode == 0, done.stdout + done.stderr + stack.logs()
     with Client(stack.nats.url) as client:
-        [experiment] = client.list_experiments()
+        experiment = client.list_experiments()[0]  # the newest: the one just run (the stack is shared)
         trials = client.list_trials(experiment.id)
     assert experiment.status.value == "DONE" and len(trials) == 4
     assert all(t.status.value == "SUCCEEDED" and 1 <= t.parameters["x"] <= 100 for t in trials)
@@ -192,7 +199,7 @@ def test_a_v1_config_with_class_file_name_runs_to_its_end(stack: Stack, folder: 
     done = run_cli(stack, "experiment", "run", "-f", str(folder / "config_v1.yml"))
     assert done.returncode == 0, done.stdout + done.stderr + stack.logs()
     with Client(stack.nats.url) as client:
-        [experiment] = client.list_experiments()
+        experiment = client.list_experiments()[0]  # the newest: the one just run (the stack is shared)
         trials = client.list_trials(experiment.id)
     assert experiment.status.value == "DONE"  # the list walked: DONE with 3 trials, not maxTrialNum's 5
     assert experiment.config.tuner == {"className": "list_tuner.ListTuner", "codeDirectory": str(folder / "tuners"),
