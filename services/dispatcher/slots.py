@@ -76,7 +76,8 @@ class Slots:
         self.unsent.discard(trial.id)
 
     async def withdraw(self, trial: TrialState) -> bool:
-        """Delete the trial's request from the stream if no replica has claimed it yet."""
+        """Delete the trial's request from the stream; True when it was still there (no replica had
+        acknowledged it: unclaimed, or held by one waiting for capacity, which a cancel then reaches)."""
         seq = self.seq.get(trial.id)
         if seq is None:
             return False

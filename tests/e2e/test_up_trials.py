@@ -126,7 +126,7 @@ def test_keep_trials_leaves_them_running_for_the_next_up_to_adopt(home, where):
     up = home.up(*(["--keep-trials"] if where == "up" else []))
     up.wait_for("Trialbus is up")
     experiment = create(up, config(home.code, trialConcurrency=2))
-    ids = [submit(up, experiment, {"x": i, "sleep": 12}) for i in range(2)]
+    ids = [submit(up, experiment, {"x": i, "sleep": 20}) for i in range(2)]
     running(up, experiment, 2, home.run_log)
     trials = home.trial_processes()
 
