@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from tests.e2e.helpers import wait_until
-from tests.e2e.test_tuner import nni_sdk
 from tests.fixtures.nats import NatsServer
+from tests.fixtures.nni import nni_sdk
 from tests.fixtures.stack import Stack
 from trialbus.client import Client
 

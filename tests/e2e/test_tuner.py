@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.e2e.helpers import wait_until
+from tests.fixtures.nni import nni_sdk
 from tests.fixtures.stack import Stack
 from trialbus import Experiment
 from trialbus.client import Client
@@ -323,16 +324,6 @@ NNI_TUNER = textwrap.dedent(
             self._note("end", parameter_id, success)
     """
 )
-
-
-def nni_sdk() -> Path:
-    """The nni package, installed apart from the venv by `make test` (TRIALBUS_NNI_SDK to use another)."""
-    sdk = Path(os.environ.get("TRIALBUS_NNI_SDK", Path(__file__).resolve().parents[2] / ".nni-sdk"))
-    if not (sdk / "nni" / "__init__.py").exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the nni package is missing at {sdk}: run `make test` (it installs it there)")
-        pytest.skip(f"the nni package is not installed at {sdk} (make test installs it)")
-    return sdk
 
 
 def test_nni_tuner_and_assessor_classes_run_unchanged(tmp_path: Path, nats_server) -> None:

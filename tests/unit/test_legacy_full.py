@@ -21,8 +21,7 @@ from contracts.experiment import load_experiment_config
 from contracts.frameworkcontroller import FrameworkcontrollerConfig
 from contracts.legacy import is_legacy, to_v2
 from contracts.platforms import LocalConfig, OpenpaiConfig, RemoteConfig
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fixtures.nni import nni_sdk
 
 # --- real v1 files (NNI 2.x's examples/trials/mnist-tfv1, filled in) -------------------------
 
@@ -357,11 +356,7 @@ def test_nni_v1_examples_convert_to_the_v2_config(name: str) -> None:
 @pytest.fixture(scope="module")
 def nni_converted() -> dict[str, Any]:
     """What NNI's own converter (the real nni package, in a process of its own) makes of each example."""
-    sdk = Path(os.environ.get("TRIALBUS_NNI_SDK", ROOT / ".nni-sdk"))
-    if not (sdk / "nni" / "__init__.py").exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the nni package is missing at {sdk}: run `make test` (it installs it there)")
-        pytest.skip(f"the nni package is not installed at {sdk} (make test installs it)")
+    sdk = nni_sdk()
     script = textwrap.dedent("""
         import json, sys
         from nni.experiment.config.convert import to_v2

@@ -6,14 +6,15 @@ key. The configs changed here are the real v1 examples of :mod:`tests.unit.test_
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from contracts.legacy import to_v2
-from tests.unit.test_legacy_full import ROOT, v1
+from tests.unit.test_legacy_full import v1
 
-DOCS = (ROOT / "docs" / "nni-v1.md").read_text()
+DOCS = (Path(__file__).resolve().parents[2] / "docs" / "nni-v1.md").read_text()
 
 
 # --- refused, naming the key and why ----------------------------------------------------------
