@@ -55,12 +55,18 @@ $(NNI_SDK)/.installed: pyproject.toml | $(STAMP)
 	$(BIN)/pip install -q --target $(NNI_SDK) 'nni>=3.0'
 	touch $@
 
-test: $(STAMP) $(NNI_SDK)/.installed sshd chromium docker  ## lint, layering, then the suite
+# PyTorch's CPU build beside it, for the warm-start tests of trials that import torch (numpy and scikit-learn come
+# with nni). Pinned to the CPU file on this machine's disk: a bare `torch` would fetch a CUDA build of several GB.
+$(NNI_SDK)/.torch-installed: $(NNI_SDK)/.installed
+	$(BIN)/pip install -q --target $(NNI_SDK) 'torch==2.13.0'
+	touch $@
+
+test: $(STAMP) $(NNI_SDK)/.installed $(NNI_SDK)/.torch-installed sshd chromium docker  ## lint, layering, then the suite
 	$(BIN)/ruff check contracts services trialbus bench tests
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+bench: $(STAMP) $(NNI_SDK)/.installed
 	$(BIN)/python -m bench
 
 # TRIALS trials (300) of 20 metrics each while the adapter, the gateway, nats-server, the dispatcher

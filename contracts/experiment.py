@@ -8,6 +8,7 @@ here: durations to seconds. Each platform's ``trainingService`` model is in
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from contracts.units import parse_seconds
 
 __all__ = [
     "NOT_HERE", "PLATFORMS", "ExperimentConfig", "LocalConfig", "OpenpaiConfig", "RemoteConfig", "RemoteMachineConfig",
-    "TrainingService", "format_validation_error", "load_experiment_config", "parse_gpu_indices",
+    "TrainingService", "WarmStart", "format_validation_error", "load_experiment_config", "parse_gpu_indices",
     "parse_training_service", "read_job_template", "read_key_files", "secret_paths",
 ]  # fmt: skip
 
@@ -53,6 +54,24 @@ def _each_service(config: ExperimentConfig, change: Any) -> ExperimentConfig:
     """``config`` with every platform section replaced by ``change(section)``."""
     services = [change(s) for s in config.training_services]
     return config.model_copy(update={"training_service": services if config.hybrid else services[0]})
+
+class WarmStart(NniModel):
+    """``warmStart: {preload: […]}`` (Trialbus extension): modules a trial's template imports
+    ahead of time, beside those it learns from the trials themselves."""
+
+    preload: list[str] = Field(default_factory=list, max_length=1000)
+
+    @field_validator("preload")
+    @classmethod
+    def _module_names(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if not _MODULE_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"not a Python module name: {bad[0]!r} (write it as an import names it, e.g. torch.nn)")
+        return value
+
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
 
 class ExperimentConfig(NniModel):
     """An NNI v2 experiment config (``nni/experiment/config/experiment_config.py``)."""
@@ -79,6 +98,10 @@ class ExperimentConfig(NniModel):
     training_service: SerializeAsAny[TrainingService] | list[SerializeAsAny[TrainingService]]
     #: NNI v1's ``multiThread`` (Trialbus extension in v2): the tuner is called from several threads at once.
     multi_thread: bool | None = None
+    #: Trialbus extension: start Python trials by forking a template process that has imported their
+    #: modules already (default on; ``false`` starts every trial as a new interpreter; ``{preload: […]}``
+    #: names modules to import ahead beside the ones learned from the trials). docs/warm-start.md.
+    warm_start: bool | WarmStart | None = None
     # Accepted for NNI compatibility; the manager-side settings have no effect here (useAnnotation
     # and sharedStorage only unset: what they ask for is refused).
     nni_manager_ip: str | None = None

@@ -36,6 +36,10 @@ class TrialRequest(Contract):
     token: TrialToken
     #: Seconds the trial may run before it is stopped EARLY_STOPPED (enforced by the dispatcher).
     max_trial_duration: float | None = None
+    #: Fork the trial from a warm template where its command allows (the experiment's ``warmStart``).
+    warm_start: bool = True
+    #: Modules the template imports ahead, beside those it learns (``warmStart.preload``).
+    warm_preload: list[str] = Field(default_factory=list)
 
     _service = field_validator("training_service", mode="before")(parse_training_service)
 

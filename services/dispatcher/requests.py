@@ -6,6 +6,7 @@ import json
 
 from pydantic import SecretStr
 
+from contracts.experiment import WarmStart
 from contracts.messages import TrialRequest
 from contracts.state import ExperimentState, TrialState
 from services.common.tokens import trial_token
@@ -40,4 +41,6 @@ def trial_request(state: ExperimentState, trial: TrialState, secret: str) -> Tri
         training_service=service,
         token=SecretStr(trial_token(secret, trial.experiment_id, trial.id)),
         max_trial_duration=config.max_trial_duration,
+        warm_start=config.warm_start is not False,
+        warm_preload=config.warm_start.preload if isinstance(config.warm_start, WarmStart) else [],
     )

@@ -1,9 +1,10 @@
 """The trial keeper and the ``nni`` shim that adapters ship next to every trial.
 
 Neither file is imported by the services: adapters copy them to the trial's host and run
-``python3 -S -I <KEEPER_PATH>`` there (docs/internals.md §1). When the trial's Python has
-no ``nni`` package, adapters set ``TRIALBUS_PYTHONPATH_PREPEND`` to ``SHIM_PATH`` so that
-``import nni`` finds the stdlib-only stand-in.
+``python3 -S -I <KEEPER_PATH>`` there (docs/internals.md §1). Adapters set
+``TRIALBUS_PYTHONPATH_PREPEND`` to ``SHIM_PATH`` (unless ``nni_shim=never``), so ``import nni``
+is the stdlib trial API, backed by an installed ``nni`` for the rest. ``trial_template.py``
+and ``warm_pool.py`` fork trials from warm interpreters (docs/warm-start.md).
 """
 
 from pathlib import Path

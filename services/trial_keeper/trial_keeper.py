@@ -294,6 +294,10 @@ class Keeper:
             env[b"PYTHONPATH"] = b":".join(filter(None, paths))
         return env
 
+    #: Set by a trial template (trial_template.py): ``fork_trial(keeper, out_w)`` forks the
+    #: trial from the template's warm interpreter; its pid, or 0 to start the trial cold.
+    fork_trial = None
+
     def spawn(self):
         out_r, out_w = posix.pipe()  # close-on-exec both; dup2 onto fd 1 clears it there
         actions = [
@@ -301,13 +305,22 @@ class Keeper:
             (posix.POSIX_SPAWN_DUP2, out_w, 1),
             (posix.POSIX_SPAWN_OPEN, 2, self.path("stderr"), WRITE, 0o644),
         ]
-        self.out = open(self.path("stdout"), "wb", buffering=0)  # noqa: SIM115
+        out = posix.open(self.path("stdout"), WRITE, 0o644)  # a raw fd: a forked trial closes it
         posix.chdir(self.code_dir)
         # setsid: the trial leads its own group, which one killpg reaches. Python ignores
         # SIGPIPE and SIGXFSZ; the trial gets their defaults back, as with subprocess.
         argv, env, sigdef = self.command.split(), self.trial_env(), (_signal.SIGPIPE, _signal.SIGXFSZ)
         self.pid = 0
-        if argv and SHELL_BYTES.isdisjoint(self.command):
+        if self.fork_trial is not None:
+            if self.log_file is not None:  # no file object of ours may be inherited by the trial
+                self.log_file.close()
+                self.log_file = None
+            try:
+                self.pid = self.fork_trial(out_w)
+            except OSError as exc:
+                self.log("cannot fork the trial from its template (%s): starting it cold" % exc)
+        warm = bool(self.pid)
+        if not self.pid and argv and SHELL_BYTES.isdisjoint(self.command):
             try:  # looked up on the keeper's PATH, which the trial inherits
                 self.pid = posix.posix_spawnp(argv[0], argv, env, file_actions=actions, setsid=True, setsigdef=sigdef)
             except OSError:
@@ -317,12 +330,13 @@ class Keeper:
                 b"/bin/sh", [b"/bin/sh", b"-c", self.command], env, file_actions=actions, setsid=True, setsigdef=sigdef
             )
         posix.close(out_w)
-        self.pgid, self.out_r = self.pid, out_r
+        self.pgid, self.out_r, self.out = self.pid, out_r, open(out, "wb", buffering=0)  # noqa: SIM115
         try:  # a pidfd wakes select the moment the trial exits (Linux >= 5.3)
             self.pidfd = posix.pidfd_open(self.pid)
         except (AttributeError, OSError):
             self.pidfd = -1
-        self.update_state(keeperPid=posix.getpid(), trialPid=self.pid, pgid=self.pgid, startTime=time.time())
+        started = {"warm": True} if warm else {}  # forked from a template
+        self.update_state(keeperPid=posix.getpid(), trialPid=self.pid, pgid=self.pgid, startTime=time.time(), **started)
 
     def loop(self):
         """Relay output and metrics until the trial is over, then flush what is left."""
@@ -565,9 +579,12 @@ def run_keeper(environ):
     except (KeyError, ValueError) as exc:
         sys.stderr.write("trial_keeper: bad configuration (missing or invalid %s)\n" % exc)
         return 2
+    pid = posix.getpid()
     try:
         return keeper.run()
     except BaseException as exc:  # noqa: BLE001 - never leave a trial orphaned; say why
+        if posix.getpid() != pid:  # a trial forked from a template, on its way to run: not ours
+            raise
         keeper.crash(exc)
         return 1
 
@@ -614,6 +631,7 @@ def fork_keeper(environ, close_fds=()):
     pid = posix.fork()
     if pid:
         return pid
+    me = posix.getpid()
     try:
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the keeper waits for its trial
         posix.setsid()
@@ -633,6 +651,8 @@ def fork_keeper(environ, close_fds=()):
         sys.stdout.flush()
         sys.stderr.flush()
     except BaseException:  # noqa: BLE001 - never return into the caller's loop in the child
+        if posix.getpid() != me:  # a trial forked from a template (trial_template.py)
+            raise
         status = 1
     posix._exit(status)
 

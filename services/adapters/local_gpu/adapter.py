@@ -49,6 +49,7 @@ from services.adapters.local_gpu import client
 from services.adapters.local_gpu.settings import LocalGpuSettings
 from services.common.bus import Bus
 from services.common.code_archive import UnsafeArchive, extract_code
+from services.trial_keeper.warm_pool import Template, WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class Trial:
     gpus: tuple[int, ...] = ()  # the GPU indices it holds while it runs
     per_gpu: int = 1  # its maxTrialNumberPerGpu
     sid: int | None = None  # its session: processes on a GPU in it are ours
+    template: str | None = None  # the key of the warm template it was forked from
 
     @property
     def running(self) -> bool:
@@ -97,6 +99,7 @@ class LocalGpuAdapter(PlatformAdapter):
         self._env: dict[str, str] = {}
         self._bus: Bus | None = None
         self._zygote: client.KeeperZygote | None = None
+        self._warm: WarmPool | None = None
         self.gpus = GpuScheduler(settings, self.name, self._holdings, self.capacity_freed)
         self._retention: asyncio.Task | None = None
 
@@ -105,6 +108,7 @@ class LocalGpuAdapter(PlatformAdapter):
     async def start(self, bus: Bus) -> None:
         self._bus = bus
         (self.work_dir / "trials").mkdir(parents=True, exist_ok=True)
+        keeper_source = self.keeper_path
         self.keeper_path = await asyncio.to_thread(
             client.compile_keeper, self.settings.keeper_python, self.keeper_path, self.work_dir / "trial_keeper.pyc"
         )
@@ -122,12 +126,15 @@ class LocalGpuAdapter(PlatformAdapter):
             TRIALBUS_KILL_GRACE=str(self.settings.kill_grace),
             TRIALBUS_FLUSH_TIMEOUT=str(self.settings.flush_timeout),
         )
-        shim = self.settings.nni_shim == "always" or (
-            self.settings.nni_shim == "auto" and not await asyncio.to_thread(client.python_has_nni, env)
-        )
+        shim = self.settings.nni_shim != "never"
         if shim:
             env["TRIALBUS_PYTHONPATH_PREPEND"] = self.shim_path
-        log.info("work dir %s; nni shim %s", self.work_dir, "on" if shim else "off")
+        if self.settings.warm_start:
+            self._warm = WarmPool(self.work_dir / "templates", keeper_source, log.warning,
+                                  shim=self.shim_path if shim else None, max_templates=self.settings.warm_templates,
+                                  idle=self.settings.warm_idle)  # fmt: skip
+        log.info("work dir %s; nni shim %s; warm start %s", self.work_dir, "on" if shim else "off",
+                 "on" if self._warm else "off")  # fmt: skip
         self._env = env
         self.gpus.bus = bus
         await self.gpus.start()
@@ -140,6 +147,8 @@ class LocalGpuAdapter(PlatformAdapter):
         await self.gpus.stop()
         if self._zygote is not None:
             self._zygote.close()
+        if self._warm is not None:
+            self._warm.close()
         for trial in self.trials.values():  # stop watching; the trials run on
             if trial.kill is not None:
                 trial.kill.cancel()
@@ -165,6 +174,7 @@ class LocalGpuAdapter(PlatformAdapter):
         ask = self.gpus.ask(request)
         if ask is not None:
             await self.gpus.check_fits(ask, self._bus)
+        template = await self._template(request, code_dir)
         # No await from here on: the checks and the spawn happen as one step of the event loop.
         if (trial := self.trials.get(key)) is not None:
             return trial.handle
@@ -203,17 +213,40 @@ class LocalGpuAdapter(PlatformAdapter):
         )
         if code_dir is not None:
             env["TRIALBUS_CODE_DIR"] = code_dir
+        pid = None
+        if template is not None and template.state == "ready":
+            try:
+                pid = template.fork(env)
+            except OSError as exc:
+                log.warning("%s: the warm template failed (%s): starting the trial cold", trial_dir, exc)
         try:
-            if self._zygote is not None:
+            if pid is None and self._zygote is not None:
                 pid = self._zygote.spawn(env)
-            else:
+            elif pid is None:
                 pid = client.spawn_keeper(self.settings.keeper_python, self.keeper_path, env, trial_dir)
         except OSError as exc:
             shutil.rmtree(trial_dir, ignore_errors=True)  # never launched: nothing to adopt later
             raise PermanentError(f"cannot start the trial keeper with {self.settings.keeper_python}: {exc}") from exc
         trial = self._track(request.experiment_id, *key, trial_dir, client.Keeper(pid), utcnow())
         trial.gpus, trial.per_gpu = held, per_gpu
+        trial.template = template.key if template is not None and template.state == "ready" else None
         return trial.handle
+
+    async def _template(self, request: TrialRequest, code_dir: str | None) -> Template | None:
+        """The warm template this trial forks from, or None to start it cold. A template that is
+        still starting (the first trial of an experiment, ~50 ms bare) is waited for up to
+        ``warm_wait`` seconds; after that the trial starts cold rather than wait longer."""
+        if self._warm is None or not request.warm_start:
+            return None
+        self._warm.sweep()
+        env = dict(self._env, TRIALBUS_EXPERIMENT_ID=request.experiment_id)
+        if code_dir is not None:
+            env["TRIALBUS_CODE_DIR"] = code_dir
+        template = self._warm.template_for(request.trial_command, env, request.warm_preload)
+        deadline = time.monotonic() + self.settings.warm_wait
+        while template is not None and template.poll() == "starting" and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        return template
 
     def _unborn(self, trial_dir: str) -> bool:
         """Whether ``trial_dir`` is a launch an earlier run of this adapter began but died before
@@ -309,6 +342,8 @@ class LocalGpuAdapter(PlatformAdapter):
     def _ended(self, trial: Trial) -> TrialOutcome:
         if trial.kill is not None:
             trial.kill.cancel()
+        if trial.template is not None and self._warm is not None:
+            self._warm.learn(trial.template, trial.dir)
         state = client.read_state(trial.dir)
         if state.get("pgid") and "exitCode" not in state:  # the keeper died first: leave no orphans
             client.kill_group(state["pgid"], signal.SIGKILL)

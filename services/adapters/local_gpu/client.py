@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -270,12 +269,3 @@ def tail(path: str, max_bytes: int) -> str | None:
             return f.read(max_bytes).decode("utf-8", "replace")
     except FileNotFoundError:
         return None
-
-
-def python_has_nni(env: Mapping[str, str]) -> bool:
-    """Whether ``python3`` on the trials' PATH can import ``nni`` (checked once, at start)."""
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('nni') is None)"
-    try:
-        return subprocess.run(["python3", "-c", probe], env=dict(env), capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False

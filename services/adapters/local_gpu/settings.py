@@ -28,14 +28,25 @@ class LocalGpuSettings(GpuSettings):
     kill_grace: float = Field(default=5.0, ge=0)
     #: Seconds a keeper keeps retrying unsent metrics after its trial ended (default 600).
     flush_timeout: float = Field(default=600.0, ge=0)
-    #: Put the stdlib ``nni`` shim on trials' PYTHONPATH: ``auto`` (default) when ``python3``
-    #: on PATH cannot import ``nni`` (checked once at start), ``always`` or ``never``.
+    #: Put the stdlib ``nni`` shim first on trials' PYTHONPATH: ``auto`` (default) and ``always``
+    #: do (it serves NNI's trial API and hands everything else to an installed ``nni``), ``never``
+    #: leaves ``import nni`` to the trial's interpreter.
     nni_shim: Literal["auto", "always", "never"] = "auto"
     #: The Python that runs the trial keeper (default: the adapter's own interpreter).
     keeper_python: str = sys.executable
     #: Fork each trial's keeper from one pre-started keeper (saves ~12 ms of CPU per trial);
     #: false starts a new interpreter per trial.
     keeper_zygote: bool = True
+    #: Fork Python trials from warm templates that have imported their modules (docs/warm-start.md);
+    #: false starts every trial as a new interpreter. Experiments may turn it off (``warmStart: false``).
+    warm_start: bool = True
+    #: Seconds a trial waits for its template to finish starting before it starts cold (default 2).
+    warm_wait: float = Field(default=2.0, ge=0)
+    #: Templates kept at once (default 8, one per experiment, interpreter and code); the least
+    #: recently used goes first.
+    warm_templates: int = Field(default=8, gt=0)
+    #: Seconds an unused template is kept (default 900).
+    warm_idle: float = Field(default=900.0, gt=0)
     #: Where the GPU inventory comes from: ``auto`` (NVML, else ``nvidia-smi -q -x``, else no
     #: GPUs), ``nvml``, ``nvidia-smi`` or ``none``.
     gpu_source: Literal["auto", "nvml", "nvidia-smi", "none"] = "auto"

@@ -218,8 +218,7 @@ class RemoteAdapter(PlatformAdapter):
             "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value(),
             **where,
         }
-        shim = self.settings.nni_shim
-        if shim == "always" or (shim == "auto" and not probe["nni"]):
+        if self.settings.nni_shim != "never":  # it serves the trial API, an installed nni the rest
             env["TRIALBUS_PYTHONPATH_PREPEND"] = f"{machine.root}/bin/{self.bundle.hash}/nni_shim"
         if request.code_ref:
             env["TRIALBUS_CODE_DIR"] = await machine.code_dir(request.code_ref.removeprefix("sha256:"),

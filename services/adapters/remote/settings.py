@@ -44,8 +44,8 @@ class RemoteSettings(GpuSettings):
     kill_grace: float = Field(default=5.0, ge=0)
     #: Seconds a keeper keeps retrying unsent metrics after its trial ended (default 600).
     flush_timeout: float = Field(default=600.0, ge=0)
-    #: Put the stdlib ``nni`` shim on trials' PYTHONPATH: ``auto`` when the machine's
-    #: ``python3`` (with ``pythonPath``) cannot import ``nni``, ``always`` or ``never``.
+    #: Put the stdlib ``nni`` shim first on trials' PYTHONPATH: ``auto`` (default) and ``always`` do
+    #: (it serves NNI's trial API and hands the rest to an installed ``nni``), ``never`` does not.
     nni_shim: str = Field(default="auto", pattern="^(auto|always|never)$")
     #: Seconds a finished trial's directory stays on its machine after its end was reported.
     trial_retention: float = Field(default=7 * 86400.0, ge=0)

@@ -1,0 +1,392 @@
+"""Trialbus trial template: a Python process that has imported a trial's heavy modules and
+forks one process per trial, so a trial pays a fork (~2 ms), not an interpreter start and
+its imports (seconds for nni, scikit-learn or torch).
+
+An adapter starts it with the trial's own interpreter, flags and environment (minus what
+differs per trial), in the trial's code directory::
+
+    <python> [flags] trial_template.py <trial_keeper.py> <spec.json>
+
+``spec.json``: ``{"python": path, "flags": [option, …], "preload": [module, …], "code_dir":
+path, "shim": folder}`` (the interpreter and options it was started with, as
+:func:`parse_command` gives them; the ``nni`` shim's folder). Channels: requests on stdin
+and answers on stdout, as the keeper's zygote has them (``%08d`` length, then the keeper's
+``KEY=VALUE`` settings separated by NUL; the answer is the keeper's pid and a newline). The
+template first moves both channels off fds 0 and 1 (stdin becomes /dev/null, stdout the log
+on stderr), so whatever an import prints cannot corrupt them, then preloads the modules one
+top-level package at a time and answers ``ready <loaded> <failed>`` — or ``unsafe <module>``
+and exits 3 when an import initialised a GPU (see :func:`gpu_touched`): a fork after CUDA is
+initialised breaks the child, so such a module must never be preloaded.
+
+Each request forks a keeper (``trial_keeper.fork_keeper``: its own session, as if started on
+its own) whose ``Keeper.fork_trial`` hook forks the trial instead of spawning an interpreter,
+when the command is a Python script or module run by this template's interpreter and flags
+(:func:`parse_command`); anything else starts cold, as the keeper always does. The trial
+child sets itself up as a fresh interpreter would be (:func:`become_trial`), unwinds to this
+file's top level and runs the script as ``__main__``; the interpreter's own exit then ends
+it. The template runs no trial code, so every trial starts from the same clean state.
+
+At its exit, a warm trial lists the modules it imported that the template had not, in
+``.trialbus/imports``: the adapter's pool learns from them what the next template preloads
+(``services/trial_keeper/warm_pool.py``). Stdlib only, like the keeper.
+"""
+
+import atexit
+import os
+import posix
+import sys
+from importlib.machinery import SourceFileLoader
+from types import ModuleType
+
+#: Interpreter options a warm trial may carry (the template must be started with the same);
+#: ``-X`` and ``-W`` take a value. Others (``-c``, ``-i``, ``-``…) start cold.
+FLAGS = frozenset(b"-u -B -O -OO -s -E -b -bb -q -I -P -R".split())
+FLAGS_WITH_VALUE = frozenset((b"-X", b"-W"))
+#: Open files of these start with a GPU driver initialised (NVIDIA, AMD, DRM render nodes).
+GPU_DEVICES = ("/dev/nvidia", "/dev/kfd", "/dev/dri/")
+SHELL_BYTES = frozenset(b"|&;<>()$`\\\"'*?[]#~=%{}!\n\r\v\f")  # as the keeper's: these go through /bin/sh
+#: Variables that differ from trial to trial: never part of a template's environment.
+PER_TRIAL = (b"NNI_TRIAL_JOB_ID", b"NNI_SYS_DIR", b"NNI_OUTPUT_DIR", b"NNI_TRIAL_SEQ_ID", b"CUDA_VISIBLE_DEVICES")
+
+keeper_module = None  # trial_keeper, loaded by path at start
+spec = {}
+library_fds = ()  # descriptors the preloaded modules hold: every trial keeps them
+
+
+class StartTrial(BaseException):
+    """Raised in a trial child to unwind the keeper's frames to this file's top level."""
+
+    def __init__(self, plan):
+        self.plan = plan
+
+
+# -- what can start warm ------------------------------------------------------------------
+
+
+def resolve(program, path, cwd):
+    """``program`` (bytes) as ``execvp`` would find it on ``path``: an absolute path, or None."""
+    if b"/" in program:
+        found = program if program.startswith(b"/") else cwd + b"/" + program
+        return os.fsdecode(os.path.normpath(found)) if os.access(found, os.X_OK) else None
+    for folder in (path or b"/usr/bin:/bin").split(b":"):
+        candidate = (folder or b".") + b"/" + program
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            candidate = candidate if candidate.startswith(b"/") else cwd + b"/" + candidate
+            return os.fsdecode(os.path.normpath(candidate))
+    return None
+
+
+def parse_command(command, path, cwd):
+    """How ``command`` (bytes, split on whitespace as the keeper splits it) runs Python: a dict
+    ``python`` (absolute), ``flags``, and ``script`` or ``module``, with ``args``; None when it
+    is any other shape (a shell line, ``python -c``, not Python at all), which starts cold."""
+    argv = command.split()
+    if len(argv) < 2 or not SHELL_BYTES.isdisjoint(command):
+        return None
+    name = os.path.basename(argv[0])
+    if not (name in (b"python", b"python3") or name.startswith(b"python3.") and name[8:].isdigit()):
+        return None
+    python = resolve(argv[0], path, cwd)
+    if python is None:
+        return None
+    flags, i = [], 1
+    while i < len(argv) and argv[i].startswith(b"-") and argv[i] != b"-m":
+        if argv[i] in FLAGS_WITH_VALUE and i + 1 < len(argv):
+            flags += argv[i : i + 2]
+            i += 2
+        elif argv[i] in FLAGS:
+            flags.append(argv[i])
+            i += 1
+        else:
+            return None
+    plan = {"python": python, "flags": [os.fsdecode(f) for f in flags]}
+    if argv[i:i + 1] == [b"-m"]:
+        if i + 1 >= len(argv):
+            return None
+        plan["module"], plan["args"] = os.fsdecode(argv[i + 1]), [os.fsdecode(a) for a in argv[i + 2:]]
+    elif i < len(argv):
+        plan["script"], plan["args"] = os.fsdecode(argv[i]), [os.fsdecode(a) for a in argv[i + 1:]]
+    else:
+        return None
+    return plan
+
+
+def template_env(env):
+    """A trial's environment (bytes → bytes) without what differs per trial: the template's."""
+    return {k: v for k, v in env.items() if k not in PER_TRIAL}
+
+
+# -- the template --------------------------------------------------------------------------
+
+
+def gpu_touched():
+    """The GPU device a descriptor of this process holds, or torch's word that CUDA is
+    initialised: after either, a forked child cannot use the GPU. None when neither."""
+    for fd in posix.listdir("/proc/self/fd"):
+        try:
+            target = posix.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if target.startswith(GPU_DEVICES):
+            return target
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        return "torch.cuda (initialised)"
+    return None
+
+
+def preload(names, code_dir, shim=None):
+    """Import ``names`` in order, one top-level package at a time, checking the GPU after each
+    package. Returns (loaded, failed, unsafe): unsafe is the package whose import touched a GPU
+    (the rest is then not loaded). Never loaded: modules found under ``code_dir`` (the trial's
+    own code), and NNI's modules (they read the trial's environment at import) but for our
+    ``nni`` shim (``shim``: its folder), which reads it at first use."""
+    import ctypes  # noqa: F401 - for set_cmdline, in every trial
+    import importlib
+    import importlib.util
+
+    loaded, failed = 0, 0
+    code_prefix = os.path.realpath(code_dir) + "/"
+    shim = shim and os.path.realpath(os.path.join(shim, "nni", "__init__.py"))
+    groups = {}
+    for name in names:
+        groups.setdefault(name.partition(".")[0], []).append(name)
+    for top, members in groups.items():
+        try:
+            found = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            found = None
+        origin = found is not None and (found.origin or (list(found.submodule_search_locations or ()) or [""])[0])
+        origin = origin and os.path.realpath(origin)
+        if not origin or origin.startswith(code_prefix) or top == "nni" and origin != shim:
+            failed += len(members)
+            continue
+        for name in members:
+            if name.startswith("nni.") or name in sys.modules:
+                continue
+            try:
+                importlib.import_module(name)
+                loaded += 1
+            except BaseException:  # noqa: BLE001 - an import that fails (or exits) is not preloaded
+                failed += 1
+        if gpu_touched():
+            return loaded, failed, top
+    return loaded, failed, None
+
+
+def open_fds():
+    return {int(fd) for fd in posix.listdir("/proc/self/fd")}
+
+
+def serve(requests, answers):
+    """Fork a keeper per request until EOF, as the keeper's zygote does."""
+    import _signal
+
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # keepers are reaped by the kernel
+    while True:
+        head = keeper_module.read_exact(requests, 8)
+        if not head:
+            return 0
+        environ = dict(
+            item.split(b"=", 1) for item in keeper_module.read_exact(requests, int(head)).split(b"\0") if item
+        )
+        try:
+            pid = keeper_module.fork_keeper(environ, close_fds=(requests, answers))
+        except OSError as exc:
+            posix.write(answers, b"error %s\n" % str(exc).encode("utf-8", "replace"))
+            continue
+        posix.write(answers, b"%d\n" % pid)
+
+
+def start_template(keeper_path, spec_path):
+    """Load the keeper, move the channels, preload, answer; then serve. The exit status."""
+    global keeper_module, spec, library_fds
+    import gc
+    import importlib.util
+    import json
+
+    here = os.path.dirname(os.path.realpath(__file__))
+    if sys.path and os.path.realpath(sys.path[0] or ".") == here:
+        del sys.path[0]  # a trial does not see this file's folder
+    requests, answers = posix.dup(0), posix.dup(1)  # close-on-exec, off the standard descriptors
+    null = posix.open("/dev/null", posix.O_RDONLY)
+    posix.dup2(null, 0)
+    posix.close(null)
+    posix.dup2(2, 1)  # an import's prints go to the template's log
+    with open(spec_path, encoding="utf-8") as file:
+        spec = json.load(file)
+    loader = importlib.util.spec_from_file_location("_trialbus_keeper", keeper_path)
+    keeper_module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(keeper_module)
+    keeper_module.Keeper.fork_trial = fork_trial
+    before = open_fds()
+    loaded, failed, unsafe = preload(spec.get("preload", ()), spec["code_dir"], spec.get("shim"))
+    if unsafe:
+        posix.write(answers, b"unsafe %s\n" % unsafe.encode())
+        return 3
+    library_fds = tuple(sorted(open_fds() - before))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.collect()
+    gc.freeze()  # a trial's collections leave the template's objects (and their pages) alone
+    posix.write(answers, b"ready %d %d\n" % (loaded, failed))
+    return serve(requests, answers)
+
+
+# -- a trial -------------------------------------------------------------------------------
+
+
+def fork_trial(keeper, out_w):
+    """``Keeper.fork_trial``: fork the trial from this process (a keeper forked from the
+    template); the child's pid, or 0 when the command cannot start warm (the keeper then
+    spawns it cold). In the child this never returns: it raises :class:`StartTrial`."""
+    env = keeper.trial_env()
+    plan = parse_command(keeper.command, env.get(b"PATH"), keeper.code_dir.encode("utf-8", "surrogateescape"))
+    if plan is None or plan["python"] != spec["python"] or plan["flags"] != spec["flags"]:
+        return 0
+    if "script" in plan and not os.path.isfile(plan["script"]):
+        return 0  # a directory or zip to run, or nothing there: as cold Python says
+    stderr = keeper.path("stderr")
+    pid = posix.fork()
+    if pid:
+        return pid
+    try:
+        become_trial(plan, env, out_w, stderr, keeper.dir)
+    except BaseException as exc:  # noqa: BLE001 - never run keeper code in the trial: start it cold
+        cold(plan, env, exc)
+    raise StartTrial(plan)
+
+
+def become_trial(plan, env, out_w, stderr, trial_dir):
+    """In the trial child: the process a cold start would have made, short of the script."""
+    import _signal
+
+    _signal.set_wakeup_fd(-1)
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+    posix.setsid()  # the trial leads its own group, which the keeper's killpg reaches
+    null = posix.open("/dev/null", posix.O_RDONLY)
+    err = posix.open(stderr, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o644)
+    posix.dup2(null, 0)
+    posix.dup2(out_w, 1)
+    posix.dup2(err, 2)
+    keep = sorted({0, 1, 2, *library_fds})
+    for low, high in zip(keep, keep[1:] + [posix.sysconf("SC_OPEN_MAX")], strict=True):
+        if high > low + 1:
+            posix.closerange(low + 1, high)  # the keeper's and the template's: none reaches the trial
+    os.environb.clear()
+    os.environb.update(env)
+    cwd = posix.getcwd()
+    if "module" in plan:
+        sys.argv, path0 = ["-m", *plan["args"]], cwd
+        sys.orig_argv = [plan["python"], *plan["flags"], "-m", plan["module"], *plan["args"]]
+    else:
+        sys.argv, path0 = [plan["script"], *plan["args"]], os.path.dirname(os.path.realpath(plan["script"]))
+        sys.orig_argv = [plan["python"], *plan["flags"], *sys.argv]
+    if not (sys.flags.isolated or getattr(sys.flags, "safe_path", False)):
+        names = {n[:-3] if n.endswith(".py") else n for n in posix.listdir(path0)}
+        shadowed = names.intersection(sys.modules)
+        if shadowed:  # the trial's own module of that name would win over the loaded one: cold
+            raise ImportError("%s/ shadows the loaded module %s" % (path0, sorted(shadowed)[0]))
+        sys.path.insert(0, path0)
+    sys.modules.pop("_trialbus_keeper", None)
+    set_cmdline([os.fsencode(a) for a in sys.orig_argv])
+    # `random` reseeds itself at fork; numpy's and torch's global generators do not (a cold
+    # start seeds both from the OS), so each trial's streams would be its siblings'.
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+    torch = sys.modules.get("torch")
+    if getattr(torch, "default_generator", None) is not None:
+        torch.default_generator.seed()
+    record_imports(trial_dir, frozenset(sys.modules))
+
+
+def set_cmdline(argv):
+    """Show ``argv`` in ``/proc/<pid>/cmdline`` (``ps``, ``top``) instead of the template's own:
+    written over the process's original argument area, as setproctitle does; cut to its size."""
+    import ctypes
+
+    with open("/proc/self/stat", "rb") as file:
+        fields = file.read().rpartition(b")")[2].split()
+    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
+    data = b"\0".join(argv)[: end - start - 1]
+    ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
+
+
+def cold(plan, env, exc):
+    """The child could not become the trial: run the command cold in its place (same pid, the
+    keeper's child), saying why on stderr; if even that fails, exit 127 as a shell would."""
+    try:
+        posix.write(2, b"trialbus: warm start failed (%s); starting cold\n" % repr(exc).encode("utf-8", "replace"))
+        target = ["-m", plan["module"]] if "module" in plan else [plan["script"]]
+        posix.execve(plan["python"], [plan["python"], *plan["flags"], *target, *plan["args"]], env)
+    finally:
+        posix._exit(127)
+
+
+def record_imports(trial_dir, before):
+    """At exit, list in ``.trialbus/imports`` what this trial imported beyond the template,
+    minus its own code: what the next template may preload."""
+    def write():
+        code = os.path.realpath(posix.getcwd()) + "/"
+        names = []
+        for name in set(sys.modules) - before:
+            module = sys.modules.get(name)
+            where = getattr(module, "__file__", None) or ""
+            if name != "__main__" and module is not None and not os.path.realpath(where or "/").startswith(code):
+                names.append(name)
+        if names:
+            with open(trial_dir + "/.trialbus/imports", "w", encoding="utf-8") as file:
+                file.write("\n".join(sorted(names)) + "\n")
+
+    atexit.register(write)  # registered first, so it runs last: after the trial's own handlers
+
+
+def run_trial(plan):
+    """Run the trial's script or module as ``__main__``, as ``python X.py`` / ``python -m``
+    would; an uncaught exception is printed as cold Python prints it (without this frame)."""
+    try:
+        if "module" in plan:
+            import runpy
+
+            runpy._run_module_as_main(plan["module"], alter_argv=True)
+        else:
+            path = plan["script"]
+            filename = path if path.startswith("/") else posix.getcwd() + "/" + path
+            main = sys.modules["__main__"] = ModuleType("__main__")
+            main.__file__, main.__cached__ = filename, None
+            main.__loader__ = SourceFileLoader("__main__", filename)
+            with open(filename, "rb") as file:
+                source = file.read()
+            exec(compile(source, filename, "exec", dont_inherit=True), main.__dict__)  # noqa: S102
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        exc.with_traceback(exc.__traceback__.tb_next)
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        if isinstance(exc, KeyboardInterrupt):  # as cold Python: die of SIGINT
+            import _signal
+
+            sys.stdout.flush()
+            sys.stderr.flush()
+            _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+            posix.kill(posix.getpid(), _signal.SIGINT)
+        return 1
+    return 0
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.stderr.write("usage: trial_template.py <trial_keeper.py> <spec.json>\n")
+        return 2
+    try:
+        return start_template(sys.argv[1], sys.argv[2])
+    except StartTrial as start:  # in a trial child, the keeper's frames unwound
+        plan = start.plan
+    return run_trial(plan)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""The warm templates of one host: which trial forks from which template, and when a template is
+started, replaced or retired (``trial_template.py`` is the process itself).
+
+Used by every adapter that starts keepers on a host it controls (local-gpu in its own process,
+the remote agent on each machine); stdlib only, synchronous and never blocking for long, so an
+event loop can call it. A template is kept per *key*: the trial's interpreter and options, its
+code directory, and its environment without what differs per trial (so per experiment, as the
+environment names the experiment). The first trial of a key starts a bare template (the modules
+asked for in ``warmStart.preload``, and the ``nni`` shim); each warm trial lists, at its exit,
+what it imported beyond its template (``.trialbus/imports``), and when that adds modules the
+pool starts a fuller template in the background and swaps it in once ready. A module whose
+import touches a GPU is never preloaded again for that key. A template that dies, or fails to
+answer, costs nothing but a log line: the trial starts cold (the caller's fallback).
+
+Complexity: per trial O(1) in the number of trials and templates (dict lookups); learning is
+O(modules listed). At most ``max_templates`` templates live; the least recently used goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from services.trial_keeper import trial_keeper, trial_template
+
+TEMPLATE_PATH = Path(trial_template.__file__)
+#: Keeper settings that differ per trial: left out of the environment that keys a template.
+_PER_TRIAL = ("TRIALBUS_TRIAL_DIR", "TRIALBUS_TRIAL_ID", "TRIALBUS_SEQUENCE_ID", "TRIALBUS_ATTEMPT",
+              "TRIALBUS_PARAMETERS", "TRIALBUS_TRIAL_TOKEN", "TRIALBUS_GPUS")  # fmt: skip
+ANSWER_TIMEOUT = 5.0  # seconds a ready template may take to answer a fork
+
+
+class Template:
+    """One template process and its pipes."""
+
+    def __init__(self, key: str, plan: dict, env: dict[bytes, bytes], code_dir: str, preload: list[str],
+                 folder: Path) -> None:  # fmt: skip
+        self.key, self.plan, self.env, self.code_dir, self.preload = key, plan, env, code_dir, preload
+        self.folder = folder
+        self.process: subprocess.Popen | None = None
+        self.state = "new"  # new → starting → ready → closed, or dead (unsafe / failed)
+        self.unsafe: str | None = None  # the module whose import touched a GPU
+        self.used = time.monotonic()
+        self.started_at = 0.0
+        self._answer = b""
+
+    def start(self, template_path: Path, keeper_path: str, shim: str | None) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        spec = self.folder / "spec.json"
+        spec.write_text(json.dumps({"python": self.plan["python"], "flags": self.plan["flags"], "preload": self.preload,
+                                    "code_dir": self.code_dir, "shim": shim}))  # fmt: skip
+        with open(self.folder / "template.log", "ab") as log:
+            self.process = subprocess.Popen(
+                [self.plan["python"], *self.plan["flags"], str(template_path), keeper_path, str(spec)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=self.code_dir, env=self.env,
+                start_new_session=True,
+            )  # fmt: skip
+        os.set_blocking(self.process.stdout.fileno(), False)
+        self.state, self.started_at = "starting", time.monotonic()
+
+    def poll(self) -> str:
+        """Advance ``state`` without blocking: read the ready line once it is there."""
+        if self.state == "starting":
+            try:
+                chunk = os.read(self.process.stdout.fileno(), 4096)
+            except BlockingIOError:
+                chunk = None
+            if chunk == b"":
+                self._died()
+            elif chunk:
+                self._answer += chunk
+                if self._answer.endswith(b"\n"):
+                    self._ready(self._answer.decode("utf-8", "replace").split())
+        elif self.state == "ready" and self.process.poll() is not None:
+            self.state = "dead"
+        return self.state
+
+    def _ready(self, words: list[str]) -> None:
+        if words[:1] == ["ready"]:
+            os.set_blocking(self.process.stdout.fileno(), True)
+            self.state = "ready"
+        else:
+            self.unsafe = words[1] if words[:1] == ["unsafe"] and len(words) > 1 else None
+            self._died()
+
+    def _died(self) -> None:
+        self.state = "dead"
+        self.close()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds for the template to be ready (for callers without a loop)."""
+        deadline = time.monotonic() + timeout
+        while self.poll() == "starting" and (left := deadline - time.monotonic()) > 0:
+            select.select([self.process.stdout], [], [], min(left, 0.05))
+        return self.state == "ready"
+
+    def fork(self, environ: Mapping[str, str]) -> int:
+        """A keeper forked for ``environ``; its pid. OSError when the template cannot answer."""
+        if self.state != "ready":
+            raise OSError(f"the template is {self.state}")
+        payload = b"\0".join(f"{k}={v}".encode("utf-8", "surrogateescape") for k, v in environ.items())
+        try:
+            os.write(self.process.stdin.fileno(), b"%08d" % len(payload) + payload)
+            answer = b""
+            while not answer.endswith(b"\n"):
+                if not select.select([self.process.stdout], [], [], ANSWER_TIMEOUT)[0]:
+                    raise TimeoutError(f"no answer from the template in {ANSWER_TIMEOUT:.0f} s")
+                chunk = os.read(self.process.stdout.fileno(), 64)
+                if not chunk:
+                    raise BrokenPipeError("the template closed its output")
+                answer += chunk
+        except OSError:
+            self._died()
+            raise
+        if not answer[:1].isdigit():
+            raise OSError(answer.decode("utf-8", "replace").strip())
+        self.used = time.monotonic()
+        return int(answer)
+
+    def close(self) -> None:
+        """End the template (EOF on its stdin; SIGKILL if it is not ready: an import may hang).
+        Keepers and trials it forked run on: each is in its own session."""
+        if self.process is None:
+            return
+        if self.state != "dead" or self.process.poll() is None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+            if self.state != "ready":
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            self.process.stdout.close()
+        if self.state != "dead":
+            self.state = "closed"
+
+    def reaped(self) -> bool:
+        return self.process is None or self.process.poll() is not None
+
+
+class WarmPool:
+    """Templates by key. ``template_for`` finds (or starts) the one for a trial; ``learn`` takes a
+    finished trial's imports; ``sweep`` retires idle ones; ``close`` ends them all."""
+
+    def __init__(self, folder: Path, keeper_path: str, log: Callable[[str], None], shim: str | None = None,
+                 max_templates: int = 8, idle: float = 900.0) -> None:  # fmt: skip
+        self.folder, self.keeper_path, self.log, self.shim = folder, keeper_path, log, shim
+        self.max_templates, self.idle = max_templates, idle
+        self.current: dict[str, Template] = {}  # key → the template trials fork from
+        self.next: dict[str, Template] = {}  # key → a fuller one, starting
+        self.known: dict[str, set[str]] = {}  # key → modules asked for or learned (preloaded or not)
+        self.unsafe: dict[str, set[str]] = {}  # key → top-level packages that touched a GPU
+        self.retired: list[Template] = []  # closed, not yet reaped
+        self._serial = 0
+
+    # -- keys --------------------------------------------------------------------------------
+
+    def key_of(self, command: str, environ: Mapping[str, str]) -> tuple[str, dict, dict[bytes, bytes]] | None:
+        """(key, plan, template environment) for a trial the keeper would start with ``environ``;
+        None when its command cannot start warm (not ``python X.py`` / ``python -m mod``)."""
+        settings = {k.encode("utf-8", "surrogateescape"): v.encode("utf-8", "surrogateescape")
+                    for k, v in environ.items() if k not in _PER_TRIAL}  # fmt: skip
+        settings.update({b"TRIALBUS_TRIAL_DIR": b"/", b"TRIALBUS_TRIAL_COMMAND": command.encode()})
+        keeper = trial_keeper.Keeper(settings)
+        env = trial_template.template_env(keeper.trial_env())
+        plan = trial_template.parse_command(command.encode(), env.get(b"PATH"), keeper.code_dir.encode())
+        if plan is None:
+            return None
+        digest = hashlib.sha256(json.dumps([plan["python"], plan["flags"], keeper.code_dir]).encode())
+        for k, v in sorted(env.items()):
+            digest.update(k + b"=" + v + b"\0")
+        return digest.hexdigest()[:16], plan, env
+
+    # -- use ---------------------------------------------------------------------------------
+
+    def template_for(self, command: str, environ: Mapping[str, str], preload: Iterable[str] = ()) -> Template | None:
+        """The template this trial forks from (it may still be starting: see ``Template.state``),
+        started here if there is none; None when the trial must start cold."""
+        found = self.key_of(command, environ)
+        if found is None:
+            return None
+        key, plan, env = found
+        self._swap(key)
+        template = self.current.get(key)
+        if template is not None and template.poll() in ("starting", "ready"):
+            return template
+        if template is not None:  # it died: say so once, start another
+            reason = f"its import of {template.unsafe} touched a GPU" if template.unsafe else "it exited"
+            self.log(f"warm template {key} is gone ({reason}); starting another (trials start cold meanwhile)")
+            self._forget(key, template)
+        known = self.known.setdefault(key, set())
+        known.update(preload)
+        template = self._start(key, plan, env, environ.get("TRIALBUS_CODE_DIR") or "", sorted(known))
+        self.current[key] = template
+        return template
+
+    def learn(self, key: str, trial_dir: str) -> None:
+        """Take what a finished warm trial imported beyond its template; start a fuller template
+        when that is new (at most one starting per key)."""
+        try:
+            names = Path(trial_dir, ".trialbus", "imports").read_text(encoding="utf-8").split()
+        except OSError:
+            return
+        known = self.known.setdefault(key, set())
+        unsafe = self.unsafe.get(key, set())
+        new = {n for n in names if n not in known and n.partition(".")[0] not in unsafe}
+        if not new:
+            return
+        known.update(new)
+        current = self.current.get(key)
+        if current is None or key in self.next:
+            return  # the next template (started on the next trial) takes them
+        self.next[key] = self._start(key, current.plan, current.env, current.code_dir, sorted(known))
+
+    def sweep(self) -> None:
+        """Retire templates idle for ``idle`` seconds, and reap retired ones."""
+        now = time.monotonic()
+        for key, template in list(self.current.items()):
+            if now - template.used > self.idle:
+                self._forget(key, template)
+        for template in [t for t in self.retired if t.reaped()]:
+            self.retired.remove(template)
+            if template.state == "closed":  # a dead one keeps its log
+                shutil.rmtree(template.folder, ignore_errors=True)
+
+    def close(self) -> None:
+        for key, template in list(self.current.items()):
+            self._forget(key, template)
+        for template in self.retired:
+            if template.process is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    template.process.wait(2)
+        self.retired = []
+
+    # -- inside --------------------------------------------------------------------------------
+
+    def _start(self, key: str, plan: dict, env: dict[bytes, bytes], code_dir: str, preload: list[str]) -> Template:
+        self._serial += 1
+        preload = [n for n in preload if n.partition(".")[0] not in self.unsafe.get(key, ())]
+        template = Template(key, plan, env, code_dir, preload, self.folder / f"{key}-{self._serial}")
+        while len(self.current) >= self.max_templates and key not in self.current:
+            oldest = min(self.current, key=lambda k: self.current[k].used)
+            self._forget(oldest, self.current[oldest])
+        try:
+            template.start(TEMPLATE_PATH, self.keeper_path, self.shim)
+        except OSError as exc:
+            self.log(f"cannot start a warm template with {plan['python']} ({exc}): trials start cold")
+            template.state = "dead"
+        return template
+
+    def _swap(self, key: str) -> None:
+        """The fuller template replaces the current one once it is ready (or is dropped if it died)."""
+        fuller = self.next.get(key)
+        if fuller is None or fuller.poll() == "starting":
+            return
+        del self.next[key]
+        if fuller.state == "ready":
+            old = self.current.get(key)
+            self.current[key] = fuller
+            if old is not None:
+                old.close()
+                self.retired.append(old)
+        else:
+            if fuller.unsafe:
+                self.unsafe.setdefault(key, set()).add(fuller.unsafe)
+                self.log(f"warm template {key}: importing {fuller.unsafe} touches a GPU; it is not preloaded")
+            self.retired.append(fuller)
+
+    def _forget(self, key: str, template: Template) -> None:
+        if template.unsafe:
+            self.unsafe.setdefault(key, set()).add(template.unsafe)
+        template.close()
+        self.retired.append(template)
+        self.current.pop(key, None)
+        fuller = self.next.pop(key, None)
+        if fuller is not None:
+            fuller.close()
+            self.retired.append(fuller)
+
