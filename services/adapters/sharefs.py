@@ -104,6 +104,8 @@ def keeper_settings(request: TrialRequest, root: Share, bin_hash: str, code: str
         "TRIALBUS_PARAMETERS": request.parameter_record, "TRIALBUS_NNI_PLATFORM": platform,
         "TRIALBUS_FLUSH_TIMEOUT": str(flush_timeout),
         "TRIALBUS_PYTHONPATH_PREPEND": f"{root.container}/trialbus/bin/{bin_hash}/nni_shim",
+        # for a reuse-mode environment's runner: fork the trial from its warm template (docs/warm-start.md)
+        "TRIALBUS_WARM": "1" if request.warm_start else "0", "TRIALBUS_WARM_PRELOAD": ",".join(request.warm_preload),
     }  # fmt: skip
     if code is not None:
         settings["TRIALBUS_CODE_DIR"] = f"{root.container}/trialbus/code/{code}"

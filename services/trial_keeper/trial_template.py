@@ -272,7 +272,8 @@ def become_trial(plan, env, out_w, stderr, trial_dir):
     posix.dup2(out_w, 1)
     posix.dup2(err, 2)
     keep = sorted({0, 1, 2, *library_fds})
-    for low, high in zip(keep, keep[1:] + [posix.sysconf("SC_OPEN_MAX")], strict=True):
+    for i, low in enumerate(keep):  # (Python 3.9 on remote machines: no zip(strict=))
+        high = keep[i + 1] if i + 1 < len(keep) else posix.sysconf("SC_OPEN_MAX")
         if high > low + 1:
             posix.closerange(low + 1, high)  # the keeper's and the template's: none reaches the trial
     os.environb.clear()

@@ -2,15 +2,16 @@
 started, replaced or retired (``trial_template.py`` is the process itself).
 
 Used by every adapter that starts keepers on a host it controls (local-gpu in its own process,
-the remote agent on each machine); stdlib only, synchronous and never blocking for long, so an
-event loop can call it. A template is kept per *key*: the trial's interpreter and options, its
-code directory, and its environment without what differs per trial (so per experiment, as the
-environment names the experiment). The first trial of a key starts a bare template (the modules
-asked for in ``warmStart.preload``, and the ``nni`` shim); each warm trial lists, at its exit,
-what it imported beyond its template (``.trialbus/imports``), and when that adds modules the
-pool starts a fuller template in the background and swaps it in once ready. A module whose
-import touches a GPU is never preloaded again for that key. A template that dies, or fails to
-answer, costs nothing but a log line: the trial starts cold (the caller's fallback).
+the remote agent on each machine, shipped there beside it); stdlib only (Python ≥ 3.9),
+synchronous and never blocking for long, so an event loop can call it. A template is kept per
+*key*: the trial's interpreter and options, its code directory, and its environment without
+what differs per trial (so per experiment, as the environment names the experiment). The first
+trial of a key starts a bare template (the modules asked for in ``warmStart.preload``, and the
+``nni`` shim); each warm trial lists, at its exit, what it imported beyond its template
+(``.trialbus/imports``), and when that adds modules the pool starts a fuller template in the
+background and swaps it in once ready. A module whose import touches a GPU is never preloaded
+again for that key. A template that dies, or fails to answer, costs nothing but a log line: the
+trial starts cold (the caller's fallback).
 
 Complexity: per trial O(1) in the number of trials and templates (dict lookups); learning is
 O(modules listed). At most ``max_templates`` templates live; the least recently used goes.
@@ -30,7 +31,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from services.trial_keeper import trial_keeper, trial_template
+try:
+    from services.trial_keeper import trial_keeper, trial_template
+except ImportError:  # on a remote machine, shipped flat beside the agent
+    import trial_keeper
+    import trial_template
 
 TEMPLATE_PATH = Path(trial_template.__file__)
 #: Keeper settings that differ per trial: left out of the environment that keys a template.

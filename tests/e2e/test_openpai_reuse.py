@@ -3,6 +3,7 @@ through the share, against the OpenPAI emulator over real HTTP."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -49,6 +50,9 @@ def test_a_hundred_trials_run_on_four_environments_with_four_submissions(reuse_s
     submitted = jobs_of(pai)
     assert len(submitted) == 4, submitted
     assert all(name.startswith(f"trialbus_{experiment}_env_") for name in submitted), submitted
+    # Each environment forks these one-line Python trials from its own warm template
+    states = [json.loads(p.read_text()) for p in share[0].glob("**/.trialbus/state.json")]
+    assert sum(state.get("warm", False) for state in states) == 100, states[:3]
     # Idle environments are stopped (TRIALBUS_REUSE_IDLE_TIMEOUT=3 here).
     wait_until(lambda: set(jobs_of(pai).values()) == {"STOPPED"}, 30, "idle environments stopped")
 

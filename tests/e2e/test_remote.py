@@ -7,6 +7,7 @@ they share a home directory; each trial reports the port of the sshd it came thr
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -110,7 +111,7 @@ def metrics(stack: Stack, trial_id: str) -> list[dict]:
     return stack.rest("GET", f"/trials/{trial_id}/metrics").json()
 
 
-def test_twenty_trials_over_two_machines_all_metrics_arrive(remote_stack, sshd_pair, ssh_key, code_dir):
+def test_twenty_trials_over_two_machines_all_metrics_arrive(remote_stack, sshd_pair, ssh_key, code_dir, remote_root):
     machines = [machine(server, ssh_key) for server in sshd_pair]
     experiment = create(remote_stack, remote_config(code_dir, machines))
     ids = [submit(remote_stack, experiment, {"x": i, "intermediate": 3, "sleep": 0.3}) for i in range(20)]
@@ -127,6 +128,11 @@ def test_twenty_trials_over_two_machines_all_metrics_arrive(remote_stack, sshd_p
     remote = next(s for s in status if s["adapter"] == "remote")
     assert {m["name"] for m in remote["machines"]} == {f"{ssh_user().name}@127.0.0.1:{s.port}" for s in sshd_pair}
     assert all(m["up"] for m in remote["machines"])
+    # Each machine's agent forks these Python trials from its warm template (a trial that finds
+    # the template still starting, under load, starts cold instead)
+    found = (ssh_user().home / remote_root).glob("trials/*/*/.trialbus/state.json")
+    states = [json.loads(path.read_text()) for path in found]
+    assert len(states) == 20 and sum(s.get("warm", False) for s in states) >= 10, states
 
 
 def test_password_and_passphrase_keys_work(remote_stack, sshd_pair, tmp_path, code_dir):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from services.adapters.remote.client import AGENT_PATH
-from services.trial_keeper import KEEPER_PATH
+from services.trial_keeper import KEEPER_PATH, WARM_FILES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,6 +28,8 @@ class Agent:
         bundle.mkdir()
         shutil.copy(AGENT_PATH, bundle / "agent.py")
         shutil.copy(KEEPER_PATH, bundle / "trial_keeper.py")
+        for name, path in WARM_FILES.items():
+            shutil.copy(path, bundle / name)
         self.root = tmp_path / "root"
         self.proc = subprocess.Popen(
             [sys.executable, "-S", "-I", str(bundle / "agent.py"), str(self.root)],
@@ -52,10 +54,10 @@ class Agent:
     def trial_dir(self, name: str) -> str:
         return f"{self.root}/trials/exp1/{name}-0"
 
-    def launch(self, name: str, command: str, **env: str) -> dict:
+    def launch(self, name: str, command: str, warm: bool = False, **env: str) -> dict:
         env = {"TRIALBUS_TRIAL_COMMAND": command, "TRIALBUS_EXPERIMENT_ID": "exp1", "TRIALBUS_TRIAL_ID": name,
                "PATH": os.environ["PATH"], **env}  # fmt: skip
-        return self.call("launch", dir=self.trial_dir(name), env=env, files={"token": "t0ken"})
+        return self.call("launch", dir=self.trial_dir(name), env=env, files={"token": "t0ken"}, warm=warm)
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -93,6 +95,23 @@ def test_launch_is_idempotent_and_the_exit_is_pushed(agent):
     assert agent.call("tail", dir=agent.trial_dir("t1"), max=100)["result"]["stdout"] == "hello\n"
     token = Path(agent.trial_dir("t1")) / ".trialbus" / "token"
     assert token.read_text() == "t0ken" and token.stat().st_mode & 0o077 == 0, "the token file is private"
+
+
+def test_python_trials_fork_from_the_machines_warm_template(agent, tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "t.py").write_text("import sys, json\nprint('args', sys.argv[1:], 'json' in sys.modules)\nsys.exit(4)\n")
+    first = agent.launch("w1", f"{sys.executable} t.py a", warm=True, TRIALBUS_CODE_DIR=str(code))
+    cold = agent.launch("c1", f"{sys.executable} t.py a", warm=False, TRIALBUS_CODE_DIR=str(code))
+    assert first["result"]["warm"] is True and cold["result"]["warm"] is False
+    for name in ("w1", "c1"):
+        assert wait_state(agent, name, "exitCode")["state"]["exitCode"] == 4
+        assert Path(agent.trial_dir(name), "stdout").read_text() == "args ['a'] True\n" or name == "c1"
+    assert json.loads(Path(agent.trial_dir("w1"), ".trialbus/state.json").read_text())["warm"] is True
+    assert Path(agent.trial_dir("c1"), "stdout").read_text().startswith("args ['a']")
+    # Not a Python script: cold, as always
+    assert agent.launch("s1", "sh -c 'exit 0'", warm=True)["result"]["warm"] is False
+    assert wait_state(agent, "s1", "exitCode")["state"]["exitCode"] == 0
 
 
 def test_signal_stops_the_trial_and_list_and_report_drive_adoption(agent):

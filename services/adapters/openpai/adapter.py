@@ -346,10 +346,11 @@ class OpenpaiAdapter(PlatformAdapter):
 
 def bundle() -> Bundle:
     """The files the adapter installs on the share: the keeper, the ``nni`` shim and the
-    reuse-mode runner (their hash names their folder, and appears in every job)."""
-    from services.trial_keeper import KEEPER_PATH, SHIM_PATH
+    reuse-mode runner with its warm-start files (their hash names their folder, and appears
+    in every job)."""
+    from services.trial_keeper import KEEPER_PATH, SHIM_PATH, WARM_FILES
 
-    return Bundle(KEEPER_PATH, SHIM_PATH, {jobs.RUNNER: Path(__file__).with_name("runner.py")})
+    return Bundle(KEEPER_PATH, SHIM_PATH, {jobs.RUNNER: Path(__file__).with_name("runner.py"), **WARM_FILES})
 
 
 def _tasks(service: OpenpaiConfig) -> int:

@@ -21,6 +21,12 @@ The channel is the share, so it works where the cluster cannot reach the adapter
   seconds and no trial runs, the runner exits 0 (the job ends) — an adapter that never
   comes back leaves no job behind. The adapter stops idle environments itself.
 
+Warm start (docs/warm-start.md): where the trial's settings ask for it (``TRIALBUS_WARM``) and
+the role's command is one line of the shape ``python X.py …`` / ``python -m mod …``, the trial
+forks from the task's warm template (``warm_pool.py``, shipped beside this file, as
+``trial_template.py``), kept for the life of the environment and learning the trials' imports;
+any other command runs as before, through ``sh``.
+
 A task folder that exists when its ticket comes up again (the job or the task was retried by
 OpenPAI after the runner had begun the trial) gets an error in its ``state.json`` instead of a
 second run: a trial never runs twice.
@@ -72,6 +78,7 @@ class Runner:
         self.settings = "report.env" if args.reports and self.name.endswith("-0") else "quiet.env"
         self.poll, self.orphan = args.poll, args.orphan
         self.keeper = keeper
+        self.warm = None  # the task's WarmPool, made for the first trial that can use it
         self.seen = set()
         self.child = 0
         self.current = ""  # the running trial's task folder
@@ -164,22 +171,63 @@ class Runner:
         environ[b"TRIALBUS_TRIAL_DIR"] = os.fsencode(task)
         environ[b"TRIALBUS_TRIAL_COMMAND"] = os.fsencode("sh %s" % self.command)
         self.current = task
-        self.child = self.keeper.fork_keeper(environ)
-        self.say("trial %s: started" % ticket)
+        template, self.child = self.fork_warm(environ)
+        if not self.child:
+            self.child = self.keeper.fork_keeper(environ)
+        self.say("trial %s: started%s" % (ticket, " (warm)" if template else ""))
         stopped = False
-        while True:
-            try:
-                pid, status = os.waitpid(self.child, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid:
-                break
+        while self.running(template):
             if not stopped and (self.stopping or os.path.exists(cancel)):
                 os.kill(self.child, signal.SIGTERM)
                 stopped = True
             time.sleep(min(self.poll, 0.05))
         self.child = 0
+        if template:
+            self.warm.learn(template, task)
         self.say("trial %s: ended" % ticket)
+
+    def running(self, template):
+        """Whether the trial's keeper runs: our child (cold), or the template's (warm, reaped by
+        the kernel there: gone once it ends)."""
+        try:
+            if template:
+                os.kill(self.child, 0)
+                return True
+            return os.waitpid(self.child, os.WNOHANG)[0] == 0
+        except (ChildProcessError, ProcessLookupError):
+            return False
+
+    def fork_warm(self, environ):
+        """(template key, keeper pid) of the trial forked warm, or (None, 0) to start it cold."""
+        line = self.python_line()
+        if environ.get(b"TRIALBUS_WARM") != b"1" or line is None:
+            return None, 0
+        environ[b"TRIALBUS_TRIAL_COMMAND"] = os.fsencode(line)  # no shell needed for one plain command
+        import warm_pool
+
+        if self.warm is None:
+            here = os.path.dirname(os.path.abspath(__file__))
+            self.warm = warm_pool.WarmPool(warm_pool.Path(self.task, "templates"), here + "/trial_keeper.py",
+                                           self.say, shim=here + "/nni_shim")  # fmt: skip
+        env = {os.fsdecode(k): os.fsdecode(v) for k, v in environ.items()}
+        preload = [name for name in env.get("TRIALBUS_WARM_PRELOAD", "").split(",") if name]
+        template = self.warm.template_for(line, env, preload)
+        if template is None or not template.wait_ready(5):
+            return None, 0
+        try:
+            return template.key, template.fork(env)
+        except OSError as exc:
+            self.say("the warm template failed (%s): starting the trial cold" % exc)
+            return None, 0
+
+    def python_line(self):
+        """The role's command when it is a single line (comments and blank lines aside)."""
+        try:
+            with open(self.command, encoding="utf-8") as f:
+                lines = [line.strip() for line in f if line.strip() and not line.strip().startswith("#")]
+        except OSError:
+            return None
+        return lines[0] if len(lines) == 1 else None
 
 
 def main(argv=None):

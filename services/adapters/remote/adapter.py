@@ -42,6 +42,7 @@ from services.adapters.remote.placement import MachinePlacement
 from services.adapters.remote.settings import RemoteSettings
 from services.common import platforms
 from services.common.bus import Bus
+from services.trial_keeper import WARM_FILES
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class RemoteAdapter(PlatformAdapter):
 
             keeper_path, shim_path = keeper_path or KEEPER_PATH, shim_path or SHIM_PATH
         self.settings = settings
-        self.bundle = Bundle(keeper_path, shim_path, {"agent.py": AGENT_PATH})
+        self.bundle = Bundle(keeper_path, shim_path, {"agent.py": AGENT_PATH, **WARM_FILES})
         self.machines: dict[str, Machine] = {}
         self.trials: dict[tuple[str, int], Trial] = {}
         self.placement = MachinePlacement(settings, self.name, self.trials.values, self.capacity_freed)
@@ -180,7 +181,8 @@ class RemoteAdapter(PlatformAdapter):
         if held:
             files["gpus.json"] = json.dumps({"indices": list(held), "perGpu": per_gpu})
         try:
-            result = await machine.call("launch", dir=trial_dir, env=env, files=files)
+            result = await machine.call("launch", dir=trial_dir, env=env, files=files, warm=request.warm_start,
+                                        preload=request.warm_preload)  # fmt: skip
         except AgentError as exc:
             raise PermanentError(f"cannot start the trial on {machine.name}: {exc}") from None
         if (trial := self.trials.get(key)) is not None:

@@ -23,6 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's folder out
 
 import trial_keeper  # noqa: E402 - shipped beside this file
+import warm_pool  # noqa: E402 - shipped beside this file (with trial_template.py)
 
 STATE, REPORTED, SPOOL = ".trialbus/state.json", ".trialbus/reported", ".trialbus/spool"
 
@@ -53,6 +54,10 @@ class Agent:
         self.watching = set()  # pids with a pidfd
         self.out_lock = threading.Lock()
         self.buf = b""
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.warm = warm_pool.WarmPool(warm_pool.Path(self.root, "templates"), here + "/trial_keeper.py",
+                                       lambda line: sys.stderr.write(line + "\n"), shim=here + "/nni_shim")
+        self.forked = {}  # pid -> template key, for the keepers forked warm
 
     # -- protocol ---------------------------------------------------------------------------
 
@@ -74,6 +79,7 @@ class Agent:
             if 0 in ready:
                 chunk = os.read(0, 1 << 20)
                 if not chunk:
+                    self.warm.close()
                     return 0  # the adapter is gone: the trials run on
                 self.buf += chunk
                 while b"\n" in self.buf:
@@ -113,6 +119,8 @@ class Agent:
         pid, trial_dir = self.watched.pop(fd)
         self.watching.discard(pid)
         os.close(fd)
+        if pid in self.forked:
+            self.warm.learn(self.forked.pop(pid), trial_dir)
         try:
             os.waitpid(pid, os.WNOHANG)  # our child (launched by this agent): reap it
         except ChildProcessError:
@@ -144,9 +152,28 @@ class Agent:
         environ = dict(os.environb)
         environ.update((k.encode(), v.encode("utf-8", "surrogateescape")) for k, v in request["env"].items())
         environ[b"TRIALBUS_TRIAL_DIR"] = path.encode()
-        pid = trial_keeper.fork_keeper(environ)
+        pid = self.fork_warm(environ, request) if request.get("warm") else None
+        if pid is None:
+            pid = trial_keeper.fork_keeper(environ)
         self.watch(pid, path)
-        return {"pid": pid}
+        return {"pid": pid, "warm": pid in self.forked}
+
+    def fork_warm(self, environ, request):
+        """The keeper forked from this machine's warm template for the trial (docs/warm-start.md);
+        None to start it cold: not a Python script, or no template ready. A new template gets
+        a moment (its bare start takes ~50 ms) before the trial goes cold instead."""
+        self.warm.sweep()
+        env = {k.decode("utf-8", "surrogateescape"): v.decode("utf-8", "surrogateescape") for k, v in environ.items()}
+        template = self.warm.template_for(env["TRIALBUS_TRIAL_COMMAND"], env, request.get("preload", ()))
+        if template is None or not template.wait_ready(0.5 if template.poll() == "starting" else 0):
+            return None
+        try:
+            pid = template.fork(env)
+        except OSError as exc:
+            sys.stderr.write("the warm template failed (%s): starting the trial cold\n" % exc)
+            return None
+        self.forked[pid] = template.key
+        return pid
 
     def op_status(self, request):
         """Per trial directory: the keeper's state, whether it runs, its spool files' ages."""
