@@ -56,6 +56,7 @@ class Template:
         self.unsafe: str | None = None  # the module whose import touched a GPU
         self.used = time.monotonic()
         self.started_at = 0.0
+        self.was_ready = False
         self._answer = b""
 
     def start(self, template_path: Path, keeper_path: str, shim: str | None) -> None:
@@ -92,7 +93,7 @@ class Template:
     def _ready(self, words: list[str]) -> None:
         if words[:1] == ["ready"]:
             os.set_blocking(self.process.stdout.fileno(), True)
-            self.state = "ready"
+            self.state, self.was_ready = "ready", True
         else:
             self.unsafe = words[1] if words[:1] == ["unsafe"] and len(words) > 1 else None
             self._died()
@@ -163,6 +164,7 @@ class WarmPool:
         self.next: dict[str, Template] = {}  # key → a fuller one, starting
         self.known: dict[str, set[str]] = {}  # key → modules asked for or learned (preloaded or not)
         self.unsafe: dict[str, set[str]] = {}  # key → top-level packages that touched a GPU
+        self.broken: dict[str, int] = {}  # key → templates that died before they were ready
         self.retired: list[Template] = []  # closed, not yet reaped
         self._serial = 0
 
@@ -177,8 +179,8 @@ class WarmPool:
         keeper = trial_keeper.Keeper(settings)
         env = trial_template.template_env(keeper.trial_env())
         plan = trial_template.parse_command(command.encode(), env.get(b"PATH"), keeper.code_dir.encode())
-        if plan is None:
-            return None
+        if plan is None or not environ.get("TRIALBUS_CODE_DIR"):
+            return None  # not Python; or run in its own trial directory, a different one each time
         digest = hashlib.sha256(json.dumps([plan["python"], plan["flags"], keeper.code_dir]).encode())
         for k, v in sorted(env.items()):
             digest.update(k + b"=" + v + b"\0")
@@ -197,13 +199,25 @@ class WarmPool:
         template = self.current.get(key)
         if template is not None and template.poll() in ("starting", "ready"):
             return template
-        if template is not None:  # it died: say so once, start another
-            reason = f"its import of {template.unsafe} touched a GPU" if template.unsafe else "it exited"
-            self.log(f"warm template {key} is gone ({reason}); starting another (trials start cold meanwhile)")
-            self._forget(key, template)
+        if self.broken.get(key, 0) >= 2:
+            return None  # failed twice before it was ready: this key starts cold
         known = self.known.setdefault(key, set())
         known.update(preload)
-        template = self._start(key, plan, env, environ.get("TRIALBUS_CODE_DIR") or "", sorted(known))
+        if template is not None:  # it died: say so, start another
+            self._forget(key, template)
+            if template.unsafe:
+                reason = f"its import of {template.unsafe} touched a GPU; it is not preloaded again"
+            elif template.was_ready:
+                reason = "it exited"
+            else:  # it could not even start: once more with only what was asked for, then never
+                self.broken[key] = self.broken.get(key, 0) + 1
+                known.intersection_update(preload)
+                reason = f"it failed to start (its log: {template.folder}/template.log)"
+            if self.broken.get(key, 0) >= 2:
+                self.log(f"warm template {key} failed to start twice: its trials start cold ({reason})")
+                return None
+            self.log(f"warm template {key} is gone ({reason}); starting another (trials start cold meanwhile)")
+        template = self._start(key, plan, env, environ["TRIALBUS_CODE_DIR"], sorted(known))
         self.current[key] = template
         return template
 

@@ -326,3 +326,20 @@ def test_numpy_sklearn_and_torch_work_in_forked_trials(host, code):
     for trial in [*trials, cold]:
         assert trial.wait(120)["exitCode"] == 0, trial.err()
     assert {t.out() for t in trials} == {cold.out()}
+
+
+def test_a_template_that_cannot_start_is_given_up_and_its_trials_start_cold(host, code, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "crasher.py").write_text("import os\nos._exit(9)  # kills whatever imports it\n")
+    host.env["PYTHONPATH"] = str(site)
+    command = f"{PYTHON} probe.py"
+    for _ in range(2):
+        _, environ = host.environ(command)
+        template = host.pool.template_for(command, environ, ["crasher"])
+        assert template is not None and not template.wait_ready(30)
+    _, environ = host.environ(command)
+    assert host.pool.template_for(command, environ, ["crasher"]) is None  # cold from now on
+    assert any("failed to start twice" in line and "template.log" in line for line in host.logs), host.logs
+    trial = host.cold(command)  # what the adapter then does
+    assert trial.wait()["exitCode"] == 0
