@@ -35,6 +35,7 @@ import atexit
 import os
 import posix
 import sys
+import time
 from importlib.machinery import SourceFileLoader
 from types import ModuleType
 
@@ -253,7 +254,7 @@ def fork_trial(keeper, out_w):
     try:
         become_trial(plan, env, out_w, stderr, keeper.dir)
     except BaseException as exc:  # noqa: BLE001 - never run keeper code in the trial: start it cold
-        cold(plan, env, exc)
+        cold(plan, env, exc, keeper.dir)
     raise StartTrial(plan)
 
 
@@ -286,7 +287,7 @@ def become_trial(plan, env, out_w, stderr, trial_dir):
         sys.argv, path0 = [plan["script"], *plan["args"]], os.path.dirname(os.path.realpath(plan["script"]))
         sys.orig_argv = [plan["python"], *plan["flags"], *sys.argv]
     if not (sys.flags.isolated or getattr(sys.flags, "safe_path", False)):
-        names = {n[:-3] if n.endswith(".py") else n for n in posix.listdir(path0)}
+        names = {n[:-3] if n.endswith(".py") else n for n in posix.listdir(path0) if not n.startswith("__")}
         shadowed = names.intersection(sys.modules)
         if shadowed:  # the trial's own module of that name would win over the loaded one: cold
             raise ImportError("%s/ shadows the loaded module %s" % (path0, sorted(shadowed)[0]))
@@ -316,11 +317,18 @@ def set_cmdline(argv):
     ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
 
 
-def cold(plan, env, exc):
+def cold(plan, env, exc, trial_dir):
     """The child could not become the trial: run the command cold in its place (same pid, the
-    keeper's child), saying why on stderr; if even that fails, exit 127 as a shell would."""
+    keeper's child), saying why in the keeper's log; if even that fails, exit 127 as a shell
+    would."""
     try:
-        posix.write(2, b"trialbus: warm start failed (%s); starting cold\n" % repr(exc).encode("utf-8", "replace"))
+        line = "%s trial_template: starting the trial cold: %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), exc)
+        log = posix.open(trial_dir + "/.trialbus/keeper.log", posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND, 0o644)
+        posix.write(log, line.encode("utf-8", "replace"))
+        posix.close(log)
+    except OSError:
+        pass
+    try:
         target = ["-m", plan["module"]] if "module" in plan else [plan["script"]]
         posix.execve(plan["python"], [plan["python"], *plan["flags"], *target, *plan["args"]], env)
     finally:

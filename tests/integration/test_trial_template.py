@@ -343,3 +343,12 @@ def test_a_template_that_cannot_start_is_given_up_and_its_trials_start_cold(host
     assert any("failed to start twice" in line and "template.log" in line for line in host.logs), host.logs
     trial = host.cold(command)  # what the adapter then does
     assert trial.wait()["exitCode"] == 0
+
+
+def test_a_code_directory_that_shadows_a_loaded_module_runs_its_own_cold(host, code):
+    (code / "json.py").write_text("VALUE = 'the trial folder json'\n")  # the template has loaded the real json
+    (code / "own_json.py").write_text("import json\nprint(json.VALUE)\n")
+    trial = host.warm(f"{PYTHON} own_json.py")
+    assert trial.wait()["exitCode"] == 0, trial.err()
+    assert trial.out() == "the trial folder json\n" and trial.err() == ""
+    assert "shadows the loaded module json" in (trial.dir / ".trialbus/keeper.log").read_text()
