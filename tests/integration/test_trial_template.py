@@ -352,3 +352,27 @@ def test_a_code_directory_that_shadows_a_loaded_module_runs_its_own_cold(host, c
     assert trial.wait()["exitCode"] == 0, trial.err()
     assert trial.out() == "the trial folder json\n" and trial.err() == ""
     assert "shadows the loaded module json" in (trial.dir / ".trialbus/keeper.log").read_text()
+
+
+def test_a_warm_trial_ends_as_a_cold_one_threads_atexit_and_unclosed_files(host, code, tmp_path):
+    (code / "ending.py").write_text(textwrap.dedent("""
+        import atexit, sys, threading, time
+        out = sys.argv[1]
+        left_open = open(out + ".unclosed", "w")
+        left_open.write("written, never closed")  # buffered: only the exit flushes it
+        def late():
+            time.sleep(0.3)
+            with open(out + ".thread", "w") as f:
+                f.write("thread finished")
+        threading.Thread(target=late).start()  # not a daemon: the exit waits for it
+        atexit.register(lambda: open(out + ".atexit", "w").write("atexit ran"))
+        print("unflushed stdout", end="")
+    """))  # fmt: skip
+    for how, start in (("cold", host.cold), ("warm", host.warm)):
+        out = tmp_path / how
+        trial = start(f"{PYTHON} ending.py {out}")
+        assert trial.wait()["exitCode"] == 0, trial.err()
+        assert trial.out() == "unflushed stdout", how
+        assert Path(f"{out}.unclosed").read_text() == "written, never closed", how
+        assert Path(f"{out}.thread").read_text() == "thread finished", how
+        assert Path(f"{out}.atexit").read_text() == "atexit ran", how

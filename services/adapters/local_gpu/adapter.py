@@ -234,8 +234,9 @@ class LocalGpuAdapter(PlatformAdapter):
 
     async def _template(self, request: TrialRequest, code_dir: str | None) -> Template | None:
         """The warm template this trial forks from, or None to start it cold. A template that is
-        still starting (the first trial of an experiment, ~50 ms bare) is waited for up to
-        ``warm_wait`` seconds; after that the trial starts cold rather than wait longer."""
+        still starting (the first trial of an experiment, ~50 ms bare; a fuller one that learned
+        from the trials) is waited for up to ``warm_wait`` seconds in all; then the trial forks
+        from what is ready, or starts cold."""
         if self._warm is None or not request.warm_start:
             return None
         self._warm.sweep()
@@ -243,10 +244,15 @@ class LocalGpuAdapter(PlatformAdapter):
         if code_dir is not None:
             env["TRIALBUS_CODE_DIR"] = code_dir
         template = self._warm.template_for(request.trial_command, env, request.warm_preload)
+        if template is None:
+            return None
         deadline = time.monotonic() + self.settings.warm_wait
-        while template is not None and template.poll() == "starting" and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-        return template
+        # A fuller template, learned from the trials that ended, may be on its way: waiting for
+        # it costs less CPU than the trial importing those modules once more.
+        for waiting in (template, self._warm.next.get(template.key)):
+            while waiting is not None and waiting.poll() == "starting" and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+        return self._warm.template_for(request.trial_command, env, request.warm_preload)
 
     def _unborn(self, trial_dir: str) -> bool:
         """Whether ``trial_dir`` is a launch an earlier run of this adapter began but died before
