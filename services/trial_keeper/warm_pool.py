@@ -201,6 +201,7 @@ class WarmPool:
             return template
         if self.broken.get(key, 0) >= 2:
             return None  # failed twice before it was ready: this key starts cold
+        first = key not in self.known
         known = self.known.setdefault(key, set())
         known.update(preload)
         if template is not None:  # it died: say so, start another
@@ -217,8 +218,13 @@ class WarmPool:
                 self.log(f"warm template {key} failed to start twice: its trials start cold ({reason})")
                 return None
             self.log(f"warm template {key} is gone ({reason}); starting another (trials start cold meanwhile)")
-        template = self._start(key, plan, env, environ["TRIALBUS_CODE_DIR"], sorted(known))
+        code_dir = environ["TRIALBUS_CODE_DIR"]
+        template = self._start(key, plan, env, code_dir, sorted(known))
         self.current[key] = template
+        guessed = script_imports(code_dir, plan) - known if first else set()
+        if guessed:  # what the script imports, read without running it: a fuller template at once
+            known.update(guessed)
+            self.next[key] = self._start(key, plan, env, code_dir, sorted(known))
         return template
 
     def learn(self, key: str, trial_dir: str) -> None:
@@ -304,3 +310,40 @@ class WarmPool:
             fuller.close()
             self.retired.append(fuller)
 
+
+def script_imports(code_dir: str, plan: dict, limit: int = 20) -> set[str]:
+    """The modules a trial's script imports outside its functions and classes, read from its
+    source without running it, and those of the code directory's own modules it imports (up to
+    ``limit`` files): the first guess of what its template preloads, before any trial has run.
+    ``from a.b import c`` names ``a.b`` and ``a.b.c`` (a submodule or not: a name that is no
+    module just fails to preload)."""
+    import ast
+
+    target = plan.get("script") or plan["module"].replace(".", "/") + ".py"
+    queue, seen, found = [os.path.join(code_dir, target)], set(), set()
+    while queue and len(seen) < limit:
+        path = queue.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            body = ast.parse(Path(path).read_bytes()).body
+        except (OSError, SyntaxError, ValueError):
+            continue
+        while body:
+            node = body.pop()
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*")]
+            else:
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    body += [n for n in ast.iter_child_nodes(node) if isinstance(n, ast.stmt)]
+                continue
+            for name in names:
+                local = os.path.join(code_dir, *name.split("."))
+                for candidate in (local + ".py", os.path.join(local, "__init__.py")):
+                    if os.path.isfile(candidate):
+                        queue.append(candidate)  # the trial's own module: read it, never preload it
+                found.add(name)
+    return found

@@ -259,6 +259,8 @@ def test_the_template_learns_what_trials_import(host, code, tmp_path):
 def test_a_template_that_dies_is_replaced_and_said(host, code):
     first = host.warm(f"{PYTHON} probe.py")
     first.wait()
+    guessed = host.pool.next.pop(first.template)  # the one its imports, read ahead, would bring
+    guessed.close()
     template = host.pool.current[first.template]
     os.kill(template.process.pid, signal.SIGKILL)
     template.process.wait()
@@ -376,3 +378,20 @@ def test_a_warm_trial_ends_as_a_cold_one_threads_atexit_and_unclosed_files(host,
         assert Path(f"{out}.unclosed").read_text() == "written, never closed", how
         assert Path(f"{out}.thread").read_text() == "thread finished", how
         assert Path(f"{out}.atexit").read_text() == "atexit ran", how
+
+
+def test_the_scripts_own_imports_are_read_ahead_for_the_next_template(host, code, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "slow_import.py").write_text("import time\ntime.sleep(0.2)\n")
+    host.env["PYTHONPATH"] = str(site)
+    runs = tmp_path / "model-runs"
+    (code / "model.py").write_text(f"import slow_import\nopen({str(runs)!r}, 'a').write('ran\\n')\n")  # own code: read
+    (code / "reads.py").write_text("import sys\nprint('slow_import' in sys.modules)\nimport model\n")
+    _, environ = host.environ(f"{PYTHON} reads.py")
+    bare = host.pool.template_for(f"{PYTHON} reads.py", environ)
+    guessed = host.pool.next[bare.key]  # started at once, before any trial ran
+    assert guessed.wait_ready(30) and "slow_import" in guessed.preload and "model" in guessed.preload
+    trial = host.warm(f"{PYTHON} reads.py")
+    assert trial.wait()["exitCode"] == 0 and trial.out() == "True\n"
+    assert runs.read_text() == "ran\n"  # by the trial only: the template never runs the trial's code
