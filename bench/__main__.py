@@ -9,8 +9,10 @@ RUNNING); and the remote adapter over loopback SSH (submit→RUNNING once warm, 
 second over two machines); and the openpai adapter against the OpenPAI emulator (trials per
 second, one job each, and in reuse mode); and the frameworkcontroller adapter against the
 Kubernetes emulator (trials per second, one Framework each); and the tuner service driving
-no-op experiments (trials per second, trial end → next submit). Spawn-only is measured right before and right after each
-concurrency's trials (the host's speed drifts), and the ratio uses their mean.
+no-op experiments (trials per second, trial end → next submit); and warm-started trials beside
+cold ones and NNI 3.0 (``bench.warm``: NNI's scikit-learn example, start overhead, no-op rate).
+Spawn-only is measured right before and right after each concurrency's trials (the host's speed
+drifts), and the ratio uses their mean.
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ from bench.openpai import openpai_service
 from bench.remote import ssh_machines
 from bench.trials import percentile, spawn_rate, trial_rate, write_noop
 from bench.tuner import tuner_rate
+from bench.warm import warm_start
 from services.trial_keeper import SHIM_PATH
 from trialbus.stack import Stack, StackOptions
 from trialbus.stack.processes import free_port
 
 COUNTS = {1: 40, 4: 80, 16: 160}
 #: What ``python -m bench [part…]`` can measure; all of them without arguments.
-PARTS = ("trials", "metrics", "gpus", "remote", "openpai", "frameworkcontroller", "tuner")
+PARTS = ("trials", "metrics", "gpus", "remote", "openpai", "frameworkcontroller", "tuner", "warm")
 
 
 def main() -> None:
@@ -109,6 +112,9 @@ def run(console: Console, options: StackOptions, stack: Stack, root: Path, code:
                 f"a trial ends → the next submitted p50 [bold]{percentile(refill, 50):.1f}[/] ms, "
                 f"p99 {percentile(refill, 99):.1f} ms"
             )
+    if "warm" in parts:
+        services = {part.name: part.proc.pid for part in stack.parts if part.proc is not None}
+        warm_start(console, options.nats_url, stack.data_dir, root / "warm", services=services)
 
 
 def local_trials(console: Console, options: StackOptions, code: Path, command: str) -> None:

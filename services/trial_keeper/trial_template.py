@@ -277,8 +277,12 @@ def become_trial(plan, env, out_w, stderr, trial_dir):
         high = keep[i + 1] if i + 1 < len(keep) else posix.sysconf("SC_OPEN_MAX")
         if high > low + 1:
             posix.closerange(low + 1, high)  # the keeper's and the template's: none reaches the trial
-    os.environb.clear()
-    os.environb.update(env)
+    current = os.environb  # the template's: the trial's but for a few per-trial values
+    for name in [name for name in current if name not in env]:
+        del current[name]
+    for name, value in env.items():
+        if current.get(name) != value:
+            current[name] = value
     cwd = posix.getcwd()
     if "module" in plan:
         sys.argv, path0 = ["-m", *plan["args"]], cwd
