@@ -395,3 +395,18 @@ def test_the_scripts_own_imports_are_read_ahead_for_the_next_template(host, code
     trial = host.warm(f"{PYTHON} reads.py")
     assert trial.wait()["exitCode"] == 0 and trial.out() == "True\n"
     assert runs.read_text() == "ran\n"  # by the trial only: the template never runs the trial's code
+
+
+def test_multiprocessing_works_in_a_warm_trial_with_every_start_method(host, code):
+    (code / "pool.py").write_text(textwrap.dedent("""
+        import multiprocessing as mp
+        def square(x):
+            return x * x
+        if __name__ == "__main__":  # spawn and forkserver import this script again as __mp_main__
+            for method in ("spawn", "fork", "forkserver"):
+                with mp.get_context(method).Pool(2) as pool:
+                    print(method, pool.map(square, range(4)))
+    """))  # fmt: skip
+    trial = host.warm(f"{PYTHON} pool.py")
+    assert trial.wait(60)["exitCode"] == 0, trial.err()
+    assert trial.out() == "spawn [0, 1, 4, 9]\nfork [0, 1, 4, 9]\nforkserver [0, 1, 4, 9]\n"
