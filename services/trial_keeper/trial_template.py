@@ -22,22 +22,18 @@ Each request forks a keeper (``trial_keeper.fork_keeper``: its own session, as i
 its own) whose ``Keeper.fork_trial`` hook forks the trial instead of spawning an interpreter,
 when the command is a Python script or module run by this template's interpreter and flags
 (:func:`parse_command`); anything else starts cold, as the keeper always does. The trial
-child sets itself up as a fresh interpreter would be (:func:`become_trial`), unwinds to this
-file's top level, runs the script as ``__main__`` and ends as a ``multiprocessing`` child does
-(:func:`finish`). The template runs no trial code, so every trial starts from the same clean state.
+child sets itself up as a fresh interpreter would be, unwinds to this file's top level, runs
+the script as ``__main__`` and ends as a ``multiprocessing`` child does (``warm_trial.py``, beside
+this file: the trial's side). The template runs no trial code, so every trial starts from the same clean state.
 
 At its exit, a warm trial lists the modules it imported that the template had not, in
 ``.trialbus/imports``: the adapter's pool learns from them what the next template preloads
 (``services/trial_keeper/warm_pool.py``). Stdlib only, like the keeper.
 """
 
-import atexit
 import os
 import posix
 import sys
-import time
-from importlib.machinery import SourceFileLoader
-from types import ModuleType
 
 #: Interpreter options a warm trial may carry (the template must be started with the same);
 #: ``-X`` and ``-W`` take a value. Others (``-c``, ``-i``, ``-``…) start cold.
@@ -50,6 +46,7 @@ SHELL_BYTES = frozenset(b"|&;<>()$`\\\"'*?[]#~=%{}!\n\r\v\f")  # as the keeper's
 PER_TRIAL = (b"NNI_TRIAL_JOB_ID", b"NNI_SYS_DIR", b"NNI_OUTPUT_DIR", b"NNI_TRIAL_SEQ_ID", b"CUDA_VISIBLE_DEVICES")
 
 keeper_module = None  # trial_keeper, loaded by path at start
+trial_module = None  # warm_trial: what a trial child does, loaded by path at start
 spec = {}
 library_fds = ()  # descriptors the preloaded modules hold: every trial keeps them
 
@@ -142,7 +139,7 @@ def preload(names, code_dir, shim=None):
     (the rest is then not loaded). Never loaded: modules found under ``code_dir`` (the trial's
     own code), and NNI's modules (they read the trial's environment at import) but for our
     ``nni`` shim (``shim``: its folder), which reads it at first use."""
-    import ctypes  # noqa: F401 - for set_cmdline, in every trial
+    import ctypes  # noqa: F401 - for warm_trial.set_cmdline, in every trial
     import importlib
     import importlib.util
 
@@ -199,11 +196,21 @@ def serve(requests, answers):
         posix.write(answers, b"%d\n" % pid)
 
 
+def load(name, path):
+    """The module in file ``path``, under a private ``name`` (nothing a trial imports clashes)."""
+    import importlib.util
+
+    found = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(found)
+    sys.modules[name] = module
+    found.loader.exec_module(module)
+    return module
+
+
 def start_template(keeper_path, spec_path):
     """Load the keeper, move the channels, preload, answer; then serve. The exit status."""
-    global keeper_module, spec, library_fds
+    global keeper_module, trial_module, spec, library_fds
     import gc
-    import importlib.util
     import json
 
     here = os.path.dirname(os.path.realpath(__file__))
@@ -216,9 +223,8 @@ def start_template(keeper_path, spec_path):
     posix.dup2(2, 1)  # an import's prints go to the template's log
     with open(spec_path, encoding="utf-8") as file:
         spec = json.load(file)
-    loader = importlib.util.spec_from_file_location("_trialbus_keeper", keeper_path)
-    keeper_module = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(keeper_module)
+    keeper_module = load("_trialbus_keeper", keeper_path)
+    trial_module = load("_trialbus_warm_trial", os.path.join(here, "warm_trial.py"))
     keeper_module.Keeper.fork_trial = fork_trial
     before = open_fds()
     loaded, failed, unsafe = preload(spec.get("preload", ()), spec["code_dir"], spec.get("shim"))
@@ -252,142 +258,10 @@ def fork_trial(keeper, out_w):
     if pid:
         return pid
     try:
-        become_trial(plan, env, out_w, stderr, keeper.dir)
+        trial_module.become_trial(plan, env, out_w, stderr, keeper.dir, library_fds)
     except BaseException as exc:  # noqa: BLE001 - never run keeper code in the trial: start it cold
-        cold(plan, env, exc, keeper.dir)
+        trial_module.cold(plan, env, exc, keeper.dir)
     raise StartTrial(plan)
-
-
-def become_trial(plan, env, out_w, stderr, trial_dir):
-    """In the trial child: the process a cold start would have made, short of the script."""
-    import _signal
-
-    _signal.set_wakeup_fd(-1)
-    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
-    _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
-    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
-    posix.setsid()  # the trial leads its own group, which the keeper's killpg reaches
-    null = posix.open("/dev/null", posix.O_RDONLY)
-    err = posix.open(stderr, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o644)
-    posix.dup2(null, 0)
-    posix.dup2(out_w, 1)
-    posix.dup2(err, 2)
-    keep = sorted({0, 1, 2, *library_fds})
-    for i, low in enumerate(keep):  # (Python 3.9 on remote machines: no zip(strict=))
-        high = keep[i + 1] if i + 1 < len(keep) else posix.sysconf("SC_OPEN_MAX")
-        if high > low + 1:
-            posix.closerange(low + 1, high)  # the keeper's and the template's: none reaches the trial
-    current = os.environb  # the template's: the trial's but for a few per-trial values
-    for name in [name for name in current if name not in env]:
-        del current[name]
-    for name, value in env.items():
-        if current.get(name) != value:
-            current[name] = value
-    cwd = posix.getcwd()
-    if "module" in plan:
-        sys.argv, path0 = ["-m", *plan["args"]], cwd
-        sys.orig_argv = [plan["python"], *plan["flags"], "-m", plan["module"], *plan["args"]]
-    else:
-        sys.argv, path0 = [plan["script"], *plan["args"]], os.path.dirname(os.path.realpath(plan["script"]))
-        sys.orig_argv = [plan["python"], *plan["flags"], *sys.argv]
-    if not (sys.flags.isolated or getattr(sys.flags, "safe_path", False)):
-        names = {n[:-3] if n.endswith(".py") else n for n in posix.listdir(path0) if not n.startswith("__")}
-        shadowed = names.intersection(sys.modules)
-        if shadowed:  # the trial's own module of that name would win over the loaded one: cold
-            raise ImportError("%s/ shadows the loaded module %s" % (path0, sorted(shadowed)[0]))
-        sys.path.insert(0, path0)
-    sys.modules.pop("_trialbus_keeper", None)
-    set_cmdline([os.fsencode(a) for a in sys.orig_argv])
-    # `random` reseeds itself at fork; numpy's and torch's global generators do not (a cold
-    # start seeds both from the OS), so each trial's streams would be its siblings'.
-    numpy_random = sys.modules.get("numpy.random")
-    if numpy_random is not None:
-        numpy_random.seed()
-    torch = sys.modules.get("torch")
-    if getattr(torch, "default_generator", None) is not None:
-        torch.default_generator.seed()
-    record_imports(trial_dir, frozenset(sys.modules))
-
-
-def set_cmdline(argv):
-    """Show ``argv`` in ``/proc/<pid>/cmdline`` (``ps``, ``top``) instead of the template's own:
-    written over the process's original argument area, as setproctitle does; cut to its size."""
-    import ctypes
-
-    with open("/proc/self/stat", "rb") as file:
-        fields = file.read().rpartition(b")")[2].split()
-    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
-    data = b"\0".join(argv)[: end - start - 1]
-    ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
-
-
-def cold(plan, env, exc, trial_dir):
-    """The child could not become the trial: run the command cold in its place (same pid, the
-    keeper's child), saying why in the keeper's log; if even that fails, exit 127 as a shell
-    would."""
-    try:
-        line = "%s trial_template: starting the trial cold: %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), exc)
-        log = posix.open(trial_dir + "/.trialbus/keeper.log", posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND, 0o644)
-        posix.write(log, line.encode("utf-8", "replace"))
-        posix.close(log)
-    except OSError:
-        pass
-    try:
-        target = ["-m", plan["module"]] if "module" in plan else [plan["script"]]
-        posix.execve(plan["python"], [plan["python"], *plan["flags"], *target, *plan["args"]], env)
-    finally:
-        posix._exit(127)
-
-
-def record_imports(trial_dir, before):
-    """At exit, list in ``.trialbus/imports`` what this trial imported beyond the template,
-    minus its own code: what the next template may preload."""
-    def write():
-        code = os.path.realpath(posix.getcwd()) + "/"
-        names = []
-        for name in set(sys.modules) - before:
-            module = sys.modules.get(name)
-            where = getattr(module, "__file__", None) or ""
-            if name != "__main__" and module is not None and not os.path.realpath(where or "/").startswith(code):
-                names.append(name)
-        if names:
-            with open(trial_dir + "/.trialbus/imports", "w", encoding="utf-8") as file:
-                file.write("\n".join(sorted(names)) + "\n")
-
-    atexit.register(write)  # registered first, so it runs last: after the trial's own handlers
-
-
-def run_trial(plan):
-    """Run the trial's script or module as ``__main__``, as ``python X.py`` / ``python -m``
-    would; an uncaught exception is printed as cold Python prints it (without this frame)."""
-    try:
-        if "module" in plan:
-            import runpy
-
-            runpy._run_module_as_main(plan["module"], alter_argv=True)
-        else:
-            path = plan["script"]
-            filename = path if path.startswith("/") else posix.getcwd() + "/" + path
-            main = sys.modules["__main__"] = ModuleType("__main__")
-            main.__file__, main.__cached__ = filename, None
-            main.__loader__ = SourceFileLoader("__main__", filename)
-            with open(filename, "rb") as file:
-                source = file.read()
-            exec(compile(source, filename, "exec", dont_inherit=True), main.__dict__)  # noqa: S102
-    except SystemExit:
-        raise
-    except BaseException as exc:  # noqa: BLE001
-        exc.with_traceback(exc.__traceback__.tb_next)
-        sys.excepthook(type(exc), exc, exc.__traceback__)
-        if isinstance(exc, KeyboardInterrupt):  # as cold Python: die of SIGINT
-            import _signal
-
-            sys.stdout.flush()
-            sys.stderr.flush()
-            _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
-            posix.kill(posix.getpid(), _signal.SIGINT)
-        return 1
-    return 0
 
 
 def main():
@@ -399,45 +273,12 @@ def main():
     except StartTrial as start:  # in a trial child, the keeper's frames unwound
         plan = start.plan
     try:
-        status = run_trial(plan)
+        status = trial_module.run_trial(plan)
     except SystemExit as exc:  # as the interpreter reads it
         status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
         if not isinstance(exc.code, (int, type(None))):
             sys.stderr.write("%s\n" % (exc.code,))
-    finish(status)
-
-
-def finish(status):
-    """End the trial as a fork child of ``multiprocessing`` ends: wait for its threads, run its
-    ``atexit`` handlers, flush every file it opened, then exit without tearing the modules down.
-    The teardown is what costs (~0.2 s of CPU once scikit-learn is loaded, for nothing: the
-    process is gone after it); what it would do for a trial is done here, but for ``__del__`` of
-    objects still alive at exit, which Python does not promise to run anyway."""
-    import gc
-    import io
-
-    threading = sys.modules.get("threading")
-    try:
-        if threading is not None:
-            threading._shutdown()
-    except BaseException:  # noqa: BLE001 - a Ctrl-C while waiting: exit as Python would, now
-        pass
-    atexit._run_exitfuncs()
-    # The template froze its own objects: gc.get_objects() lists only what the trial made.
-    files = [obj for obj in gc.get_objects() if isinstance(obj, io.IOBase)]
-    for kind in (io.TextIOBase, io.BufferedIOBase):  # text layers first: they write into buffers
-        for file in files:
-            if isinstance(file, kind):
-                try:
-                    file.flush()
-                except (OSError, ValueError):
-                    pass  # closed, or a broken pipe: as the interpreter, say nothing
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
-    posix._exit(status & 0xFF)
+    trial_module.finish(status)
 
 
 if __name__ == "__main__":

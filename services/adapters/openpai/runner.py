@@ -23,8 +23,8 @@ The channel is the share, so it works where the cluster cannot reach the adapter
 
 Warm start (docs/warm-start.md): where the trial's settings ask for it (``TRIALBUS_WARM``) and
 the role's command is one line of the shape ``python X.py …`` / ``python -m mod …``, the trial
-forks from the task's warm template (``warm_pool.py``, shipped beside this file, as
-``trial_template.py``), kept for the life of the environment and learning the trials' imports;
+forks from the task's warm template (``warm_pool.py``, shipped beside this file, as are
+``trial_template.py`` and ``warm_trial.py``), kept for the life of the environment and learning the trials' imports;
 any other command runs as before, through ``sh``.
 
 A task folder that exists when its ticket comes up again (the job or the task was retried by

@@ -1,0 +1,179 @@
+"""The trial side of a warm start: what a child forked from a trial template (``trial_template.py``)
+does to become the trial a cold ``python X.py`` would have been, to run it, and to end.
+
+The template loads this file by path (as ``_trialbus_warm_trial``) before it preloads anything;
+the functions run only in a trial child, after the fork. Stdlib only (Python 3.9+), like the keeper.
+"""
+
+import atexit
+import os
+import posix
+import sys
+import time
+from importlib.machinery import SourceFileLoader
+from types import ModuleType
+
+
+def become_trial(plan, env, out_w, stderr, trial_dir, library_fds):
+    """In the trial child: the process a cold start would have made, short of the script."""
+    import _signal
+
+    _signal.set_wakeup_fd(-1)
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+    posix.setsid()  # the trial leads its own group, which the keeper's killpg reaches
+    null = posix.open("/dev/null", posix.O_RDONLY)
+    err = posix.open(stderr, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o644)
+    posix.dup2(null, 0)
+    posix.dup2(out_w, 1)
+    posix.dup2(err, 2)
+    keep = sorted({0, 1, 2, *library_fds})
+    for i, low in enumerate(keep):  # (Python 3.9 on remote machines: no zip(strict=))
+        high = keep[i + 1] if i + 1 < len(keep) else posix.sysconf("SC_OPEN_MAX")
+        if high > low + 1:
+            posix.closerange(low + 1, high)  # the keeper's and the template's: none reaches the trial
+    current = os.environb  # the template's: the trial's but for a few per-trial values
+    for name in [name for name in current if name not in env]:
+        del current[name]
+    for name, value in env.items():
+        if current.get(name) != value:
+            current[name] = value
+    cwd = posix.getcwd()
+    if "module" in plan:
+        sys.argv, path0 = ["-m", *plan["args"]], cwd
+        sys.orig_argv = [plan["python"], *plan["flags"], "-m", plan["module"], *plan["args"]]
+    else:
+        sys.argv, path0 = [plan["script"], *plan["args"]], os.path.dirname(os.path.realpath(plan["script"]))
+        sys.orig_argv = [plan["python"], *plan["flags"], *sys.argv]
+    if not (sys.flags.isolated or getattr(sys.flags, "safe_path", False)):
+        names = {n[:-3] if n.endswith(".py") else n for n in posix.listdir(path0) if not n.startswith("__")}
+        shadowed = names.intersection(sys.modules)
+        if shadowed:  # the trial's own module of that name would win over the loaded one: cold
+            raise ImportError("%s/ shadows the loaded module %s" % (path0, sorted(shadowed)[0]))
+        sys.path.insert(0, path0)
+    sys.modules.pop("_trialbus_keeper", None)
+    set_cmdline([os.fsencode(a) for a in sys.orig_argv])
+    # `random` reseeds itself at fork; numpy's and torch's global generators do not (a cold
+    # start seeds both from the OS), so each trial's streams would be its siblings'.
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+    torch = sys.modules.get("torch")
+    if getattr(torch, "default_generator", None) is not None:
+        torch.default_generator.seed()
+    record_imports(trial_dir, frozenset(sys.modules))
+
+
+def set_cmdline(argv):
+    """Show ``argv`` in ``/proc/<pid>/cmdline`` (``ps``, ``top``) instead of the template's own:
+    written over the process's original argument area, as setproctitle does; cut to its size."""
+    import ctypes
+
+    with open("/proc/self/stat", "rb") as file:
+        fields = file.read().rpartition(b")")[2].split()
+    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
+    data = b"\0".join(argv)[: end - start - 1]
+    ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
+
+
+def cold(plan, env, exc, trial_dir):
+    """The child could not become the trial: run the command cold in its place (same pid, the
+    keeper's child), saying why in the keeper's log; if even that fails, exit 127 as a shell
+    would."""
+    try:
+        line = "%s trial_template: starting the trial cold: %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), exc)
+        log = posix.open(trial_dir + "/.trialbus/keeper.log", posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND, 0o644)
+        posix.write(log, line.encode("utf-8", "replace"))
+        posix.close(log)
+    except OSError:
+        pass
+    try:
+        target = ["-m", plan["module"]] if "module" in plan else [plan["script"]]
+        posix.execve(plan["python"], [plan["python"], *plan["flags"], *target, *plan["args"]], env)
+    finally:
+        posix._exit(127)
+
+
+def record_imports(trial_dir, before):
+    """At exit, list in ``.trialbus/imports`` what this trial imported beyond the template,
+    minus its own code: what the next template may preload."""
+    def write():
+        code = os.path.realpath(posix.getcwd()) + "/"
+        names = []
+        for name in set(sys.modules) - before:
+            module = sys.modules.get(name)
+            where = getattr(module, "__file__", None) or ""
+            if name != "__main__" and module is not None and not os.path.realpath(where or "/").startswith(code):
+                names.append(name)
+        if names:
+            with open(trial_dir + "/.trialbus/imports", "w", encoding="utf-8") as file:
+                file.write("\n".join(sorted(names)) + "\n")
+
+    atexit.register(write)  # registered first, so it runs last: after the trial's own handlers
+
+
+def run_trial(plan):
+    """Run the trial's script or module as ``__main__``, as ``python X.py`` / ``python -m``
+    would; an uncaught exception is printed as cold Python prints it (without this frame)."""
+    try:
+        if "module" in plan:
+            import runpy
+
+            runpy._run_module_as_main(plan["module"], alter_argv=True)
+        else:
+            path = plan["script"]
+            filename = path if path.startswith("/") else posix.getcwd() + "/" + path
+            main = sys.modules["__main__"] = ModuleType("__main__")
+            main.__file__, main.__cached__ = filename, None
+            main.__loader__ = SourceFileLoader("__main__", filename)
+            with open(filename, "rb") as file:
+                source = file.read()
+            exec(compile(source, filename, "exec", dont_inherit=True), main.__dict__)  # noqa: S102
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        exc.with_traceback(exc.__traceback__.tb_next)
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        if isinstance(exc, KeyboardInterrupt):  # as cold Python: die of SIGINT
+            import _signal
+
+            sys.stdout.flush()
+            sys.stderr.flush()
+            _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+            posix.kill(posix.getpid(), _signal.SIGINT)
+        return 1
+    return 0
+
+
+def finish(status):
+    """End the trial as a fork child of ``multiprocessing`` ends: wait for its threads, run its
+    ``atexit`` handlers, flush every file it opened, then exit without tearing the modules down.
+    The teardown is what costs (~0.2 s of CPU once scikit-learn is loaded, for nothing: the
+    process is gone after it); what it would do for a trial is done here, but for ``__del__`` of
+    objects still alive at exit, which Python does not promise to run anyway."""
+    import gc
+    import io
+
+    threading = sys.modules.get("threading")
+    try:
+        if threading is not None:
+            threading._shutdown()
+    except BaseException:  # noqa: BLE001 - a Ctrl-C while waiting: exit as Python would, now
+        pass
+    atexit._run_exitfuncs()
+    # The template froze its own objects: gc.get_objects() lists only what the trial made.
+    files = [obj for obj in gc.get_objects() if isinstance(obj, io.IOBase)]
+    for kind in (io.TextIOBase, io.BufferedIOBase):  # text layers first: they write into buffers
+        for file in files:
+            if isinstance(file, kind):
+                try:
+                    file.flush()
+                except (OSError, ValueError):
+                    pass  # closed, or a broken pipe: as the interpreter, say nothing
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    posix._exit(status & 0xFF)
