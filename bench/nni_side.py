@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from trialbus.stack.processes import free_port
 
 SDK = Path(__file__).resolve().parents[1] / ".nni-sdk"
@@ -288,17 +290,9 @@ def _run_nni(
 
 def _manager_pids(experiments_dir: Path) -> list[int]:
     """NNI's node processes started for ``experiments_dir`` (their command line names it)."""
-    wanted = str(experiments_dir.resolve()).encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"--experiments-directory" in argv and wanted in argv:
-                pids.append(int(entry.name))
-    return pids
+    wanted = str(experiments_dir.resolve())
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if "--experiments-directory" in (p.info["cmdline"] or ()) and wanted in p.info["cmdline"]]  # fmt: skip
 
 
 def _end_groups(pids: list[int]) -> None:

@@ -227,6 +227,36 @@ class WarmPool:
             self.next[key] = self._start(key, plan, env, code_dir, sorted(known))
         return template
 
+    def waiting(self, command: str, environ: Mapping[str, str], preload: Iterable[str] = ()) -> Template | None:
+        """A template for this trial still starting (its first, or a fuller one on its way), which
+        is worth waiting for before :meth:`fork`: it costs less CPU than the trial's own imports.
+        None when there is none to wait for. Starts the key's templates where needed."""
+        template = self.template_for(command, environ, preload)
+        if template is None:
+            return None
+        fuller = self.next.get(template.key)
+        return next((t for t in (template, fuller) if t is not None and t.poll() == "starting"), None)
+
+    def fork(self, environ: Mapping[str, str], preload: Iterable[str] = (), wait: float = 0.0
+             ) -> tuple[int, str] | None:  # fmt: skip
+        """The trial's keeper (settings ``environ``, its ``TRIALBUS_TRIAL_COMMAND`` included) forked
+        from a warm template: (pid, the template's key, for :meth:`learn`). None when the trial
+        must start cold: not a Python command, no template ready (after up to ``wait`` seconds
+        for one that is starting), or the template failed, which is logged."""
+        self.sweep()
+        command = environ["TRIALBUS_TRIAL_COMMAND"]
+        deadline = time.monotonic() + wait
+        while (starting := self.waiting(command, environ, preload)) and time.monotonic() < deadline:
+            select.select([starting.process.stdout], [], [], min(deadline - time.monotonic(), 0.05))
+        template = self.template_for(command, environ, preload)
+        if template is None or template.poll() != "ready":
+            return None
+        try:
+            return template.fork(environ), template.key
+        except OSError as exc:
+            self.log(f"{environ.get('TRIALBUS_TRIAL_DIR')}: the warm template failed ({exc}): starting the trial cold")
+            return None
+
     def learn(self, key: str, trial_dir: str) -> None:
         """Take what a finished warm trial imported beyond its template; start a fuller template
         when that is new (at most one starting per key)."""

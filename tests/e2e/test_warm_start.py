@@ -4,10 +4,13 @@ trial's own files show; and the template's failures, which must cost no trial.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 from pathlib import Path
+
+import psutil
 
 from tests.e2e.conftest import config
 from tests.e2e.helpers import create, ended, submit, trial, wait_until
@@ -29,16 +32,12 @@ def metric_values(stack, trial_id: str) -> list:
 
 def templates(stack) -> list[int]:
     """Pids of this stack's trial templates: the adapter's children that run trial_template.py."""
-    adapter, pids = stack.procs["adapter"].pid, []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_bytes().rpartition(b")")[2].split()
-                if int(stat[1]) == adapter and b"trial_template.py" in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
+    found = []
+    for child in psutil.Process(stack.procs["adapter"].pid).children():
+        with contextlib.suppress(psutil.Error):  # a retired one, exited and not yet reaped
+            if any("trial_template.py" in arg for arg in child.cmdline()):
+                found.append(child.pid)
+    return found
 
 
 def test_warm_and_cold_trials_report_the_same_parameters_metrics_and_exit_codes(stack, code_dir):

@@ -1,145 +1,17 @@
-"""The trial template as adapters use it (``WarmPool``): real template processes forking real
-keepers and trials, compared with the same trials started cold (``python -S -I trial_keeper.py``)."""
+"""The trial template (``trial_template.py``, ``warm_trial.py``): real templates forking real keepers
+and trials, compared with the same trials started cold (``python -S -I trial_keeper.py``)."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from services.adapters.local_gpu import client
-from services.trial_keeper import KEEPER_PATH, SHIM_PATH
-from services.trial_keeper.warm_pool import WarmPool
 from tests.fixtures.nni import nni_sdk
-
-PYTHON = sys.executable
-PARAMETERS = '{"parameter_id": 1, "parameter_source": "algorithm", "parameters": {"x": 2}, "parameter_index": 0}'
-
-# What a trial sees of its process: everything a cold start fixes, as JSON on stdout.
-PROBE = textwrap.dedent(
-    """
-    import json, os, sys
-    import nni
-    first = {"modules_at_start": sorted(m for m in ("json_probe_mod", "numpy", "heavy") if m in sys.modules)}
-    params = nni.get_next_parameter()
-    def target(fd):
-        try:
-            return os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            return None  # the descriptor listdir itself used
-    fds = {fd: target(fd) for fd in sorted(int(fd) for fd in os.listdir("/proc/self/fd"))}
-    print(json.dumps({
-        **first, "argv": sys.argv, "path0": sys.path[0], "file": __file__, "name": __name__, "params": params,
-        "trial": nni.get_trial_id(), "seq": nni.get_sequence_id(), "cwd": os.getcwd(),
-        "env": {k: v for k, v in os.environ.items() if k.startswith(("NNI_", "CUDA_", "TRIALBUS_", "MULTI_", "USER_"))},
-        "fds": [fd for fd in fds if fd < 3], "extra_fds": [t for fd, t in fds.items() if fd > 2 and t],
-        "pgid_is_pid": os.getpgid(0) == os.getpid(),
-        "sid_is_pid": os.getsid(0) == os.getpid(), "stdin": os.readlink("/proc/self/fd/0"),
-        "sigint": str(__import__("signal").getsignal(2)), "sigterm": str(__import__("signal").getsignal(15)),
-    }), flush=True)
-    nni.report_final_result(params["x"] * 10)
-    mode = sys.argv[1] if len(sys.argv) > 1 else ""
-    if mode == "exit3":
-        sys.exit(3)
-    if mode == "os_exit":
-        os._exit(7)
-    if mode == "raise":
-        raise ValueError("trial failed on purpose")
-    if mode == "message":
-        sys.exit("a message for stderr")
-    """
-)
-
-
-class Host:
-    """Trials on this host, warm (through a WarmPool) or cold (a keeper spawned per trial)."""
-
-    def __init__(self, root: Path, code: Path, env: dict[str, str] | None = None) -> None:
-        self.root, self.code, self.count = root, code, 0
-        self.logs: list[str] = []
-        self.pool = WarmPool(root / "templates", str(KEEPER_PATH), self.logs.append, shim=str(SHIM_PATH))
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-        self.env.update(TRIALBUS_PYTHONPATH_PREPEND=str(SHIM_PATH), TRIALBUS_CODE_DIR=str(code),
-                        TRIALBUS_EXPERIMENT_ID="exp1", **(env or {}))  # fmt: skip
-
-    def environ(self, command: str, **extra: str) -> tuple[str, dict[str, str]]:
-        self.count += 1
-        trial_dir = self.root / f"t{self.count}"
-        (trial_dir / ".trialbus").mkdir(parents=True)
-        environ = dict(self.env, TRIALBUS_TRIAL_DIR=str(trial_dir), TRIALBUS_TRIAL_COMMAND=command,
-                       TRIALBUS_TRIAL_ID=f"trial{self.count}", TRIALBUS_SEQUENCE_ID=str(self.count),
-                       TRIALBUS_PARAMETERS=PARAMETERS, **extra)  # fmt: skip
-        return str(trial_dir), environ
-
-    def warm(self, command: str, preload=(), **extra: str) -> Trial:
-        trial_dir, environ = self.environ(command, **extra)
-        template = self.pool.template_for(command, environ, preload)
-        assert template is not None, f"{command!r} should start warm"
-        assert template.wait_ready(60), f"template not ready: {template.state} {self.template_log(template)}"
-        return Trial(trial_dir, template.fork(environ), template.key)
-
-    def cold(self, command: str, **extra: str) -> Trial:
-        trial_dir, environ = self.environ(command, **extra)
-        return Trial(trial_dir, client.spawn_keeper(PYTHON, str(KEEPER_PATH), environ, trial_dir), None)
-
-    @staticmethod
-    def template_log(template) -> str:
-        path = template.folder / "template.log"
-        return path.read_text() if path.exists() else ""
-
-
-class Trial:
-    def __init__(self, trial_dir: str, keeper_pid: int, template: str | None) -> None:
-        self.dir, self.keeper_pid, self.template = Path(trial_dir), keeper_pid, template
-
-    def state(self) -> dict:
-        try:
-            return json.loads((self.dir / ".trialbus/state.json").read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def wait(self, timeout: float = 60) -> dict:
-        deadline = time.monotonic() + timeout
-        while not self.state().get("done"):
-            assert time.monotonic() < deadline, f"trial in {self.dir} did not end: {self.state()}"
-            time.sleep(0.01)
-        with __import__("contextlib").suppress(ChildProcessError):
-            os.waitpid(self.keeper_pid, 0)  # a cold keeper is our child
-        return self.state()
-
-    def out(self) -> str:
-        return (self.dir / "stdout").read_text()
-
-    def err(self) -> str:
-        return (self.dir / "stderr").read_text()
-
-    def probe(self) -> dict:
-        return json.loads(self.out().splitlines()[0])
-
-    def metrics(self) -> list[dict]:
-        frames = (self.dir / ".nni/metrics").read_bytes().split(b"ME")[1:]
-        return [json.loads(frame[6:]) for frame in frames]
-
-
-@pytest.fixture
-def code(tmp_path: Path) -> Path:
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "probe.py").write_text(PROBE)
-    return code
-
-
-@pytest.fixture
-def host(tmp_path: Path, code: Path):
-    host = Host(tmp_path / "host", code)
-    yield host
-    host.pool.close()
+from tests.fixtures.warm import PYTHON, code, host  # noqa: F401 - fixtures
 
 
 def comparable(probe: dict) -> dict:
@@ -237,79 +109,6 @@ def test_a_code_change_between_trials_runs_the_new_code(host, code):
     assert "helper" not in (listed.read_text().split() if listed.exists() else [])  # own code: never preloaded
 
 
-def test_the_template_learns_what_trials_import(host, code, tmp_path):
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "heavy.py").write_text("import time\ntime.sleep(0.3)  # an import worth preloading\n")
-    host.env["PYTHONPATH"] = str(site)
-    (code / "uses_heavy.py").write_text("import sys\nprint('heavy' in sys.modules)\nimport heavy\n")
-    first = host.warm(f"{PYTHON} uses_heavy.py")
-    first.wait()
-    assert first.out() == "False\n"
-    assert "heavy" in (first.dir / ".trialbus/imports").read_text().split()
-    host.pool.learn(first.template, str(first.dir))
-    fuller = host.pool.next[first.template]
-    assert fuller.wait_ready(30), host.template_log(fuller)
-    second = host.warm(f"{PYTHON} uses_heavy.py")  # swapped in: the first template is retired
-    second.wait()
-    assert second.out() == "True\n"
-    assert not (second.dir / ".trialbus/imports").exists()  # nothing new to learn
-
-
-def test_a_template_that_dies_is_replaced_and_said(host, code):
-    first = host.warm(f"{PYTHON} probe.py")
-    first.wait()
-    guessed = host.pool.next.pop(first.template)  # the one its imports, read ahead, would bring
-    guessed.close()
-    template = host.pool.current[first.template]
-    os.kill(template.process.pid, signal.SIGKILL)
-    template.process.wait()
-    _, environ = host.environ(f"{PYTHON} probe.py")
-    with pytest.raises(OSError):
-        template.fork(environ)  # what the adapter then does: start the trial cold
-    second = host.warm(f"{PYTHON} probe.py")
-    assert second.wait()["exitCode"] == 0
-    assert any("is gone" in line for line in host.logs)
-
-
-def test_commands_that_are_not_a_python_script_start_cold(host, code):
-    for command in ("/bin/echo hi", f"{PYTHON} -c print(1)", f"{PYTHON} probe.py > out.txt", "probe.py",
-                    f"{PYTHON} -i probe.py"):  # fmt: skip
-        _, environ = host.environ(command)
-        assert host.pool.template_for(command, environ) is None, command
-
-
-def test_a_different_interpreter_or_environment_gets_its_own_template(host, code):
-    a = host.warm(f"{PYTHON} probe.py")
-    b = host.warm(f"{PYTHON} -u probe.py")
-    c = host.warm(f"{PYTHON} probe.py", USER_SETTING="1")
-    d = host.warm(f"{PYTHON} probe.py", TRIALBUS_GPUS="0")  # GPU placement is per trial: same template
-    assert all(t.wait()["exitCode"] == 0 for t in (a, b, c, d))
-    assert len({a.template, b.template, c.template}) == 3 and d.template == a.template
-    assert c.probe()["env"]["USER_SETTING"] == "1" and d.probe()["env"]["CUDA_VISIBLE_DEVICES"] == "0"
-
-
-def test_an_import_that_opens_a_gpu_is_never_preloaded(host, code, tmp_path):
-    if os.geteuid() != 0 and os.environ.get("CI") != "true":
-        pytest.skip("making a stand-in GPU device file needs root")
-    device = Path(f"/dev/nvidia-trialbus-test-{os.getpid()}")
-    device.write_bytes(b"")
-    try:
-        site = tmp_path / "site"
-        site.mkdir()
-        (site / "gpu_init.py").write_text(f"HANDLE = open({str(device)!r})  # as cuInit opens /dev/nvidiactl\n")
-        host.env["PYTHONPATH"] = str(site)
-        (code / "uses_gpu.py").write_text("import sys\nprint('gpu_init' in sys.modules)\nimport gpu_init\n")
-        _, environ = host.environ(f"{PYTHON} uses_gpu.py")
-        template = host.pool.template_for(f"{PYTHON} uses_gpu.py", environ, ["gpu_init"])
-        assert not template.wait_ready(30) and template.unsafe == "gpu_init"
-        trial = host.warm(f"{PYTHON} uses_gpu.py")  # the next template leaves it out
-        assert trial.wait()["exitCode"] == 0 and trial.out() == "False\n"
-        assert any("gpu_init" in line for line in host.logs)
-    finally:
-        device.unlink()
-
-
 def test_numpy_sklearn_and_torch_work_in_forked_trials(host, code):
     host.env["PYTHONPATH"] = str(nni_sdk())
     (code / "work.py").write_text(textwrap.dedent("""
@@ -328,23 +127,6 @@ def test_numpy_sklearn_and_torch_work_in_forked_trials(host, code):
     for trial in [*trials, cold]:
         assert trial.wait(120)["exitCode"] == 0, trial.err()
     assert {t.out() for t in trials} == {cold.out()}
-
-
-def test_a_template_that_cannot_start_is_given_up_and_its_trials_start_cold(host, code, tmp_path):
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "crasher.py").write_text("import os\nos._exit(9)  # kills whatever imports it\n")
-    host.env["PYTHONPATH"] = str(site)
-    command = f"{PYTHON} probe.py"
-    for _ in range(2):
-        _, environ = host.environ(command)
-        template = host.pool.template_for(command, environ, ["crasher"])
-        assert template is not None and not template.wait_ready(30)
-    _, environ = host.environ(command)
-    assert host.pool.template_for(command, environ, ["crasher"]) is None  # cold from now on
-    assert any("failed to start twice" in line and "template.log" in line for line in host.logs), host.logs
-    trial = host.cold(command)  # what the adapter then does
-    assert trial.wait()["exitCode"] == 0
 
 
 def test_a_code_directory_that_shadows_a_loaded_module_runs_its_own_cold(host, code):
@@ -378,23 +160,6 @@ def test_a_warm_trial_ends_as_a_cold_one_threads_atexit_and_unclosed_files(host,
         assert Path(f"{out}.unclosed").read_text() == "written, never closed", how
         assert Path(f"{out}.thread").read_text() == "thread finished", how
         assert Path(f"{out}.atexit").read_text() == "atexit ran", how
-
-
-def test_the_scripts_own_imports_are_read_ahead_for_the_next_template(host, code, tmp_path):
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "slow_import.py").write_text("import time\ntime.sleep(0.2)\n")
-    host.env["PYTHONPATH"] = str(site)
-    runs = tmp_path / "model-runs"
-    (code / "model.py").write_text(f"import slow_import\nopen({str(runs)!r}, 'a').write('ran\\n')\n")  # own code: read
-    (code / "reads.py").write_text("import sys\nprint('slow_import' in sys.modules)\nimport model\n")
-    _, environ = host.environ(f"{PYTHON} reads.py")
-    bare = host.pool.template_for(f"{PYTHON} reads.py", environ)
-    guessed = host.pool.next[bare.key]  # started at once, before any trial ran
-    assert guessed.wait_ready(30) and "slow_import" in guessed.preload and "model" in guessed.preload
-    trial = host.warm(f"{PYTHON} reads.py")
-    assert trial.wait()["exitCode"] == 0 and trial.out() == "True\n"
-    assert runs.read_text() == "ran\n"  # by the trial only: the template never runs the trial's code
 
 
 def test_multiprocessing_works_in_a_warm_trial_with_every_start_method(host, code):

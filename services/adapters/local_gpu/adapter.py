@@ -49,7 +49,7 @@ from services.adapters.local_gpu import client
 from services.adapters.local_gpu.settings import LocalGpuSettings
 from services.common.bus import Bus
 from services.common.code_archive import UnsafeArchive, extract_code
-from services.trial_keeper.warm_pool import Template, WarmPool
+from services.trial_keeper.warm_pool import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class LocalGpuAdapter(PlatformAdapter):
         ask = self.gpus.ask(request)
         if ask is not None:
             await self.gpus.check_fits(ask, self._bus)
-        template = await self._template(request, code_dir)
+        await self._warm_wait(request, code_dir)
         # No await from here on: the checks and the spawn happen as one step of the event loop.
         if (trial := self.trials.get(key)) is not None:
             return trial.handle
@@ -213,12 +213,8 @@ class LocalGpuAdapter(PlatformAdapter):
         )
         if code_dir is not None:
             env["TRIALBUS_CODE_DIR"] = code_dir
-        pid = None
-        if template is not None and template.state == "ready":
-            try:
-                pid = template.fork(env)
-            except OSError as exc:
-                log.warning("%s: the warm template failed (%s): starting the trial cold", trial_dir, exc)
+        forked = self._warm.fork(env, request.warm_preload) if self._warm and request.warm_start else None
+        pid, template = forked or (None, None)
         try:
             if pid is None and self._zygote is not None:
                 pid = self._zygote.spawn(env)
@@ -229,30 +225,21 @@ class LocalGpuAdapter(PlatformAdapter):
             raise PermanentError(f"cannot start the trial keeper with {self.settings.keeper_python}: {exc}") from exc
         trial = self._track(request.experiment_id, *key, trial_dir, client.Keeper(pid), utcnow())
         trial.gpus, trial.per_gpu = held, per_gpu
-        trial.template = template.key if template is not None and template.state == "ready" else None
+        trial.template = template
         return trial.handle
 
-    async def _template(self, request: TrialRequest, code_dir: str | None) -> Template | None:
-        """The warm template this trial forks from, or None to start it cold. A template that is
-        still starting (the first trial of an experiment, ~50 ms bare; a fuller one that learned
-        from the trials) is waited for up to ``warm_wait`` seconds in all; then the trial forks
-        from what is ready, or starts cold."""
+    async def _warm_wait(self, request: TrialRequest, code_dir: str | None) -> None:
+        """Wait, up to ``warm_wait`` seconds, while the trial's warm template is still starting
+        (an experiment's first, ~50 ms bare; a fuller one learned from the trials): the launch
+        then forks from what is ready, or starts the trial cold."""
         if self._warm is None or not request.warm_start:
-            return None
-        self._warm.sweep()
+            return
         env = dict(self._env, TRIALBUS_EXPERIMENT_ID=request.experiment_id)
         if code_dir is not None:
             env["TRIALBUS_CODE_DIR"] = code_dir
-        template = self._warm.template_for(request.trial_command, env, request.warm_preload)
-        if template is None:
-            return None
         deadline = time.monotonic() + self.settings.warm_wait
-        # A fuller template, learned from the trials that ended, may be on its way: waiting for
-        # it costs less CPU than the trial importing those modules once more.
-        for waiting in (template, self._warm.next.get(template.key)):
-            while waiting is not None and waiting.poll() == "starting" and time.monotonic() < deadline:
-                await asyncio.sleep(0.005)
-        return self._warm.template_for(request.trial_command, env, request.warm_preload)
+        while self._warm.waiting(request.trial_command, env, request.warm_preload) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
 
     def _unborn(self, trial_dir: str) -> bool:
         """Whether ``trial_dir`` is a launch an earlier run of this adapter began but died before

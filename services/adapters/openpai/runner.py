@@ -211,14 +211,8 @@ class Runner:
                                            self.say, shim=here + "/nni_shim")  # fmt: skip
         env = {os.fsdecode(k): os.fsdecode(v) for k, v in environ.items()}
         preload = [name for name in env.get("TRIALBUS_WARM_PRELOAD", "").split(",") if name]
-        template = self.warm.template_for(line, env, preload)
-        if template is None or not template.wait_ready(5):
-            return None, 0
-        try:
-            return template.key, template.fork(env)
-        except OSError as exc:
-            self.say("the warm template failed (%s): starting the trial cold" % exc)
-            return None, 0
+        forked = self.warm.fork(env, preload, wait=5)
+        return (forked[1], forked[0]) if forked else (None, 0)
 
     def python_line(self):
         """The role's command when it is a single line (comments and blank lines aside)."""

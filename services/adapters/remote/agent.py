@@ -152,28 +152,17 @@ class Agent:
         environ = dict(os.environb)
         environ.update((k.encode(), v.encode("utf-8", "surrogateescape")) for k, v in request["env"].items())
         environ[b"TRIALBUS_TRIAL_DIR"] = path.encode()
-        pid = self.fork_warm(environ, request) if request.get("warm") else None
-        if pid is None:
+        forked = None
+        if request.get("warm"):  # from this machine's warm template (docs/warm-start.md); a new one gets 0.5 s
+            env = {os.fsdecode(k): os.fsdecode(v) for k, v in environ.items()}
+            forked = self.warm.fork(env, request.get("preload", ()), wait=0.5)
+        if forked:
+            pid = forked[0]
+            self.forked[pid] = forked[1]  # its template learns from the trial's imports at its end
+        else:
             pid = trial_keeper.fork_keeper(environ)
         self.watch(pid, path)
         return {"pid": pid, "warm": pid in self.forked}
-
-    def fork_warm(self, environ, request):
-        """The keeper forked from this machine's warm template for the trial (docs/warm-start.md);
-        None to start it cold: not a Python script, or no template ready. A new template gets
-        a moment (its bare start takes ~50 ms) before the trial goes cold instead."""
-        self.warm.sweep()
-        env = {k.decode("utf-8", "surrogateescape"): v.decode("utf-8", "surrogateescape") for k, v in environ.items()}
-        template = self.warm.template_for(env["TRIALBUS_TRIAL_COMMAND"], env, request.get("preload", ()))
-        if template is None or not template.wait_ready(0.5 if template.poll() == "starting" else 0):
-            return None
-        try:
-            pid = template.fork(env)
-        except OSError as exc:
-            sys.stderr.write("the warm template failed (%s): starting the trial cold\n" % exc)
-            return None
-        self.forked[pid] = template.key
-        return pid
 
     def op_status(self, request):
         """Per trial directory: the keeper's state, whether it runs, its spool files' ages."""

@@ -1,0 +1,138 @@
+"""The pool of warm templates (``warm_pool.py``) as adapters use it: which template a trial forks
+from, what it preloads (read ahead, learned, never a GPU), and what happens when one dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.warm import PYTHON, code, host  # noqa: F401 - fixtures
+
+
+def test_the_template_learns_what_trials_import(host, code, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "heavy.py").write_text("import time\ntime.sleep(0.3)  # an import worth preloading\n")
+    host.env["PYTHONPATH"] = str(site)
+    (code / "uses_heavy.py").write_text("import sys\nprint('heavy' in sys.modules)\nimport heavy\n")
+    first = host.warm(f"{PYTHON} uses_heavy.py")
+    first.wait()
+    assert first.out() == "False\n"
+    assert "heavy" in (first.dir / ".trialbus/imports").read_text().split()
+    host.pool.learn(first.template, str(first.dir))
+    fuller = host.pool.next[first.template]
+    assert fuller.wait_ready(30), host.template_log(fuller)
+    second = host.warm(f"{PYTHON} uses_heavy.py")  # swapped in: the first template is retired
+    second.wait()
+    assert second.out() == "True\n"
+    assert not (second.dir / ".trialbus/imports").exists()  # nothing new to learn
+
+
+def test_a_template_that_dies_is_replaced_and_said(host, code):
+    first = host.warm(f"{PYTHON} probe.py")
+    first.wait()
+    guessed = host.pool.next.pop(first.template)  # the one its imports, read ahead, would bring
+    guessed.close()
+    template = host.pool.current[first.template]
+    os.kill(template.process.pid, signal.SIGKILL)
+    template.process.wait()
+    _, environ = host.environ(f"{PYTHON} probe.py")
+    with pytest.raises(OSError):
+        template.fork(environ)  # what the adapter then does: start the trial cold
+    second = host.warm(f"{PYTHON} probe.py")
+    assert second.wait()["exitCode"] == 0
+    assert any("is gone" in line for line in host.logs)
+
+
+def test_commands_that_are_not_a_python_script_start_cold(host, code):
+    for command in ("/bin/echo hi", f"{PYTHON} -c print(1)", f"{PYTHON} probe.py > out.txt", "probe.py",
+                    f"{PYTHON} -i probe.py"):  # fmt: skip
+        _, environ = host.environ(command)
+        assert host.pool.template_for(command, environ) is None, command
+
+
+def test_a_different_interpreter_or_environment_gets_its_own_template(host, code):
+    a = host.warm(f"{PYTHON} probe.py")
+    b = host.warm(f"{PYTHON} -u probe.py")
+    c = host.warm(f"{PYTHON} probe.py", USER_SETTING="1")
+    d = host.warm(f"{PYTHON} probe.py", TRIALBUS_GPUS="0")  # GPU placement is per trial: same template
+    assert all(t.wait()["exitCode"] == 0 for t in (a, b, c, d))
+    assert len({a.template, b.template, c.template}) == 3 and d.template == a.template
+    assert c.probe()["env"]["USER_SETTING"] == "1" and d.probe()["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_an_import_that_opens_a_gpu_is_never_preloaded(host, code, tmp_path):
+    if os.geteuid() != 0:  # /dev is root's: a stand-in device file cannot be made otherwise
+        if os.environ.get("CI") == "true":
+            pytest.fail("this test makes a stand-in GPU device file under /dev: run it as root")
+        pytest.skip("making a stand-in GPU device file under /dev needs root")
+    device = Path(f"/dev/nvidia-trialbus-test-{os.getpid()}")
+    device.write_bytes(b"")
+    try:
+        site = tmp_path / "site"
+        site.mkdir()
+        (site / "gpu_init.py").write_text(f"HANDLE = open({str(device)!r})  # as cuInit opens /dev/nvidiactl\n")
+        host.env["PYTHONPATH"] = str(site)
+        (code / "uses_gpu.py").write_text("import sys\nprint('gpu_init' in sys.modules)\nimport gpu_init\n")
+        _, environ = host.environ(f"{PYTHON} uses_gpu.py")
+        template = host.pool.template_for(f"{PYTHON} uses_gpu.py", environ, ["gpu_init"])
+        assert not template.wait_ready(30) and template.unsafe == "gpu_init"
+        trial = host.warm(f"{PYTHON} uses_gpu.py")  # the next template leaves it out
+        assert trial.wait()["exitCode"] == 0 and trial.out() == "False\n"
+        assert any("gpu_init" in line for line in host.logs)
+    finally:
+        device.unlink()
+
+
+def test_a_template_that_cannot_start_is_given_up_and_its_trials_start_cold(host, code, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "crasher.py").write_text("import os\nos._exit(9)  # kills whatever imports it\n")
+    host.env["PYTHONPATH"] = str(site)
+    command = f"{PYTHON} probe.py"
+    for _ in range(2):
+        _, environ = host.environ(command)
+        template = host.pool.template_for(command, environ, ["crasher"])
+        assert template is not None and not template.wait_ready(30)
+    _, environ = host.environ(command)
+    assert host.pool.template_for(command, environ, ["crasher"]) is None  # cold from now on
+    assert any("failed to start twice" in line and "template.log" in line for line in host.logs), host.logs
+    trial = host.cold(command)  # what the adapter then does
+    assert trial.wait()["exitCode"] == 0
+
+
+def test_the_scripts_own_imports_are_read_ahead_for_the_next_template(host, code, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "slow_import.py").write_text("import time\ntime.sleep(0.2)\n")
+    host.env["PYTHONPATH"] = str(site)
+    runs = tmp_path / "model-runs"
+    (code / "model.py").write_text(f"import slow_import\nopen({str(runs)!r}, 'a').write('ran\\n')\n")  # own code: read
+    (code / "reads.py").write_text("import sys\nprint('slow_import' in sys.modules)\nimport model\n")
+    _, environ = host.environ(f"{PYTHON} reads.py")
+    bare = host.pool.template_for(f"{PYTHON} reads.py", environ)
+    guessed = host.pool.next[bare.key]  # started at once, before any trial ran
+    assert guessed.wait_ready(30) and "slow_import" in guessed.preload and "model" in guessed.preload
+    trial = host.warm(f"{PYTHON} reads.py")
+    assert trial.wait()["exitCode"] == 0 and trial.out() == "True\n"
+    assert runs.read_text() == "ran\n"  # by the trial only: the template never runs the trial's code
+
+
+def test_an_import_that_initialises_torch_cuda_is_never_preloaded(host, code, tmp_path):
+    # torch's own word, as the template asks it: a stand-in torch.cuda that says it is initialised
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "cuda_user.py").write_text(
+        "import sys, types\n"
+        "sys.modules['torch.cuda'] = types.SimpleNamespace(is_initialized=lambda: True)  # as after torch.cuda.init()\n"
+    )
+    host.env["PYTHONPATH"] = str(site)
+    (code / "plain.py").write_text("import sys\nprint('cuda_user' in sys.modules)\n")
+    _, environ = host.environ(f"{PYTHON} plain.py")
+    template = host.pool.template_for(f"{PYTHON} plain.py", environ, ["cuda_user"])
+    assert not template.wait_ready(30) and template.unsafe == "cuda_user"
+    trial = host.warm(f"{PYTHON} plain.py")
+    assert trial.wait()["exitCode"] == 0 and trial.out() == "False\n"
