@@ -30,12 +30,13 @@ from contracts.platforms import (
     parse_gpu_indices,
     parse_training_service,
 )
+from contracts.retries import RetryPolicy
 from contracts.units import parse_seconds
 
 __all__ = [
     "NOT_HERE", "PLATFORMS", "ExperimentConfig", "LocalConfig", "OpenpaiConfig", "RemoteConfig", "RemoteMachineConfig",
-    "TrainingService", "WarmStart", "format_validation_error", "load_experiment_config", "parse_gpu_indices",
-    "parse_training_service", "read_job_template", "read_key_files", "secret_paths",
+    "RetryPolicy", "TrainingService", "WarmStart", "format_validation_error", "load_experiment_config",
+    "parse_gpu_indices", "parse_training_service", "read_job_template", "read_key_files", "secret_paths",
 ]  # fmt: skip
 
 
@@ -102,6 +103,10 @@ class ExperimentConfig(NniModel):
     #: modules already (default on; ``false`` starts every trial as a new interpreter; ``{preload: […]}``
     #: names modules to import ahead beside the ones learned from the trials). docs/warm-start.md.
     warm_start: bool | WarmStart | None = None
+    #: Trialbus extension: how often a trial runs again after its attempt failed, by why it failed
+    #: (docs/retries.md). Without it, infrastructure failures are retried up to 3 times, the
+    #: trial's own failures are not.
+    retry: RetryPolicy | None = None
     # Accepted for NNI compatibility; the manager-side settings have no effect here (useAnnotation
     # and sharedStorage only unset: what they ask for is refused).
     nni_manager_ip: str | None = None
@@ -212,6 +217,11 @@ class ExperimentConfig(NniModel):
     def gpus_for(self, service: TrainingService) -> int | None:
         """GPUs per trial on ``service``: its own ``trialGpuNumber``, else the top-level one (NNI's rule)."""
         return self.trial_gpu_number if service.trial_gpu_number is None else service.trial_gpu_number
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """``retry:``, or the defaults without it."""
+        return self.retry or RetryPolicy()
 
     @property
     def optimize_mode(self) -> str:

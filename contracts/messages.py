@@ -11,6 +11,7 @@ from pydantic import Field, SerializeAsAny, field_validator
 
 from contracts.base import Contract, TrialToken
 from contracts.experiment import TrainingService, parse_training_service
+from contracts.retries import Failure
 from contracts.state import TrialStatus
 
 
@@ -62,8 +63,8 @@ class TrialEvent(Contract):
     #: The adapter (platform) and the replica that owns the trial.
     platform: str | None = None
     replica: str | None = None
-    #: Failure class for retry policy: transient, permanent or unknown (OpenPAI's exit spec).
-    failure: Literal["transient", "permanent", "unknown"] | None = None
+    #: Why the attempt failed, for the retry policy (:data:`contracts.retries.Failure`).
+    failure: Failure | None = None
 
 
 class MetricType(StrEnum):
@@ -78,6 +79,8 @@ class MetricRecord(Contract):
     v: Literal[1] = 1
     experiment_id: str
     trial_id: str
+    #: The attempt that reported it (each attempt of a trial numbers its records from 0 again).
+    attempt: int = Field(default=0, ge=0)
     parameter_id: int | str | None = None
     type: MetricType
     #: 0, 1, 2… for PERIODICAL; always 0 for FINAL (NNI's numbering).

@@ -15,6 +15,7 @@ from pydantic import Field
 
 from contracts.base import Contract
 from contracts.experiment import ExperimentConfig
+from contracts.retries import Attempt, Failure
 
 
 def default_metric(value: Any) -> float | None:
@@ -63,9 +64,15 @@ class TrialState(Contract):
     experiment_id: str
     #: NNI's "Trial No.": 0, 1, 2… per experiment, in submission order.
     sequence_id: int
-    #: 0 for the first run; a retry after a transient platform failure gets the next number, and
-    #: so does a hybrid experiment's trial taken back from a platform that went down before starting it.
+    #: 0 for the first run; each retry gets the next number (``retry:``, docs/retries.md), and so
+    #: does a hybrid experiment's trial taken back from a platform that went down before starting it.
     attempt: int = 0
+    #: The attempts that are over, oldest first: how each ended and why (bounded by the retry policy).
+    attempts: list[Attempt] = Field(default_factory=list)
+    #: Why the current attempt failed, once it has (its failure class).
+    failure: Failure | None = None
+    #: A retry waiting for its back-off: when it may take a slot again.
+    retry_at: datetime | None = None
     status: TrialStatus = TrialStatus.WAITING
     #: The hyper-parameters the trial receives from ``nni.get_next_parameter()``.
     parameters: dict[str, Any] = Field(default_factory=dict)
@@ -111,6 +118,9 @@ class TrialState(Contract):
                 "replica",
                 "message",
                 "attempt",
+                "attempts",
+                "failure",
+                "retry_at",
             },
         )
 

@@ -83,8 +83,10 @@ def event_id(trial: str, status: str, attempt: int) -> str:
     return f"{trial}:{status}:{attempt}"
 
 
-def metric_id(trial: str, metric_type: str, sequence: int) -> str:
-    return f"{trial}:{metric_type}:{sequence}"
+def metric_id(trial: str, metric_type: str, sequence: int, attempt: int = 0) -> str:
+    """Each attempt numbers its records from 0 again: a retry's are its own (the first attempt's
+    ids are those of versions before attempts)."""
+    return f"{trial}:{metric_type}:{sequence}" + (f":{attempt}" if attempt else "")
 
 
 def trial_from_subject(subject: str) -> tuple[str, str]:

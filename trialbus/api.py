@@ -38,6 +38,8 @@ class SubmittedTrial(NamedTuple):
 class TrialMetric(Contract):
     """One metric of a trial as ``trial.metrics`` answers it; ``value`` already decoded."""
 
+    #: The attempt that reported it (0 unless the trial was retried).
+    attempt: int = 0
     type: MetricType
     sequence: int
     value: Any

@@ -255,6 +255,11 @@ class AsyncClient:
         """Ask for the trial to stop (USER_CANCELED); returns its status at that moment."""
         return TrialStatus((await self._call("trial.cancel", {"id": trial_id}))["status"])
 
+    async def retry_trial(self, trial_id: str) -> int:
+        """Run a trial that has ended again, as its next attempt (same id and parameters); that
+        attempt's number. Refused (409) while it runs, or when its experiment is not RUNNING."""
+        return int((await self._call("trial.retry", {"id": trial_id}))["attempt"])
+
     async def trial_metrics(self, trial_id: str) -> list[TrialMetric]:
         return [_parse(TrialMetric, m) for m in await self._call("trial.metrics", {"id": trial_id})]
 
@@ -282,7 +287,7 @@ class AsyncClient:
         """Every metric of the experiment's trials (or one trial), history first, then live."""
         return self._unique(
             METRICS.name, [subjects.metrics(experiment_id, trial_id)], MetricRecord,
-            lambda r: subjects.metric_id(r.trial_id, r.type.value, r.sequence),
+            lambda r: subjects.metric_id(r.trial_id, r.type.value, r.sequence, r.attempt),
         )
 
     def _unique(self, stream: str, filters: list[str], model: type, dedupe_id: Callable[[Any], str]) -> AsyncIterator:

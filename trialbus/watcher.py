@@ -14,9 +14,10 @@ Rules:
   subscriptions may deliver out of order. Before it declares a trial ended without a FINAL
   seen, the watcher looks up the stream sequence of the trial's last metric and waits until
   its metrics subscription has delivered it: a FINAL is never missed because it came late.
-- A failure the adapter calls ``transient`` may be retried by the dispatcher as a new
-  attempt. For those, the watcher asks the dispatcher (``confirm``) whether the trial ended
-  or runs again, and keeps waiting in the second case. This is the only request it makes.
+- An attempt that failed (its event has a failure class) may be retried by the dispatcher as
+  the trial's next attempt (``retry:``, docs/retries.md). For those, the watcher asks the
+  dispatcher (``confirm``) whether the trial ended or runs again, and keeps waiting in the
+  second case. This is the only request it makes.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ class ExperimentWatcher:
         while True:
             event = trial.end_event
             assert event is not None
-            if event.failure != "transient" or not await self._retried(event):
+            if event.failure is None or not await self._retried(event):
                 break
             if trial.end_event is event:  # runs again: a later event ends it
                 trial.ending = False

@@ -37,7 +37,8 @@ from services.common.settings import ServiceSettings
 
 __all__ = ["AdapterSettings", "PermanentError", "PlatformAdapter", "TransientError", "TrialHandle", "TrialOutcome"]
 
-Failure = Literal["transient", "permanent", "unknown"]
+#: Why an attempt failed, for the dispatcher's retry policy (:data:`contracts.retries.Failure`).
+Failure = Literal["trial", "infrastructure", "preempted", "lost", "permanent"]
 
 
 class AdapterSettings(ServiceSettings):
@@ -90,7 +91,8 @@ class TrialOutcome:
     exit_code: int | None = None
     #: A sentence for people: why it failed. Never contains secrets.
     message: str | None = None
-    #: Failure class for the dispatcher's retry policy (OpenPAI's exit spec); None when it succeeded.
+    #: Why it failed, for the dispatcher's retry policy: the trial's own failure, its infrastructure's
+    #: (OpenPAI's exit spec, a machine or keeper gone), a preemption…; None when it succeeded.
     failure: Failure | None = None
     #: When it ended on the platform (now when unknown).
     end_time: datetime | None = None
@@ -102,7 +104,7 @@ class TrialOutcome:
             return cls(TrialStatus.SUCCEEDED, 0, note, None, end_time)
         how = f"killed by signal {-exit_code}" if exit_code < 0 else f"exited with code {exit_code}"
         message = f"trial command {how}" + (f"; {note}" if note else "")
-        return cls(TrialStatus.FAILED, exit_code, message, "unknown", end_time)
+        return cls(TrialStatus.FAILED, exit_code, message, "trial", end_time)
 
 
 class PlatformAdapter(ABC):

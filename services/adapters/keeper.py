@@ -65,15 +65,16 @@ def outcome_of(state: dict, keeper_status: int | None, keeper_out: str | None = 
     """How a trial ended, from the keeper's ``state.json`` once the keeper is gone (§1)."""
     end = datetime.fromtimestamp(state["endTime"], UTC) if state.get("endTime") else None
     exit_code = state.get("exitCode")
-    if state.get("error"):
-        return TrialOutcome(TrialStatus.FAILED, exit_code, str(state["error"]), "unknown", end)
+    if state.get("error"):  # the keeper could not run the command, or the gateway refused it: as again
+        return TrialOutcome(TrialStatus.FAILED, exit_code, str(state["error"]), "permanent", end)
     if exit_code is not None and state.get("done"):
         return TrialOutcome.exited(exit_code, end)
     if exit_code is not None:
         note = "the trial keeper was killed before it finished: metrics may be incomplete"
         return TrialOutcome.exited(exit_code, end, note=note)
     if state.get("done") and state.get("canceled"):
-        return TrialOutcome(TrialStatus.FAILED, None, "stopped before the trial command started", "unknown", end)
+        return TrialOutcome(TrialStatus.FAILED, None, "stopped before the trial command started", "infrastructure",
+                            end)  # fmt: skip
     if keeper_status is None:
         why = "no exit status recorded"
     elif keeper_status < 0:
@@ -82,4 +83,5 @@ def outcome_of(state: dict, keeper_status: int | None, keeper_out: str | None = 
         why = f"exit status {keeper_status}"
     last = (keeper_out or "").strip().splitlines()[-1:]
     detail = f": {last[0][:200]}" if last else ""
-    return TrialOutcome(TrialStatus.FAILED, None, f"trial keeper exited unexpectedly ({why}){detail}", "unknown", end)
+    return TrialOutcome(TrialStatus.FAILED, None, f"trial keeper exited unexpectedly ({why}){detail}",
+                        "infrastructure", end)  # fmt: skip

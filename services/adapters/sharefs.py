@@ -4,6 +4,7 @@ every container. Everything a trial needs and leaves goes through it, under ``tr
 
     bin/<hash>/                    the keeper, the ``nni`` shim (and the reuse runner), once per content
     code/<sha256>/                 a code snapshot, unpacked once: the trials' working directory
+    checkpoints/<exp>/<trial>/     the trial's checkpoint directory, kept across its attempts
     trials/<exp>/<trial>-<attempt>/
         .trialbus/quiet.env        the keeper's settings for every task (0600)
         .trialbus/report.env       the same plus the gateway and the trial's token: the reporting task only
@@ -101,6 +102,8 @@ def keeper_settings(request: TrialRequest, root: Share, bin_hash: str, code: str
     settings = {
         "TRIALBUS_EXPERIMENT_ID": request.experiment_id, "TRIALBUS_TRIAL_ID": request.trial_id,
         "TRIALBUS_SEQUENCE_ID": str(request.sequence_id), "TRIALBUS_ATTEMPT": str(request.attempt),
+        # on the share, so every attempt finds it wherever it runs
+        "TRIALBUS_CHECKPOINT_DIR": f"{root.container}/trialbus/checkpoints/{request.experiment_id}/{request.trial_id}",
         "TRIALBUS_PARAMETERS": request.parameter_record, "TRIALBUS_NNI_PLATFORM": platform,
         "TRIALBUS_FLUSH_TIMEOUT": str(flush_timeout),
         "TRIALBUS_PYTHONPATH_PREPEND": f"{root.container}/trialbus/bin/{bin_hash}/nni_shim",

@@ -150,7 +150,7 @@ class OwnedTrials:
                 owned.retry_at = now + exc.delay
                 return
             except PermanentError as exc:  # the platform lost it and says so
-                outcome = TrialOutcome(TrialStatus.FAILED, message=str(exc), failure="unknown")
+                outcome = TrialOutcome(TrialStatus.FAILED, message=str(exc), failure="infrastructure")
             except Exception:
                 log.exception("unexpected error polling the trial; retrying")
                 owned.retry_at = now + self.settings.poll_interval * 4

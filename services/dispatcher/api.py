@@ -173,6 +173,13 @@ def create_app(
         trial = await dispatcher().cancel_trial(trial_id)
         return {"id": trial.id, "status": trial.status.value}
 
+    @api.post("/trials/{trial_id}/retry", status_code=202,
+              responses={**doc.answer(202, "its next attempt waits for a slot", spec.RETRIED_TRIAL),
+                         **doc.refusals(*CHANGE, 404, 409)})  # fmt: skip
+    async def retry_trial(trial_id: str) -> dict:
+        trial = await dispatcher().retry_trial(trial_id)
+        return {"id": trial.id, "status": trial.status.value, "attempt": trial.attempt}
+
     @api.get("/trials/{trial_id}/log", response_class=PlainTextResponse,
              responses=doc.refusals(*READ, 404, 409, 503, why=spec.NO_ADAPTER))
     async def trial_log(trial_id: str, maxBytes: int = 64 * 1024) -> str:  # noqa: N803 - query name is camelCase

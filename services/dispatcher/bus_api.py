@@ -51,6 +51,10 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
         trial = await core.cancel_trial(_text(body, "id"), TrialStatus(status), _message(body))
         return {"id": trial.id, "status": trial.status.value}
 
+    async def retry(body: dict) -> Any:
+        trial = await core.retry_trial(_text(body, "id"))
+        return {"id": trial.id, "status": trial.status.value, "attempt": trial.attempt}
+
     async def log_tail(body: dict) -> Any:
         return {"text": await core.trial_log(_text(body, "id"), int(body.get("maxBytes", 64 * 1024)))}
 
@@ -68,6 +72,7 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
         "trial.list": lambda body: sync(lambda: core.list_trials(_text(body, "experimentId"))),
         "trial.get": lambda body: sync(lambda: core.trial(_text(body, "id")).view()),
         "trial.cancel": cancel,
+        "trial.retry": retry,
         "trial.metrics": lambda body: core.trial_metrics(_text(body, "id")),
         "trial.log": log_tail,
         "platform.list": lambda body: _platforms(core),

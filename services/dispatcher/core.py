@@ -29,7 +29,7 @@ from contracts.messages import CancelRequest, TrialEvent
 from contracts.state import ExperimentState, ExperimentStatus, TrialState, TrialStatus
 from services.common.bus import Bus
 from services.common.logs import bind
-from services.dispatcher import history, snapshots
+from services.dispatcher import history, retries, snapshots
 from services.dispatcher.errors import ApiError
 from services.dispatcher.folds import MetricFold, MetricsProgress
 from services.dispatcher.ownership import EventGate
@@ -320,9 +320,17 @@ class Dispatcher:
                     if trial.cancel_status:
                         await self._request_cancel(trial)
                     return
+                state = self.store.experiments[trial.experiment_id]
+                retry = retries.decide(
+                    trial, event.status, event.failure, state.config.retry_policy, when=event.time,
+                    exit_code=event.exit_code, message=event.message, hybrid=state.config.hybrid,
+                )  # fmt: skip
+                if retry is not None and state.status == ExperimentStatus.RUNNING:
+                    await self._again(trial, retry.trial, sends)
+                    return
                 await self._end(
                     trial, event.status, event.message, exit_code=event.exit_code, when=event.time, publish=False,
-                    sends=sends,
+                    sends=sends, failure=event.failure or (None if event.status != TrialStatus.FAILED else "trial"),
                 )  # fmt: skip
 
     async def on_metrics(self, records: list[MetricFold], stream_seq: int = 0) -> None:
@@ -342,6 +350,8 @@ class Dispatcher:
             async with self._locks[experiment_id]:  # no lost update against an event
                 for fold in folds:
                     trial = self.store.trials[fold.trial_id]
+                    if fold.attempt != trial.attempt:  # an attempt that is over (a retry runs): history only
+                        continue
                     update: dict[str, Any] = {"intermediate_count": max(trial.intermediate_count, fold.periodical)}
                     if fold.final is not None:
                         try:
@@ -383,8 +393,9 @@ class Dispatcher:
                         )
                 if state.config.hybrid:
                     await self.slots.take_back(state)
+                self.slots.due(state.id, now)
                 if self._duration_over(state):
-                    for trial_id in list(self.slots.queue[state.id]):
+                    for trial_id in [*self.slots.queue[state.id], *self.slots.later[state.id]]:
                         await self._end(
                             self.store.trials[trial_id],
                             TrialStatus.SYS_CANCELED,
@@ -436,6 +447,7 @@ class Dispatcher:
         when=None,
         publish: bool = True,
         sends: list[TrialState] | None = None,
+        failure: str | None = None,
     ) -> TrialState:
         """End a trial: free its slot, dispatch what waits, maybe finish the experiment.
 
@@ -448,6 +460,8 @@ class Dispatcher:
                 "end_time": when or utcnow(),
                 "message": message,
                 "exit_code": exit_code if exit_code is not None else trial.exit_code,
+                "failure": failure,
+                "retry_at": None,
             }
         )
         self.slots.free(trial)
@@ -466,6 +480,35 @@ class Dispatcher:
         log.info("trial %s %s%s", trial.id, status.value, f": {message}" if message else "")
         await self._finish_if_done(trial.experiment_id)
         return trial
+
+    async def _again(self, ended: TrialState, trial: TrialState, sends: list[TrialState] | None = None) -> None:
+        """Run ``trial`` (``ended``'s next attempt, from :mod:`.retries`) again: its slot is
+        free meanwhile; it goes first in the queue once its back-off is over."""
+        self.slots.free(ended)
+        self._cancel_sent.pop(trial.id, None)
+        self.slots.again(trial)
+        self.store.defer(trial)
+        log.info("trial %s: %s", trial.id, trial.message)
+        await self._publish_event(trial, TrialStatus.WAITING)  # the history says why it runs again
+        if sends is not None:
+            sends += self.slots.take_ready(trial.experiment_id)
+        else:
+            await asyncio.gather(self.store.flush([trial.id]), self.slots.dispatch_ready(trial.experiment_id))
+
+    async def retry_trial(self, trial_id: str) -> TrialState:
+        """A new attempt of a trial that has ended (``trialbus trial retry``): same id and parameters."""
+        trial = self.trial(trial_id)
+        async with self._locks[trial.experiment_id]:
+            trial, state = self.store.trials[trial_id], self.experiment(trial.experiment_id)
+            if not trial.status.terminal:
+                raise ApiError(409, f"trial {trial_id} is {trial.status.value}: only a trial that has ended can be "
+                                    "retried (cancel it first to start it over)")  # fmt: skip
+            if state.status != ExperimentStatus.RUNNING:
+                raise ApiError(409, f"experiment {state.id} is {state.status.value}; it runs no trials, so a retry "
+                                    "would never start (resume the experiment first, if it can be)")  # fmt: skip
+            again = retries.manual(trial, hybrid=state.config.hybrid, when=utcnow())
+            await self._again(trial, again)
+            return self.store.trials[trial_id]
 
     async def _finish_if_done(self, experiment_id: str) -> None:
         state = self.store.experiments[experiment_id]

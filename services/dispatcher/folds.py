@@ -22,6 +22,8 @@ class MetricFold:
 
     experiment_id: str
     trial_id: str
+    #: The attempt that reported them: only the trial's current attempt changes its state.
+    attempt: int = 0
     #: Intermediate results reported so far: the highest PERIODICAL sequence + 1.
     periodical: int = 0
     #: The FINAL value as reported (NNI-encoded JSON text), if the batch holds it.
@@ -29,11 +31,11 @@ class MetricFold:
 
     @staticmethod
     def fold(records: Iterable[dict[str, Any]]) -> list[MetricFold]:
-        """Records (``MetricRecord`` JSON) → one fold per trial."""
-        folds: dict[str, MetricFold] = {}
+        """Records (``MetricRecord`` JSON) → one fold per trial and attempt."""
+        folds: dict[tuple[str, int], MetricFold] = {}
         for record in records:
-            trial = record["trialId"]
-            fold = folds.get(trial) or folds.setdefault(trial, MetricFold(record["experimentId"], trial))
+            key = record["trialId"], record.get("attempt", 0)
+            fold = folds.get(key) or folds.setdefault(key, MetricFold(record["experimentId"], *key))
             if record["type"] == "FINAL":
                 fold.final = record["value"]
             else:

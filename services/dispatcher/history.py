@@ -22,21 +22,22 @@ log = logging.getLogger(__name__)
 
 
 async def trial_metrics(bus: Bus, trial: TrialState) -> list[dict[str, Any]]:
-    """Every metric record of the trial, in stream order, each once, ``value`` decoded."""
+    """Every metric record of the trial (of every attempt), in stream order, each once, ``value`` decoded."""
     subject = subjects.metrics(trial.experiment_id, trial.id)
     info = await bus.js.stream_info("METRICS", subjects_filter=subject)
     count = (info.state.subjects or {}).get(subject, 0)
-    records: dict[tuple[str, int], MetricRecord] = {}
+    records: dict[tuple[int, str, int], MetricRecord] = {}
     if count:
         sub = await bus.js.subscribe(subject, ordered_consumer=True)
         try:
             for _ in range(count):
                 record = MetricRecord.decode((await sub.next_msg(timeout=5)).data)
-                records.setdefault((record.type.value, record.sequence), record)
+                records.setdefault((record.attempt, record.type.value, record.sequence), record)
         finally:
             await sub.unsubscribe()
     return [
-        {"type": r.type.value, "sequence": r.sequence, "value": r.decoded(), "timestamp": r.timestamp.isoformat()}
+        {"attempt": r.attempt, "type": r.type.value, "sequence": r.sequence, "value": r.decoded(),
+         "timestamp": r.timestamp.isoformat()}
         for r in records.values()
     ]
 

@@ -100,6 +100,8 @@ SUBMITTED_TRIAL = {
 }
 CANCELED_TRIAL = {"type": "object", "properties": {"id": {"type": "string"}, "status": _STATUS},
                   "required": ["id", "status"]}  # fmt: skip
+RETRIED_TRIAL = {"type": "object", "required": ["id", "status", "attempt"],
+                 "properties": {"id": {"type": "string"}, "status": _STATUS, "attempt": {"type": "integer"}}}
 
 #: Every route of ``/api/v1`` may be refused by the authorisation (400 Host, 401 token), a state
 #: change also by 403 (Origin, read-only token); 422 is a parameter that does not parse.

@@ -7,10 +7,12 @@ marked dispatched in the cache first, then its request goes out (``send``), and 
 stream acknowledged it the trial is *unsent*: the sweep sends it again, and the dedupe id
 (``<trial>:<attempt>``) makes a second copy a no-op. A hybrid experiment's trial goes to the
 platform :class:`~services.dispatcher.placement.Placement` chooses, and comes back to the
-queue when that platform goes down before starting it (``take_back``).
+queue when that platform goes down before starting it (``take_back``). A retry (the trial's
+next attempt, :mod:`.retries`) waits out its back-off in ``later``, then goes first in the queue.
 
-Every method costs O(1) per trial it moves, except ``take_back`` (O(trialConcurrency)) and
-``free`` of a trial still queued (O(its queue), a cancel before dispatch).
+Every method costs O(1) per trial it moves, except ``take_back`` (O(trialConcurrency)),
+``due`` (O(retries waiting in the experiment)) and ``free`` of a trial still queued (O(its
+queue), a cancel before dispatch).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict, deque
+from datetime import datetime
 
 from contracts import subjects
 from contracts.messages import CancelRequest
@@ -40,6 +43,8 @@ class Slots:
         self.store = store
         #: experiment → trial ids WAITING for a slot, in submission order
         self.queue: dict[str, deque[str]] = defaultdict(deque)
+        #: experiment → retries waiting for their back-off → when they may be queued again
+        self.later: dict[str, dict[str, datetime]] = defaultdict(dict)
         #: experiment → trial ids dispatched and not ended (they hold the slots)
         self.active: dict[str, set[str]] = defaultdict(set)
         #: trials marked dispatched whose request is not (known to be) on the stream yet
@@ -59,11 +64,29 @@ class Slots:
             self.placement.occupy(trial.experiment_id, trial.platform)
             if trial.status == TrialStatus.WAITING:
                 self.unsent.add(trial.id)
+        elif trial.retry_at is not None:
+            self.later[trial.experiment_id][trial.id] = trial.retry_at
         else:
             self.queue[trial.experiment_id].append(trial.id)
 
     def enqueue(self, trial: TrialState) -> None:
         self.queue[trial.experiment_id].append(trial.id)
+
+    def again(self, trial: TrialState) -> None:
+        """A trial's next attempt: first in the queue, once its ``retry_at`` (if any) has come."""
+        if trial.retry_at is None:
+            self.queue[trial.experiment_id].appendleft(trial.id)
+        else:
+            self.later[trial.experiment_id][trial.id] = trial.retry_at
+
+    def due(self, experiment_id: str, now: datetime) -> None:
+        """Queue (first) the retries of the experiment whose back-off is over."""
+        later = self.later.get(experiment_id)
+        if not later:
+            return
+        for trial_id in [t for t, when in later.items() if when <= now]:
+            del later[trial_id]
+            self.queue[experiment_id].appendleft(trial_id)
 
     def free(self, trial: TrialState) -> None:
         """The trial ended: its slot (or its place in the queue) is free."""
@@ -72,6 +95,7 @@ class Slots:
             self.placement.release(trial.experiment_id, trial.platform)
         if trial.id in self.queue[trial.experiment_id]:
             self.queue[trial.experiment_id].remove(trial.id)
+        self.later[trial.experiment_id].pop(trial.id, None)
         self.seq.pop(trial.id, None)
         self.unsent.discard(trial.id)
 

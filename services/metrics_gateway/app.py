@@ -123,8 +123,9 @@ def loads(text: str | bytes) -> object:
         return value
 
 
-def parse_batch(body: bytes, max_records: int) -> tuple[str, list]:
-    """``{"experimentId": str, "records": [...]}`` → (experiment id, raw records)."""
+def parse_batch(body: bytes, max_records: int) -> tuple[str, int, list]:
+    """``{"experimentId": str, "attempt": int, "records": [...]}`` → (experiment id, attempt, raw
+    records); ``attempt`` (the trial's attempt that reports, from its keeper) defaults to 0."""
     try:
         batch = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -136,9 +137,12 @@ def parse_batch(body: bytes, max_records: int) -> tuple[str, list]:
         raise Refused(400, "bad_request", "experimentId must be a non-empty id without '.', '*', '>' or spaces")
     if not isinstance(records, list):
         raise Refused(400, "bad_request", "records must be a list of NNI metric records (JSON strings)")
+    attempt = batch.get("attempt", 0)
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or not 0 <= attempt < 2**31:
+        raise Refused(400, "bad_request", "attempt must be a whole number from 0 (the trial's attempt)")
     if len(records) > max_records:
         raise Refused(413, "too_large", f"a batch of {len(records)} records is over the limit of {max_records}")
-    return experiment_id, records
+    return experiment_id, attempt, records
 
 
 class Metric(NamedTuple):
@@ -189,13 +193,13 @@ def parse_record(raw: object, index: int, trial_id: str) -> Metric | None:
 _KIND, _V = MetricRecord.model_fields["kind"].default, MetricRecord.model_fields["v"].default
 
 
-def encode(experiment_id: str, trial_id: str, metric: Metric, timestamp: datetime) -> bytes:
+def encode(experiment_id: str, trial_id: str, metric: Metric, timestamp: datetime, attempt: int = 0) -> bytes:
     """Exactly ``MetricRecord(...).encode()``, built with orjson: the hot path of the gateway.
 
     Validating and serialising through pydantic costs 3× more per record; the fields are
     already checked by :func:`parse_record`. A test holds the two encodings equal.
     """
-    fields = {"kind": _KIND, "v": _V, "experimentId": experiment_id, "trialId": trial_id,
+    fields = {"kind": _KIND, "v": _V, "experimentId": experiment_id, "trialId": trial_id, "attempt": attempt,
               "parameterId": metric.parameter_id, "type": metric.type, "sequence": metric.sequence,
               "value": metric.value, "timestamp": timestamp}  # fmt: skip
     if metric.parameter_id is None:  # encode() leaves out None fields
@@ -218,13 +222,13 @@ class Intake:
             check_version(request.headers.get(VERSION_HEADER))
             token = bearer(request.headers.get("authorization"))
             body = await read_body(request, self.settings.gateway_max_body)
-            experiment_id, raw_records = parse_batch(body, self.settings.gateway_max_records)
+            experiment_id, attempt, raw_records = parse_batch(body, self.settings.gateway_max_records)
             secret = self.settings.trial_secret.get_secret_value()
             if NOT_IN_SUBJECTS.intersection(trial_id) or not tokens.check_token(secret, experiment_id, trial_id, token):
                 raise Refused(401, "token", f"wrong token for trial {trial_id} of experiment {experiment_id}")
             records = [parse_record(raw, i, trial_id) for i, raw in enumerate(raw_records)]
             metrics = [record for record in records if record is not None]
-            duplicates = await self._publish(experiment_id, trial_id, metrics)
+            duplicates = await self._publish(experiment_id, trial_id, attempt, metrics)
         except Refused as exc:
             REJECTIONS.labels(exc.reason).inc()
             with logs.bind(experiment=experiment_id, trial=trial_id):
@@ -239,13 +243,14 @@ class Intake:
         RECORDS.labels("request_parameter").inc(len(records) - len(metrics))
         return len(records)
 
-    async def _publish(self, experiment_id: str, trial_id: str, metrics: list[Metric]) -> int:
+    async def _publish(self, experiment_id: str, trial_id: str, attempt: int, metrics: list[Metric]) -> int:
         bus = self.bus()
         if bus is None or not bus.nc.is_connected:
             raise Refused(503, "unavailable", "NATS is unavailable; retry later")
         subject, now = subjects.metrics(experiment_id, trial_id), utcnow()
         messages = [
-            (subject, encode(experiment_id, trial_id, m, now), subjects.metric_id(trial_id, m.type, m.sequence))
+            (subject, encode(experiment_id, trial_id, m, now, attempt),
+             subjects.metric_id(trial_id, m.type, m.sequence, attempt))
             for m in metrics
         ]
         started = time.perf_counter()

@@ -145,6 +145,10 @@ def error_message(body):
         return body[:500]
 
 
+#: The keeper's settings the trial sees too: its attempt, and its checkpoint directory.
+FOR_THE_TRIAL = frozenset({b"TRIALBUS_ATTEMPT", b"TRIALBUS_CHECKPOINT_DIR"})
+
+
 class Gateway:
     """A minimal HTTP/1.1 client for ``POST <url>/api/v1/trials/<trial>/metrics``.
 
@@ -152,7 +156,7 @@ class Gateway:
     and a fresh connection never trips over a keep-alive the server has closed meanwhile.
     """
 
-    def __init__(self, url, experiment, trial, token):
+    def __init__(self, url, experiment, trial, token, attempt=0):
         scheme, _, rest = url.partition("://")
         hostport, _, prefix = rest.partition("/")
         self.tls = scheme == "https"
@@ -166,7 +170,7 @@ class Gateway:
             f"X-Trialbus-Keeper-Version: {VERSION}\r\nContent-Type: application/json\r\n"
             "Connection: close\r\nContent-Length: "
         )
-        self.body_start = '{"experimentId": ' + json_string(experiment) + ', "records": ['
+        self.body_start = '{"experimentId": %s, "attempt": %d, "records": [' % (json_string(experiment), attempt)
 
     def post(self, records, timeout=10.0):
         """``(status, body)``; status 0 when the gateway could not be reached."""
@@ -231,8 +235,9 @@ class Keeper:
         self.experiment, self.trial = setting(b"EXPERIMENT_ID", ""), setting(b"TRIAL_ID", "")
         self.kill_grace = float(setting(b"KILL_GRACE") or 5)
         self.flush_timeout = float(setting(b"FLUSH_TIMEOUT") or 600)
+        self.attempt = int(setting(b"ATTEMPT") or 0)
         url = setting(b"GATEWAY_URL")
-        self.gateway = url and Gateway(url, self.experiment, self.trial, setting(b"TRIAL_TOKEN", ""))
+        self.gateway = url and Gateway(url, self.experiment, self.trial, setting(b"TRIAL_TOKEN", ""), self.attempt)
         self.sending, self.hello_ok = bool(self.gateway), False
         self.state, self.error, self.log_file = {}, None, None
         self.exit_unrecorded = False  # the exit is in self.state, not yet in state.json
@@ -267,6 +272,8 @@ class Keeper:
         mkdir(self.dir + "/.trialbus")  # .nni is made by the NNI SDK, or by reap when it writes there
         if b"TRIALBUS_PARAMETERS" in self.environ:  # read by the trial only: no rename needed
             write_file(self.path("parameter.cfg"), self.environ[b"TRIALBUS_PARAMETERS"])
+        if self.environ.get(b"TRIALBUS_CHECKPOINT_DIR"):  # the trial's, kept across its attempts
+            mkdir(self.environ[b"TRIALBUS_CHECKPOINT_DIR"].decode("utf-8", "surrogateescape"))
         if not self.gateway:
             self.log("no TRIALBUS_GATEWAY_URL: metrics stay in the trial directory")
         # Signal handlers only count; the wake-up pipe makes select return at once.
@@ -281,7 +288,7 @@ class Keeper:
 
     def trial_env(self):
         environ, encode = self.environ, lambda text: text.encode("utf-8", "surrogateescape")
-        env = {k: v for k, v in environ.items() if not k.startswith(b"TRIALBUS_")}
+        env = {k: v for k, v in environ.items() if not k.startswith(b"TRIALBUS_") or k in FOR_THE_TRIAL}
         env[b"NNI_PLATFORM"] = environ.get(b"TRIALBUS_NNI_PLATFORM") or b"local"
         env[b"NNI_EXP_ID"], env[b"NNI_TRIAL_JOB_ID"] = encode(self.experiment), encode(self.trial)
         env[b"NNI_SYS_DIR"] = env[b"NNI_OUTPUT_DIR"] = encode(self.dir)

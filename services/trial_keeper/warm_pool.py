@@ -40,7 +40,7 @@ except ImportError:  # on a remote machine, shipped flat beside the agent
 TEMPLATE_PATH = Path(trial_template.__file__)
 #: Keeper settings that differ per trial: left out of the environment that keys a template.
 _PER_TRIAL = ("TRIALBUS_TRIAL_DIR", "TRIALBUS_TRIAL_ID", "TRIALBUS_SEQUENCE_ID", "TRIALBUS_ATTEMPT",
-              "TRIALBUS_PARAMETERS", "TRIALBUS_TRIAL_TOKEN", "TRIALBUS_GPUS")  # fmt: skip
+              "TRIALBUS_PARAMETERS", "TRIALBUS_TRIAL_TOKEN", "TRIALBUS_GPUS", "TRIALBUS_CHECKPOINT_DIR")  # fmt: skip
 ANSWER_TIMEOUT = 5.0  # seconds a ready template may take to answer a fork
 
 

@@ -182,7 +182,12 @@ class TestLocalGpuAdapter(AdapterContract):
         out = (Path(handle.ref) / "stdout").read_text()
 
         assert f"NNI_TRIAL_JOB_ID={request.trial_id}" in out and "NNI_PLATFORM=local" in out
-        assert "hunter2" not in out and "TRIALBUS_" not in out and "not-a-secret" not in out
+        assert "hunter2" not in out and "not-a-secret" not in out
+        # of the keeper's settings, only the two meant for the trial (docs/retries.md)
+        ours = sorted(line.split("=", 1)[0] for line in out.splitlines() if line.startswith("TRIALBUS_"))
+        assert ours == ["TRIALBUS_ATTEMPT", "TRIALBUS_CHECKPOINT_DIR"]
+        checkpoints = f"{adapter.work_dir}/checkpoints/{request.experiment_id}/{request.trial_id}"
+        assert f"TRIALBUS_CHECKPOINT_DIR={checkpoints}\n" in out
         assert out.endswith(request.parameter_record)
 
     async def test_a_keeper_that_cannot_start_is_a_permanent_failure(self, workspace: Path, bus) -> None:

@@ -168,9 +168,9 @@ def test_gateway_url(url, host, port, path):
 
 
 def test_request_body_is_the_documented_json():
-    gateway = keeper.Gateway("http://127.0.0.1:1", 'e"x', "T1", "tok")
+    gateway = keeper.Gateway("http://127.0.0.1:1", 'e"x', "T1", "tok", attempt=2)
     body = gateway.body_start + ", ".join(map(keeper.json_string, [RECORD, "x"])) + "]}"
-    assert json.loads(body) == {"experimentId": 'e"x', "records": [RECORD, "x"]}
+    assert json.loads(body) == {"experimentId": 'e"x', "attempt": 2, "records": [RECORD, "x"]}
 
 
 def test_an_unreachable_gateway_is_status_0():

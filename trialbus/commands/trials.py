@@ -13,7 +13,7 @@ from trialbus.api import TrialbusError
 from trialbus.client import AsyncClient
 from trialbus.commands.common import console, duration, metric, status, the_experiment, with_client
 
-app = typer.Typer(help="List, show, cancel trials and read their logs.", no_args_is_help=True)
+app = typer.Typer(help="List, show, cancel, retry trials and read their logs.", no_args_is_help=True)
 log_app = typer.Typer(help="Read logs (nnictl log): `trialbus log trial ID`.", no_args_is_help=True)
 
 Head = Annotated[int | None, typer.Option("--head", min=1, help="Only the N with the highest default metric.")]
@@ -74,6 +74,14 @@ def trial_cancel(ctx: typer.Context, trial_id: Annotated[str, typer.Argument(met
     """Cancel a trial (it ends USER_CANCELED)."""
     found = with_client(ctx, lambda c: c.cancel_trial(trial_id))
     console().print(f"trial {trial_id}: {status(found)}")
+
+
+@app.command("retry")
+def trial_retry(ctx: typer.Context, trial_id: Annotated[str, typer.Argument(metavar="ID")]) -> None:
+    """Run a trial that has ended again, as its next attempt (same id and parameters; its
+    checkpoint directory is kept)."""
+    attempt = with_client(ctx, lambda c: c.retry_trial(trial_id))
+    console().print(f"trial {trial_id}: attempt {attempt} {status('WAITING')}")
 
 
 @app.command("kill")

@@ -148,8 +148,9 @@ def outcome_of(framework: dict, keeper: dict, canceled: bool) -> TrialOutcome:
     if code == STOP_CODE and not canceled:
         return TrialOutcome(TrialStatus.SYS_CANCELED, exit_code, f"Framework {name} was stopped outside Trialbus",
                             None, end)  # fmt: skip
-    failure = "permanent" if "Permanent" in attributes else "transient" if "Transient" in attributes else "unknown"
-    message = f"Framework {name} failed: completion code {code} ({phrase}, {failure})"
+    said = "permanent" if "Permanent" in attributes else "transient" if "Transient" in attributes else "unknown"
+    failure = {"permanent": "permanent", "transient": "infrastructure"}.get(said, "trial")  # retry classes
+    message = f"Framework {name} failed: completion code {code} ({phrase}, {said})"
     if exit_code is not None:
         message += f"; the trial command exited with {exit_code}"
     trigger = (completion.get("trigger") or {}).get("message")

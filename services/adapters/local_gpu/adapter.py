@@ -207,6 +207,7 @@ class LocalGpuAdapter(PlatformAdapter):
             TRIALBUS_TRIAL_ID=request.trial_id,
             TRIALBUS_SEQUENCE_ID=str(request.sequence_id),
             TRIALBUS_ATTEMPT=str(request.attempt),
+            TRIALBUS_CHECKPOINT_DIR=f"{self.work_dir}/checkpoints/{request.experiment_id}/{request.trial_id}",
             TRIALBUS_PARAMETERS=request.parameter_record,
             TRIALBUS_TRIAL_TOKEN=request.token.get_secret_value(),
             **where,

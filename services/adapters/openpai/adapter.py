@@ -53,7 +53,7 @@ from services.common.bus import Bus
 log = logging.getLogger(__name__)
 
 #: ``failure`` of a trial from the exit spec's ``behavior``.
-BEHAVIOR = {"TRANSIENT": "transient", "TRANSIENT_CONFLICT": "transient", "PERMANENT": "permanent"}
+BEHAVIOR = {"TRANSIENT": "infrastructure", "TRANSIENT_CONFLICT": "infrastructure", "PERMANENT": "permanent"}
 
 
 @dataclass(eq=False)
@@ -380,7 +380,7 @@ def outcome_of(job: Job) -> TrialOutcome:
         message += f"; the trial command exited with {exit_code}"
     if diagnostics := str(status.get("appExitDiagnostics") or "").strip():
         message += f": {diagnostics.splitlines()[0][:200]}"
-    return TrialOutcome(TrialStatus.FAILED, exit_code, message, BEHAVIOR.get(behavior, "unknown"), end_time)
+    return TrialOutcome(TrialStatus.FAILED, exit_code, message, BEHAVIOR.get(behavior, "trial"), end_time)
 
 
 def _keeper_state(job: Job) -> dict:

@@ -168,7 +168,7 @@ class Pools:
                                 "Trialbus while the trial ran")  # fmt: skip
         started = "while the trial ran" if task.exists() else "before the trial started"
         return TrialOutcome(TrialStatus.FAILED, None, f"environment job {what} ended ({env.state}) {started}",
-                            "transient")  # fmt: skip
+                            "infrastructure")  # fmt: skip
 
     def ended(self, env: Environment, key: Key, trial_folder: str, tasks: int) -> None:
         """The trial has its outcome: free the environment; tell the other tasks to stop it."""

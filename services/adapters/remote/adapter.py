@@ -216,6 +216,8 @@ class RemoteAdapter(PlatformAdapter):
             "TRIALBUS_TRIAL_ID": request.trial_id,
             "TRIALBUS_SEQUENCE_ID": str(request.sequence_id),
             "TRIALBUS_ATTEMPT": str(request.attempt),
+            # on this machine: an attempt that lands on another one starts without it (docs/retries.md)
+            "TRIALBUS_CHECKPOINT_DIR": f"{machine.root}/checkpoints/{request.experiment_id}/{request.trial_id}",
             "TRIALBUS_PARAMETERS": request.parameter_record,
             "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value(),
             **where,
@@ -263,7 +265,7 @@ class RemoteAdapter(PlatformAdapter):
                 self.abandoned.setdefault(machine.key, set()).add(trial.dir)
                 why = f"{machine.down_reason()}; gave up after {self.settings.unreachable_timeout:g}s"
                 trial.outcome = TrialOutcome(TrialStatus.FAILED, None, why + ": the trial's real end is unknown",
-                                             "transient")  # fmt: skip
+                                             "infrastructure")  # fmt: skip
                 return trial.outcome
             raise Stale(f"{machine.down_reason()}; status and metrics resume when it is back", delay=1.0)
         status = trial.status
@@ -278,7 +280,7 @@ class RemoteAdapter(PlatformAdapter):
             await self._relay(trial, min_age=0.0)
         if not status.get("exists", True):
             why = f"trial directory {trial.dir} is gone from {machine.name}"
-            trial.outcome = TrialOutcome(TrialStatus.FAILED, None, why, "unknown")
+            trial.outcome = TrialOutcome(TrialStatus.FAILED, None, why, "infrastructure")
             return trial.outcome
         if not state:
             if time.time() - trial.handle.start_time.timestamp() < UNBORN_GRACE:
