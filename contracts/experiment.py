@@ -107,6 +107,10 @@ class ExperimentConfig(NniModel):
     #: (docs/retries.md). Without it, infrastructure failures are retried up to 3 times, the
     #: trial's own failures are not.
     retry: RetryPolicy | None = None
+    #: Trialbus extension: seconds a trial has, after SIGTERM, to save a checkpoint and exit before
+    #: SIGKILL, whoever stops it (a cancel, an assessor, ``maxTrialDuration``, a drain); default:
+    #: the adapter's ``killGrace`` (5 s). NNI unit strings accepted.
+    trial_grace_period: float | None = Field(default=None, ge=0, le=86400)
     # Accepted for NNI compatibility; the manager-side settings have no effect here (useAnnotation
     # and sharedStorage only unset: what they ask for is refused).
     nni_manager_ip: str | None = None
@@ -118,7 +122,8 @@ class ExperimentConfig(NniModel):
     shared_storage: dict[str, Any] | None = None
     experiment_type: str | None = None
 
-    _durations = field_validator("max_experiment_duration", "max_trial_duration", mode="before")(
+    _durations = field_validator("max_experiment_duration", "max_trial_duration", "trial_grace_period",
+                                 mode="before")(
         lambda v: None if v is None else parse_seconds(v)
     )
 

@@ -41,6 +41,12 @@ class TrialRequest(Contract):
     warm_start: bool = True
     #: Modules the template imports ahead, beside those it learns (``warmStart.preload``).
     warm_preload: list[str] = Field(default_factory=list)
+    #: Seconds between two signs of life from the trial's keeper at least (a third of the
+    #: experiment's ``retry.heartbeatTimeout``); None: no heartbeats.
+    heartbeat: float | None = Field(default=None, gt=0)
+    #: Seconds between SIGTERM and SIGKILL when the trial is stopped (``trialGracePeriod``); None:
+    #: the adapter's own default.
+    grace_period: float | None = Field(default=None, ge=0)
 
     _service = field_validator("training_service", mode="before")(parse_training_service)
 
@@ -105,6 +111,9 @@ class CancelRequest(Contract):
     #: USER_CANCELED for a user's cancel, EARLY_STOPPED for an assessor or maxTrialDuration.
     status: TrialStatus = TrialStatus.USER_CANCELED
     message: str | None = None
+    #: The stop is a preemption (a drain): the attempt ends SYS_CANCELED with failure ``preempted``,
+    #: and the dispatcher runs the trial again.
+    preempt: bool = False
 
 
 class CancelReply(Contract):
@@ -114,6 +123,26 @@ class CancelReply(Contract):
     replica: str
     #: True when this replica owns the trial and is stopping it.
     accepted: bool
+
+
+class DrainRequest(Contract):
+    """``control.<adapter>.drain`` request: the named replica stops taking trials and preempts
+    the ones it runs (SIGTERM, their grace period, SIGKILL; each runs again as its next attempt),
+    or, with ``drain`` false, takes trials again. Only that replica answers."""
+
+    kind: Literal["platform.drain"] = "platform.drain"
+    v: Literal[1] = 1
+    replica: str = Field(min_length=1)
+    drain: bool = True
+
+
+class DrainReply(Contract):
+    kind: Literal["platform.drain.reply"] = "platform.drain.reply"
+    v: Literal[1] = 1
+    replica: str
+    draining: bool
+    #: Trials it began to stop for this drain.
+    preempted: int = 0
 
 
 class LogRequest(Contract):
@@ -214,6 +243,8 @@ class PlatformStatus(Contract):
     running: int = 0
     #: Requests it holds that wait for capacity (GPUs), oldest first: ``<trial>:<attempt>``.
     waiting: list[str] = []
+    #: Drained (``trialbus platform drain``): it takes no trials and has preempted its own.
+    draining: bool = False
     #: Where the GPU inventory comes from: ``nvml``, ``nvidia-smi`` or ``none``.
     gpu_source: str | None = None
     #: Why there are no GPUs, or why the last inventory read failed.

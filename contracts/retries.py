@@ -63,8 +63,13 @@ class RetryPolicy(NniModel):
     #: Preemptions retried at most (they do not count against the budgets above, but a trial
     #: preempted this many times ends, so a platform that always preempts cannot loop forever).
     max_preemptions: int = Field(default=100, ge=0, le=100000)
+    #: Seconds a running trial's keeper may stay silent before the trial is lost (stopped, then
+    #: retried as an infrastructure failure); unset, trials are never declared lost. Keepers then
+    #: report at least every third of it. Longer than any gateway outage you expect to ride out.
+    heartbeat_timeout: float | None = Field(default=None, ge=3)
 
     _durations = field_validator("backoff", "max_backoff", mode="before")(parse_seconds)
+    _timeout = field_validator("heartbeat_timeout", mode="before")(lambda v: None if v is None else parse_seconds(v))
 
     @model_validator(mode="after")
     def _ordered(self) -> RetryPolicy:

@@ -48,6 +48,12 @@ def metrics(experiment: str = "*", trial: str = "*") -> str:
     return f"metrics.{experiment}.{trial}"
 
 
+def heartbeats(experiment: str = "*", trial: str = "*") -> str:
+    """``heartbeats.<experiment>.<trial>`` (core NATS, no stream): the gateway says a trial's
+    keeper is alive though it has no metric to report (:mod:`services.dispatcher.liveness`)."""
+    return f"heartbeats.{experiment}.{trial}"
+
+
 def control(adapter: str, verb: str) -> str:
     """Request/reply to every replica of an adapter; the one that owns the trial answers."""
     return f"control.{adapter}.{verb}"
@@ -90,7 +96,8 @@ def metric_id(trial: str, metric_type: str, sequence: int, attempt: int = 0) -> 
 
 
 def trial_from_subject(subject: str) -> tuple[str, str]:
-    """``events.<exp>.<trial>[.<source>]`` / ``metrics.<exp>.<trial>`` → (experiment, trial)."""
+    """``events.<exp>.<trial>[.<source>]`` / ``metrics.<exp>.<trial>`` / ``heartbeats.<exp>.<trial>``
+    → (experiment, trial)."""
     _, experiment, trial, *_ = subject.split(".", 3)
     return experiment, trial
 

@@ -216,6 +216,12 @@ class AsyncClient:
         """Every live adapter replica with its capacity and GPUs."""
         return [_parse(PlatformStatus, p) for p in await self._call("platform.list", {})]
 
+    async def drain_platform(self, adapter: str, replica: str, drain: bool = True) -> dict:
+        """Drain an adapter replica (no more trials there; the ones it runs are preempted and run
+        again as their next attempt), or with ``drain=False`` let it take trials again;
+        ``{replica, draining, preempted}``."""
+        return await self._call("platform.drain", {"adapter": adapter, "replica": replica, "drain": drain})
+
     async def stop_experiment(self, experiment_id: str, message: str | None = None) -> ExperimentView:
         """Stop taking trials and cancel the running ones; ``message`` (why) is kept with the
         experiment and its cancelled trials."""

@@ -15,6 +15,8 @@ from contracts.experiment import ExperimentConfig
 from contracts.messages import (
     CancelReply,
     CancelRequest,
+    DrainReply,
+    DrainRequest,
     LogReply,
     LogRequest,
     MetricRecord,
@@ -38,6 +40,8 @@ MODELS: dict[str, type[BaseModel]] = {
     "cancel-reply": CancelReply,
     "log-request": LogRequest,
     "log-reply": LogReply,
+    "drain-request": DrainRequest,
+    "drain-reply": DrainReply,
     "platform-status": PlatformStatus,
 }
 

@@ -27,6 +27,11 @@ Guarantees, for every platform:
   (``GET /api/v1/platforms``); it deletes it when it stops.
 - **Trials outlive the service.** Stop (SIGTERM) stops intake, naks what was pulled but
   not launched, unsubscribes and returns, leaving trials running for the next start.
+- **A drain preempts.** ``control.<name>.drain`` naming this replica (``trialbus platform
+  drain``) stops intake (what is held or launching goes back to the queue) and stops every
+  trial it runs as a preemption: SIGTERM, the trial's grace period, SIGKILL, then SYS_CANCELED
+  with failure ``preempted``, which the dispatcher runs again (on another replica while this
+  one drains). Undrained, it takes trials again.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ from contracts import (
     CheckReply,
     CheckRequest,
     ContractError,
+    DrainReply,
+    DrainRequest,
     LogReply,
     LogRequest,
     PlatformStatus,
@@ -137,6 +144,7 @@ class AdapterService(Service):
         self._launch_done = asyncio.Event()
         self._paused_until = 0.0
         self._stopping = False
+        self.draining = False
         self._http = None
 
     @property
@@ -172,6 +180,7 @@ class AdapterService(Service):
             await bus.nc.subscribe(subjects.control(self.adapter.name, "cancel"), cb=self._on_cancel),
             await bus.nc.subscribe(subjects.control(self.adapter.name, "log"), cb=self._on_log),
             await bus.nc.subscribe(subjects.control(self.adapter.name, "check"), queue="check", cb=self._on_check),
+            await bus.nc.subscribe(subjects.control(self.adapter.name, "drain"), cb=self._on_drain),
         ]
         if self.settings.adapter_http_port is not None:
             from fastapi import FastAPI
@@ -231,6 +240,9 @@ class AdapterService(Service):
                         await self.trials.trial_ended.wait()
                 self._paused_until = 0.0
                 continue
+            if self.draining:  # takes nothing until undrained
+                await asyncio.sleep(FETCH_WAIT)
+                continue
             free = self.settings.launch_concurrency - len(self._taking)
             if free <= 0:
                 self._launch_done.clear()
@@ -281,6 +293,8 @@ class AdapterService(Service):
             settled = False
             try:
                 while True:  # more than one round only for a request that waits for capacity
+                    if self.draining:  # pulled before the drain: another replica may run it
+                        return await self._give_back(owned, msg, 0.0)
                     try:
                         if (unreadable := sealing.unreadable(request)) is not None:  # no key, or not the dispatcher's
                             raise PermanentError(f"the trial's secrets cannot be read here: {unreadable}")
@@ -336,7 +350,7 @@ class AdapterService(Service):
             owned.waiting = reason
             await self.trials.waiting(owned, reason)
         remaining = received + self.settings.wait_hold - time.monotonic()
-        if owned.cancel is not None or remaining <= 0 or self._stopping:
+        if owned.cancel is not None or remaining <= 0 or self._stopping or self.draining:
             await self._give_back(owned, msg, 0.0)
             return False
         await self.capacity.wait(remaining)
@@ -378,7 +392,8 @@ class AdapterService(Service):
                 status = PlatformStatus(
                     adapter=self.adapter.name, replica=self.settings.replica, host=host, time=utcnow(),
                     running=sum(1 for o in self.owned.values() if o.handle is not None and o.outcome is None),
-                    waiting=list(dict.fromkeys(self._held_keys.values())), **self.adapter.describe(),
+                    waiting=list(dict.fromkeys(self._held_keys.values())), draining=self.draining,
+                    **self.adapter.describe(),
                 )
                 await self._platforms.put(key, status.encode())
             except (nats.errors.Error, OSError) as exc:  # the broker restarts: next round
@@ -411,6 +426,28 @@ class AdapterService(Service):
         reply = CancelReply(trial_id=request.trial_id, replica=self.settings.replica, accepted=accepted)
         await self._respond(msg, reply)
 
+    async def _on_drain(self, msg: Msg) -> None:
+        if (request := _decode(DrainRequest, msg)) is None or request.replica != self.settings.replica:
+            return  # another replica's: it answers
+        self.draining, preempted = request.drain, 0
+        log.warning("draining: no more trials here, and the running ones are preempted" if request.drain
+                    else "undrained: taking trials again")  # fmt: skip
+        if request.drain:
+            why = f"preempted: adapter replica {self.settings.replica} is draining"
+            for owned in list(self.owned.values()):
+                if owned.outcome is not None or owned.cancel is not None or owned.handle is None:
+                    continue  # ended, being stopped already, or still launching (handed back then)
+                owned.cancel = CancelRequest(experiment_id=owned.experiment_id, trial_id=owned.trial_id,
+                                             status=TrialStatus.SYS_CANCELED, message=why, preempt=True)  # fmt: skip
+                preempted += 1
+                if owned.announced:
+                    with logs.bind(experiment=owned.experiment_id, trial=owned.trial_id):
+                        await self.trials.send_cancel(owned)
+            self.capacity.fire()  # held requests go back to the queue
+        self._status_due.set()
+        reply = DrainReply(replica=self.settings.replica, draining=self.draining, preempted=preempted)
+        await self._respond(msg, reply)
+
     async def _on_log(self, msg: Msg) -> None:
         if (request := _decode(LogRequest, msg)) is None:
             return
@@ -441,12 +478,12 @@ class AdapterService(Service):
             problems = [f"the {self.adapter.name} adapter could not check the platform: {exc}"]
         await self._respond(msg, CheckReply(replica=self.settings.replica, problems=problems))
 
-    async def _respond(self, msg: Msg, reply: CancelReply | LogReply | CheckReply) -> None:
+    async def _respond(self, msg: Msg, reply: CancelReply | LogReply | CheckReply | DrainReply) -> None:
         with contextlib.suppress(nats.errors.Error):  # the requester times out and asks again
             await msg.respond(reply.encode())
 
 
-_Control = CancelRequest | LogRequest | CheckRequest
+_Control = CancelRequest | LogRequest | CheckRequest | DrainRequest
 
 
 def _decode(model: type[_Control], msg: Msg) -> _Control | None:

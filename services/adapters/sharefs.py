@@ -112,6 +112,10 @@ def keeper_settings(request: TrialRequest, root: Share, bin_hash: str, code: str
     }  # fmt: skip
     if code is not None:
         settings["TRIALBUS_CODE_DIR"] = f"{root.container}/trialbus/code/{code}"
+    if request.heartbeat:
+        settings["TRIALBUS_HEARTBEAT"] = str(request.heartbeat)
+    if request.grace_period is not None:  # within the platform's own (a pod's terminationGracePeriodSeconds)
+        settings["TRIALBUS_KILL_GRACE"] = str(request.grace_period)
     return settings
 
 

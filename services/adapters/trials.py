@@ -185,11 +185,13 @@ class OwnedTrials:
         """Publish the terminal event (the cancel's status if one was accepted), then release."""
         outcome = owned.outcome
         status, message = outcome.status, outcome.message
+        failure = outcome.failure if status is TrialStatus.FAILED else None
         if owned.cancel is not None:
             status, message = owned.cancel.status, owned.cancel.message or message
+            failure = "preempted" if owned.cancel.preempt else None  # a preemption runs again
         await self.publish(
             owned, status, time=outcome.end_time or utcnow(), exit_code=outcome.exit_code, message=message,
-            failure=outcome.failure if status is TrialStatus.FAILED else None,
+            failure=failure,
         )
         self._ended_count.labels(self.adapter.name, status.value).inc()
         self.trial_ended.set()

@@ -22,6 +22,7 @@ from services.common import platforms
 from services.common.auth import Access, AccessDenied, require_content_type
 from services.common.bus import Bus
 from services.common.http import health_routes
+from services.dispatcher import history
 from services.dispatcher import openapi as spec
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.errors import ApiError
@@ -190,6 +191,22 @@ def create_app(
     @api.get("/platforms", responses=doc.refusals(*READ))
     async def list_platforms() -> list[dict]:
         return [status.to_json() for status in await platforms.statuses(dispatcher().bus)]
+
+    @api.post("/platforms/{adapter}/{replica}/drain",
+              responses={**doc.answer(200, "drained: its trials are being preempted", spec.DRAINED),
+                         **doc.refusals(*CHANGE, 404)})  # fmt: skip
+    async def drain_platform(adapter: str, replica: str) -> dict:
+        return await _drain(adapter, replica, True)
+
+    @api.post("/platforms/{adapter}/{replica}/undrain",
+              responses={**doc.answer(200, "taking trials again", spec.DRAINED), **doc.refusals(*CHANGE, 404)})
+    async def undrain_platform(adapter: str, replica: str) -> dict:
+        return await _drain(adapter, replica, False)
+
+    async def _drain(adapter: str, replica: str, drain: bool) -> dict:
+        core = dispatcher()
+        reply = await history.drain(core.bus, adapter, replica, drain, core.settings.control_timeout)
+        return {"replica": reply.replica, "draining": reply.draining, "preempted": reply.preempted}
 
     app.include_router(api)
     return app

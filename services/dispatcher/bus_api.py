@@ -18,6 +18,7 @@ from nats.aio.subscription import Subscription
 from contracts import TrialStatus, subjects
 from services.common import platforms
 from services.common.bus import Bus
+from services.dispatcher import history
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.errors import ApiError
 
@@ -55,6 +56,14 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
         trial = await core.retry_trial(_text(body, "id"))
         return {"id": trial.id, "status": trial.status.value, "attempt": trial.attempt}
 
+    async def drain(body: dict) -> Any:
+        drain = body.get("drain", True)
+        if not isinstance(drain, bool):
+            raise ApiError(422, "drain must be true (drain the replica) or false (take trials again)")
+        reply = await history.drain(core.bus, _text(body, "adapter"), _text(body, "replica"), drain,
+                                    core.settings.control_timeout)  # fmt: skip
+        return {"replica": reply.replica, "draining": reply.draining, "preempted": reply.preempted}
+
     async def log_tail(body: dict) -> Any:
         return {"text": await core.trial_log(_text(body, "id"), int(body.get("maxBytes", 64 * 1024)))}
 
@@ -76,6 +85,7 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
         "trial.metrics": lambda body: core.trial_metrics(_text(body, "id")),
         "trial.log": log_tail,
         "platform.list": lambda body: _platforms(core),
+        "platform.drain": drain,
     }
 
 

@@ -6,7 +6,9 @@ Guarantees:
 - a trial is dispatched at most once per attempt (``Nats-Msg-Id: <trial>:<attempt>``);
 - every decision is persisted to KV before it is acted on, and every input (API call,
   event, metric) is idempotent, so a restart replays instead of losing or doubling.
-All mutations of one experiment run under that experiment's lock.
+All mutations of one experiment run under that experiment's lock. A trial's attempts
+(retries, silent trials, a user's retry) are :mod:`.attempts`; what depends on time, the
+sweep, is :mod:`.sweep`: both are parts of :class:`Dispatcher`.
 """
 
 from __future__ import annotations
@@ -29,22 +31,23 @@ from contracts.messages import CancelRequest, TrialEvent
 from contracts.state import ExperimentState, ExperimentStatus, TrialState, TrialStatus
 from services.common.bus import Bus
 from services.common.logs import bind
-from services.dispatcher import history, retries, snapshots
+from services.dispatcher import history, snapshots
+from services.dispatcher.attempts import Attempts
 from services.dispatcher.errors import ApiError
 from services.dispatcher.folds import MetricFold, MetricsProgress
+from services.dispatcher.liveness import Liveness
 from services.dispatcher.ownership import EventGate
 from services.dispatcher.settings import DispatcherSettings
 from services.dispatcher.slots import Slots
 from services.dispatcher.store import StateStore
+from services.dispatcher.sweep import Sweep
 
 log = logging.getLogger(__name__)
 
 _ALNUM = string.ascii_lowercase + string.digits
-#: Seconds between two cancel requests for a trial whose owner has not ended it yet.
-CANCEL_RETRY = 3.0
 
 
-class Dispatcher:
+class Dispatcher(Attempts, Sweep):
     def __init__(self, settings: DispatcherSettings, bus: Bus, store: StateStore) -> None:
         self.settings = settings
         self.bus = bus
@@ -60,6 +63,8 @@ class Dispatcher:
         self.gate = EventGate()
         #: the experiments' queues and slots, and where their trials go (:mod:`.slots`)
         self.slots = Slots(settings, bus, store)
+        #: when each running trial was last heard from, and which were declared lost (:mod:`.liveness`)
+        self.liveness = Liveness()
 
     # ------------------------------------------------------------------ start
 
@@ -320,18 +325,13 @@ class Dispatcher:
                     if trial.cancel_status:
                         await self._request_cancel(trial)
                     return
-                state = self.store.experiments[trial.experiment_id]
-                retry = retries.decide(
-                    trial, event.status, event.failure, state.config.retry_policy, when=event.time,
-                    exit_code=event.exit_code, message=event.message, hybrid=state.config.hybrid,
-                )  # fmt: skip
-                if retry is not None and state.status == ExperimentStatus.RUNNING:
-                    await self._again(trial, retry.trial, sends)
+                if trial.id in self.liveness.lost:  # the end of an attempt we stopped for its silence
+                    await self._attempt_ended(trial, TrialStatus.FAILED, "lost", trial.message, sends=sends,
+                                              exit_code=event.exit_code, when=event.time, publish=True)  # fmt: skip
                     return
-                await self._end(
-                    trial, event.status, event.message, exit_code=event.exit_code, when=event.time, publish=False,
-                    sends=sends, failure=event.failure or (None if event.status != TrialStatus.FAILED else "trial"),
-                )  # fmt: skip
+                failure = event.failure or (None if event.status != TrialStatus.FAILED else "trial")
+                await self._attempt_ended(trial, event.status, failure, event.message, sends=sends,
+                                          exit_code=event.exit_code, when=event.time, publish=False)  # fmt: skip
 
     async def on_metrics(self, records: list[MetricFold], stream_seq: int = 0) -> None:
         """Fold a batch of metric records into trial state (final metric, intermediate count).
@@ -352,6 +352,7 @@ class Dispatcher:
                     trial = self.store.trials[fold.trial_id]
                     if fold.attempt != trial.attempt:  # an attempt that is over (a retry runs): history only
                         continue
+                    self.liveness.heard(trial.id)
                     update: dict[str, Any] = {"intermediate_count": max(trial.intermediate_count, fold.periodical)}
                     if fold.final is not None:
                         try:
@@ -361,48 +362,6 @@ class Dispatcher:
                     self.store.defer(trial.model_copy(update=update))
         self.metrics.applied(stream_seq)  # in the cache: an end waiting for them may go on
         await self.store.flush(fold.trial_id for folds in by_experiment.values() for fold in folds)
-
-    async def sweep(self) -> None:
-        """Once a second: limits that depend on time, cancels not yet honoured, finished experiments."""
-        now = utcnow()
-        loop_time = asyncio.get_running_loop().time()
-        if self.store.dirty:  # deferred states whose write failed: KV catches up
-            try:
-                await self.store.flush(list(self.store.dirty))
-            except Exception as exc:
-                log.warning("writing %d trial states failed (%s); will retry", len(self.store.dirty), exc)
-        for trial_id in list(self.slots.unsent):
-            trial = self.store.trials[trial_id]
-            async with self._locks[trial.experiment_id]:
-                if trial_id in self.slots.unsent and not self.store.trials[trial_id].status.terminal:
-                    await self.slots.send(self.store.trials[trial_id])
-        for state in list(self.store.experiments.values()):
-            if state.status != ExperimentStatus.RUNNING:
-                continue
-            async with self._locks[state.id]:
-                limit = state.config.max_trial_duration
-                for trial in self.store.trials_for(state.id):
-                    if trial.status.terminal:
-                        continue
-                    if trial.cancel_status:
-                        if loop_time - self._cancel_sent.get(trial.id, 0.0) > CANCEL_RETRY:
-                            await self._cancel(trial, trial.cancel_status, trial.message)
-                    elif limit and trial.start_time and now - trial.start_time > timedelta(seconds=limit):
-                        await self._cancel(
-                            trial, TrialStatus.EARLY_STOPPED, f"trial ran longer than maxTrialDuration ({limit:g}s)"
-                        )
-                if state.config.hybrid:
-                    await self.slots.take_back(state)
-                self.slots.due(state.id, now)
-                if self._duration_over(state):
-                    for trial_id in [*self.slots.queue[state.id], *self.slots.later[state.id]]:
-                        await self._end(
-                            self.store.trials[trial_id],
-                            TrialStatus.SYS_CANCELED,
-                            "maxExperimentDuration was reached before the trial could start",
-                        )
-                await self.slots.dispatch_ready(state.id)
-                await self._finish_if_done(state.id)
 
     # --------------------------------------------------------------- internals
 
@@ -466,6 +425,7 @@ class Dispatcher:
         )
         self.slots.free(trial)
         self._cancel_sent.pop(trial.id, None)
+        self.liveness.forget(trial.id)
         # The slot is free at once (the platform's is: every caller ends a trial that is not
         # running there): the next trial goes out while this end is written. A write-through
         # that fails leaves the cache as it was, and the caller applies the end again; a
@@ -480,35 +440,6 @@ class Dispatcher:
         log.info("trial %s %s%s", trial.id, status.value, f": {message}" if message else "")
         await self._finish_if_done(trial.experiment_id)
         return trial
-
-    async def _again(self, ended: TrialState, trial: TrialState, sends: list[TrialState] | None = None) -> None:
-        """Run ``trial`` (``ended``'s next attempt, from :mod:`.retries`) again: its slot is
-        free meanwhile; it goes first in the queue once its back-off is over."""
-        self.slots.free(ended)
-        self._cancel_sent.pop(trial.id, None)
-        self.slots.again(trial)
-        self.store.defer(trial)
-        log.info("trial %s: %s", trial.id, trial.message)
-        await self._publish_event(trial, TrialStatus.WAITING)  # the history says why it runs again
-        if sends is not None:
-            sends += self.slots.take_ready(trial.experiment_id)
-        else:
-            await asyncio.gather(self.store.flush([trial.id]), self.slots.dispatch_ready(trial.experiment_id))
-
-    async def retry_trial(self, trial_id: str) -> TrialState:
-        """A new attempt of a trial that has ended (``trialbus trial retry``): same id and parameters."""
-        trial = self.trial(trial_id)
-        async with self._locks[trial.experiment_id]:
-            trial, state = self.store.trials[trial_id], self.experiment(trial.experiment_id)
-            if not trial.status.terminal:
-                raise ApiError(409, f"trial {trial_id} is {trial.status.value}: only a trial that has ended can be "
-                                    "retried (cancel it first to start it over)")  # fmt: skip
-            if state.status != ExperimentStatus.RUNNING:
-                raise ApiError(409, f"experiment {state.id} is {state.status.value}; it runs no trials, so a retry "
-                                    "would never start (resume the experiment first, if it can be)")  # fmt: skip
-            again = retries.manual(trial, hybrid=state.config.hybrid, when=utcnow())
-            await self._again(trial, again)
-            return self.store.trials[trial_id]
 
     async def _finish_if_done(self, experiment_id: str) -> None:
         state = self.store.experiments[experiment_id]

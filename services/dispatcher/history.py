@@ -1,6 +1,6 @@
 """What the dispatcher asks elsewhere rather than its state: a trial's metric history (the
-METRICS stream), its log (the adapter replica that ran it), and whether a platform can run
-a new experiment (one replica of its adapter)."""
+METRICS stream), its log (the adapter replica that ran it), whether a platform can run
+a new experiment (one replica of its adapter), and a replica's drain."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import nats.errors
 
 from contracts import subjects
 from contracts.experiment import ExperimentConfig
-from contracts.messages import CheckReply, CheckRequest, LogReply, LogRequest, MetricRecord
+from contracts.messages import CheckReply, CheckRequest, DrainReply, DrainRequest, LogReply, LogRequest, MetricRecord
 from contracts.nni import TrainingService
+from contracts.platforms import PLATFORMS
 from contracts.state import TrialState
 from services.common.bus import Bus
 from services.dispatcher.errors import ApiError
@@ -76,3 +77,19 @@ async def _check(bus: Bus, service: TrainingService, timeout: float) -> list[str
         log.warning("the %s adapter did not check the new experiment within %.0fs", service.adapter, timeout)
         return []
     return CheckReply.decode(reply.data).problems
+
+
+async def drain(bus: Bus, adapter: str, replica: str, drain: bool, timeout: float) -> DrainReply:
+    """Ask one adapter replica to drain (or take trials again); its answer. 404 when no replica of
+    that name answers (the live ones: ``GET /api/v1/platforms``)."""
+    adapters = {model.adapter for model in PLATFORMS.values()}
+    if adapter not in adapters:
+        raise ApiError(404, f"no adapter {adapter!r}: the adapters are {', '.join(sorted(adapters))}")
+    request = DrainRequest(replica=replica, drain=drain)
+    try:
+        reply = await bus.nc.request(subjects.control(adapter, "drain"), request.encode(), timeout=timeout)
+    except Exception:
+        raise ApiError(404, f"no replica {replica!r} of the {adapter} adapter answered; `trialbus platform list` "
+                            "shows the live ones") from None  # fmt: skip
+    return DrainReply.decode(reply.data)
+

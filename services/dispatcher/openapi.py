@@ -100,6 +100,9 @@ SUBMITTED_TRIAL = {
 }
 CANCELED_TRIAL = {"type": "object", "properties": {"id": {"type": "string"}, "status": _STATUS},
                   "required": ["id", "status"]}  # fmt: skip
+DRAINED = {"type": "object", "required": ["replica", "draining", "preempted"],
+           "properties": {"replica": {"type": "string"}, "draining": {"type": "boolean"},
+                          "preempted": {"type": "integer", "description": "trials it began to stop"}}}
 RETRIED_TRIAL = {"type": "object", "required": ["id", "status", "attempt"],
                  "properties": {"id": {"type": "string"}, "status": _STATUS, "attempt": {"type": "integer"}}}
 

@@ -43,4 +43,6 @@ def trial_request(state: ExperimentState, trial: TrialState, secret: str) -> Tri
         max_trial_duration=config.max_trial_duration,
         warm_start=config.warm_start is not False,
         warm_preload=config.warm_start.preload if isinstance(config.warm_start, WarmStart) else [],
+        heartbeat=timeout / 3 if (timeout := config.retry_policy.heartbeat_timeout) else None,
+        grace_period=config.trial_grace_period,
     )

@@ -16,7 +16,7 @@ import orjson
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from contracts import streams
+from contracts import streams, subjects
 from contracts.base import ContractError
 from contracts.messages import PlatformStatus, TrialEvent
 from services.common.auth import bind_host
@@ -43,6 +43,7 @@ class DispatcherService(Service):
         self.core: Dispatcher | None = None
         self.http: HttpServer | None = None
         self._api: Subscription | None = None
+        self._heartbeats: Subscription | None = None
         self._tasks: list[asyncio.Task] = []
         self._readers: list[StreamReader] = []
         self._stopping = asyncio.Event()
@@ -65,6 +66,7 @@ class DispatcherService(Service):
             asyncio.create_task(self._watch_platforms()),
         ]
         self._api = await bus_api.serve(bus, self.core)
+        self._heartbeats = await bus.nc.subscribe(subjects.heartbeats("*", "*"), cb=self._on_heartbeat)
         host = bind_host(self.settings, self.settings.api_host, "the REST API")
         app = create_app(self.settings, lambda: self.core, lambda: self.bus)
         self.http = HttpServer(app, host, self.settings.api_port)
@@ -85,11 +87,17 @@ class DispatcherService(Service):
             await self.http.stop()
         if self._api:
             await self._api.unsubscribe()
+        if self._heartbeats:
+            await self._heartbeats.unsubscribe()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for reader in self._readers:  # unsubscribed before the drain, so it does not wait on them
             await reader.close()
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        trials = self.core.store.trials
+        self.core.liveness.on_heartbeat(msg.subject, msg.data, lambda t: trials[t].attempt if t in trials else None)
 
     async def _on_events(self, msgs: list[Msg]) -> None:
         events = []  # each with its subject: it names the publisher (the trial's owner or not)

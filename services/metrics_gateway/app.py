@@ -247,6 +247,12 @@ class Intake:
         bus = self.bus()
         if bus is None or not bus.nc.is_connected:
             raise Refused(503, "unavailable", "NATS is unavailable; retry later")
+        if not metrics:  # a hello or a heartbeat: the keeper is alive (services/dispatcher/liveness.py)
+            try:
+                await bus.nc.publish(subjects.heartbeats(experiment_id, trial_id), b'{"attempt": %d}' % attempt)
+            except (NatsError, OSError) as exc:
+                raise Refused(503, "unavailable", f"NATS did not take the heartbeat ({exc}); retry later") from None
+            return 0
         subject, now = subjects.metrics(experiment_id, trial_id), utcnow()
         messages = [
             (subject, encode(experiment_id, trial_id, m, now, attempt),

@@ -235,6 +235,9 @@ class Keeper:
         self.experiment, self.trial = setting(b"EXPERIMENT_ID", ""), setting(b"TRIAL_ID", "")
         self.kill_grace = float(setting(b"KILL_GRACE") or 5)
         self.flush_timeout = float(setting(b"FLUSH_TIMEOUT") or 600)
+        #: Seconds between two POSTs at most while the trial runs (an empty one is a heartbeat); 0: none.
+        self.heartbeat = float(setting(b"HEARTBEAT") or 0)
+        self.sent_at = time.monotonic()
         self.attempt = int(setting(b"ATTEMPT") or 0)
         url = setting(b"GATEWAY_URL")
         self.gateway = url and Gateway(url, self.experiment, self.trial, setting(b"TRIAL_TOKEN", ""), self.attempt)
@@ -490,6 +493,9 @@ class Keeper:
                 return self.fail([])
             if self.sending:  # batches refused with 401/403/409 stay on disk
                 posix.unlink(self.spool.pop(0))
+        due = self.heartbeat and self.pid and not self.queue and time.monotonic() - self.sent_at >= self.heartbeat
+        if due and self.deliver([]) is not None:  # a heartbeat: alive, with nothing to report
+            return self.fail([])
         while self.queue and self.sending:
             count = size = 0
             while count < len(self.queue) and count < MAX_BATCH and size < MAX_BATCH_BYTES:
@@ -504,6 +510,7 @@ class Keeper:
         """POST ``records``: None once settled, else the records to retry later."""
         status, body = self.gateway.post(records)
         if status == 200:
+            self.sent_at = time.monotonic()
             return None
         if status in (400, 413) and len(records) > 1:
             half = len(records) // 2  # 413: halve; 400: one by one, to drop only the bad

@@ -48,6 +48,11 @@ class Dispatcher:
     async def cancel_trial(self, trial_id: str) -> Any:
         return await self.call("trial.cancel", {"id": trial_id})
 
+    async def retry_trial(self, trial_id: str) -> Any:
+        """Run a trial that has ended again, as its next attempt (409 while it runs, or when its
+        experiment is not RUNNING: the dispatcher's sentence says which)."""
+        return await self.call("trial.retry", {"id": trial_id})
+
     async def stop_experiment(self, experiment_id: str) -> Any:
         return await self.call("experiment.stop", {"id": experiment_id})
 

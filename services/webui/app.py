@@ -16,6 +16,7 @@ API (JSON; every refusal is ``{"error": "<what to do>"}`` with a 4xx/5xx status)
     GET  /api/trials/{id}/metrics               its metric records (history)
     GET  /api/trials/{id}/log?maxBytes=n        the tail of its log (relayed)
     POST /api/trials/{id}/cancel                cancel it (relayed)
+    POST /api/trials/{id}/retry                 run it again as its next attempt, once it has ended (relayed)
     GET  /api/platforms                         adapter replicas, GPUs, machines, clusters
     GET  /api/events[?experiment=id]            server-sent events (:mod:`services.webui.hub`)
     GET  /api/trials/{id}/metrics/stream        server-sent ``metrics`` events: the trial's records,
@@ -25,9 +26,9 @@ Who may call is :mod:`services.common.auth` (the dispatcher's tokens and checks)
 ``/healthz``, ``/metrics``, ``/login`` and the static files (which hold no data) needs
 ``Authorization: Bearer <token>`` or the cookie ``/login`` sets, and a ``Host`` of this machine.
 The cookie (``SameSite=Strict``, ``HttpOnly``) holds an HMAC of the token and its role, not the
-token: it opens the web UI and nothing else; the read-only token's cookie cannot cancel or
-stop. POSTs that a browser sends from another site (its ``Origin`` is not this host) are
-refused, so a page elsewhere cannot cancel trials through a browser that is logged in.
+token: it opens the web UI and nothing else; the read-only token's cookie cannot cancel, retry
+or stop. POSTs that a browser sends from another site (its ``Origin`` is not this host) are
+refused, so a page elsewhere cannot cancel or retry trials through a browser that is logged in.
 """
 
 from __future__ import annotations
@@ -230,6 +231,11 @@ def create_app(
     async def cancel_trial(trial_id: str) -> Response:
         result = await dispatcher.cancel_trial(trial_id)
         return json_response({"id": trial_id, "status": (result or {}).get("status")})
+
+    @api.post("/trials/{trial_id}/retry", responses=doc.refusals(*CHANGE, *RELAYED))
+    async def retry_trial(trial_id: str) -> Response:
+        result = await dispatcher.retry_trial(trial_id) or {}
+        return json_response({"id": trial_id, "status": result.get("status"), "attempt": result.get("attempt")})
 
     @api.get("/trials/{trial_id}/log", openapi_extra=spec.log_size(MAX_LOG_BYTES),
              responses=doc.refusals(*READ, *RELAYED))

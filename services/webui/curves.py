@@ -3,8 +3,13 @@
 The curve a browser shows is read with an ordered consumer on
 ``metrics.<experiment>.<trial>`` from the stream's first message: the history arrives
 first, then every new record as the gateway publishes it, each record once (the stream
-deduplicates by ``<trial>:<type>:<sequence>``; a resend after the dedupe window is dropped
-here). An ordered consumer needs no durable state and recovers from gaps by itself.
+deduplicates by ``<trial>:<type>:<sequence>[:<attempt>]``; a resend after the dedupe window is
+dropped here). An ordered consumer needs no durable state and recovers from gaps by itself.
+
+A retried trial has records of every attempt on its subject, and each attempt numbers its
+intermediate results from 0 again: a record is one attempt's (``attempt`` in each point), and
+is told apart by ``(attempt, type, sequence)``, so a retry's records are never taken for
+resends of the first attempt's. The browser draws one line per attempt (``static/detail.js``).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ def point(record: MetricRecord) -> dict[str, Any] | None:
         value = record.decoded()
     except ValueError:
         return None
-    return {"type": record.type.value, "sequence": record.sequence, "value": value,
+    return {"type": record.type.value, "attempt": record.attempt, "sequence": record.sequence, "value": value,
             "default": default_metric(value), "timestamp": record.timestamp.isoformat()}  # fmt: skip
 
 
@@ -41,7 +46,8 @@ class Records:
 
     def __init__(self) -> None:
         self._pending: list[dict[str, Any]] = []
-        self._seen: set[tuple[str, int]] = set()
+        #: ``(attempt, type, sequence)`` of every record kept: one attempt's, once.
+        self._seen: set[tuple[int, str, int]] = set()
 
     def add(self, data: bytes, subject: str) -> bool:
         """Keep the record unless it is unreadable or seen before; whether it was kept."""
@@ -50,7 +56,7 @@ class Records:
         except ContractError:
             log.warning("skipping an unreadable metric record on %s", subject)
             return False
-        key = (record.type.value, record.sequence)
+        key = (record.attempt, record.type.value, record.sequence)
         if key in self._seen or (plotted := point(record)) is None:
             return False
         self._seen.add(key)

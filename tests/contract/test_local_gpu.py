@@ -186,7 +186,7 @@ class TestLocalGpuAdapter(AdapterContract):
         # of the keeper's settings, only the two meant for the trial (docs/retries.md)
         ours = sorted(line.split("=", 1)[0] for line in out.splitlines() if line.startswith("TRIALBUS_"))
         assert ours == ["TRIALBUS_ATTEMPT", "TRIALBUS_CHECKPOINT_DIR"]
-        checkpoints = f"{adapter.work_dir}/checkpoints/{request.experiment_id}/{request.trial_id}"
+        checkpoints = f"{adapter.settings.checkpoint_root}/{request.experiment_id}/{request.trial_id}"
         assert f"TRIALBUS_CHECKPOINT_DIR={checkpoints}\n" in out
         assert out.endswith(request.parameter_record)
 

@@ -356,7 +356,10 @@ def test_a_machine_down_longer_than_the_timeout_fails_its_trials_and_they_are_st
     pid = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), 30, "the trial to start"))
     server.stop()
     found = ended(stack, trial_id, timeout=30)
-    assert found["status"] == "FAILED" and "gave up after 3s" in found["message"], found
+    # the attempt on the lost machine failed (infrastructure), and its retry found no machine at all
+    [lost] = found["attempts"]
+    assert (lost["failure"], lost["status"]) == ("infrastructure", "FAILED") and "gave up after 3s" in lost["message"]
+    assert found["status"] == "FAILED" and "no machine reachable" in found["message"], found
     assert alive(pid), "an unreachable machine's trial is not ours to kill until it is back"
     server.start()
     wait_until(lambda: not alive(pid), 30, "the abandoned trial to be stopped once its machine is back")

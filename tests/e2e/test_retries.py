@@ -154,3 +154,102 @@ def test_a_finished_trial_is_retried_by_hand_from_the_cli(stack, code, run_log):
     assert stack.rest("POST", "/trials/nosuch/retry").status_code == 404
     missing = cli("trial", "retry", "nosuch")
     assert missing.returncode != 0 and "not found" in missing.stdout + missing.stderr
+
+
+def test_a_silent_trial_is_lost_stopped_and_run_again(stack, code, run_log, tmp_path):
+    # Given an experiment that declares a trial lost after 3 s without a sign of life from its keeper
+    experiment = create(stack, config(code, retry={"heartbeatTimeout": "3s", "backoff": "0s"}))
+    flag = tmp_path / "hung"
+    trial_id = submit(stack, experiment, {"steps": 4, "hang_at": 1, "flag": str(flag)})
+    wait_until(flag.exists, 30, "the first attempt to reach step 2")
+    wait_until(lambda: trial(stack, trial_id)["intermediateCount"] == 2, 30, "its 2 results delivered")
+    state_file = stack.root / "data" / "local-gpu" / "test-host" / "trials" / experiment / f"{trial_id}-0"
+    first = json.loads((state_file / ".trialbus" / "state.json").read_text())
+    # When its keeper hangs (stopped: alive, but silent), while the trial itself runs on
+    os.kill(first["keeperPid"], signal.SIGSTOP)
+    try:
+        # Then the trial is declared lost, its attempt stopped, and it runs again from its checkpoint
+        done = ended(stack, trial_id, timeout=60)
+    finally:
+        if _alive(first["keeperPid"]):  # (killed, as it should be, unless the test failed)
+            os.kill(first["keeperPid"], signal.SIGCONT)
+    assert (done["status"], done["attempt"]) == ("SUCCEEDED", 1), done
+    [lost] = done["attempts"]
+    assert lost["failure"] == "lost" and "no sign of life" in lost["message"], lost
+    assert attempts_of(run_log, trial_id) == [(0, 0), (1, 2)]
+    # and nothing of the lost attempt runs on (the two never ran together for long: its group was killed)
+    wait_until(lambda: not _alive(first["trialPid"]), 10, "the lost attempt's trial to be gone")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+
+
+#: Counts steps until stopped; on SIGTERM it takes 1.5 s to save its step (more than the stack's
+#: default 1 s kill grace: only the experiment's trialGracePeriod lets it finish) and exits.
+#: A later attempt reports the step it resumed from.
+PREEMPTIBLE = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import nni, trialbus_trial
+
+    params = nni.get_next_parameter()
+    saved = trialbus_trial.checkpoint_dir() / "next-step"
+    start = int(saved.read_text()) if saved.exists() else 0
+    with open(os.environ["RUN_LOG"], "a") as log:
+        log.write(f"{nni.get_trial_id()} {trialbus_trial.attempt()} {start}\\n")
+    if trialbus_trial.attempt() > 0:
+        nni.report_final_result({"default": start, "attempt": trialbus_trial.attempt()})
+        sys.exit(0)
+    step = 0
+
+    def on_term(signum, frame):
+        time.sleep(1.5)
+        saved.write_text(str(step))
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
+    while True:
+        step += 1
+        nni.report_intermediate_result(step)
+        time.sleep(0.05)
+    """
+)
+
+
+def test_a_drained_replica_preempts_its_trial_which_saves_in_its_grace_period_and_runs_elsewhere(
+    stack, tmp_path, run_log
+):
+    # Given two local adapter replicas, and a trial running on one of them
+    stack.start("adapter@b")
+    code = write_code(tmp_path / "preemptible", PREEMPTIBLE) if (tmp_path / "preemptible").mkdir() is None else None
+    experiment = create(stack, config(code, trialGracePeriod="4s", retry={"backoff": "0s"}))
+    trial_id = submit(stack, experiment, {})
+    running = wait_until(lambda: (t := trial(stack, trial_id))["status"] == "RUNNING" and t["intermediateCount"] and t,
+                         30, "the trial to run and report")  # fmt: skip
+    env = {**os.environ, "TRIALBUS_NATS_URL": stack.nats.url, "COLUMNS": "160"}
+    # When its replica is drained (as before maintenance on its host)
+    drained = subprocess.run([TRIALBUS, "platform", "drain", "local-gpu", running["replica"]], env=env,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert drained.returncode == 0, drained.stderr
+    assert f"local-gpu replica {running['replica']} drained: 1 trial(s) preempted" in drained.stdout
+    # Then the trial got SIGTERM, saved its step within its grace period, and ran again on the other replica
+    done = ended(stack, trial_id)
+    assert (done["status"], done["attempt"]) == ("SUCCEEDED", 1), done
+    [preempted] = done["attempts"]
+    assert (preempted["status"], preempted["failure"]) == ("SYS_CANCELED", "preempted"), preempted
+    assert preempted["replica"] == running["replica"] and done["replica"] != running["replica"]
+    assert done["finalMetric"]["default"] > 0  # resumed from what the first attempt saved while stopping
+    assert [a for a, _ in attempts_of(run_log, trial_id)] == [0, 1]
+    # and the drained replica says so, takes nothing, until undrained
+    listed = subprocess.run([TRIALBUS, "platform", "list"], env=env, capture_output=True, text=True, timeout=60)
+    assert f"{running['replica']} (draining)" in listed.stdout
+    undrained = subprocess.run([TRIALBUS, "platform", "undrain", "local-gpu", running["replica"]], env=env,
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert undrained.returncode == 0 and "takes trials again" in undrained.stdout
+    refused = stack.rest("POST", "/platforms/local-gpu/nosuch/drain")
+    assert refused.status_code == 404 and "no replica 'nosuch'" in refused.json()["error"]

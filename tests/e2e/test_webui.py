@@ -19,8 +19,9 @@ import nats
 import pytest
 
 from contracts import ExperimentConfig, ExperimentState, TrialState, TrialStatus
+from contracts.retries import Attempt
 from tests.e2e.conftest import config
-from tests.e2e.helpers import create, submit, trial
+from tests.e2e.helpers import create, ended, submit, trial
 from tests.fixtures.nats import require_binary
 from tests.fixtures.stack import Stack
 
@@ -182,6 +183,93 @@ def test_stop_the_experiment_after_confirming(ui: Stack, page, code_dir: Path) -
     assert page.is_disabled("#stop-experiment")
 
 
+#: A trial that fails on its first attempt and succeeds on the next: each attempt reports
+#: ``points[attempt]`` intermediate results (10 × attempt + i), from sequence 0 again.
+RETRIED_TRIAL = """
+import os, sys
+import nni
+
+params = nni.get_next_parameter()
+attempt = int(os.environ["TRIALBUS_ATTEMPT"])
+for i in range(params["points"][attempt]):
+    nni.report_intermediate_result(10 * attempt + i)
+if attempt == 0:
+    print("attempt 0 gives up", file=sys.stderr, flush=True)
+    sys.exit(3)
+nni.report_final_result(10 * attempt + 0.5)
+"""
+
+
+def retried_config(code_dir: Path, **overrides) -> dict:
+    (code_dir / "retried.py").write_text(RETRIED_TRIAL)
+    return config(code_dir, trialCommand=f"{sys.executable} retried.py", **overrides)
+
+
+def attempt_cell(page, attempt: int, field: str) -> str:
+    return page.text_content(f"#detail-attempts tbody[data-attempt='{attempt}'] td[data-field='{field}']")
+
+
+def test_a_retried_trial_shows_its_attempts_and_the_curve_of_the_current_one(ui: Stack, page, code_dir: Path) -> None:
+    # Given an experiment that retries its trials' own failures once, at once
+    experiment = create(ui, retried_config(code_dir, retry={"trial": 1, "backoff": "0s"}))
+    page.goto(f"{ui.webui}/experiments/{experiment}")
+    page.wait_for_selector("#connection[data-state='live']")
+
+    # When a trial reports 4 results and fails, then reports 2 from 0 again and succeeds
+    retried = submit(ui, experiment, {"points": [4, 2]})
+    assert ended(ui, retried)["status"] == "SUCCEEDED"
+
+    # Then its row says it ran twice, and its panel shows attempt 1 and the failed attempt 0
+    page.wait_for_selector(f"{row(retried, 'SUCCEEDED')} td[data-column='status']:text-is('SUCCEEDED ×2')")
+    page.click(row(retried))
+    page.wait_for_selector("#detail-attempts:not([hidden])")
+    assert page.text_content("#detail-status") == "SUCCEEDED"
+    assert page.is_visible("#detail-attempt") and page.text_content("#detail-attempt") == "1"
+    assert page.locator("#detail-attempts tbody").count() == 1
+    assert attempt_cell(page, 0, "status") == "FAILED"
+    assert attempt_cell(page, 0, "failure") == "trial"
+    assert attempt_cell(page, 0, "exitCode") == "3"
+    assert attempt_cell(page, 0, "platform") == "local-gpu @ test-host"
+    assert "10.5" in page.text_content("#detail-final")
+    # and its curve is the second attempt's 2 results, the first attempt's 4 drawn apart (not merged)
+    page.wait_for_function("() => document.querySelector('#trial-curve').dataset.lines === '2'")
+    assert points(page, "#trial-curve") == 2
+    assert page.get_attribute("#trial-curve", "data-attempt") == "1"
+    assert page.is_visible("#detail-retry") and page.is_hidden("#detail-cancel"), "an ended trial: retry, no cancel"
+    page.screenshot(path=str(artifacts(code_dir.parent) / "webui-retried-trial.png"))
+
+
+def test_retry_a_failed_trial_from_its_panel(ui: Stack, page, code_dir: Path) -> None:
+    # Given a trial that failed, in an experiment with no retry policy (its own failures end it)
+    experiment = create(ui, retried_config(code_dir))
+    failed = submit(ui, experiment, {"points": [1, 3]})
+    assert ended(ui, failed)["status"] == "FAILED"
+    page.goto(f"{ui.webui}/experiments/{experiment}#trial={failed}")
+    page.wait_for_selector(row(failed, "FAILED"))
+    page.wait_for_function("id => document.querySelector('#trial-detail').dataset.trialId === id", arg=failed)
+    assert page.is_hidden("#detail-attempt-fact") and page.is_hidden("#detail-attempts")
+    assert page.text_content("#detail-failure") == "trial"
+
+    # When the user clicks Retry
+    page.click("#detail-retry")
+
+    # Then it runs again and succeeds as attempt 1, its first attempt listed below
+    page.wait_for_function("() => document.querySelector('#detail-status').textContent === 'SUCCEEDED'")
+    assert page.text_content("#detail-attempt") == "1"
+    assert attempt_cell(page, 0, "status") == "FAILED" and attempt_cell(page, 0, "exitCode") == "3"
+    page.wait_for_function("() => document.querySelector('#trial-curve').dataset.points === '3'")
+    assert page.get_attribute("#trial-curve", "data-attempt") == "1"
+    page.wait_for_selector(f"{row(failed, 'SUCCEEDED')} td[data-column='status']:text-is('SUCCEEDED ×2')")
+    shown = trial(ui, failed)
+    assert (shown["status"], shown["attempt"], [a["status"] for a in shown["attempts"]]) == ("SUCCEEDED", 1, ["FAILED"])
+
+    # and once the experiment is stopped, its trials can no longer be retried from the page
+    assert page.is_enabled("#detail-retry")
+    assert ui.rest("DELETE", f"/experiments/{experiment}").status_code == 200
+    page.wait_for_function("() => document.querySelector('#detail-retry').disabled")
+    assert "resume" in page.get_attribute("#detail-retry", "title")
+
+
 def test_secrets_in_a_config_never_reach_the_page(ui: Stack, page, code_dir: Path) -> None:
     # No remote or openpai adapter runs: the dispatcher takes the experiments (trials would wait).
     remote = create(ui, config(code_dir, trainingService={
@@ -234,6 +322,11 @@ def thousand_trials(experiment_id: str, start: datetime) -> list[TrialState]:
             end_time=start + timedelta(seconds=i) if ended else None,
             final_metric=({"default": (i % 97) / 100} if i % 2 else (i % 89) / 100) if status == TrialStatus.SUCCEEDED
             else None, intermediate_count=i % 20, replica="test-host" if status != TrialStatus.WAITING else None,
+            # every 7th trial is on its second attempt, the first one failed
+            attempt=1 if i % 7 == 0 else 0, attempts=[Attempt(
+                attempt=0, platform="local-gpu", replica="test-host", start_time=start, end_time=start,
+                status="FAILED", exit_code=1, failure="trial", message="trial command exited with code 1",
+            )] if i % 7 == 0 else [],
         ))  # fmt: skip
     return trials
 
@@ -257,6 +350,8 @@ def test_a_thousand_trials_render_and_stay_live(nats_server, tmp_path: Path, pag
         assert page.text_content("#exp-trial-count") == "1000"
         assert points(page, "#overview-chart") == finals
         assert page.text_content("#exp-counts li[data-status='RUNNING'] b") == "250"
+        assert page.text_content(f"{row('T0007')} td[data-column='status']") == "FAILED ×2", "a retried trial"
+        assert page.text_content(f"{row('T0006')} td[data-column='status']") == "WAITING"
 
         # and a status change arrives while the page stays open
         changed = trials[501].model_copy(update={"status": TrialStatus.SUCCEEDED, "final_metric": 5.0,

@@ -195,7 +195,7 @@ def test_an_experiment_runs_with_a_nats_user_per_service(server: AuthNatsServer,
             early.result(timeout=30)
 
             # and a tuner runs three trials as the client user
-            async def tune() -> tuple[list[TrialOutcome], list[MetricRecord], list[str]]:
+            async def tune() -> tuple[list[TrialOutcome], list[MetricRecord], list[str], str]:
                 async with AsyncClient(server.url, user="client", password=server.passwords["client"]) as client:
                     experiment = await client.create_experiment({
                         "experimentName": "permissions", "trialCommand": f"{sys.executable} trial.py",
@@ -212,7 +212,8 @@ def test_an_experiment_runs_with_a_nats_user_per_service(server: AuthNatsServer,
                         "assessor": {"name": "Medianstop"},
                     })  # fmt: skip
                     await await_until_async(lambda: client.get_experiment(tuned), "DONE")
-                    finals = sorted(t.final_metric for t in await client.list_trials(tuned))
+                    tuned_trials = await client.list_trials(tuned)
+                    finals = sorted(t.final_metric for t in tuned_trials)
                     assert finals == [50, 60], finals
                     records = []
                     async with asyncio.timeout(10), contextlib.aclosing(client.metrics(experiment)) as metrics:
@@ -220,16 +221,19 @@ def test_an_experiment_runs_with_a_nats_user_per_service(server: AuthNatsServer,
                             records.append(record)
                             if len(records) == 9:
                                 break
-                    return outcomes, records, [t.id for t in trials]
+                    return outcomes, records, [t.id for t in trials], tuned_trials[0].id
 
-            outcomes, records, trial_ids = asyncio.run(tune())
-            # and the web UI shows them, with curves from METRICS, and relays an action to the dispatcher
+            outcomes, records, trial_ids, done_trial = asyncio.run(tune())
+            # and the web UI shows them, with curves from METRICS, and relays actions to the dispatcher
             shown = httpx.get(f"{stack.webui}/api/experiments", headers=stack.auth, timeout=10).json()
             assert len(shown) == 2, shown
             curve = httpx.get(f"{stack.webui}/api/trials/{trial_ids[0]}/metrics", headers=stack.auth, timeout=10)
             assert curve.status_code == 200 and len(curve.json()) == 3, curve.text
             again = httpx.post(f"{stack.webui}/api/trials/{trial_ids[0]}/cancel", headers=stack.auth, timeout=10)
             assert again.status_code == 409 and "already ended" in again.json()["error"], again.text
+            # (a retry of a DONE experiment's trial: the dispatcher's refusal, so the web UI's user may ask)
+            retry = httpx.post(f"{stack.webui}/api/trials/{done_trial}/retry", headers=stack.auth, timeout=10)
+            assert retry.status_code == 409 and "is DONE" in retry.json()["error"], retry.text
     except BaseException:
         print(stack.logs(), file=sys.stderr)
         raise

@@ -57,11 +57,14 @@ class Webui:
             bucket = streams.TRIALS_BUCKET if state.kind == "trial.state" else streams.EXPERIMENTS_BUCKET
             await (await self.bus.kv(bucket.bucket)).put(state.id, as_the_dispatcher_writes(state))
 
-    async def metric(self, trial_id: str, sequence: int, value: Any, kind: str = "PERIODICAL") -> None:
+    async def metric(
+        self, trial_id: str, sequence: int, value: Any, kind: str = "PERIODICAL", attempt: int = 0
+    ) -> None:
+        """A record as the gateway publishes it (with its ``Nats-Msg-Id``)."""
         record = MetricRecord(experiment_id="exp1", trial_id=trial_id, type=MetricType(kind), sequence=sequence,
-                              value=json.dumps(value), timestamp=utcnow())  # fmt: skip
-        await self.bus.js.publish(subjects.metrics("exp1", trial_id), record.encode(),
-                                  headers={"Nats-Msg-Id": subjects.metric_id(trial_id, kind, sequence)})  # fmt: skip
+                              attempt=attempt, value=json.dumps(value), timestamp=utcnow())  # fmt: skip
+        msg_id = subjects.metric_id(trial_id, kind, sequence, attempt)
+        await self.bus.js.publish(subjects.metrics("exp1", trial_id), record.encode(), headers={"Nats-Msg-Id": msg_id})
 
     @contextlib.asynccontextmanager
     async def events(self, path: str, **kwargs: Any) -> AsyncIterator[Events]:
@@ -230,6 +233,53 @@ async def test_a_trials_curve_streams_its_history_then_new_records(webui: Webui)
     assert len(listed) == 5 and listed[3]["value"] == {"default": 0.3, "loss": 2}
 
 
+async def test_a_retried_trials_curve_keeps_each_attempts_records(webui: Webui) -> None:
+    # Given a trial whose first attempt reported 3 results and failed, and whose second reports its own from 0
+    await webui.put(experiment(), trial("T1", 0, status=TrialStatus.RUNNING, attempt=1))
+    await eventually(lambda: _ok(webui, "/api/trials/T1"))
+    for sequence in range(3):
+        await webui.metric("T1", sequence, sequence / 10)
+    await webui.metric("T1", 0, 5.0, attempt=1)
+
+    # When a browser opens the trial's curve
+    async with webui.events("/api/trials/T1/metrics/stream") as events:
+        _, history = await events.next()
+        # then it gets both attempts' records, each with its attempt: a retry's sequence 0 is not a resend
+        assert [(p["attempt"], p["sequence"], p["default"]) for p in history] == [
+            (0, 0, 0.0), (0, 1, 0.1), (0, 2, 0.2), (1, 0, 5.0)]
+        # and the second attempt's records as they come
+        await webui.metric("T1", 1, 6.0, attempt=1)
+        await webui.metric("T1", 0, 7.0, kind="FINAL", attempt=1)
+        points = []
+        while len(points) < 2:
+            points += (await events.next())[1]
+        assert [(p["attempt"], p["type"], p["sequence"], p["default"]) for p in points] == [
+            (1, "PERIODICAL", 1, 6.0), (1, "FINAL", 0, 7.0)]
+    listed = (await webui.http.get("/api/trials/T1/metrics")).json()
+    assert [(p["attempt"], p["sequence"]) for p in listed if p["type"] == "PERIODICAL"] == [
+        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+
+
+async def test_a_trials_row_shows_its_attempts(webui: Webui) -> None:
+    ended = {"attempt": 0, "platform": "local-gpu", "replica": "host-a", "startTime": START.isoformat(),
+             "endTime": (START + timedelta(seconds=3)).isoformat(), "status": "FAILED", "exitCode": 1,
+             "failure": "trial", "message": "exited with code 1"}  # fmt: skip
+    retry_at = START + timedelta(seconds=30)
+    await webui.put(experiment(), trial("T1", 0, attempt=1, attempts=[ended], retry_at=retry_at,
+                                        message="attempt 0 failed; attempt 1 starts in 30s"))  # fmt: skip
+    row = await eventually(lambda: _json(webui, "/api/trials/T1"))
+    assert (row["attempt"], row["status"], row["retryAt"]) == (1, "WAITING", "2026-01-01T00:00:30Z")
+    assert row["attempts"] == [{**ended, "startTime": "2026-01-01T00:00:00Z", "endTime": "2026-01-01T00:00:03Z"}]
+    async with webui.events("/api/events?experiment=exp1") as events:
+        _, snapshot = await events.next()
+    assert snapshot["trials"][0]["attempts"][0]["failure"] == "trial"
+
+
+async def _json(webui: Webui, path: str) -> Any:
+    answer = await webui.http.get(path)
+    return answer.json() if answer.status_code == 200 else None
+
+
 async def test_actions_relay_the_dispatchers_answers(webui: Webui, bus: Bus) -> None:
     asked: list[tuple[str, dict]] = []
 
@@ -250,13 +300,73 @@ async def test_actions_relay_the_dispatchers_answers(webui: Webui, bus: Bus) -> 
     assert (stop.status_code, stop.json()) == (200, {"id": "exp1", "status": "STOPPED"})
     assert asked == [(subjects.api("trial.cancel"), {"id": "T9"}), (subjects.api("experiment.stop"), {"id": "exp1"})]
 
-    foreign = await webui.http.post("/api/trials/T9/cancel", headers={"Origin": "http://evil.example"})
-    assert foreign.status_code == 403 and "cross-site" in foreign.json()["error"]
+    for action in ("cancel", "retry"):
+        foreign = await webui.http.post(f"/api/trials/T9/{action}", headers={"Origin": "http://evil.example"})
+        assert foreign.status_code == 403 and "cross-site" in foreign.json()["error"], action
     bad = await webui.http.get("/api/trials/T9/log", params={"maxBytes": "lots"})
     assert bad.status_code == 400 and "maxBytes" in bad.json()["error"]
     assert len(asked) == 2, "refused requests change nothing"
     nobody = await webui.http.get("/api/trials/T9/log")  # no dispatcher answers trial.log here
     assert nobody.status_code == 503 and "no dispatcher is running" in nobody.json()["error"]
+
+
+async def test_a_retry_is_relayed_with_the_dispatchers_answer(webui: Webui, bus: Bus) -> None:
+    asked: list[tuple[str, dict]] = []
+
+    async def dispatcher(msg) -> None:
+        body = json.loads(msg.data)
+        asked.append((msg.subject, body))
+        if body["id"] == "T1":
+            reply = {"ok": False, "status": 409, "error": "trial T1 is RUNNING: only a trial that has ended can be "
+                                                         "retried (cancel it first to start it over)"}  # fmt: skip
+        else:
+            reply = {"ok": True, "result": {"id": body["id"], "status": "WAITING", "attempt": 1}}
+        await msg.respond(orjson.dumps(reply))
+
+    await bus.nc.subscribe(subjects.api("trial.retry"), cb=dispatcher)
+    retried = await webui.http.post("/api/trials/T9/retry")
+    assert (retried.status_code, retried.json()) == (200, {"id": "T9", "status": "WAITING", "attempt": 1})
+    running = await webui.http.post("/api/trials/T1/retry")
+    assert running.status_code == 409 and "only a trial that has ended" in running.json()["error"]
+    assert asked == [(subjects.api("trial.retry"), {"id": "T9"}), (subjects.api("trial.retry"), {"id": "T1"})]
+    assert (await webui.http.get("/api/trials/T9/retry")).status_code == 405
+    described = (await webui.http.get("/api/openapi.json")).json()["paths"]["/api/trials/{trial_id}/retry"]["post"]
+    assert {"401", "403", "404", "409"} <= set(described["responses"])
+
+
+async def test_retry_needs_the_full_token_from_this_site_as_cancel_does(bus: Bus, nats_server) -> None:
+    asked: list[str] = []
+
+    async def dispatcher(msg) -> None:
+        asked.append(msg.subject)
+        await msg.respond(orjson.dumps({"ok": True, "result": {"id": "T9", "status": "WAITING", "attempt": 1}}))
+
+    for op in ("trial.cancel", "trial.retry"):
+        await bus.nc.subscribe(subjects.api(op), cb=dispatcher)
+    async with running(bus, nats_server.url, api_token=TOKEN, api_read_token=READ_TOKEN) as webui:
+        for action in ("cancel", "retry"):
+            # Given no token, a page of another site with the full token's session, and the read-only token
+            anonymous = await webui.http.post(f"/api/trials/T9/{action}")
+            assert anonymous.status_code == 401 and "/login?token=" in anonymous.json()["error"], action
+            full = {"Authorization": f"Bearer {TOKEN}"}
+            foreign = await webui.http.post(f"/api/trials/T9/{action}",
+                                            headers={**full, "Origin": "http://evil.example"})  # fmt: skip
+            assert foreign.status_code == 403 and "cross-site" in foreign.json()["error"], action
+            read_only = await webui.http.post(f"/api/trials/T9/{action}",
+                                              headers={"Authorization": f"Bearer {READ_TOKEN}"})  # fmt: skip
+            assert read_only.status_code == 403 and "read-only token" in read_only.json()["error"], action
+        # and the read-only session's cookie
+        assert (await webui.http.get("/login", params={"token": READ_TOKEN})).status_code == 303
+        for action in ("cancel", "retry"):
+            refused = await webui.http.post(f"/api/trials/T9/{action}")
+            assert refused.status_code == 403 and "read-only token" in refused.json()["error"], action
+        assert asked == [], "nothing reached the dispatcher"
+
+        # Then the full token's session may retry, from this site
+        await webui.http.get("/login", params={"token": TOKEN})
+        retried = await webui.http.post("/api/trials/T9/retry", headers={"Origin": webui.url})
+        assert (retried.status_code, retried.json()["attempt"]) == (200, 1)
+        assert asked == [subjects.api("trial.retry")]
 
 
 async def test_with_a_token_every_page_and_call_needs_it(bus: Bus, nats_server, caplog) -> None:

@@ -1,13 +1,33 @@
-"""``trialbus platform list``: the adapter replicas that run trials, with their GPUs."""
+"""``trialbus platform list``: the adapter replicas that run trials, with their GPUs;
+``trialbus platform drain`` / ``undrain``: take one out of service and back."""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from trialbus.commands.common import console, with_client
 
-app = typer.Typer(help="The adapter replicas that run trials, with their GPUs.", no_args_is_help=True)
+app = typer.Typer(help="The adapter replicas that run trials, with their GPUs; drain one.", no_args_is_help=True)
+Adapter = Annotated[str, typer.Argument(metavar="ADAPTER", help="local-gpu, remote, openpai or frameworkcontroller.")]
+Replica = Annotated[str, typer.Argument(metavar="REPLICA", help="The replica, as `platform list` names it.")]
+
+
+@app.command("drain")
+def platform_drain(ctx: typer.Context, adapter: Adapter, replica: Replica) -> None:
+    """Take a replica out of service: it takes no new trials, and the ones it runs are preempted
+    (SIGTERM, their grace period, SIGKILL) and run again as their next attempt, elsewhere."""
+    reply = with_client(ctx, lambda c: c.drain_platform(adapter, replica, True))
+    console().print(f"{adapter} replica {reply['replica']} drained: {reply['preempted']} trial(s) preempted")
+
+
+@app.command("undrain")
+def platform_undrain(ctx: typer.Context, adapter: Adapter, replica: Replica) -> None:
+    """Let a drained replica take trials again."""
+    reply = with_client(ctx, lambda c: c.drain_platform(adapter, replica, False))
+    console().print(f"{adapter} replica {reply['replica']} takes trials again")
 
 
 @app.command("list")
@@ -21,7 +41,8 @@ def platform_list(ctx: typer.Context) -> None:
                   box=None)
     for p in replicas:
         trials = f"{p.running}/{p.max_trials}" if p.max_trials else str(p.running)
-        first = (p.adapter, p.replica, trials, str(len(p.waiting)))
+        replica = f"{p.replica} [yellow](draining)[/]" if p.draining else p.replica
+        first = (p.adapter, replica, trials, str(len(p.waiting)))
         if p.machines:  # remote: one line per SSH machine, its GPUs below it
             table.add_row(*first, "", "", "", "", "")
             for m in p.machines:

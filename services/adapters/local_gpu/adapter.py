@@ -20,7 +20,8 @@ adopted trial keeps them. ``trialGpuNumber: 0`` hides every GPU (``CUDA_VISIBLE_
 unset, the trial sees what the host has, as in NNI.
 
 Finished trials' directories stay for ``trial_retention`` (their logs are served from
-there, also after a restart), then are removed.
+there, also after a restart), then are removed; so are checkpoint directories
+(``<checkpoint_root>/<experiment>/<trial>/``, shared by the replicas of a host) unchanged as long.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class Trial:
     per_gpu: int = 1  # its maxTrialNumberPerGpu
     sid: int | None = None  # its session: processes on a GPU in it are ours
     template: str | None = None  # the key of the warm template it was forked from
+    grace: float | None = None  # its seconds from SIGTERM to SIGKILL (None: the adapter's kill_grace)
 
     @property
     def running(self) -> bool:
@@ -207,13 +209,17 @@ class LocalGpuAdapter(PlatformAdapter):
             TRIALBUS_TRIAL_ID=request.trial_id,
             TRIALBUS_SEQUENCE_ID=str(request.sequence_id),
             TRIALBUS_ATTEMPT=str(request.attempt),
-            TRIALBUS_CHECKPOINT_DIR=f"{self.work_dir}/checkpoints/{request.experiment_id}/{request.trial_id}",
+            TRIALBUS_CHECKPOINT_DIR=f"{self.settings.checkpoint_root}/{request.experiment_id}/{request.trial_id}",
             TRIALBUS_PARAMETERS=request.parameter_record,
             TRIALBUS_TRIAL_TOKEN=request.token.get_secret_value(),
             **where,
         )
         if code_dir is not None:
             env["TRIALBUS_CODE_DIR"] = code_dir
+        if request.heartbeat:
+            env["TRIALBUS_HEARTBEAT"] = str(request.heartbeat)
+        if request.grace_period is not None:
+            env["TRIALBUS_KILL_GRACE"] = str(request.grace_period)
         forked = self._warm.fork(env, request.warm_preload) if self._warm and request.warm_start else None
         pid, template = forked or (None, None)
         try:
@@ -226,7 +232,7 @@ class LocalGpuAdapter(PlatformAdapter):
             raise PermanentError(f"cannot start the trial keeper with {self.settings.keeper_python}: {exc}") from exc
         trial = self._track(request.experiment_id, *key, trial_dir, client.Keeper(pid), utcnow())
         trial.gpus, trial.per_gpu = held, per_gpu
-        trial.template = template
+        trial.template, trial.grace = template, request.grace_period
         return trial.handle
 
     async def _warm_wait(self, request: TrialRequest, code_dir: str | None) -> None:
@@ -359,7 +365,10 @@ class LocalGpuAdapter(PlatformAdapter):
         trial.keeper.signal(signal.SIGTERM)
         if trial.kill is None:
             loop = asyncio.get_running_loop()
-            trial.kill = loop.call_later(self.settings.kill_grace + 1.0, self._force_stop, trial)
+            trial.kill = loop.call_later(self._grace(trial) + 1.0, self._force_stop, trial)
+
+    def _grace(self, trial: Trial) -> float:
+        return self.settings.kill_grace if trial.grace is None else trial.grace
 
     def _find_keeper(self, trial: Trial) -> bool:
         """For a trial adopted before its keeper wrote ``state.json``: is its pid known now?"""
@@ -370,7 +379,7 @@ class LocalGpuAdapter(PlatformAdapter):
 
     def _force_stop(self, trial: Trial) -> None:
         if trial.running and trial.keeper is not None:
-            grace = self.settings.kill_grace + 1
+            grace = self._grace(trial) + 1
             log.warning("trial %s still running %.1fs after cancel: SIGKILL", trial.handle.trial_id, grace)
             if pgid := client.read_state(trial.dir).get("pgid"):
                 client.kill_group(pgid, signal.SIGKILL)
@@ -443,6 +452,11 @@ class LocalGpuAdapter(PlatformAdapter):
                 if removed:
                     log.info("removed %d finished trial director%s older than %.0fs", removed,
                              "y" if removed == 1 else "ies", retention)
+                running = {(t.handle.experiment_id, t.handle.trial_id) for t in self.trials.values() if t.running}
+                stale = await asyncio.to_thread(remove_stale, str(self.settings.checkpoint_root), retention, running)
+                if stale:
+                    log.info("removed %d checkpoint director%s unchanged for %.0fs", stale,
+                             "y" if stale == 1 else "ies", retention)
             except Exception:
                 log.exception("cannot clean up old trial directories")
             await asyncio.sleep(min(3600.0, max(1.0, retention / 4)))
@@ -495,6 +509,24 @@ def remove_expired(trials_dir: str, retention: float) -> int:
                 continue
         with contextlib.suppress(OSError):  # only when empty
             os.rmdir(experiment.path)
+    return removed
+
+
+def remove_stale(root: str, retention: float, running: set[tuple[str, str]]) -> int:
+    """Delete checkpoint directories (``<root>/<experiment>/<trial>``) unchanged for ``retention``
+    seconds, but those of ``running`` trials; the count. O(checkpoint directories)."""
+    deadline, removed = time.time() - retention, 0
+    with contextlib.suppress(FileNotFoundError):
+        for experiment in os.scandir(root):
+            if not experiment.is_dir():
+                continue
+            for entry in os.scandir(experiment.path):
+                with contextlib.suppress(FileNotFoundError):
+                    if (experiment.name, entry.name) not in running and entry.stat().st_mtime < deadline:
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                        removed += 1
+            with contextlib.suppress(OSError):  # only when empty
+                os.rmdir(experiment.path)
     return removed
 
 

@@ -20,6 +20,10 @@ class LocalGpuSettings(GpuSettings):
     #: Directory of code snapshots (``code/``) and trial directories
     #: (``trials/<experiment>/<trial>-<attempt>/``). Default: ``<data_dir>/local-gpu/<replica>``.
     work_dir: Path | None = None
+    #: Trials' checkpoint directories (``<experiment>/<trial>/``, kept across a trial's attempts:
+    #: docs/retries.md). Default ``<data_dir>/checkpoints``, shared by the replicas of one host;
+    #: for replicas on several hosts, a shared file system mounted at the same path on each.
+    checkpoint_root: Path | None = None
     #: Base URL of the metrics gateway, as trials on this host reach it.
     gateway_url: str = "http://127.0.0.1:8081"
     #: Trials this host runs at once (trials, default 64); more wait in the dispatch queue.
@@ -51,7 +55,8 @@ class LocalGpuSettings(GpuSettings):
     #: GPUs), ``nvml``, ``nvidia-smi`` or ``none``.
     gpu_source: Literal["auto", "nvml", "nvidia-smi", "none"] = "auto"
     #: Seconds a finished trial's directory (logs, outputs) is kept after its end was
-    #: reported; NNI unit strings like ``7d`` work. Default 7 days; 0 keeps them forever.
+    #: reported, and a checkpoint directory after it last changed; NNI unit strings like ``7d``
+    #: work. Default 7 days; 0 keeps them forever.
     trial_retention: float = Field(default=7 * 86400.0, ge=0)
 
     _durations = field_validator("trial_retention", mode="before")(parse_seconds_setting)
@@ -61,4 +66,5 @@ class LocalGpuSettings(GpuSettings):
         if self.work_dir is None:
             self.work_dir = self.data_dir / "local-gpu" / self.replica
         self.work_dir = self.work_dir.expanduser().absolute()
+        self.checkpoint_root = (self.checkpoint_root or self.data_dir / "checkpoints").expanduser().absolute()
         return self

@@ -63,6 +63,7 @@ class Trial:
     per_gpu: int = 1
     kill: asyncio.TimerHandle | None = field(default=None, repr=False)
     relaying: bool = False
+    grace: float | None = None  # its seconds from SIGTERM to SIGKILL (None: the adapter's kill_grace)
 
     @property
     def running(self) -> bool:
@@ -188,6 +189,7 @@ class RemoteAdapter(PlatformAdapter):
         if (trial := self.trials.get(key)) is not None:
             return trial.handle
         trial = self._track(request.experiment_id, request.trial_id, request.attempt, machine, trial_dir, utcnow())
+        trial.grace = request.grace_period
         if result.get("exists"):  # launched before a restart: never twice
             await self._refresh(machine, [trial])
         else:
@@ -224,6 +226,10 @@ class RemoteAdapter(PlatformAdapter):
         }
         if self.settings.nni_shim != "never":  # it serves the trial API, an installed nni the rest
             env["TRIALBUS_PYTHONPATH_PREPEND"] = f"{machine.root}/bin/{self.bundle.hash}/nni_shim"
+        if request.heartbeat:
+            env["TRIALBUS_HEARTBEAT"] = str(request.heartbeat)
+        if request.grace_period is not None:
+            env["TRIALBUS_KILL_GRACE"] = str(request.grace_period)
         if request.code_ref:
             env["TRIALBUS_CODE_DIR"] = await machine.code_dir(request.code_ref.removeprefix("sha256:"),
                                                               lambda: self._archive(request.code_ref))  # fmt: skip
@@ -301,7 +307,8 @@ class RemoteAdapter(PlatformAdapter):
             raise TransientError("the trial keeper has not started yet", delay=0.2)
         if trial.kill is None:
             loop = asyncio.get_running_loop()
-            trial.kill = loop.call_later(self.settings.kill_grace + 1.0, self._force_stop, trial)
+            grace = self.settings.kill_grace if trial.grace is None else trial.grace
+            trial.kill = loop.call_later(grace + 1.0, self._force_stop, trial)
 
     def _force_stop(self, trial: Trial) -> None:
         if trial.running and trial.machine.up.is_set():

@@ -23,7 +23,9 @@ const inbox = [];
 let lastApply = 0, applyScheduled = false;
 
 const table = new TrialTable($("#trials"), { onSelect: select, onCancel: cancel });
-const detail = new TrialDetail($("#trial-detail"), { onCancel: cancel, onClose: () => table.select(null) });
+const detail = new TrialDetail($("#trial-detail"), {
+  onCancel: cancel, onRetry: retry, onClose: () => table.select(null),
+});
 
 function connect() {
   const url = requested ? `/api/events?experiment=${encodeURIComponent(requested)}` : "/api/events";
@@ -157,6 +159,7 @@ function renderOverview() {
   const config = JSON.stringify(experiment.config, null, 2);
   set("#exp-config", config);
   $("#stop-experiment").disabled = experiment.status !== "RUNNING";
+  detail.setExperimentRunning(experiment.status === "RUNNING");
 }
 
 function renderDuration() {
@@ -247,6 +250,15 @@ async function cancel(id) {
   try {
     const answer = await api("POST", `/api/trials/${encodeURIComponent(id)}/cancel`);
     toast(`cancel of trial ${id} requested (${answer.status})`);
+  } catch (error) {
+    toast(error.message, true);
+  }
+}
+
+async function retry(id) {
+  try {
+    const answer = await api("POST", `/api/trials/${encodeURIComponent(id)}/retry`);
+    toast(`trial ${id} runs again as attempt ${answer.attempt} (${answer.status})`);
   } catch (error) {
     toast(error.message, true);
   }

@@ -1,6 +1,7 @@
 // A small line/scatter chart on <canvas>: axes with round ticks, dots, lines and steps.
 // drawChart(canvas, options) draws and sets canvas.dataset.points to the number of data
-// points drawn (a hook for tests); the canvas redraws itself when its size changes.
+// points drawn (a hook for tests; steps and series marked `counted: false` are left out);
+// the canvas redraws itself when its size changes.
 
 const MARGIN = { left: 58, right: 14, top: 22, bottom: 30 };
 const last = new WeakMap();
@@ -15,7 +16,7 @@ const observer = typeof ResizeObserver === "function"
 
 /**
  * options: {
- *   series: [{ points: [[x, y], …], kind: "dots" | "line" | "step", color, label }],
+ *   series: [{ points: [[x, y], …], kind: "dots" | "line" | "step", color, label, counted }],
  *   time: true when x is a time in ms, xLabel, yLabel, empty: text shown without data
  * }
  */
@@ -39,7 +40,7 @@ function draw(canvas, options) {
   const ink = style.color || "#222", faint = style.getPropertyValue("--grid").trim() || "#e4e7ec";
   context.font = "11px system-ui, sans-serif";
 
-  const data = options.series.filter((s) => s.kind !== "step");
+  const data = options.series.filter((s) => s.kind !== "step" && s.counted !== false);
   const points = data.reduce((n, s) => n + s.points.length, 0);
   canvas.dataset.points = String(points);
   const all = options.series.flatMap((s) => s.points);
@@ -49,7 +50,8 @@ function draw(canvas, options) {
     context.fillText(options.empty ?? "no data yet", width / 2, height / 2);
     return;
   }
-  const xs = range(all.map((p) => p[0])), ys = range(all.map((p) => p[1]));
+  // A lone time is widened by a minute, not by a share of its value (years, for ms since 1970).
+  const xs = range(all.map((p) => p[0]), options.time ? 60_000 : null), ys = range(all.map((p) => p[1]));
   const plot = { x: MARGIN.left, y: MARGIN.top, w: width - MARGIN.left - MARGIN.right,
     h: height - MARGIN.top - MARGIN.bottom };
   const sx = (x) => plot.x + ((x - xs.min) / (xs.max - xs.min)) * plot.w;
@@ -82,11 +84,11 @@ function draw(canvas, options) {
   legend(context, options.series, plot, ink);
 }
 
-/** The span of the values, widened a little (and made non-empty) so that points sit inside. */
-function range(values) {
+/** The span of the values, widened a little (and made non-empty, by `flat` if given) so that points sit inside. */
+function range(values, flat = null) {
   let min = Math.min(...values), max = Math.max(...values);
   if (min === max) {
-    const pad = Math.abs(min) * 0.05 || 1;
+    const pad = flat ?? (Math.abs(min) * 0.05 || 1);
     return { min: min - pad, max: max + pad };
   }
   const pad = (max - min) * 0.04;

@@ -1,33 +1,47 @@
-// The selected trial: its intermediate-metric curve (live), final metric, log tail,
-// platform link and a cancel button.
+// The selected trial: its intermediate-metric curve (live), final metric, attempts, log
+// tail, platform link, and cancel and retry buttons.
 //
 // The curve comes from its own event stream (/api/trials/<id>/metrics/stream): the
 // trial's metric history first, then each new record; the server batches them, and the
-// canvas is redrawn at most once per animation frame. The log is fetched when the panel
-// opens, on "Refresh", and every few seconds while the trial runs.
+// canvas is redrawn at most once per animation frame. Each attempt of a retried trial
+// numbers its intermediate results from 0 again, so records are kept per attempt and drawn
+// as one line each: the current attempt's in colour (its final as a dot), the earlier ones
+// grey behind it. The log is fetched when the panel opens, on "Refresh", and every few
+// seconds while the trial runs.
 //
-// Hooks for tests: #trial-curve[data-points], #detail-status, #detail-final, #detail-log.
+// Hooks for tests: #trial-curve[data-points] (the current attempt's intermediate points),
+// #trial-curve[data-attempt] (the attempt drawn in colour), #trial-curve[data-lines],
+// #detail-status, #detail-final, #detail-attempt, #detail-log, #detail-retry,
+// #detail-attempts tbody[data-attempt] td[data-field].
 
 import { drawChart } from "./chart.js";
 import {
-  ACTIVE, api, defaultMetric, formatDuration, formatMetric, formatNumber, h, secondsBetween, toast,
+  ACTIVE, api, defaultMetric, formatDuration, formatMetric, formatNumber, formatTime, h, secondsBetween, toast,
 } from "./util.js";
 
 const LOG_EVERY_MS = 5000;
+const CURRENT_COLOR = "#2563eb";
+const EARLIER_COLORS = ["#9ca3af", "#cbd5e1"];
 
 export class TrialDetail {
-  constructor(panel, { onCancel, onClose }) {
+  /** onCancel(id), onRetry(id) (a promise): what the panel's buttons do; onClose(). */
+  constructor(panel, { onCancel, onRetry, onClose }) {
     this.panel = panel;
     this.onCancel = onCancel;
+    this.onRetry = onRetry;
     this.onClose = onClose;
     this.trial = null;
-    this.points = [];
+    this.curves = new Map(); // attempt → { points: [[sequence, value], …], final }
+    this.experimentRunning = true;
+    this.attemptsKey = null;
     this.source = null;
     this.drawPending = false;
     this.logTimer = 0;
     this.canvas = panel.querySelector("#trial-curve");
+    this.retryButton = panel.querySelector("#detail-retry");
     panel.querySelector("#detail-close").addEventListener("click", () => this.close());
     panel.querySelector("#detail-cancel").addEventListener("click", () => this.trial && this.onCancel(this.trial.id));
+    this.retryButton.addEventListener("click", () => this.retry());
     panel.querySelector("#log-refresh").addEventListener("click", () => this.loadLog());
   }
 
@@ -39,8 +53,8 @@ export class TrialDetail {
     if (this.trial?.id === trial.id) return;
     this.close(false);
     this.trial = trial;
-    this.points = [];
-    this.final = null;
+    this.curves = new Map();
+    this.attemptsKey = null;
     this.panel.hidden = false;
     this.panel.dataset.trialId = trial.id;
     this.update(trial);
@@ -65,22 +79,38 @@ export class TrialDetail {
     if (notify) this.onClose();
   }
 
-  /** The trial's row changed (status, final, times…). */
+  /** Whether the trial's experiment is RUNNING (a retry of its trials can start only then). */
+  setExperimentRunning(running) {
+    if (this.experimentRunning === running) return;
+    this.experimentRunning = running;
+    if (this.trial) this.update(this.trial);
+  }
+
+  /** The trial's row changed (status, final, times, attempt…); also called every second. */
   update(trial) {
     if (!this.trial || trial.id !== this.trial.id) return;
     const statusChanged = this.trial.status !== trial.status;
+    const attemptChanged = (this.trial.attempt ?? 0) !== (trial.attempt ?? 0);
     this.trial = trial;
     const set = (id, text) => {
       const element = this.panel.querySelector(id);
       if (element.textContent !== text) element.textContent = text;
     };
+    const attempt = trial.attempt ?? 0;
     set("#detail-title", `Trial ${trial.sequenceId} · ${trial.id}`);
     set("#detail-status", trial.status);
     this.panel.querySelector("#detail-status").dataset.status = trial.status;
     set("#detail-final", trial.finalMetric === null || trial.finalMetric === undefined
       ? "—" : formatMetric(trial.finalMetric));
     set("#detail-duration", formatDuration(secondsBetween(trial.startTime, trial.endTime)));
-    set("#detail-attempt", String(trial.attempt ?? 0));
+    // The attempt, why it failed and when a retry starts: shown only where there is something to say.
+    set("#detail-attempt", String(attempt));
+    this.panel.querySelector("#detail-attempt-fact").hidden = attempt === 0;
+    set("#detail-failure", trial.failure ?? "");
+    this.panel.querySelector("#detail-failure-fact").hidden = !trial.failure;
+    const waiting = trial.status === "WAITING" && trial.retryAt;
+    set("#detail-retry-at", waiting ? retryIn(trial.retryAt) : "");
+    this.panel.querySelector("#detail-retry-at-fact").hidden = !waiting;
     set("#detail-message", trial.message ?? "");
     set("#detail-parameters", JSON.stringify(trial.parameters ?? {}, null, 2));
     const where = trial.replica ? `${trial.platform} @ ${trial.replica}` : trial.platform;
@@ -88,33 +118,111 @@ export class TrialDetail {
       : where;
     this.panel.querySelector("#detail-platform").replaceChildren(link);
     this.panel.querySelector("#detail-cancel").hidden = !ACTIVE.has(trial.status);
+    this.retryButton.hidden = ACTIVE.has(trial.status);
+    if (!this.retryButton.dataset.busy) this.retryButton.disabled = !this.experimentRunning;
+    this.retryButton.title = this.experimentRunning
+      ? "run the trial again, with the same parameters, as its next attempt"
+      : "the experiment is not running: resume it to retry its trials";
+    this.renderAttempts(trial.attempts ?? []);
     if (statusChanged) this.loadLog();
+    if (attemptChanged) this.scheduleDraw();
+  }
+
+  /** The attempts that are over, oldest first; rebuilt only when they changed (they rarely do). */
+  renderAttempts(attempts) {
+    const key = JSON.stringify(attempts);
+    if (key === this.attemptsKey) return;
+    this.attemptsKey = key;
+    const section = this.panel.querySelector("#detail-attempts");
+    section.hidden = attempts.length === 0;
+    const cell = (field, text, attributes = {}) => h("td", { dataset: { field }, ...attributes }, text);
+    const bodies = attempts.map((a) => {
+      const where = a.replica ? `${a.platform} @ ${a.replica}` : a.platform;
+      return h("tbody", { dataset: { attempt: String(a.attempt), status: a.status } },
+        h("tr", {},
+          cell("attempt", String(a.attempt)),
+          cell("status", a.status, { class: "status", dataset: { field: "status", status: a.status } }),
+          cell("failure", a.failure ?? ""),
+          cell("exitCode", a.exitCode === null || a.exitCode === undefined ? "" : String(a.exitCode)),
+          cell("started", a.startTime ? new Date(a.startTime).toLocaleTimeString() : "never started",
+            { title: a.startTime ? `${formatTime(a.startTime)} – ${formatTime(a.endTime)}` : null }),
+          cell("duration", a.startTime ? formatDuration(secondsBetween(a.startTime, a.endTime)) : ""),
+          cell("platform", where || "")),
+        a.message ? h("tr", { class: "attempt-message" }, cell("message", a.message, { colspan: 7 })) : null);
+    });
+    section.querySelector("table").replaceChildren(section.querySelector("thead"), ...bodies);
+  }
+
+  async retry() {
+    const trial = this.trial;
+    if (!trial || this.retryButton.dataset.busy) return;
+    this.retryButton.dataset.busy = "1";
+    this.retryButton.disabled = true; // one click, one attempt
+    try {
+      await this.onRetry(trial.id);
+    } finally {
+      delete this.retryButton.dataset.busy;
+      this.retryButton.disabled = !this.experimentRunning;
+    }
+  }
+
+  /** The attempt whose curve is the trial's now: its row's, or a newer one records already came from. */
+  currentAttempt() {
+    let current = this.trial?.attempt ?? 0;
+    for (const attempt of this.curves.keys()) current = Math.max(current, attempt);
+    return current;
   }
 
   received(records) {
+    const touched = new Set();
     for (const record of records) {
-      if (record.type === "FINAL") this.final = record.default ?? defaultMetric(record.value);
-      else if (record.default !== null && record.default !== undefined) this.points.push([record.sequence, record.default]);
+      const attempt = record.attempt ?? 0;
+      let curve = this.curves.get(attempt);
+      if (!curve) {
+        curve = { points: [], final: null };
+        this.curves.set(attempt, curve);
+      }
+      if (record.type === "FINAL") curve.final = record.default ?? defaultMetric(record.value);
+      else if (record.default !== null && record.default !== undefined) {
+        curve.points.push([record.sequence, record.default]);
+        touched.add(curve);
+      }
     }
-    this.points.sort((a, b) => a[0] - b[0]);
-    if (!this.drawPending) {
-      this.drawPending = true;
-      requestAnimationFrame(() => {
-        this.drawPending = false;
-        this.draw();
-      });
-    }
+    for (const curve of touched) curve.points.sort((a, b) => a[0] - b[0]);
+    this.scheduleDraw();
+  }
+
+  scheduleDraw() {
+    if (this.drawPending) return;
+    this.drawPending = true;
+    requestAnimationFrame(() => {
+      this.drawPending = false;
+      this.draw();
+    });
   }
 
   draw() {
-    const series = [{ points: this.points, kind: "line", color: "#2563eb", label: "intermediate (default)" }];
-    if (this.final !== null && this.final !== undefined && this.points.length) {
-      const x = this.points.at(-1)[0];
-      series.push({ points: [[x, this.final]], kind: "dots", color: "#dc2626", label: `final ${formatNumber(this.final)}` });
+    const current = this.currentAttempt();
+    const mine = this.curves.get(current) ?? { points: [], final: null };
+    const earlier = [...this.curves.entries()]
+      .filter(([attempt, curve]) => attempt !== current && curve.points.length)
+      .sort(([a], [b]) => a - b);
+    // Earlier attempts first (drawn behind), one legend entry for all of them; they are not the
+    // trial's curve, so data-points leaves them out.
+    const series = earlier.map(([, curve], i) => ({
+      points: curve.points, kind: "line", color: EARLIER_COLORS[i % EARLIER_COLORS.length],
+      label: i === 0 ? (earlier.length === 1 ? `attempt ${earlier[0][0]}` : "earlier attempts") : null, counted: false,
+    }));
+    const name = current === 0 && !earlier.length ? "intermediate (default)" : `attempt ${current}`;
+    series.push({ points: mine.points, kind: "line", color: CURRENT_COLOR, label: name });
+    if (mine.final !== null && mine.final !== undefined && mine.points.length) {
+      const x = mine.points.at(-1)[0];
+      const label = `final ${formatNumber(mine.final)}`;
+      series.push({ points: [[x, mine.final]], kind: "dots", color: "#dc2626", label, counted: false });
     }
     drawChart(this.canvas, { series, integerX: true, empty: "no intermediate results yet" });
-    // data-points counts the intermediate points only: what the curve is made of.
-    this.canvas.dataset.points = String(this.points.length);
+    this.canvas.dataset.attempt = String(current);
+    this.canvas.dataset.lines = String(earlier.length + (mine.points.length ? 1 : 0));
   }
 
   async loadLog() {
@@ -122,7 +230,8 @@ export class TrialDetail {
     if (!trial) return;
     const element = this.panel.querySelector("#detail-log");
     if (trial.status === "WAITING") {
-      element.textContent = "(the trial has not started: no log yet)";
+      element.textContent = trial.attempt ? "(the next attempt has not started: no log of it yet)"
+        : "(the trial has not started: no log yet)";
       return;
     }
     try {
@@ -133,4 +242,11 @@ export class TrialDetail {
     }
     element.scrollTop = element.scrollHeight;
   }
+}
+
+/** When a retry waiting for its back-off starts: "12:03:04 (in 4s)". */
+function retryIn(iso) {
+  const seconds = (Date.parse(iso) - Date.now()) / 1000;
+  const time = new Date(iso).toLocaleTimeString();
+  return seconds > 0 ? `${time} (in ${Math.ceil(seconds)}s)` : `${time} (due)`;
 }

@@ -5,6 +5,9 @@
 // the order changed; a status filter hides rows instead of removing them. A new
 // parameter name (rare) is the only thing that rebuilds the rows.
 //
+// A retried trial's status reads "FAILED ×2": its current attempt is its second run (attempt 1);
+// the detail panel lists the attempts.
+//
 // Hooks for tests: <tr data-trial-id data-status>, <td data-column>, button.cancel.
 
 import { ACTIVE, formatDuration, formatNumber, formatParameter, h, secondsBetween } from "./util.js";
@@ -15,7 +18,8 @@ import { ACTIVE, formatDuration, formatNumber, formatParameter, h, secondsBetwee
 const BASE_COLUMNS = [
   { key: "sequence", title: "#", width: 56, value: (t) => t.sequenceId, numeric: true },
   { key: "id", title: "Trial", width: 100, value: (t) => t.id },
-  { key: "status", title: "Status", width: 130, value: (t) => t.status },
+  { key: "status", title: "Status", width: 130, value: (t) => t.status,
+    text: (t) => (t.attempt ? `${t.status} ×${t.attempt + 1}` : t.status) },
 ];
 const PARAMETER_WIDTH = 130;
 const TAIL_COLUMNS = [
@@ -168,7 +172,10 @@ export class TrialTable {
       if (row.texts[i] !== text) {
         row.texts[i] = text;
         cell.textContent = text;
-        if (column.key === "status") cell.dataset.status = trial.status;
+        if (column.key === "status") {
+          cell.dataset.status = trial.status;
+          cell.title = trial.attempt ? `attempt ${trial.attempt}: run ${trial.attempt + 1} of this trial` : "";
+        }
         if (column.parameter) cell.title = text; // the whole value, where the cell cuts it
       }
     });

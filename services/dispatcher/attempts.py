@@ -1,0 +1,97 @@
+"""A trial's attempts as the dispatcher runs them: an attempt that ended runs again or ends
+the trial (the policy is :mod:`.retries`), a silent attempt is stopped (:mod:`.liveness`), and
+a user's retry of a trial that has ended. Part of :class:`~services.dispatcher.core.Dispatcher`
+(a mixin: it uses the dispatcher's store, slots, locks and ``_end``); every method runs under
+the experiment's lock, as the dispatcher's own do, and costs O(attempts of the trial).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from contracts import subjects
+from contracts.base import utcnow
+from contracts.messages import CancelRequest
+from contracts.state import ExperimentStatus, TrialState, TrialStatus
+from services.dispatcher import retries
+from services.dispatcher.errors import ApiError
+
+if TYPE_CHECKING:
+    from services.dispatcher.core import Dispatcher
+
+log = logging.getLogger(__name__)
+
+
+class Attempts:
+    """The attempts half of the dispatcher (the module's docstring)."""
+
+    async def _attempt_ended(
+        self: Dispatcher, trial: TrialState, status: TrialStatus, failure: str | None, message: str | None, *,
+        sends: list[TrialState] | None = None, exit_code: int | None = None, when=None, publish: bool,
+    ) -> None:  # fmt: skip
+        """The trial's current attempt ended so: run it again if the retry policy says so, else end it."""
+        state = self.store.experiments[trial.experiment_id]
+        retry = retries.decide(trial, status, failure, state.config.retry_policy, when=when or utcnow(),
+                               exit_code=exit_code, message=message, hybrid=state.config.hybrid)  # fmt: skip
+        if retry is not None and state.status == ExperimentStatus.RUNNING:
+            await self._again(trial, retry.trial, sends)
+        else:
+            await self._end(trial, status, message, exit_code=exit_code, when=when, publish=publish, sends=sends,
+                            failure=failure)  # fmt: skip
+
+    async def _silence(self: Dispatcher, trial: TrialState, timeout: float) -> None:
+        """Sweep: a running trial silent past ``timeout`` is stopped, to run again once it ended;
+        if its end does not come within ``timeout`` more (its adapter is gone too), it is given up."""
+        if trial.id in self.liveness.lost:
+            if self.liveness.given_up(trial.id, timeout):
+                why = f"{trial.message}; its adapter did not confirm the stop within {timeout:g}s"
+                await self._attempt_ended(trial, TrialStatus.FAILED, "lost", why, publish=True)
+            return
+        if not self.liveness.silent(trial, timeout):
+            return
+        self.liveness.declare_lost(trial.id)
+        message = (f"no sign of life from its keeper for {timeout:g}s (retry.heartbeatTimeout): stopping attempt "
+                   f"{trial.attempt} to run it again")  # fmt: skip
+        trial = trial.model_copy(update={"message": message})
+        await self.store.put_trial(trial)
+        log.warning("trial %s: %s", trial.id, message)
+        stop = CancelRequest(experiment_id=trial.experiment_id, trial_id=trial.id, status=TrialStatus.SYS_CANCELED,
+                             message=message)  # fmt: skip
+        try:
+            await self.bus.nc.publish(subjects.control(trial.platform, "cancel"), stop.encode())
+        except Exception as exc:  # the sweep gives it up after the timeout all the same
+            log.warning("cannot ask %s to stop trial %s: %s", trial.platform, trial.id, exc)
+
+    async def _again(
+        self: Dispatcher, ended: TrialState, trial: TrialState, sends: list[TrialState] | None = None
+    ) -> None:
+        """Run ``trial`` (``ended``'s next attempt, from :mod:`.retries`) again: its slot is
+        free meanwhile; it goes first in the queue once its back-off is over."""
+        self.slots.free(ended)
+        self._cancel_sent.pop(trial.id, None)
+        self.liveness.forget(trial.id)
+        self.slots.again(trial)
+        self.store.defer(trial)
+        log.info("trial %s: %s", trial.id, trial.message)
+        await self._publish_event(trial, TrialStatus.WAITING)  # the history says why it runs again
+        if sends is not None:
+            sends += self.slots.take_ready(trial.experiment_id)
+        else:
+            await asyncio.gather(self.store.flush([trial.id]), self.slots.dispatch_ready(trial.experiment_id))
+
+    async def retry_trial(self: Dispatcher, trial_id: str) -> TrialState:
+        """A new attempt of a trial that has ended (``trialbus trial retry``): same id and parameters."""
+        trial = self.trial(trial_id)
+        async with self._locks[trial.experiment_id]:
+            trial, state = self.store.trials[trial_id], self.experiment(trial.experiment_id)
+            if not trial.status.terminal:
+                raise ApiError(409, f"trial {trial_id} is {trial.status.value}: only a trial that has ended can be "
+                                    "retried (cancel it first to start it over)")  # fmt: skip
+            if state.status != ExperimentStatus.RUNNING:
+                raise ApiError(409, f"experiment {state.id} is {state.status.value}; it runs no trials, so a retry "
+                                    "would never start (resume the experiment first, if it can be)")  # fmt: skip
+            again = retries.manual(trial, hybrid=state.config.hybrid, when=utcnow())
+            await self._again(trial, again)
+            return self.store.trials[trial_id]
