@@ -114,6 +114,10 @@ class CancelRequest(Contract):
     #: The stop is a preemption (a drain): the attempt ends SYS_CANCELED with failure ``preempted``,
     #: and the dispatcher runs the trial again.
     preempt: bool = False
+    #: Only this attempt (None: every attempt of the trial the replica holds).
+    attempt: int | None = None
+    #: Only this replica acts (None: whichever owns the trial): a copy of an attempt that must not run.
+    replica: str | None = None
 
 
 class CancelReply(Contract):

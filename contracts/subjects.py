@@ -89,6 +89,12 @@ def event_id(trial: str, status: str, attempt: int) -> str:
     return f"{trial}:{status}:{attempt}"
 
 
+def running_event_id(trial: str, attempt: int, replica: str) -> str:
+    """An adapter's RUNNING event: one per replica that runs the attempt (its restarts repeat it), so a
+    second copy on another replica reaches the dispatcher, which stops it."""
+    return f"{trial}:RUNNING:{attempt}:{hashlib.sha1(replica.encode()).hexdigest()[:12]}"
+
+
 def metric_id(trial: str, metric_type: str, sequence: int, attempt: int = 0) -> str:
     """Each attempt numbers its records from 0 again: a retry's are its own (the first attempt's
     ids are those of versions before attempts)."""

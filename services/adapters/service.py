@@ -322,6 +322,8 @@ class AdapterService(Service):
                     return await self._give_back(owned, msg, self.settings.capacity_backoff)
                 owned.handle = handle
                 settled = True
+                if self.draining and owned.cancel is None:  # launched as the drain came: preempted too
+                    owned.cancel = self._preemption(owned)
                 await msg.ack()
                 self.metrics.launched.inc()
                 self.metrics.launch_seconds.observe(time.monotonic() - received)
@@ -410,7 +412,9 @@ class AdapterService(Service):
     async def _on_cancel(self, msg: Msg) -> None:
         if (request := _decode(CancelRequest, msg)) is None:
             return
-        mine = self.trials.of_trial(request.trial_id)
+        if request.replica is not None and request.replica != self.settings.replica:
+            return  # meant for another replica's copy
+        mine = [o for o in self.trials.of_trial(request.trial_id) if request.attempt in (None, o.attempt)]
         if not mine:
             return  # another replica owns it (or nobody): stay silent
         accepted = False
@@ -433,12 +437,10 @@ class AdapterService(Service):
         log.warning("draining: no more trials here, and the running ones are preempted" if request.drain
                     else "undrained: taking trials again")  # fmt: skip
         if request.drain:
-            why = f"preempted: adapter replica {self.settings.replica} is draining"
             for owned in list(self.owned.values()):
                 if owned.outcome is not None or owned.cancel is not None or owned.handle is None:
-                    continue  # ended, being stopped already, or still launching (handed back then)
-                owned.cancel = CancelRequest(experiment_id=owned.experiment_id, trial_id=owned.trial_id,
-                                             status=TrialStatus.SYS_CANCELED, message=why, preempt=True)  # fmt: skip
+                    continue  # ended, being stopped already, or still launching (preempted once launched)
+                owned.cancel = self._preemption(owned)
                 preempted += 1
                 if owned.announced:
                     with logs.bind(experiment=owned.experiment_id, trial=owned.trial_id):
@@ -447,6 +449,11 @@ class AdapterService(Service):
         self._status_due.set()
         reply = DrainReply(replica=self.settings.replica, draining=self.draining, preempted=preempted)
         await self._respond(msg, reply)
+
+    def _preemption(self, owned: Owned) -> CancelRequest:
+        why = f"preempted: adapter replica {self.settings.replica} is draining"
+        return CancelRequest(experiment_id=owned.experiment_id, trial_id=owned.trial_id,
+                             status=TrialStatus.SYS_CANCELED, message=why, preempt=True)  # fmt: skip
 
     async def _on_log(self, msg: Msg) -> None:
         if (request := _decode(LogRequest, msg)) is None:

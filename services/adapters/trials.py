@@ -174,8 +174,10 @@ class OwnedTrials:
     # ------------------------------------------------------------------ reporting
 
     async def announce(self, owned: Owned) -> None:
-        """Publish RUNNING; from then on the trial is polled (its end always follows its start)."""
-        await self.publish(owned, TrialStatus.RUNNING, time=owned.handle.start_time)
+        """Publish RUNNING; from then on the trial is polled (its end always follows its start). Its dedupe
+        id names this replica: a second copy of the attempt elsewhere is seen, and stopped, by the dispatcher."""
+        msg_id = subjects.running_event_id(owned.trial_id, owned.attempt, self.settings.replica)
+        await self.publish(owned, TrialStatus.RUNNING, msg_id=msg_id, time=owned.handle.start_time)
         owned.announced = True
         if owned.cancel is not None:
             await self.send_cancel(owned)

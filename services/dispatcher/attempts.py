@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from contracts import subjects
 from contracts.base import utcnow
-from contracts.messages import CancelRequest
+from contracts.messages import CancelRequest, TrialEvent
 from contracts.state import ExperimentStatus, TrialState, TrialStatus
 from services.dispatcher import retries
 from services.dispatcher.errors import ApiError
@@ -80,6 +80,28 @@ class Attempts:
             sends += self.slots.take_ready(trial.experiment_id)
         else:
             await asyncio.gather(self.store.flush([trial.id]), self.slots.dispatch_ready(trial.experiment_id))
+
+    @staticmethod
+    def _another_copy(trial: TrialState, event: TrialEvent) -> bool:
+        """Whether ``event`` (of the trial's current attempt) comes from a replica other than the one that
+        started the attempt: a second copy (its request redelivered to another replica), fenced off."""
+        return bool(trial.replica and event.replica and event.replica != trial.replica
+                    and event.status != TrialStatus.WAITING and event.platform == trial.platform)  # fmt: skip
+
+    async def _stop_copy(self: Dispatcher, subject: str, event: TrialEvent, why: str) -> None:
+        """Stop the copy of an attempt that must not run (an older attempt, or a second copy of the current
+        one): only that replica's, only that attempt. Its later events are ignored."""
+        adapter = subjects.source_from_subject(subject) or event.platform
+        if not adapter or adapter == subjects.DISPATCHER or not event.replica:
+            return
+        log.warning("trial %s: stopping replica %s's copy: %s", event.trial_id, event.replica, why)
+        stop = CancelRequest(experiment_id=event.experiment_id, trial_id=event.trial_id,
+                             status=TrialStatus.SYS_CANCELED, message=f"stopped: {why}", attempt=event.attempt,
+                             replica=event.replica)  # fmt: skip
+        try:
+            await self.bus.nc.publish(subjects.control(adapter, "cancel"), stop.encode())
+        except Exception as exc:  # its next RUNNING event (an adoption, a note) asks again
+            log.warning("cannot stop trial %s's copy on replica %s: %s", event.trial_id, event.replica, exc)
 
     async def retry_trial(self: Dispatcher, trial_id: str) -> TrialState:
         """A new attempt of a trial that has ended (``trialbus trial retry``): same id and parameters."""

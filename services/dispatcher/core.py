@@ -297,11 +297,19 @@ class Dispatcher(Attempts, Sweep):
         flush, and the trials that take a slot it freed are added to ``sends``: no round trip
         happens under the experiment lock."""
         trial = self.store.trials.get(event.trial_id)
-        if trial is not None and event.attempt != trial.attempt:
-            return  # an attempt that is over (a hybrid trial taken back from its platform): nothing to apply
+        if trial is not None and event.attempt != trial.attempt:  # an attempt that is over: nothing to apply
+            if event.attempt < trial.attempt and event.status == TrialStatus.RUNNING:
+                await self._stop_copy(subject, event, f"attempt {event.attempt} runs, but the trial is at attempt "
+                                                      f"{trial.attempt}")  # fmt: skip
+            return
         if not self.gate.admits(subject, event, trial.platform if trial else None):
             return
         if trial is None:
+            return
+        if self._another_copy(trial, event):
+            if event.status == TrialStatus.RUNNING:
+                await self._stop_copy(subject, event, f"a second copy of attempt {event.attempt}, which runs on "
+                                                      f"replica {trial.replica}")  # fmt: skip
             return
         if event.status == TrialStatus.WAITING:  # an adapter says what the dispatched trial waits for
             if event.platform and trial.status == TrialStatus.WAITING and trial.message != event.message:

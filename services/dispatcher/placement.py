@@ -6,10 +6,11 @@ what the adapters publish in the ``platforms`` bucket (:class:`~contracts.Platfo
 refreshed every few seconds by each replica) and from the dispatcher's own count of the trials
 it has sent to each adapter and not seen end (exact at once, where the statuses lag):
 
-- **Up or not.** A platform is up while one replica of its adapter published a status in the
-  last ``stale_after`` seconds and, for ``remote``, one of the experiment's machines is not
-  reported unreachable (a machine the adapter has not connected to yet counts as usable: the
-  trial's launch connects it), for ``openpai``/``frameworkcontroller``, a cluster answers.
+- **Up or not.** A platform is up while one replica of its adapter that is not drained
+  (``trialbus platform drain``) published a status in the last ``stale_after`` seconds and,
+  for ``remote``, one of the experiment's machines is not reported unreachable (a machine the
+  adapter has not connected to yet counts as usable: the trial's launch connects it), for
+  ``openpai``/``frameworkcontroller``, a cluster answers.
 - **Room.** A platform whose replicas hold requests waiting for capacity (GPUs) has none.
   Otherwise its room is its capacity less the trials sent there and not ended: ``local``'s
   ``maxTrials`` per replica (for GPU trials, at most its GPUs × ``maxTrialNumberPerGpu`` ÷
@@ -134,6 +135,8 @@ class Placement:
 
     def down_reason(self, service: TrainingService, config: ExperimentConfig) -> str:
         replicas = self._live(service.adapter)
+        if not replicas and self._live(service.adapter, drained=True):
+            return "is drained (every replica of its adapter: trialbus platform undrain takes one back)"
         if not replicas:
             return f"is down (no {service.adapter} adapter replica published its status in {self.stale_after:g}s)"
         if isinstance(service, RemoteConfig):
@@ -142,12 +145,14 @@ class Placement:
 
     # ------------------------------------------------------------------ internals
 
-    def _live(self, adapter: str) -> list[PlatformStatus]:
+    def _live(self, adapter: str, drained: bool = False) -> list[PlatformStatus]:
+        """The adapter's replicas that published lately: those taking trials, or with ``drained``, the drained."""
         now = utcnow()
         oldest, forgotten = now - timedelta(seconds=self.stale_after), now - timedelta(seconds=10 * self.stale_after)
         for key in [k for k, s in self.statuses.items() if s.time < forgotten]:  # a replica gone for good
             del self.statuses[key]
-        return [s for s in self.statuses.values() if s.adapter == adapter and s.time >= oldest]
+        return [s for s in self.statuses.values()
+                if s.adapter == adapter and s.time >= oldest and s.draining == drained]  # fmt: skip
 
     @staticmethod
     def _machines(service: RemoteConfig, replicas: list[PlatformStatus]) -> dict:

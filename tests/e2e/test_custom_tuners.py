@@ -27,14 +27,19 @@ from trialbus.client import Client
 TRIALBUS = str(Path(sys.executable).parent / "trialbus")
 
 # A trial as NNI's examples write one: x from the tuner, intermediate results x·1, x·2…, the final result x;
-# "mode" makes it fail (after its final result, or without one).
+# "mode" makes it fail (after its final result, or without one); "fail-first" reports x and fails on its first
+# attempt, then reports 10·x and succeeds on the next.
 TRIAL = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     import nni
 
     params = nni.get_next_parameter()
     x = params["x"]
+    if params.get("mode") == "fail-first":
+        retried = os.environ["TRIALBUS_ATTEMPT"] != "0"
+        nni.report_final_result(10 * x if retried else x)
+        sys.exit(0 if retried else 1)
     for step in range(params.get("steps", 0)):
         nni.report_intermediate_result(x * (step + 1))
         time.sleep(0.3)
@@ -242,6 +247,27 @@ def test_results_and_ends_reach_the_tuner_in_nni_order_with_nni_arguments(stack:
     assert calls[0] == ["update_search_space", {"x": "the tuner's own"}]
     assert {k: [n for n in calls if len(n) > 1 and n[1] == k] for k in expected} == expected
     assert calls[-1] == ["_on_exit"]
+
+
+def test_a_retried_trial_reaches_the_tuner_once_with_its_last_attempt_s_result(stack: Stack, folder: Path) -> None:
+    # Given a trial that reports 5 and fails on its first attempt, in an experiment that retries the trial's own
+    # failures once, then reports 50 and succeeds
+    (folder / "tuners" / "list_tuner.py").write_text(LIST_TUNER)
+    notes = folder / "journal.jsonl"
+    planned = [{"x": 5, "mode": "fail-first"}]
+    config = v2(folder, {"className": "list_tuner.ListTuner", "codeDirectory": str(folder / "tuners"),
+                         "classArgs": {"trials": planned, "journal": str(notes)}},
+                searchSpace={"x": "the tuner's own"}, retry={"trial": 1, "backoff": "0s"})  # fmt: skip
+    with Client(stack.nats.url) as client:
+        experiment_id = client.create_experiment(config)
+        assert finished(client, experiment_id).status.value == "DONE"
+        [trial] = client.list_trials(experiment_id)
+    wait_until(lambda: ["_on_exit"] in journal(notes), 10, "the tuner's _on_exit")
+    # Then the tuner heard of it once: the result and the end of the attempt that finished
+    assert (trial.status.value, trial.attempt, trial.final_metric) == ("SUCCEEDED", 1, 50)
+    told = [n for n in journal(notes) if n[0] in ("receive_trial_result", "trial_end")]
+    assert told == [["receive_trial_result", 0, planned[0], 50, {"customized": False, "trial_job_id": trial.id}],
+                    ["trial_end", 0, True, {}]]  # fmt: skip
 
 
 THREADED_TUNER = textwrap.dedent(

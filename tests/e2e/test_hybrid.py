@@ -137,3 +137,24 @@ def test_a_trial_waiting_for_a_platform_that_is_down_goes_elsewhere(tmp_path, na
     finally:
         pai.stop()
 
+
+
+def test_a_preempted_trial_runs_again_on_the_other_platform_while_its_own_is_drained(
+    local_remote, sshd, ssh_key, tmp_path
+):
+    # Given a hybrid experiment whose first trial runs on the local adapter
+    services = [{"platform": "local"}, {"platform": "remote", "machineList": [machine(sshd, ssh_key)]}]
+    config = {**hybrid_config(write_code(tmp_path, TRIAL), services, concurrency=1), "retry": {"backoff": "0s"}}
+    experiment = create(local_remote, config)
+    trial_id = submit(local_remote, experiment, {"x": 1, "sleep": 300})
+    running = wait_until(lambda: (t := trial(local_remote, trial_id))["status"] == "RUNNING" and t, 30, "RUNNING")
+    assert running["platform"] == "local-gpu"
+    # When the local adapter's only replica is drained
+    drained = local_remote.rest("POST", f"/platforms/local-gpu/{running['replica']}/drain")
+    assert drained.status_code == 200 and drained.json()["preempted"] == 1, drained.text
+    # Then the trial's next attempt goes to the platform that takes trials: remote
+    moved = wait_until(lambda: (t := trial(local_remote, trial_id))["attempt"] == 1 and t["status"] == "RUNNING" and t,
+                       60, "attempt 1 to run")  # fmt: skip
+    assert moved["platform"] == "remote"
+    assert [(a["platform"], a["failure"]) for a in moved["attempts"]] == [("local-gpu", "preempted")]
+    assert local_remote.rest("POST", f"/trials/{trial_id}/cancel").status_code == 202

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -253,3 +254,76 @@ def test_a_drained_replica_preempts_its_trial_which_saves_in_its_grace_period_an
     assert undrained.returncode == 0 and "takes trials again" in undrained.stdout
     refused = stack.rest("POST", "/platforms/local-gpu/nosuch/drain")
     assert refused.status_code == 404 and "no replica 'nosuch'" in refused.json()["error"]
+
+
+#: Runs until the file ``release`` exists, then reports 1 and succeeds; each run notes its host replica.
+WAITS = textwrap.dedent(
+    """
+    import os, time
+    import nni, trialbus_trial
+
+    params = nni.get_next_parameter()
+    with open(os.environ["RUN_LOG"], "a") as log:
+        log.write(f"{nni.get_trial_id()} {trialbus_trial.attempt()} 0 {os.environ['NNI_SYS_DIR']}\\n")
+    while not os.path.exists(params["release"]):
+        time.sleep(0.05)
+    nni.report_final_result(1)
+    """
+)
+
+
+def test_a_request_redelivered_to_another_replica_never_runs_a_second_copy_for_long(stack, tmp_path, run_log):
+    # Given two local adapter replicas, and a trial running on one of them
+    stack.start("adapter@b")
+    (tmp_path / "waits").mkdir()
+    code = write_code(tmp_path / "waits", WAITS)
+    experiment = create(stack, config(code, trialConcurrency=1))
+    release = tmp_path / "release"
+    trial_id = submit(stack, experiment, {"release": str(release)})
+    owner = wait_until(lambda: (t := trial(stack, trial_id))["status"] == "RUNNING" and t, 30, "RUNNING")["replica"]
+    other, frozen = ("b", "adapter") if owner == "test-host" else ("test-host", "adapter@b")
+    # When its request is delivered again, to the other replica (the owner frozen, as one that missed its ack)
+    second = stack.root / "data" / "local-gpu" / other / "trials" / experiment / f"{trial_id}-0"
+    os.kill(stack.procs[frozen].pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.5)  # its pending pull requests (0.5 s each) expire: the other replica gets the request
+        asyncio.run(_redeliver(stack, experiment, trial_id))
+        wait_until(second.exists, 30, "the other replica to launch a second copy")
+    finally:
+        os.kill(stack.procs[frozen].pid, signal.SIGCONT)
+    # Then the dispatcher stops that copy at once (its keeper's SIGTERM may even come before the trial
+    # started), and the trial goes on as the owner runs it
+    state = second / ".trialbus" / "state.json"
+    stopped = wait_until(lambda: _ended_copy(state), 20, "the second copy to be stopped")
+    assert stopped.get("canceled") or "keeperExit" in stopped, stopped
+    assert not stopped.get("trialPid") or not _alive(stopped["trialPid"])
+    assert "stopping replica" in stack.log("dispatcher") and "a second copy of attempt 0" in stack.log("dispatcher")
+    assert trial(stack, trial_id)["status"] == "RUNNING" and trial(stack, trial_id)["replica"] == owner
+    release.touch()
+    done = ended(stack, trial_id)
+    assert (done["status"], done["attempt"], done["replica"], done["attempts"]) == ("SUCCEEDED", 0, owner, []), done
+
+
+def _ended_copy(state: Path) -> dict | None:
+    """The copy's ``state.json`` once it ended: its keeper's own end, or the adapter's note of its early death."""
+    found = json.loads(state.read_text()) if state.exists() else {}
+    return found if found.get("done") or "keeperExit" in found else None
+
+
+async def _redeliver(stack, experiment: str, trial_id: str) -> None:
+    """Put the trial's request on the dispatch stream again, as a redelivery would hand it out."""
+    import nats
+
+    from contracts import ExperimentState, TrialState, subjects
+    from services.dispatcher.requests import trial_request
+
+    nc = await nats.connect(stack.nats.url)
+    try:
+        js = nc.jetstream()
+        state = ExperimentState.decode((await (await js.key_value("experiments")).get(experiment)).value)
+        held = TrialState.decode((await (await js.key_value("trials")).get(trial_id)).value)
+        request = trial_request(state, held, stack.secret)
+        await js.publish(subjects.dispatch("local-gpu"), request.encode(),
+                         headers={"Nats-Msg-Id": f"{trial_id}:0:again"})  # fmt: skip
+    finally:
+        await nc.close()

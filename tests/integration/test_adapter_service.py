@@ -153,7 +153,7 @@ async def test_a_trial_is_announced_running_then_ended_with_dedupe_ids(stack: St
 
     stored = await stack.events()
     assert [(i, e.status) for i, e in stored if e.trial_id == "ok"] == [
-        ("ok:RUNNING:0", TrialStatus.RUNNING), ("ok:SUCCEEDED:0", TrialStatus.SUCCEEDED)
+        (subjects.running_event_id("ok", 0, "r1"), TrialStatus.RUNNING), ("ok:SUCCEEDED:0", TrialStatus.SUCCEEDED)
     ]
     assert ("bad:FAILED:0", TrialStatus.FAILED) in [(i, e.status) for i, e in stored]
     assert (ended["bad"].exit_code, ended["bad"].platform, ended["bad"].replica) == (3, "fake", "r1")
@@ -236,8 +236,9 @@ async def test_two_replicas_share_the_queue_and_run_each_trial_once(stack: Stack
     started = [sum(p.starts.get(t, 0) for p in platforms) for t in trials]
     assert started == [1] * len(trials)
     assert all(p.starts for p in platforms), "both replicas took work"
-    running = [i for i, e in await stack.events() if e.status is TrialStatus.RUNNING]
-    assert sorted(running) == sorted(f"{t}:RUNNING:0" for t in trials)
+    running = [(i, e.replica) for i, e in await stack.events() if e.status is TrialStatus.RUNNING]
+    assert sorted(i.split(":")[0] for i, _ in running) == sorted(trials)  # one RUNNING each, by the replica running it
+    assert all(i == subjects.running_event_id(i.split(":")[0], 0, replica) for i, replica in running)
     assert {e.replica for e in ended.values()} == {"r1", "r2"}
 
 
