@@ -58,7 +58,7 @@ class Attempts:
         await self.store.put_trial(trial)
         log.warning("trial %s: %s", trial.id, message)
         stop = CancelRequest(experiment_id=trial.experiment_id, trial_id=trial.id, status=TrialStatus.SYS_CANCELED,
-                             message=message)  # fmt: skip
+                             message=message, attempt=trial.attempt, replica=trial.replica)  # fmt: skip
         try:
             await self.bus.nc.publish(subjects.control(trial.platform, "cancel"), stop.encode())
         except Exception as exc:  # the sweep gives it up after the timeout all the same
