@@ -209,6 +209,11 @@ def completed(code: int, kind: str, attributes: list[str] | None, trigger: str |
          "code 201"),
         (completed(-1200, "Failed", ["Permanent"]), {}, False, TrialStatus.FAILED, "permanent", "code -1200"),
         (completed(-300, "Failed", []), {}, False, TrialStatus.FAILED, "trial", "code -300"),
+        # a pod stopped for someone else's reason is preempted; a lost node is the infrastructure's
+        (completed(-101, "Failed", ["Transient"]), {}, False, TrialStatus.FAILED, "preempted", "code -101"),
+        (completed(-1000, "Failed", ["Transient"]), {}, False, TrialStatus.FAILED, "preempted", "code -1000"),
+        (completed(-1003, "Failed", ["Transient"]), {}, False, TrialStatus.FAILED, "preempted", "code -1003"),
+        (completed(-1001, "Failed", ["Transient"]), {}, False, TrialStatus.FAILED, "infrastructure", "code -1001"),
         (completed(-210, "Failed", ["Permanent"]), {}, False, TrialStatus.SYS_CANCELED, None,
          "Framework fw was stopped outside Trialbus"),
         (completed(-210, "Failed", ["Permanent"]), {"exitCode": -15}, True, TrialStatus.FAILED, "permanent",

@@ -1,7 +1,9 @@
-"""The OpenPAI job of a trial (services/adapters/openpai/jobs.py) and the openpai config."""
+"""The OpenPAI job of a trial (services/adapters/openpai/jobs.py), the openpai config, and how
+an ended job reads as the trial's outcome (services/adapters/openpai/adapter.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 from pathlib import Path
@@ -10,10 +12,14 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from contracts import TrialStatus
 from contracts.experiment import ExperimentConfig, OpenpaiConfig, format_validation_error, load_experiment_config
 from services.adapters import sharefs
-from services.adapters.openpai import jobs
+from services.adapters.base import TrialHandle
+from services.adapters.openpai import adapter, jobs
+from services.adapters.openpai.client import OpenpaiClient
 from services.trial_keeper import KEEPER_PATH
+from tests.emulators.openpai import exitspec
 
 
 def service(**extra) -> OpenpaiConfig:
@@ -175,3 +181,63 @@ def test_job_secrets_are_masked_outside_the_bus():
     assert "s3cret" not in shown and "hunter2" not in shown and "tok'" not in shown
     wire = config.wire_json()["trainingService"]["openpaiConfig"]
     assert wire["secrets"] == {"key": "s3cret"} and wire["prerequisites"][0]["auth"]["password"] == "hunter2"
+
+
+@pytest.mark.parametrize(
+    ("code", "failure"),
+    [
+        (-1001, "infrastructure"),  # PodNodeLost
+        (137, "infrastructure"),  # ContainerSigKillReceived: transient
+        (251, "infrastructure"),  # JobGangAllocationTimeout: transient conflict
+        (-101, "preempted"),  # PodExternalDeleted: a drain, a preemption
+        (-1000, "preempted"),  # PodEvicted
+        (-1003, "preempted"),  # PodPreemptedForCriticalPod
+        (220, "permanent"),  # UserCommandExitWithError
+        (-1200, "permanent"),  # UserContainerDockerOOMKilled
+        (255, "trial"),  # PAIRuntimeUnknownFailed: a plain non-zero exit
+        (256, "trial"),  # an undefined positive code
+        (-8000, "trial"),  # an undefined negative code
+    ],
+)  # fmt: skip
+def test_an_exit_spec_s_failure_class(code: int, failure: str):
+    assert adapter.failure_of(exitspec.record(code)) == failure
+
+
+def test_openpai_s_own_retries_after_platform_failures_are_counted_apart_from_jobretrycount_s():
+    assert adapter.platform_retries({"retries": 3, "retryDetails": {"user": 2, "platform": 1, "resource": 0}}) == 1
+    assert adapter.platform_retries({"retries": 2, "retryDetails": {"user": 2, "platform": 0, "resource": 0}}) == 0
+    assert adapter.platform_retries({"retries": 2}) == 2, "without retryDetails, every retry"
+    assert adapter.platform_retries({}) == 0
+
+
+@pytest.fixture
+def client():
+    found = OpenpaiClient("https://pai.example.com", "alice", "tok", None, 5.0, 60.0)
+    yield found
+    asyncio.run(found.close())
+
+
+def ended_job(client: OpenpaiClient, tmp_path: Path, state: str, status: dict, taken_back: str | None = None):
+    """A job that ended in ``state``, with ``jobStatus`` ``status``; the keeper said nothing."""
+    share = sharefs.Share(str(tmp_path), "/mnt/share/trialbus/trials/e/t-0")
+    handle = TrialHandle("e", "t", 0, ref=f"alice~trialbus_e_t#{tmp_path}")
+    job = adapter.Job(handle, client, "trialbus_e_t", share, "taskrole", state=state, taken_back=taken_back)
+    job.detail = {"jobStatus": {"completedTime": 1795693229000, **status}}
+    return job
+
+
+def test_a_job_openpai_retried_by_itself_and_trialbus_stopped_ends_failed_infrastructure(client, tmp_path: Path):
+    why = "OpenPAI retried it by itself; Trialbus stopped that retry"
+    outcome = adapter.outcome_of(ended_job(client, tmp_path, "STOPPED", {"appExitCode": -210}, taken_back=why))
+    assert (outcome.status, outcome.failure, outcome.exit_code, outcome.message) == (
+        TrialStatus.FAILED, "infrastructure", None, why)
+    stopped = adapter.outcome_of(ended_job(client, tmp_path, "STOPPED", {"appExitCode": -210}))
+    assert (stopped.status, stopped.failure) == (TrialStatus.SYS_CANCELED, None), "stopped by someone else"
+
+
+def test_a_failed_job_s_outcome_says_its_exit_spec_and_failure_class(client, tmp_path: Path):
+    status = {"appExitCode": -1003, "appExitSpec": exitspec.record(-1003), "appExitDiagnostics": "Pod failed: x"}
+    outcome = adapter.outcome_of(ended_job(client, tmp_path, "FAILED", status))
+    assert (outcome.status, outcome.failure) == (TrialStatus.FAILED, "preempted")
+    assert "exit code -1003 (PodPreemptedForCriticalPod, transient): Pod failed: x" in outcome.message
+    assert outcome.end_time is not None and outcome.end_time.year == 2026

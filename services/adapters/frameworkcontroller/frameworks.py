@@ -34,6 +34,16 @@ WAITING = frozenset({"AttemptCreationPending", "AttemptCreationRequested", "Atte
 #: Completion codes of a stop (FrameworkController's StopFrameworkRequested and the tasks'
 #: FrameworkAttemptCompletion / DeleteTaskRequested).
 STOP_CODE = -210
+#: Completion codes of a pod stopped for someone else's reason: failure ``preempted`` (retried
+#: without counting against the budgets), not ``infrastructure`` like the other Transient codes.
+#: −101 PodExternalDeleted, "Possibly due to Pod Eviction or Preemption" (FrameworkController's
+#: pkg/apis/frameworkcontroller/v1/completion.go): a drain, the scheduler making room for a pod
+#: of higher priority, ``kubectl delete pod`` — and the pods of a node that went away, once
+#: Kubernetes deletes them; the default config's podFailureSpec (example/config/default/
+#: frameworkcontroller.yaml) −1000 PodEvicted (``reasonRegex: '(?i)^Evicted$'``) and −1003
+#: PodPreemptedForCriticalPod (``reasonRegex: '(?i)^Preempting$'``). −1001 PodNodeLost
+#: (``reasonRegex: '(?i)^NodeLost$'``) stays ``infrastructure``.
+PREEMPTED = frozenset({-101, -1000, -1003})
 
 
 def name_of(experiment_id: str, trial_id: str, attempt: int) -> str:
@@ -133,7 +143,9 @@ def completion_of(framework: dict) -> dict:
 def outcome_of(framework: dict, keeper: dict, canceled: bool) -> TrialOutcome:
     """How a ``Completed`` Framework ended, as the trial's outcome: Succeeded → SUCCEEDED;
     Failed → FAILED with the completion code, phrase, attributes and diagnostics in the message
-    and the failure class from the attributes; a stop we did not ask for → SYS_CANCELED.
+    and the failure class from the attributes (Permanent, Transient, none: ``permanent``,
+    ``infrastructure``, ``trial``) or the code (``PREEMPTED``); a stop we did not ask for →
+    SYS_CANCELED.
     ``keeper``: the reporting task's ``state.json`` (the trial command's own exit code)."""
     status = framework.get("status") or {}
     completion = completion_of(framework)
@@ -150,6 +162,8 @@ def outcome_of(framework: dict, keeper: dict, canceled: bool) -> TrialOutcome:
                             None, end)  # fmt: skip
     said = "permanent" if "Permanent" in attributes else "transient" if "Transient" in attributes else "unknown"
     failure = {"permanent": "permanent", "transient": "infrastructure"}.get(said, "trial")  # retry classes
+    if code in PREEMPTED:
+        failure = "preempted"
     message = f"Framework {name} failed: completion code {code} ({phrase}, {said})"
     if exit_code is not None:
         message += f"; the trial command exited with {exit_code}"

@@ -17,6 +17,15 @@ our cancel takes the cancel's status, after anyone else's SYS_CANCELED; UNKNOWN 
 errors leave the trial running (transient). The trial's own exit code comes from the
 keeper's ``state.json`` on the share.
 
+OpenPAI retries a job by itself after every failure its exit spec calls transient (a lost
+node, an eviction, a preemption, SIGKILL: ``reaction: ALWAYS_RETRY``, whatever
+``jobRetryCount`` says; the protocol cannot turn it off). Trialbus retries trials itself, as
+the experiment's ``retry:`` says, as the trial's next attempt: so once the trial has started
+(its reporting task's folder exists on the share) and the job list shows such a retry
+(``retryDetails.platform``), the adapter stops the job, and the attempt ends FAILED with
+failure ``infrastructure`` once it is stopped. Before the trial started (an allocation that
+timed out) OpenPAI's retries are left alone, and so are the ones ``jobRetryCount`` asks for.
+
 In reuse mode (``reuseMode: true``, ``reuse.py``) trials are handed to a pool of long-running
 environment jobs instead, through tickets on the share; a trial's end is then the keeper's
 ``state.json``, watched every ``reuse_poll`` seconds.
@@ -54,6 +63,13 @@ log = logging.getLogger(__name__)
 
 #: ``failure`` of a trial from the exit spec's ``behavior``.
 BEHAVIOR = {"TRANSIENT": "infrastructure", "TRANSIENT_CONFLICT": "infrastructure", "PERMANENT": "permanent"}
+#: Exit codes of a task stopped for someone else's reason, failure ``preempted`` rather than the
+#: TRANSIENT behavior's ``infrastructure`` (OpenPAI's k8s-job-exit-spec.yaml): −101
+#: PodExternalDeleted ("Pod is deleted by external unexpectedly": a drain, a preemption),
+#: −1000 PodEvicted ("Pod is evicted by K8S, maybe its node is out of resource"), −1003
+#: PodPreemptedForCriticalPod ("Pod is preempted by the kubelet of its node for the admission
+#: of other more critical platform Pod"). −1001 PodNodeLost stays ``infrastructure``.
+PREEMPTED = frozenset({-101, -1000, -1003})
 
 
 @dataclass(eq=False)
@@ -70,6 +86,10 @@ class Job:
     tasks: int = 1  # tasks of the job (or environment): more than one stop together in reuse mode
     seen: float = 0.0  # reuse mode: mtime of the reporting task's state.json when last read
     since: float = field(default_factory=time.monotonic)  # when ``state`` last changed
+    #: OpenPAI's own retries of the job after platform failures, as last seen before the trial started.
+    platform_retries: int = 0
+    #: Why the attempt ended, once OpenPAI retried the job by itself and the adapter stopped it.
+    taken_back: str | None = None
 
 
 class OpenpaiAdapter(PlatformAdapter):
@@ -221,13 +241,35 @@ class OpenpaiAdapter(PlatformAdapter):
                     continue
                 for summary in summaries:
                     name, state = summary.get("name", ""), str(summary.get("state"))
-                    if (job := ours.get(name)) is not None and state != job.state:
-                        job.state, job.since = state, time.monotonic()
-                        self.notify(job.handle)
+                    if (job := ours.get(name)) is not None:
+                        if state != job.state:
+                            job.state, job.since = state, time.monotonic()
+                            self.notify(job.handle)
+                        retries = platform_retries(summary)
+                        if job.taken_back is None and state not in FINAL and retries > job.platform_retries:
+                            await self._take_back(job, retries)
                     elif (env := envs.get(name)) is not None and state != env.state:
                         env.state, env.since = state, time.monotonic()
                         if state in FINAL:
                             await self._lost(env)
+
+    async def _take_back(self, job: Job, retries: int) -> None:
+        """OpenPAI retried the job by itself (see the module docstring): stop it, so that the
+        dispatcher retries the trial as its next attempt; unless the trial had not started
+        (``retries``: OpenPAI's own retries so far, remembered then)."""
+        if not (Path(job.share.local) / f"{job.report}-0").exists():
+            job.platform_retries = retries
+            return
+        what = job.client.framework(job.name)
+        try:
+            await job.client.stop(job.name)
+        except (TransientError, PermanentError) as exc:  # the next status poll tries again
+            log.warning("cannot stop OpenPAI's own retry of job %s: %s", what, exc)
+            return
+        log.info("OpenPAI retried job %s by itself after a platform failure: stopped it", what)
+        job.taken_back = (f"OpenPAI job {what} failed for a reason of the platform its exit spec calls transient "
+                          "(a lost node, an eviction, a preemption) and OpenPAI retried it by itself; Trialbus "
+                          "stopped that retry to retry the trial as its next attempt")  # fmt: skip
 
     async def _lost(self, env: Environment) -> None:
         """An environment ended under its trials: the one that ran ends; the others move."""
@@ -368,6 +410,8 @@ def outcome_of(job: Job) -> TrialOutcome:
     exit_code = keeper.get("exitCode")
     if job.state == "SUCCEEDED":
         return TrialOutcome(TrialStatus.SUCCEEDED, exit_code if exit_code is not None else 0, None, None, end_time)
+    if job.state == "STOPPED" and job.taken_back is not None:  # the trial's exit code is the retry's, if any
+        return TrialOutcome(TrialStatus.FAILED, None, job.taken_back, "infrastructure", end_time)
     if job.state == "STOPPED":
         return TrialOutcome(TrialStatus.SYS_CANCELED, exit_code, f"job {job.client.framework(job.name)} was stopped "
                             "outside Trialbus", None, end_time)  # fmt: skip
@@ -380,7 +424,25 @@ def outcome_of(job: Job) -> TrialOutcome:
         message += f"; the trial command exited with {exit_code}"
     if diagnostics := str(status.get("appExitDiagnostics") or "").strip():
         message += f": {diagnostics.splitlines()[0][:200]}"
-    return TrialOutcome(TrialStatus.FAILED, exit_code, message, BEHAVIOR.get(behavior, "trial"), end_time)
+    return TrialOutcome(TrialStatus.FAILED, exit_code, message, failure_of(spec), end_time)
+
+
+def failure_of(spec: dict) -> str:
+    """The failure class of an exit spec record (``appExitSpec``)."""
+    if spec.get("code") in PREEMPTED:
+        return "preempted"
+    return BEHAVIOR.get(spec.get("behavior") or "UNKNOWN", "trial")
+
+
+def platform_retries(summary: dict) -> int:
+    """How many times OpenPAI retried a job by itself after failures of the platform: its
+    ``retryDetails.platform`` (the retries ``jobRetryCount`` asked for are ``user``); without
+    it, every retry (the job NNI generates says ``jobRetryCount: 0``)."""
+    details = summary.get("retryDetails")
+    if isinstance(details, dict) and isinstance(details.get("platform"), int):
+        return details["platform"]
+    retries = summary.get("retries")
+    return retries if isinstance(retries, int) else 0
 
 
 def _keeper_state(job: Job) -> dict:

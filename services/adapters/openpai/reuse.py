@@ -20,13 +20,18 @@ them in their folder when they cannot. On the share::
 A trial ends when the reporting task's keeper has written its end in ``state.json``. An
 environment that ends while it holds trials (stopped by someone, failed, preempted) fails the
 trial that ran (SYS_CANCELED when stopped) and hands the ones that had not started to
-another environment. Environments idle for ``reuse_idle_timeout`` seconds are stopped; a
-runner with no word from the adapter for ``reuse_orphan_timeout`` seconds leaves by itself.
+another environment. One that OpenPAI restarted by itself (its exit spec retries every
+transient failure: a lost node, an eviction) finds the trial it ran begun, and its runner says
+it was interrupted: that trial fails too, with failure ``infrastructure``, and the dispatcher
+retries it as its next attempt. Environments idle for ``reuse_idle_timeout`` seconds are
+stopped; a runner with no word from the adapter for ``reuse_orphan_timeout`` seconds leaves by
+itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -50,6 +55,11 @@ from services.adapters.openpai.settings import OpenpaiSettings
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int]  # (trial id, attempt)
+#: How the runner's ``state.json`` error begins for a trial its environment's restart interrupted (runner.py).
+INTERRUPTED = "the trial was interrupted: its OpenPAI environment restarted"
+#: Seconds past the keeper's flush timeout after which a keeper that recorded its trial's exit
+#: but never said done is taken for dead.
+FLUSH_SLACK = 30.0
 
 
 @dataclass(eq=False)
@@ -157,9 +167,18 @@ class Pools:
         """How the trial ended, from the reporting task's ``state.json``; None while it runs."""
         task = Path(trial_folder) / f"{report}-0"
         state = _read_json(task / ".trialbus" / "state.json")
-        ended = state.get("exitCode") is not None or state.get("done") or state.get("error")
+        ended = state.get("done") or state.get("error")
+        if not ended and state.get("exitCode") is not None:
+            # The keeper records the trial's exit, then delivers what is left of its metrics (for
+            # up to the flush timeout), then says done: the trial is over then, or once the keeper
+            # cannot finish any more (its environment ended, or it died before it was done).
+            flushing = time.time() - float(state.get("endTime") or 0) < self.settings.flush_timeout + FLUSH_SLACK
+            ended = env.state in FINAL or not flushing
         if ended and not (task / ".trialbus" / "environment-stopped").exists():
-            return outcome_of(state, None)
+            outcome = outcome_of(state, None)
+            if str(state.get("error") or "").startswith(INTERRUPTED):  # what ran it went away, not the trial
+                return dataclasses.replace(outcome, failure="infrastructure")
+            return outcome
         if env.state not in FINAL:
             return None  # (a trial stopped with its environment ends as the environment did)
         what = env.client.framework(env.name)

@@ -14,7 +14,8 @@ What it serves (each module's docstring has the details):
   (``api.py``, ``watch.py``, ``patch.py``), validated against the CRD schema (``schema.py``);
 - a simulated FrameworkController that runs each task's pod as local processes (``controller.py``,
   ``pods.py``) and writes FC's ``status``; pod logs at ``/api/v1/namespaces/{ns}/pods/{pod}/log``;
-- test controls: ``drop_watches()``, ``compact()``, ``requests()`` (``server.py``).
+- test controls: ``drop_watches()``, ``compact()``, ``requests()``, and pods that end for someone
+  else's reason: ``lose_node(pod)``, ``evict(pod)``, ``delete_pod(pod)`` (``server.py``).
 
 Volumes: ``volumes={"nfs://<server><path>": "/local/dir", "azurefile://<shareName>": "/local/dir"}``.
 A pod's ``nfs`` volume maps to the longest matching key (a sub-path of an exported path maps to
@@ -92,8 +93,31 @@ class Kubernetes:
         User-Agent header), oldest first."""
         return self._control("get", "requests")
 
-    def _control(self, method: str, name: str) -> Any:
-        r = httpx.request(method.upper(), f"{self.url}/emulator/{name}", timeout=10)
+    def lose_node(self, pod: str, namespace: str = "default") -> None:
+        """The node running ``pod`` is gone: every process of the pod dies at once and the node
+        controller fails the pod with reason ``NodeLost`` (FC: −1001 PodNodeLost, Transient)."""
+        message = f"Node localhost which was running pod {pod} is unresponsive"
+        self._fail(namespace, pod, {"reason": "NodeLost", "message": message, "grace": 0})
+
+    def evict(self, pod: str, reason: str = "Evicted", namespace: str = "default") -> None:
+        """The kubelet stops ``pod`` (SIGTERM, SIGKILL after its grace period) and fails it with
+        ``reason``: ``Evicted`` (node pressure; FC: −1000 PodEvicted) or ``Preempting`` (to admit a
+        critical pod; FC: −1003 PodPreemptedForCriticalPod), both Transient."""
+        message = {"Evicted": "The node was low on resource: memory.",
+                   "Preempting": "Preempted in order to admit critical pod"}.get(reason, "")  # fmt: skip
+        self._fail(namespace, pod, {"reason": reason, "message": message, "grace": None})
+
+    def delete_pod(self, pod: str, namespace: str = "default") -> None:
+        """Someone deletes ``pod`` (a drain, the scheduler preempting it for a pod of higher
+        priority, ``kubectl delete pod``): SIGTERM, SIGKILL after its grace period; FC completes
+        its task with −101 PodExternalDeleted (Transient)."""
+        self._fail(namespace, pod, {"reason": None, "grace": None})
+
+    def _fail(self, namespace: str, pod: str, body: dict[str, Any]) -> None:
+        self._control("post", f"pods/{namespace}/{pod}/fail", body)
+
+    def _control(self, method: str, name: str, body: dict[str, Any] | None = None) -> Any:
+        r = httpx.request(method.upper(), f"{self.url}/emulator/{name}", json=body, timeout=10)
         r.raise_for_status()
         return r.json()
 

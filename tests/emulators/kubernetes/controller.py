@@ -14,7 +14,10 @@ Completed, or back to AttemptCreationPending with a new pod when their task retr
 A completed task is checked against its role's completion policy (B.3, including the pitfall
 that 0 and −1 disable it); when the attempt completes, the tasks still running are killed
 (SIGTERM, SIGKILL after the pod's ``terminationGracePeriodSeconds`` or 2 s) and get −220
-(−210 on a stop). A deleted Framework's processes are killed the same way.
+(−210 on a stop). A deleted Framework's processes are killed the same way. A pod failed or deleted
+by someone else (``Kubelet.fail``) is stopped the same way too, and its task completes with the
+code of its ``status.reason`` (Evicted −1000, NodeLost −1001, Preempting −1003, ...) or −101
+PodExternalDeleted.
 Simplifications: scaling (taskNumber or taskRoles changed during an attempt) waits for the next
 attempt; retry delays for Transient+Conflict failures are 1–2 s, not 60–900 s.
 """
@@ -172,9 +175,15 @@ class Controller:
                 if task.state == "AttemptPreparing" and task.pod is not None and self.kubelet.try_start(task.pod):
                     task.attempt_run = timestamp()
                     task.move("AttemptRunning")
-                if task.state != "AttemptRunning" or task.pod is None or not self.kubelet.poll(task.pod):
+                if task.state != "AttemptRunning" or task.pod is None:
                     continue
-                task.completion = codes.pod_completion(task.pod.exits)
+                pod = task.pod
+                if not (self.kubelet.stop(pod) if pod.ending else self.kubelet.poll(pod)):
+                    continue
+                if pod.deleted:  # FC sees the deletion first, whatever the containers did
+                    task.completion = codes.externally_deleted()
+                else:
+                    task.completion = codes.pod_completion(pod.exits, pod.reason, pod.message)
                 task.attempt_completion_time = timestamp()
                 decision = codes.should_retry(role.task_spec.get("retryPolicy"), task.accountable, task.completion)
                 if decision.retry:

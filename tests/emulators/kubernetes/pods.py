@@ -16,6 +16,13 @@ ImagePullBackOff) while: an image is in ``stuck_images``; an ``nfs`` volume is n
 folder in use by a running pod. Each ``volumeMounts[].mountPath`` of a mapped volume (``nfs``,
 ``azureFile``, ``hostPath``; others are ignored) becomes a symlink on this host to the local
 folder (plus ``subPath``); links stay until shutdown, recorded under ``<state>/links``.
+
+A running pod can also end for someone else's reason (``fail``, the emulator's test controls):
+failed by the kubelet or the node controller with a ``status.reason`` (Evicted, Preempting,
+NodeLost), or deleted by someone else (a drain, the scheduler's preemption). Its containers get
+SIGTERM and SIGKILL after the grace period, or all die at once on a node that is gone. A
+container's SIGKILL reaches every process it started, also those that left its process group
+(a trial keeper starts its trial in a session of its own), as a container runtime's does.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from .completion import ContainerExit
 
@@ -86,12 +95,25 @@ class Pod:
     waiting: str | None = None  # why it has not started (diagnostics)
     started: bool = False
     term_sent_at: float | None = None
+    #: How it ends for someone else's reason (``Kubelet.fail``): its ``status.reason`` and
+    #: ``status.message`` as the kubelet or the node controller set them, or deleted by someone else.
+    reason: str = ""
+    message: str = ""
+    deleted: bool = False
+    kill_after: float | None = None  # seconds from SIGTERM to SIGKILL, when ``fail`` says
 
     @property
     def alive(self) -> bool:
         return any(c.proc is not None for c in self.containers)
 
+    @property
+    def ending(self) -> bool:
+        """Failed or deleted by someone else: it stops, whatever its containers do."""
+        return self.deleted or bool(self.reason)
+
     def grace(self, default: float) -> float:
+        if self.kill_after is not None:
+            return self.kill_after
         value = self.spec.get("terminationGracePeriodSeconds")
         return float(value) if isinstance(value, int | float) and value >= 0 else default
 
@@ -295,8 +317,29 @@ class Kubelet:
         elif now - pod.term_sent_at >= pod.grace(self.kill_grace):
             for c in pod.containers:
                 if c.proc is not None:
-                    _signal(c.proc.pid, signal.SIGKILL)
+                    _kill_all(c.proc.pid)
         return False
+
+    def running(self, namespace: str, name: str) -> Pod | None:
+        """The running pod of that name, unless it is ending already."""
+        for pod in self.live.values():
+            if (pod.namespace, pod.name) == (namespace, name) and pod.alive and not pod.ending:
+                return pod
+        return None
+
+    def fail(self, pod: Pod, reason: str | None, message: str, grace: float | None) -> None:
+        """End a running pod for someone else's reason: failed with ``status.reason`` ``reason``
+        (and ``message``) by the kubelet or the node controller, or, with ``reason`` None, deleted
+        by someone else. Its containers get SIGTERM now and SIGKILL after ``grace`` seconds (None:
+        the pod's own grace period); with ``grace`` 0 every process of the pod dies at once, as
+        on a node that is gone. The controller then completes its task (see ``completion``)."""
+        pod.deleted, pod.reason, pod.message = reason is None, reason or "", message
+        pod.kill_after = grace
+        if grace == 0:
+            for c in pod.containers:
+                if c.proc is not None:
+                    _kill_all(c.proc.pid)
+        self.stop(pod)
 
     def log(self, namespace: str, name: str, container: str | None) -> str | None:
         """A container's log (the first container's by default); None when there is no such pod or container."""
@@ -330,3 +373,15 @@ class Kubelet:
 def _signal(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _kill_all(pid: int) -> None:
+    """SIGKILL to a container's process group and to every process its main process started."""
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    _signal(pid, signal.SIGKILL)
+    for process in descendants:
+        with contextlib.suppress(psutil.Error):
+            process.kill()

@@ -5,7 +5,12 @@ and the test controls under ``/emulator`` (outside the Kubernetes API, never aut
 - ``POST /emulator/compact``: forget the write history (``{"resourceVersion": rv}``), so a watch
   from any older resourceVersion gets 410 Expired;
 - ``GET /emulator/requests``: the API requests served so far, oldest first (``method``, ``path``,
-  ``query``, ``status``; the last 10000; probes and these controls left out).
+  ``query``, ``status``; the last 10000; probes and these controls left out);
+- ``POST /emulator/pods/{namespace}/{name}/fail`` ``{"reason", "message", "grace"}``: the running
+  pod ends for someone else's reason (``Kubelet.fail``): failed with ``status.reason`` ``reason``
+  by the kubelet or the node controller (``Evicted``, ``Preempting``, ``NodeLost``), or deleted by
+  someone else when ``reason`` is null; ``grace``: seconds from SIGTERM to SIGKILL (0: every
+  process dies at once; null: the pod's own). 404 when no such pod runs.
 
 With a ``token``, every other path except ``/version``, ``/healthz``, ``/livez`` and ``/readyz``
 needs ``Authorization: Bearer <token>`` and answers 401 Unauthorized without it.
@@ -119,6 +124,16 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/emulator/compact")
     async def compact() -> dict[str, int]:
         return {"resourceVersion": store.compact()}
+
+    @app.post("/emulator/pods/{namespace}/{name}/fail")
+    async def fail_pod(namespace: str, name: str, request: Request) -> JSONResponse:
+        body = await request.json()
+        pod = kubelet.running(namespace, name)
+        if pod is None:
+            return JSONResponse({"error": f"no pod {namespace}/{name} is running"}, status_code=404)
+        grace = body.get("grace")
+        kubelet.fail(pod, body.get("reason"), str(body.get("message") or ""), None if grace is None else float(grace))
+        return JSONResponse({"pod": name, "uid": pod.uid})
 
     @app.get("/emulator/requests")
     async def request_log() -> list[dict[str, Any]]:

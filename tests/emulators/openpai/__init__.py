@@ -83,6 +83,15 @@ class OpenPai:
         body = {"jobListErrors": job_list_errors, "unknownJobs": list(unknown)}
         httpx.post(f"{self.url}/emulator/faults", json=body, verify=self.verify).raise_for_status()
 
+    def fail_task(self, framework: str, code: int, role: str = "taskrole", index: int = 0) -> None:
+        """End a running task of job ``framework`` (``user~name``) as OpenPAI reports a failure of
+        the platform, with exit code ``code``: −1001 PodNodeLost (its node is gone: every process
+        dies at once), −1000 PodEvicted, −1003 PodPreemptedForCriticalPod or −101
+        PodExternalDeleted (SIGTERM, SIGKILL after 2 s). All four are TRANSIENT: OpenPAI retries
+        the job by itself, as its next attempt, whatever ``jobRetryCount`` says."""
+        body = {"role": role, "index": index, "code": code}
+        httpx.post(f"{self.url}/emulator/jobs/{framework}/fail", json=body, verify=self.verify).raise_for_status()
+
     def log(self) -> str:
         """The emulator's own stdout and stderr."""
         path = self.state_dir / "server.log"

@@ -10,8 +10,10 @@ Two jobs, both done upstream by separate components:
   unknown codes mapped to record 256 (positive) or -8000 (negative) and ``code`` overwritten.
 
 Records are transcribed from microsoft/pai ``src/k8s-job-exit-spec/config/k8s-job-exit-spec.yaml``
-(without their ``pattern`` field); codes that need hardware or Kubernetes (ECC, evictions,
-image pulls, ...) have records but are never produced here.
+(without their ``pattern`` field); codes that need hardware or Kubernetes (ECC, image pulls,
+...) have records but are never produced here, except the ones a test asks for with
+``Runner.fail``: a task whose pod is deleted (−101), evicted (−1000), lost with its node (−1001)
+or preempted by its kubelet (−1003).
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ RETRY_NEVER = "NEVER_RETRY"
 STOP_REQUESTED = -210  # StopFrameworkRequested: the user stopped the job
 ATTEMPT_COMPLETION = -220  # FrameworkAttemptCompletion: a task stopped because its attempt completed
 RUNTIME_UNKNOWN = 255  # the runtime's default when no pattern matches
+POD_EXTERNAL_DELETED = -101
+NODE_LOST = -1001
+#: The pod's ``status.reason`` behind each Kubernetes code (the spec's ``controllerPodPatterns``).
+POD_REASONS = {-1000: "Evicted", -1001: "NodeLost", -1003: "Preempting"}
 
 
 def _r(code, phrase, issuer, causer, type_, stage, behavior, reaction, reason, repro, solution) -> dict[str, Any]:
@@ -45,6 +51,8 @@ _RECORDS = [
     _r(-100, "ConfigMapExternalDeleted", "PAI_FC", "PAI_UNKNOWN", "PLATFORM_FAILURE", "UNKNOWN", "TRANSIENT",
        RETRY_ALWAYS, "The ConfigMap of this job attempt is deleted by external unexpectedly",
        ["Manually delete the ConfigMap of this job attempt"], _WAIT),
+    _r(-101, "PodExternalDeleted", "PAI_FC", "PAI_UNKNOWN", "PLATFORM_FAILURE", "UNKNOWN", "TRANSIENT", RETRY_ALWAYS,
+       "Pod is deleted by external unexpectedly", ["Manually delete a Pod of this job"], _WAIT),
     _r(-200, "PodCreationPermanentError", "PAI_FC", "USER_SUBMISSION", "USER_FAILURE", "SUBMITTING", "PERMANENT",
        RETRY_NEVER, "Failed to create Pod due to permanent error, maybe the Pod spec is invalid",
        ["Specify a Pod in Framework with duplicated container names"],
@@ -55,6 +63,15 @@ _RECORDS = [
        "Stop to complete current job attempt", ["Stop a job with long running container"], None),
     _r(-230, "DeleteTaskRequested", "PAI_FC", "USER_SCALEDOWN", "USER_STOP", "UNKNOWN", "PERMANENT", RETRY_NEVER,
        "User has requested to delete the Task by Job ScaleDown", ["ScaleDown a job with long running container"], None),
+    _r(-1000, "PodEvicted", "PAI_K8S", "PAI_K8S", "PLATFORM_FAILURE", "RUNNING", "TRANSIENT", RETRY_ALWAYS,
+       "Pod is evicted by K8S, maybe its node is out of resource",
+       ["Start a raw process on the host to use up almost all memory on the node"], _WAIT),
+    _r(-1001, "PodNodeLost", "PAI_K8S", "PAI_K8S", "PLATFORM_FAILURE", "RUNNING", "TRANSIENT", RETRY_ALWAYS,
+       "Pod lost due to node lost, maybe its kubelet is down for a long time", ["Stop the Pod's kubelet"], _WAIT),
+    _r(-1003, "PodPreemptedForCriticalPod", "PAI_K8S", "PAI_K8S", "PLATFORM_FAILURE", "RUNNING", "TRANSIENT",
+       RETRY_ALWAYS,
+       "Pod is preempted by the kubelet of its node for the admission of other more critical platform Pod",
+       ["Submit a large critical Pod to a node with a normal Pod already running"], _WAIT),
     _r(-1100, "CreateFrameworkPermanentFailed", "PAI_DB_CONTROLLER", "USER_SUBMISSION", "USER_FAILURE", "SUBMITTING",
        "PERMANENT", RETRY_NEVER,
        "Job is submitted to database, but cannot be created in ApiServer due to permanent failures",

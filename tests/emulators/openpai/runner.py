@@ -14,6 +14,12 @@ with ``extras.gangAllocation: false``) and the exit spec's reactions. When an at
 completes, the tasks still running are killed (SIGTERM, then SIGKILL after ``KILL_GRACE``)
 and get code -220; a stop gives -210. Every process group is also recorded as a file under
 ``<state>/pgids`` until it is gone, so a launcher can kill what a crashed server left behind.
+
+``Runner.fail`` ends a running task for a reason of the platform, as a test asks: its pod
+deleted by someone (-101), evicted (-1000), preempted by its kubelet (-1003) — SIGTERM, SIGKILL
+after ``KILL_GRACE`` — or lost with its node (-1001): every process of the task dies at once,
+also those that left its process group. The task then completes with that code, and the exit
+spec's reaction (ALWAYS_RETRY for all four) decides the rest, as for any other code.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from . import exitspec
 from .env import allocate_ports, completion_policy, convert_name, task_env
@@ -68,6 +76,7 @@ class Task:
     launched: int | None = None
     completed: int | None = None
     attempt_created: int = field(default_factory=now_ms)
+    failing: tuple[int, str] | None = None  # (code, diagnostics) it ends with: set by ``Runner.fail``
 
 
 @dataclass
@@ -142,6 +151,18 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+def _kill_all(pid: int) -> None:
+    """SIGKILL to a task's process group and to every process its main process started."""
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    _signal_group(pid, signal.SIGKILL)
+    for process in descendants:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+
+
 def _tail(path: Path) -> str:
     if not path.exists():
         return ""
@@ -171,6 +192,26 @@ class Runner:
     def stop(self, job: Job) -> None:
         """``executionType: STOP``; the controller loop does the rest."""
         job.execution = "STOP"
+
+    def fail(self, job: Job, role: str, index: int, code: int) -> bool:
+        """End a running task of ``job`` for a reason of the platform (see the module docstring);
+        False when no such task runs."""
+        tasks = (job.attempt.tasks.get(role) or []) if job.attempt and job.state == "AttemptRunning" else []
+        task = tasks[index] if 0 <= index < len(tasks) else None
+        if task is None or task.proc is None or task.failing is not None:
+            return False
+        if code == exitspec.POD_EXTERNAL_DELETED:
+            diagnostics = "Pod is being deleted by others"
+        else:
+            pod = {"reason": exitspec.POD_REASONS.get(code, ""), "message": exitspec.record(code)["reason"]}  # type: ignore[index]
+            diagnostics = f"Pod failed: PodPattern matched: {json.dumps(pod)}"
+        task.failing = (code, diagnostics)
+        if code == exitspec.NODE_LOST:  # the node is gone, with every process on it
+            _kill_all(task.proc.pid)
+        else:
+            task.kill_sent = time.monotonic()
+            _signal_group(task.proc.pid, signal.SIGTERM)
+        return True
 
     # ------------------------------------------------------------ the controller
 
@@ -264,12 +305,19 @@ class Runner:
         for task in attempt.all_tasks():
             if task.state != "AttemptRunning":
                 continue
+            if task.failing is not None and task.proc is not None and task.kill_sent is not None \
+                    and time.monotonic() - task.kill_sent > KILL_GRACE:
+                _kill_all(task.proc.pid)
             user_exit = self._reap(task)
             if user_exit is None:
                 continue
-            log = _tail(task.dir / "user.pai.stdout") + _tail(task.dir / "user.pai.stderr")
-            code, matched = exitspec.classify(user_exit, log)
-            task.code, task.diagnostics = code, _pod_diagnostics(code, user_exit, matched, log)
+            if task.failing is not None:  # the platform's reason, whatever the processes did
+                (code, task.diagnostics), task.failing = task.failing, None
+                task.code = code
+            else:
+                log = _tail(task.dir / "user.pai.stdout") + _tail(task.dir / "user.pai.stderr")
+                code, matched = exitspec.classify(user_exit, log)
+                task.code, task.diagnostics = code, _pod_diagnostics(code, user_exit, matched, log)
             if code != 0 and self._task_retries(job, task, code):
                 task.retries += 1
                 task.attempt_id += 1

@@ -257,6 +257,16 @@ def create_app(settings: Settings) -> FastAPI:
         emu.faults = Faults(int(body.get("jobListErrors", 0)), set(body.get("unknownJobs", [])))
         return {"jobListErrors": emu.faults.job_list_errors, "unknownJobs": sorted(emu.faults.unknown)}
 
+    @app.post("/emulator/jobs/{framework_name}/fail")
+    async def fail_task(framework_name: str, request: Request) -> JSONResponse:
+        """A running task of the job ends for a reason of the platform (``Runner.fail``)."""
+        body = await request.json()
+        job = emu.runner.jobs.get(framework_name)
+        role, index, code = str(body.get("role", "taskrole")), int(body.get("index", 0)), int(body["code"])
+        if job is None or not emu.runner.fail(job, role, index, code):
+            return JSONResponse({"error": f"no task {role}/{index} of {framework_name} is running"}, status_code=404)
+        return JSONResponse({"job": framework_name, "role": role, "index": index, "code": code})
+
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse({"code": exc.code, "message": exc.message}, status_code=exc.status)
