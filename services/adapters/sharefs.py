@@ -211,12 +211,17 @@ def wrap(commands: list[str], reports: bool, trial_dir: str, keeper: str, role_v
     the platform's variables naming the task's role and index)::
 
         T=<trial dir>/$ROLE-$INDEX && mkdir -p $T/.trialbus && C=$(mktemp) && cat > $C <<'TRIALBUS_COMMAND'
+        trap 'exit 143' TERM
         <the commands, one per line>
         TRIALBUS_COMMAND
-        TRIALBUS_TRIAL_DIR=$T TRIALBUS_TRIAL_COMMAND="sh $C" python3 -S -I <keeper> --env <settings>; \\
-            S=$?; rm -f "$C"; exit $S
+        TRIALBUS_TRIAL_DIR=$T TRIALBUS_TRIAL_COMMAND="sh $C" python3 -S -I <keeper> --env <settings> & \\
+            K=$!; trap 'kill -TERM $K' TERM INT; wait $K; S=$?; <wait again while K runs>; rm -f "$C"; exit $S
 
-    The first task of the reporting role reads ``report.env``, every other ``quiet.env``."""
+    The first task of the reporting role reads ``report.env``, every other ``quiet.env``. The
+    keeper runs in the background of this shell, which passes SIGTERM on to it: in a container
+    the shell is process 1, which ignores signals it has no handler for, so a pod's deletion
+    or preemption would otherwise never reach the keeper, and the trial would get no grace
+    period to save a checkpoint (docs/retries.md)."""
     task = f'{trial_dir}/"${role_var}"-"${index_var}"'
     settings = f"{trial_dir}/.trialbus/quiet.env"
     if reports:
@@ -224,10 +229,14 @@ def wrap(commands: list[str], reports: bool, trial_dir: str, keeper: str, role_v
                     f'|| echo {trial_dir}/.trialbus/quiet.env)"')  # fmt: skip
     return [
         f"T={task} && mkdir -p \"$T/.trialbus\" && C=$(mktemp) && cat > \"$C\" <<'{MARK}'",
+        # SIGTERM to the trial's group: this shell waits for the command it runs (which gets the signal
+        # too, and may save a checkpoint in its grace period) before it ends, rather than at once
+        "trap 'exit 143' TERM",
         *(command.strip() for command in commands),
         MARK,
-        f'TRIALBUS_TRIAL_DIR="$T" TRIALBUS_TRIAL_COMMAND="sh $C" python3 -S -I {keeper} --env {settings}; '
-        'S=$?; rm -f "$C"; exit $S',
+        f'TRIALBUS_TRIAL_DIR="$T" TRIALBUS_TRIAL_COMMAND="sh $C" python3 -S -I {keeper} --env {settings} & '
+        "K=$!; trap 'kill -TERM \"$K\" 2>/dev/null' TERM INT; wait \"$K\"; S=$?; "
+        'while kill -0 "$K" 2>/dev/null; do wait "$K"; S=$?; done; rm -f "$C"; exit $S',
     ]
 
 

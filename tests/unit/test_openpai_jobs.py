@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -148,6 +150,29 @@ def test_the_wrapped_commands_run_the_role_s_commands_under_the_keeper(tmp_path:
         subprocess.run(["bash", "-c", script], env=env, check=True, timeout=30)
         out = (trial / f"worker-{index}" / "stdout").read_text()
         assert out == 'one worker\ntwo "quoted" $HOME\n', out
+
+
+def test_a_wrapped_task_passes_sigterm_on_to_its_keeper_and_trial(tmp_path: Path):
+    # In a container the task's shell is process 1, which ignores a signal it has no handler for: the
+    # wrapped commands must hand a pod's SIGTERM to the keeper, which stops the trial with its grace period.
+    trial = tmp_path / "trial"
+    (trial / ".trialbus").mkdir(parents=True)
+    (trial / ".trialbus" / "quiet.env").write_bytes(sharefs.settings_file({"TRIALBUS_TRIAL_ID": "t1"}))
+    saved = tmp_path / "saved"
+    # not exec'd, and not the last line: the role's shell runs it as its child, as it runs most commands
+    command = ("python3 -c 'import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.5), "
+               f"open(\"{saved}\", \"w\").write(\"checkpoint\"), sys.exit(0))); time.sleep(60)'")
+    script = "\n".join(jobs.wrap([command, "echo done"], False, str(trial), str(KEEPER_PATH)))
+    env = {"PATH": "/usr/bin:/bin", "PAI_CURRENT_TASK_ROLE_NAME": "worker",
+           "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": "0"}  # fmt: skip
+    task = subprocess.Popen(["sh", "-c", script], env=env, start_new_session=True)
+    state = trial / "worker-0" / ".trialbus" / "state.json"
+    deadline = time.monotonic() + 20
+    while '"trialPid"' not in (state.read_text() if state.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    task.send_signal(signal.SIGTERM)  # to the shell only, as a container runtime does
+    assert task.wait(20) == 143, task.returncode  # stopped by SIGTERM, once the trial had saved and exited
+    assert saved.read_text() == "checkpoint"
 
 
 def test_every_rendered_job_passes_the_server_s_schema():
