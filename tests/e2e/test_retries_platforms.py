@@ -239,6 +239,23 @@ def test_pai_a_trial_whose_node_is_lost_is_retried_as_its_next_attempt_and_resum
     assert found[0] == (0, 0) and found[-1] == (1, 3) and set(found[1:-1]) <= {(0, 3)}, found
 
 
+def test_pai_an_evicted_trial_is_retried_as_preempted(pai_stack, pai, pai_share, tmp_path):
+    # Given a trial that has done 3 of 6 steps and hangs there
+    config = openpai_config(write_code(tmp_path, TRIAL), pai, pai_share)
+    experiment = create(pai_stack, {**config, "retry": {"backoff": "0s"}})
+    log, flag = tmp_path / "runs.log", tmp_path / "hung"
+    trial_id = submit(pai_stack, experiment, {"steps": 6, "hang_at": 2, "flag": str(flag), "log": str(log)})
+    hung(pai_stack, trial_id, flag, 3)
+    # When Kubernetes evicts its pod (OpenPAI: exit code -1000 PodEvicted, which it retries by itself)
+    pai.fail_task(f"alice~trialbus_{experiment}_{trial_id}", -1000)
+    # Then the attempt ends as preempted (read from the retried attempt's exit spec), and the trial runs again
+    done = ended(pai_stack, trial_id)
+    assert (done["status"], done["attempt"]) == ("SUCCEEDED", 1), done
+    [first] = done["attempts"]
+    assert (first["status"], first["failure"]) == ("FAILED", "preempted"), first
+    assert "exit code -1000" in first["message"], first["message"]
+
+
 def test_pai_a_trial_failing_on_its_own_is_retried_only_when_the_experiment_asks(pai_stack, pai, pai_share,
                                                                                  tmp_path):  # fmt: skip
     # Given two experiments whose trial exits 3 on its first attempt: one says nothing of retries

@@ -22,8 +22,9 @@ node, an eviction, a preemption, SIGKILL: ``reaction: ALWAYS_RETRY``, whatever
 ``jobRetryCount`` says; the protocol cannot turn it off). Trialbus retries trials itself, as
 the experiment's ``retry:`` says, as the trial's next attempt: so once the trial has started
 (its reporting task's folder exists on the share) and the job list shows such a retry
-(``retryDetails.platform``), the adapter stops the job, and the attempt ends FAILED with
-failure ``infrastructure`` once it is stopped. Before the trial started (an allocation that
+(``retryDetails.platform``), the adapter stops the job, and the attempt ends FAILED once it
+is stopped, with the failure class of the exit spec OpenPAI kept for the platform attempt that
+failed (``preempted`` for an eviction or a preemption, else ``infrastructure``). Before the trial started (an allocation that
 timed out) OpenPAI's retries are left alone, and so are the ones ``jobRetryCount`` asks for.
 
 In reuse mode (``reuseMode: true``, ``reuse.py``) trials are handed to a pool of long-running
@@ -88,8 +89,10 @@ class Job:
     since: float = field(default_factory=time.monotonic)  # when ``state`` last changed
     #: OpenPAI's own retries of the job after platform failures, as last seen before the trial started.
     platform_retries: int = 0
-    #: Why the attempt ended, once OpenPAI retried the job by itself and the adapter stopped it.
+    #: Why the attempt ended, once OpenPAI retried the job by itself and the adapter stopped it,
+    #: and the failure class of the platform attempt that failed (its exit spec).
     taken_back: str | None = None
+    taken_failure: str = "infrastructure"
 
 
 class OpenpaiAdapter(PlatformAdapter):
@@ -267,9 +270,22 @@ class OpenpaiAdapter(PlatformAdapter):
             log.warning("cannot stop OpenPAI's own retry of job %s: %s", what, exc)
             return
         log.info("OpenPAI retried job %s by itself after a platform failure: stopped it", what)
-        job.taken_back = (f"OpenPAI job {what} failed for a reason of the platform its exit spec calls transient "
-                          "(a lost node, an eviction, a preemption) and OpenPAI retried it by itself; Trialbus "
-                          "stopped that retry to retry the trial as its next attempt")  # fmt: skip
+        spec = await self._exit_spec(job, retries - 1)  # the platform attempt that failed
+        why = f"exit code {spec['code']} ({spec.get('phrase') or 'transient'})" if spec.get("code") is not None \
+            else "a reason of the platform its exit spec calls transient (a lost node, an eviction, a preemption)"
+        job.taken_failure = failure_of(spec) if spec else "infrastructure"
+        job.taken_back = (f"OpenPAI job {what} failed for {why} and OpenPAI retried it by itself; Trialbus stopped "
+                          "that retry to retry the trial as its next attempt")  # fmt: skip
+
+    async def _exit_spec(self, job: Job, attempt_id: int) -> dict:
+        """The exit spec a platform attempt of the job ended with ({} when OpenPAI cannot say)."""
+        try:
+            detail = await job.client.attempt(job.name, attempt_id)
+        except (TransientError, PermanentError) as exc:
+            log.info("cannot read attempt %d of job %s: %s", attempt_id, job.client.framework(job.name), exc)
+            return {}
+        spec = ((detail or {}).get("jobStatus") or {}).get("appExitSpec")
+        return spec if isinstance(spec, dict) else {}
 
     async def _lost(self, env: Environment) -> None:
         """An environment ended under its trials: the one that ran ends; the others move."""
@@ -411,7 +427,7 @@ def outcome_of(job: Job) -> TrialOutcome:
     if job.state == "SUCCEEDED":
         return TrialOutcome(TrialStatus.SUCCEEDED, exit_code if exit_code is not None else 0, None, None, end_time)
     if job.state == "STOPPED" and job.taken_back is not None:  # the trial's exit code is the retry's, if any
-        return TrialOutcome(TrialStatus.FAILED, None, job.taken_back, "infrastructure", end_time)
+        return TrialOutcome(TrialStatus.FAILED, None, job.taken_back, job.taken_failure, end_time)
     if job.state == "STOPPED":
         return TrialOutcome(TrialStatus.SYS_CANCELED, exit_code, f"job {job.client.framework(job.name)} was stopped "
                             "outside Trialbus", None, end_time)  # fmt: skip

@@ -89,6 +89,16 @@ class OpenpaiClient:
             raise error_of(reply, f"reading job {self.framework(job)}")
         return reply.json()
 
+    async def attempt(self, job: str, attempt_id: int) -> dict[str, Any] | None:
+        """The job's detail as of one of its attempts (``GET /jobs/{user~job}/attempts/{id}``: OpenPAI
+        keeps each retry's exit spec there); None when the server has no such attempt."""
+        reply = await self._request("GET", f"/jobs/{self.framework(job)}/attempts/{attempt_id}")
+        if reply.status_code == 404:
+            return None
+        if reply.status_code != 200:
+            raise error_of(reply, f"reading attempt {attempt_id} of job {self.framework(job)}")
+        return reply.json()
+
     async def jobs(self, keyword: str) -> list[dict[str, Any]]:
         """This user's jobs whose name contains ``keyword`` (JobSummary: name, state, …)."""
         params = {"username": self.username, "keyword": keyword, "limit": "50000"}
