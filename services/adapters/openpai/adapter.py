@@ -24,8 +24,9 @@ the experiment's ``retry:`` says, as the trial's next attempt: so once the trial
 (its reporting task's folder exists on the share) and the job list shows such a retry
 (``retryDetails.platform``), the adapter stops the job, and the attempt ends FAILED once it
 is stopped, with the failure class of the exit spec OpenPAI kept for the platform attempt that
-failed (``preempted`` for an eviction or a preemption, else ``infrastructure``). Before the trial started (an allocation that
-timed out) OpenPAI's retries are left alone, and so are the ones ``jobRetryCount`` asks for.
+failed (``preempted`` for an eviction or a preemption, else ``infrastructure``). Before the
+trial started (an allocation that timed out) OpenPAI's retries are left alone, and so are the
+ones ``jobRetryCount`` asks for.
 
 In reuse mode (``reuseMode: true``, ``reuse.py``) trials are handed to a pool of long-running
 environment jobs instead, through tickets on the share; a trial's end is then the keeper's
