@@ -25,7 +25,7 @@ from contracts import sealing
 from contracts.base import SEALED_FROM_USER, Secret
 from contracts.frameworkcontroller import FrameworkcontrollerConfig
 from contracts.nni import NniModel, TrainingService, _canonical, choose_reporting_role, format_validation_error
-from contracts.units import parse_megabytes
+from contracts.units import parse_megabytes, parse_seconds
 
 
 def parse_gpu_indices(value: Any) -> list[int] | None:
@@ -106,6 +106,25 @@ class RemoteMachineConfig(NniModel):
         return f"{self.user}@{self.host}:{self.port}"
 
 
+class CheckpointSyncConfig(NniModel):
+    """``checkpointSync:`` of ``platform: remote`` (a Trialbus key): each trial's checkpoint directory
+    is copied from its machine to the bus (a JetStream object store) while it runs, so that a retry
+    on another machine resumes from it (docs/retries.md). ``false`` turns it off; ``true``, or no key,
+    keeps it on with these defaults."""
+
+    enabled: bool = True
+    #: The largest checkpoint directory copied, in MiB; NNI size strings like ``1gb`` or ``512mb``
+    #: are accepted. A larger one stays on its machine (the adapter logs a warning once per attempt).
+    max_size: int = Field(default=1024, gt=0)
+    #: Seconds between two looks at a running trial's checkpoint directory (it is copied when it
+    #: changed, and once more when the attempt ends); ``30s``, ``5m`` work. Unset: the adapter's
+    #: ``TRIALBUS_CHECKPOINT_SYNC_INTERVAL`` (60 s).
+    interval: float | None = Field(default=None, ge=1)
+
+    _size = field_validator("max_size", mode="before")(parse_megabytes)
+    _interval = field_validator("interval", mode="before")(lambda v: None if v is None else parse_seconds(v))
+
+
 class RemoteConfig(TrainingService):
     """``platform: remote``: trials on a pool of SSH machines (``training_services/remote.py``)."""
 
@@ -113,6 +132,20 @@ class RemoteConfig(TrainingService):
 
     platform: Literal["remote"] = "remote"
     machine_list: list[RemoteMachineConfig] = Field(min_length=1)
+    #: Copy each trial's checkpoint directory through the bus (Trialbus extension); unset: on, with
+    #: :class:`CheckpointSyncConfig`'s defaults; ``false``: off (a retry on another machine starts without it).
+    checkpoint_sync: CheckpointSyncConfig | None = None
+
+    @field_validator("checkpoint_sync", mode="before")
+    @classmethod
+    def _switch(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
+
+    @property
+    def checkpoints(self) -> CheckpointSyncConfig | None:
+        """How checkpoints are copied for this experiment; None when they are not."""
+        sync = self.checkpoint_sync or CheckpointSyncConfig()
+        return sync if sync.enabled else None
 
 
 class OpenpaiConfig(TrainingService):

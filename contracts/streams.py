@@ -61,6 +61,15 @@ TUNERS_BUCKET = KeyValueConfig(bucket="tuners", history=1, ttl=15.0, storage=Sto
 BUCKETS = (EXPERIMENTS_BUCKET, TRIALS_BUCKET, PLATFORMS_BUCKET, TUNERS_BUCKET)
 
 CODE_STORE = ObjectStoreConfig(bucket="code", description="trialCodeDirectory snapshots by sha256")
+#: The remote adapter's copies of trials' checkpoint directories (a tar.gz each, named
+#: ``<experiment>/<trial>``), so that a retry on another SSH machine resumes where the last
+#: attempt stopped. An object not written for ``ttl`` seconds expires: a trial retried by hand
+#: after that, on another machine, starts without its checkpoint.
+CHECKPOINT_STORE = ObjectStoreConfig(
+    bucket="checkpoints", description="Trials' checkpoint directories (remote adapter), by experiment/trial",
+    ttl=7 * DAY, storage=StorageType.FILE,
+)  # fmt: skip
+OBJECT_STORES = (CODE_STORE, CHECKPOINT_STORE)
 
 
 def adapter_consumer(adapter: str, ack_wait: float = 30.0, max_ack_pending: int = 1000) -> ConsumerConfig:

@@ -1,7 +1,7 @@
 """The NATS connection every service uses, and the idempotent bootstrap of JetStream.
 
 Guarantees: a connection that drops is reconnected forever; the first connection is
-retried with back-off until the server is there; streams, buckets and the object store
+retried with back-off until the server is there; streams, buckets and the object stores
 exist (created or updated) before a service starts work.
 
 With per-service NATS users (``k8s/base/nats/auth.conf``) only the dispatcher may create
@@ -86,6 +86,10 @@ class Bus:
     async def code_store(self) -> ObjectStore:
         return await self.js.object_store(streams.CODE_STORE.bucket)
 
+    async def checkpoint_store(self) -> ObjectStore:
+        """The remote adapter's copies of checkpoint directories (``streams.CHECKPOINT_STORE``)."""
+        return await self.js.object_store(streams.CHECKPOINT_STORE.bucket)
+
     async def close(self) -> None:
         """Drain: deliver what is buffered, then close. Safe to call twice."""
         self.on_close()
@@ -168,7 +172,7 @@ BOOTSTRAP_PATIENCE = 60.0
 
 
 async def bootstrap(bus: Bus | JetStreamContext, replicas: int = 1) -> None:
-    """Create or update every stream, bucket and the object store; idempotent.
+    """Create or update every stream, bucket and object store; idempotent.
 
     A user the server does not allow to create streams (every service but the dispatcher
     under ``k8s/base/nats/auth.conf``) waits until each exists instead. Without a
@@ -198,12 +202,12 @@ async def _create(js: JetStreamContext, replicas: int) -> None:
         except BucketNotFoundError:
             await js.create_key_value(dataclasses.replace(config, replicas=replicas))
         await _replicate(js, f"KV_{config.bucket}", replicas)
-    try:
-        await js.object_store(streams.CODE_STORE.bucket)
-    except (NotFoundError, BucketNotFoundError):
-        config = dataclasses.replace(streams.CODE_STORE, replicas=replicas)
-        await js.create_object_store(streams.CODE_STORE.bucket, config=config)
-    await _replicate(js, f"OBJ_{streams.CODE_STORE.bucket}", replicas)
+    for config in streams.OBJECT_STORES:
+        try:
+            await js.object_store(config.bucket)
+        except (NotFoundError, BucketNotFoundError):
+            await js.create_object_store(config.bucket, config=dataclasses.replace(config, replicas=replicas))
+        await _replicate(js, f"OBJ_{config.bucket}", replicas)
 
 
 async def _replicate(js: JetStreamContext, stream: str, replicas: int) -> None:
@@ -221,7 +225,7 @@ async def _await_created(bus: Bus, poll: float = 1.0) -> None:
     """
     missing = [(c.name, f"stream {c.name}") for c in streams.STREAMS]
     missing += [(f"KV_{c.bucket}", f"KV bucket {c.bucket}") for c in streams.BUCKETS]
-    missing.append((f"OBJ_{streams.CODE_STORE.bucket}", f"object store {streams.CODE_STORE.bucket}"))
+    missing += [(f"OBJ_{c.bucket}", f"object store {c.bucket}") for c in streams.OBJECT_STORES]
     said: set[str] = set()
     while missing:
         for stream, what in list(missing):

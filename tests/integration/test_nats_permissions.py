@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import io
 import json
 import os
 import secrets
@@ -29,11 +30,11 @@ import httpx
 import nats
 import pytest
 from nats.aio.client import Client
-from nats.js.api import ConsumerConfig
+from nats.js.api import ConsumerConfig, ObjectMeta
 
 from contracts import streams, subjects
 from contracts.messages import MetricRecord
-from services.common.bus import bootstrap, inbox_prefix
+from services.common.bus import Bus, bootstrap, inbox_prefix
 from tests.e2e.helpers import wait_until
 from tests.fixtures.nats import NatsServer, free_port
 from tests.fixtures.stack import Stack
@@ -337,6 +338,34 @@ async def test_a_client_asks_the_dispatcher_and_publishes_no_work_events_or_metr
     js = dispatcher.nc.jetstream()
     assert await stored(dispatcher, "dispatch.local-gpu") == 0
     assert [(await js.stream_info(s)).state.messages for s in ("EVENTS", "METRICS")] == [0, 0]
+
+
+async def test_the_remote_adapter_alone_keeps_checkpoint_copies(connect, dispatcher: User):
+    # Given the checkpoints store the dispatcher made (copies expire after 7 days without a write)
+    info = await dispatcher.nc.jetstream().stream_info(f"OBJ_{streams.CHECKPOINT_STORE.bucket}")
+    assert info.config.max_age == 7 * 86400
+    # the remote adapter saves a trial's copy as services/adapters/remote/checkpoints.py does, then
+    # saves it again (the first one's chunks purged), reads it back for a retry, and deletes it
+    remote = await connect("remote")
+    store = await Bus(remote.nc, remote.nc.jetstream()).checkpoint_store()
+    headers = {"Trialbus-Attempt": ["0"]}
+    await store.put("e1/t1", io.BytesIO(secrets.token_bytes(300_000)), meta=ObjectMeta(name="e1/t1", headers=headers))
+    await store.put("e1/t1", io.BytesIO(b"step 2"), meta=ObjectMeta(name="e1/t1", headers=headers))
+    assert (await store.get_info("e1/t1")).headers == headers
+    copy = io.BytesIO()
+    await store.get("e1/t1", writeinto=copy)
+    assert copy.getvalue() == b"step 2"
+    await store.delete("e1/t1")
+    assert (await store.status()).stream_info.state.bytes < 1000, "no chunk is left behind"
+    # When another adapter or a client looks at the copies, or the remote adapter writes code
+    local, client = await connect("local-gpu"), await connect("client")
+    await local.refused("publish", "$JS.API.STREAM.INFO.OBJ_checkpoints",
+                        local.nc.jetstream().object_store(streams.CHECKPOINT_STORE.bucket))  # fmt: skip
+    await client.nc.publish("$O.checkpoints.M.x", b"{}")
+    await client.refused("publish", "$O.checkpoints.M.x")
+    await remote.nc.publish("$O.code.M.x", b"{}")
+    # then the server refuses
+    await remote.refused("publish", "$O.code.M.x")
 
 
 async def test_a_wrong_password_or_none_is_refused(server: AuthNatsServer):

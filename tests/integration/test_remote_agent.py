@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from services.adapters.remote.client import AGENT_PATH
+from services.adapters.remote.client import AGENT_FILES
 from services.trial_keeper import KEEPER_PATH, WARM_FILES
 
 pytestmark = pytest.mark.timeout(60)
@@ -26,9 +26,8 @@ class Agent:
     def __init__(self, tmp_path: Path) -> None:
         bundle = tmp_path / "bin"
         bundle.mkdir()
-        shutil.copy(AGENT_PATH, bundle / "agent.py")
         shutil.copy(KEEPER_PATH, bundle / "trial_keeper.py")
-        for name, path in WARM_FILES.items():
+        for name, path in {**AGENT_FILES, **WARM_FILES}.items():
             shutil.copy(path, bundle / name)
         self.root = tmp_path / "root"
         self.proc = subprocess.Popen(
@@ -164,3 +163,82 @@ def test_paths_outside_the_root_and_unsafe_archives_are_refused(agent, tmp_path)
     assert "is not a plain file inside it" in reply["error"]
     assert not (agent.root / "code" / "abc").exists() and not (tmp_path / "escape.py").exists()
     assert not archive.exists(), "the uploaded archive is removed either way"
+
+
+def checkpoint_archive(tmp_path: Path, *members: tuple[tarfile.TarInfo, bytes]) -> Path:
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tar:
+        for info, content in members:
+            info.size = len(content) if info.isfile() else 0
+            tar.addfile(info, io.BytesIO(content) if info.isfile() else None)
+    path = agent_tmp(tmp_path) / f"restore-{len(list(agent_tmp(tmp_path).iterdir()))}"
+    path.write_bytes(data.getvalue())
+    return path
+
+
+def agent_tmp(tmp_path: Path) -> Path:
+    (tmp_path / "root" / "tmp").mkdir(exist_ok=True)
+    return tmp_path / "root" / "tmp"
+
+
+def test_a_checkpoint_directory_is_signed_packed_and_unpacked_elsewhere(agent, tmp_path):
+    # Given a trial's checkpoint directory with a file, a sub-directory and a link out of it
+    source = agent.root / "checkpoints" / "exp1" / "t5"
+    (source / "shards").mkdir(parents=True)
+    (source / "step.json").write_text('{"step": 7}')
+    (source / "shards" / "0.bin").write_bytes(b"w" * 5000)
+    (source / "passwd").symlink_to("/etc/passwd")
+    agent.launch("t5", "true")
+    # When the status read asks for its signature, it counts its files, not the link
+    status = agent.call("status", dirs=[agent.trial_dir("t5")], checkpoints={agent.trial_dir("t5"): str(source)})
+    signature = status["result"][agent.trial_dir("t5")]["checkpoint"]
+    assert signature[1:] == [5011, 2, 1]  # bytes, files, directories
+    # and packing writes an archive once, then says unchanged, or too big for the cap
+    archive = agent_tmp(tmp_path) / "pack-1"
+    packed = agent.call("checkpoint_pack", dir=str(source), archive=str(archive), maxBytes=10_000)["result"]
+    assert packed == {"signature": signature, "size": archive.stat().st_size}
+    with tarfile.open(archive) as tar:
+        assert sorted(tar.getnames()) == ["shards", "shards/0.bin", "step.json"], "the link is left out"
+    again = agent.call("checkpoint_pack", dir=str(source), archive=str(archive) + "x", maxBytes=10_000, since=signature)
+    assert again["result"] == {"signature": signature, "unchanged": True}
+    over = agent.call("checkpoint_pack", dir=str(source), archive=str(archive) + "y", maxBytes=5000)
+    assert over["result"] == {"signature": signature, "over": True} and not Path(str(archive) + "y").exists()
+    # Then unpacking it for another trial's directory replaces what was there
+    dest = agent.root / "checkpoints" / "exp1" / "t6"
+    dest.mkdir(parents=True)
+    (dest / "stale").write_text("old")
+    found = agent.call("checkpoint_unpack", dir=str(dest), archive=str(archive), maxBytes=10_000)["result"]
+    assert (dest / "step.json").read_text() == '{"step": 7}' and (dest / "shards" / "0.bin").stat().st_size == 5000
+    assert not (dest / "stale").exists() and not archive.exists()
+    assert found["signature"][1:] == [5011, 2, 1]
+    scan = agent.call("checkpoint_scan", dir=str(dest), experiment="exp1", trial="t5")["result"]
+    assert scan == {"signature": found["signature"], "attempt": 0}, "attempt 0 of t5 ran here"
+
+
+def member(name: str, content: bytes = b"x", link: str | None = None) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    if link is not None:
+        info.type, info.linkname = tarfile.SYMTYPE, link
+    return info, content
+
+
+@pytest.mark.parametrize(
+    ("unsafe", "refusal"),
+    [
+        (member("../escape"), "would land outside the checkpoint directory"),
+        (member("/etc/cron.d/x"), "would land outside the checkpoint directory"),
+        (member("passwd", b"", link="/etc/passwd"), "is not a regular file or directory to '/etc/passwd'"),
+        (member("big", b"x" * 2048), "takes it past 1024 bytes of files"),
+    ],
+)
+def test_an_unsafe_checkpoint_archive_changes_nothing(agent, tmp_path, unsafe, refusal):
+    dest = agent.root / "checkpoints" / "exp1" / "t7"
+    dest.mkdir(parents=True)
+    (dest / "step.json").write_text("kept")
+    archive = checkpoint_archive(tmp_path, member("ok.txt", b"fine"), unsafe)
+    reply = agent.call("checkpoint_unpack", dir=str(dest), archive=str(archive), maxBytes=1024)
+    assert refusal in reply["error"], reply
+    assert [p.name for p in dest.parent.iterdir()] == ["t7"] and [p.name for p in dest.iterdir()] == ["step.json"]
+    assert not (agent.root / "checkpoints" / "escape").exists() and not archive.exists()
+    outside = agent.call("checkpoint_unpack", dir=str(tmp_path / "elsewhere"), archive=str(archive), maxBytes=1024)
+    assert "is not a checkpoint directory under" in outside["error"]

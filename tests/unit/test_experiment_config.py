@@ -162,6 +162,41 @@ def test_remote_needs_machines_and_trial_gpus_for_sharing():
     assert ExperimentConfig.model_validate(remote(shared, trialGpuNumber=1))
 
 
+def with_sync(sync) -> dict:
+    config = remote({"host": "h", "user": "u"})
+    config["trainingService"]["checkpointSync"] = sync
+    return config
+
+
+def test_remote_checkpoint_sync_is_on_by_default_and_takes_nni_units():
+    default = ExperimentConfig.model_validate(remote({"host": "h", "user": "u"})).training_service
+    assert (default.checkpoints.max_size, default.checkpoints.interval) == (1024, None)  # MiB; the adapter's interval
+    assert "checkpointSync" not in default.model_dump(by_alias=True, exclude_none=True), "no key, no change in dumps"
+    given = ExperimentConfig.model_validate(with_sync({"max_size": "512mb", "INTERVAL": "2m"})).training_service
+    assert (given.checkpoints.max_size, given.checkpoints.interval) == (512, 120.0)
+    assert ExperimentConfig.model_validate(with_sync(True)).training_service.checkpoints.max_size == 1024
+    off = ExperimentConfig.model_validate(with_sync(False))
+    assert off.training_service.checkpoints is None
+    # off stays off on the bus (None fields are left out there), and as the API shows it
+    again = ExperimentConfig.model_validate(off.wire_json())
+    assert again.training_service.checkpoints is None and off.public_json()["trainingService"]["checkpointSync"] == {
+        "enabled": False, "maxSize": 1024}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("sync", "expected"),
+    [
+        ({"maxSize": "1 apple"}, "checkpointSync.maxSize: bad size '1 apple'"),
+        ({"maxSize": 0}, "checkpointSync.maxSize: Input should be greater than 0"),
+        ({"interval": "0.5s"}, "checkpointSync.interval: Input should be greater than or equal to 1"),
+        ({"interval": "soon"}, "checkpointSync.interval: bad duration 'soon'"),
+        ({"maxBytes": 1}, "CheckpointSyncConfig does not have field(s) maxBytes"),
+    ],
+)
+def test_bad_checkpoint_sync_is_refused_with_a_reason(sync, expected):
+    assert expected in errors_of(with_sync(sync))
+
+
 def test_secrets_are_masked_everywhere_and_sealed_on_the_bus():
     from contracts import ExperimentState, sealing
     from contracts.base import utcnow

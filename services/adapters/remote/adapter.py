@@ -12,6 +12,10 @@ also reads every running trial's ``state.json`` in one request per machine. Whil
 is unreachable its trials are RUNNING with a message saying so (:class:`Stale`), until it is
 back or ``unreachable_timeout`` passes (then FAILED, end unknown; killed if it comes back).
 
+Checkpoints: each trial's checkpoint directory is copied to the object store while it runs
+and once more at its end, and put on the machine of its next attempt before that starts
+(``checkpoints.py``), so that a retry on another machine resumes from it.
+
 Metrics go from the keeper to the gateway over HTTP. When a machine cannot reach the
 gateway the keeper spools them; the adapter reads batches older than ``relay_after`` over
 SSH, posts them to the gateway with the trial's token, and deletes them: nothing is lost,
@@ -37,7 +41,8 @@ from contracts.experiment import RemoteConfig, RemoteMachineConfig
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, Stale, TransientError, Waiting
 from services.adapters.keeper import Bundle, fetch_checked_code, outcome_of
-from services.adapters.remote.client import AGENT_PATH, AgentError, Machine, MachineDown, machine_key
+from services.adapters.remote.checkpoints import CheckpointSync, TrialCheckpoint, checkpoint_dir
+from services.adapters.remote.client import AGENT_FILES, AgentError, Machine, MachineDown, machine_key
 from services.adapters.remote.placement import MachinePlacement
 from services.adapters.remote.settings import RemoteSettings
 from services.common import platforms
@@ -64,6 +69,7 @@ class Trial:
     kill: asyncio.TimerHandle | None = field(default=None, repr=False)
     relaying: bool = False
     grace: float | None = None  # its seconds from SIGTERM to SIGKILL (None: the adapter's kill_grace)
+    checkpoint: TrialCheckpoint | None = None  # its checkpoint directory's copies (checkpoints.py)
 
     @property
     def running(self) -> bool:
@@ -83,7 +89,7 @@ class RemoteAdapter(PlatformAdapter):
 
             keeper_path, shim_path = keeper_path or KEEPER_PATH, shim_path or SHIM_PATH
         self.settings = settings
-        self.bundle = Bundle(keeper_path, shim_path, {"agent.py": AGENT_PATH, **WARM_FILES})
+        self.bundle = Bundle(keeper_path, shim_path, {**AGENT_FILES, **WARM_FILES})
         self.machines: dict[str, Machine] = {}
         self.trials: dict[tuple[str, int], Trial] = {}
         self.placement = MachinePlacement(settings, self.name, self.trials.values, self.capacity_freed)
@@ -94,12 +100,14 @@ class RemoteAdapter(PlatformAdapter):
         self._http: httpx.AsyncClient | None = None
         self._loops: list[asyncio.Task] = []
         self._archives: dict[str, asyncio.Task] = {}
+        self.checkpoints = CheckpointSync(settings, self.notify)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, bus: Bus) -> None:
         self._bus = bus
         self._http = httpx.AsyncClient(timeout=10)
+        self.checkpoints.start(bus)
         self._loops = [asyncio.create_task(self._status_loop()), asyncio.create_task(self._retention_loop()),
                        asyncio.create_task(platforms.watch_experiments(bus, self._on_experiment))]  # fmt: skip
 
@@ -107,6 +115,7 @@ class RemoteAdapter(PlatformAdapter):
         for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
+        await self.checkpoints.stop()
         await self.placement.stop()
         for trial in self.trials.values():
             if trial.kill is not None:
@@ -179,6 +188,8 @@ class RemoteAdapter(PlatformAdapter):
         key = (request.trial_id, request.attempt)
         env, files = await self._environment(request, machine, where)
         trial_dir = f"{machine.root}/trials/{request.experiment_id}/{request.trial_id}-{request.attempt}"
+        self.checkpoints.configure(request.experiment_id, request.training_service)
+        restored = await self.checkpoints.restore(request, machine)  # before the keeper starts
         if held:
             files["gpus.json"] = json.dumps({"indices": list(held), "perGpu": per_gpu})
         try:
@@ -190,6 +201,7 @@ class RemoteAdapter(PlatformAdapter):
             return trial.handle
         trial = self._track(request.experiment_id, request.trial_id, request.attempt, machine, trial_dir, utcnow())
         trial.grace = request.grace_period
+        trial.checkpoint.synced = restored
         if result.get("exists"):  # launched before a restart: never twice
             await self._refresh(machine, [trial])
         else:
@@ -218,8 +230,8 @@ class RemoteAdapter(PlatformAdapter):
             "TRIALBUS_TRIAL_ID": request.trial_id,
             "TRIALBUS_SEQUENCE_ID": str(request.sequence_id),
             "TRIALBUS_ATTEMPT": str(request.attempt),
-            # on this machine: an attempt that lands on another one starts without it (docs/retries.md)
-            "TRIALBUS_CHECKPOINT_DIR": f"{machine.root}/checkpoints/{request.experiment_id}/{request.trial_id}",
+            # on this machine; copied through the object store to the next attempt's (checkpoints.py)
+            "TRIALBUS_CHECKPOINT_DIR": checkpoint_dir(machine.root, request.experiment_id, request.trial_id),
             "TRIALBUS_PARAMETERS": request.parameter_record,
             "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value(),
             **where,
@@ -286,17 +298,19 @@ class RemoteAdapter(PlatformAdapter):
             await self._relay(trial, min_age=0.0)
         if not status.get("exists", True):
             why = f"trial directory {trial.dir} is gone from {machine.name}"
-            trial.outcome = TrialOutcome(TrialStatus.FAILED, None, why, "infrastructure")
-            return trial.outcome
-        if not state:
+            outcome = TrialOutcome(TrialStatus.FAILED, None, why, "infrastructure")
+        elif not state:
             if time.time() - trial.handle.start_time.timestamp() < UNBORN_GRACE:
                 return None
-            trial.outcome = outcome_of({}, None, None)
-            return trial.outcome
-        if not state.get("done") and "exitCode" not in state and state.get("keeperPid"):
-            await machine.call("signal", dir=trial.dir, signal=signal.SIGKILL, group=True)  # no orphans
-        trial.outcome = outcome_of(state, state.get("keeperExit"))
-        return trial.outcome
+            outcome = outcome_of({}, None, None)
+        else:
+            if not state.get("done") and "exitCode" not in state and state.get("keeperPid"):
+                await machine.call("signal", dir=trial.dir, signal=signal.SIGKILL, group=True)  # no orphans
+            outcome = outcome_of(state, state.get("keeperExit"))
+        if self.checkpoints.finishing(trial.checkpoint):  # its last copy first: the next attempt may need it
+            return None
+        trial.outcome = outcome
+        return outcome
 
     async def cancel(self, handle: TrialHandle) -> None:
         trial = self._find(handle)
@@ -332,13 +346,17 @@ class RemoteAdapter(PlatformAdapter):
             await self._prune()
 
     async def _refresh(self, machine: Machine, trials: list[Trial]) -> None:
-        """Read the trials' status in one request; wake the ended ones; relay stuck metrics."""
-        found = await machine.call("status", dirs=[t.dir for t in trials])
+        """Read the trials' status in one request (with the signatures of the checkpoint directories
+        due a look); wake the ended ones; relay stuck metrics; copy changed checkpoints."""
+        looks = {t.dir: t.checkpoint.directory for t in trials if self.checkpoints.due(t.checkpoint)}
+        found = await machine.call("status", dirs=[t.dir for t in trials], checkpoints=looks)
         for trial in trials:
             status = found.get(trial.dir)
             if status is None:
                 continue
             trial.status = status
+            if "checkpoint" in status:
+                self.checkpoints.seen(trial.checkpoint, status["checkpoint"])
             if not status["alive"]:
                 self.notify(trial.handle)
             stuck = [name for name, age in status["spool"] if age >= self.settings.relay_after]
@@ -490,6 +508,8 @@ class RemoteAdapter(PlatformAdapter):
 
     def _on_experiment(self, state: ExperimentState) -> None:
         service = state.config.service_for(self.name)
+        if isinstance(service, RemoteConfig):
+            self.checkpoints.configure(state.id, service)
         if state.status == ExperimentStatus.RUNNING and isinstance(service, RemoteConfig):
             self.wanted[state.id] = {machine_key(m) for m in service.machine_list}
         else:
@@ -512,6 +532,7 @@ class RemoteAdapter(PlatformAdapter):
     def _track(self, experiment_id, trial_id, attempt, machine: Machine, trial_dir: str, started) -> Trial:
         handle = TrialHandle(experiment_id, trial_id, attempt, ref=f"{machine.key}#{trial_dir}", start_time=started)
         trial = self.trials[(trial_id, attempt)] = Trial(handle, machine, trial_dir)
+        trial.checkpoint = self.checkpoints.track(handle, machine)
         return trial
 
     def _find(self, handle: TrialHandle) -> Trial:

@@ -22,6 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's folder out
 
+import agent_checkpoints  # noqa: E402 - shipped beside this file
 import trial_keeper  # noqa: E402 - shipped beside this file
 import warm_pool  # noqa: E402 - shipped beside this file (with trial_template.py)
 
@@ -92,7 +93,7 @@ class Agent:
         method = getattr(self, "op_" + op, None)
         if method is None:
             return self.send({"id": request.get("id"), "error": "unknown op %r" % op})
-        if op in ("gpus", "probe", "unpack", "clean"):  # slow: keep launches flowing meanwhile
+        if op in ("gpus", "probe", "unpack", "clean", "checkpoint_pack", "checkpoint_unpack"):  # slow: in a thread
             threading.Thread(target=self.call, args=(method, request), daemon=True).start()
         else:
             self.call(method, request)
@@ -128,9 +129,13 @@ class Agent:
         self.send({"event": "exit", "dir": trial_dir})
 
     def trial_dir(self, request):
-        path = os.path.abspath(request["dir"])
-        if not path.startswith(self.root + "/trials/"):
-            raise ValueError("%s is not a trial directory under %s" % (path, self.root))
+        return self.under("trials", request["dir"], "a trial directory")
+
+    def under(self, folder, path, what):
+        """``path``, made absolute, when it lies in ``<root>/<folder>/``; ValueError otherwise."""
+        path = os.path.abspath(path)
+        if not path.startswith("%s/%s/" % (self.root, folder)):
+            raise ValueError("%s is not %s under %s" % (path, what, self.root))
         return path
 
     # -- operations -------------------------------------------------------------------------
@@ -165,8 +170,9 @@ class Agent:
         return {"pid": pid, "warm": pid in self.forked}
 
     def op_status(self, request):
-        """Per trial directory: the keeper's state, whether it runs, its spool files' ages."""
-        now, found = time.time(), {}
+        """Per trial directory: the keeper's state, whether it runs, its spool files' ages, and the
+        signature of its checkpoint directory when ``checkpoints`` names it (trial dir → checkpoint dir)."""
+        now, found, checkpoints = time.time(), {}, request.get("checkpoints") or {}
         for trial_dir in request["dirs"]:
             path = self.trial_dir({"dir": trial_dir})
             state = read_json(path + "/" + STATE)
@@ -182,7 +188,30 @@ class Agent:
             except FileNotFoundError:
                 pass
             found[trial_dir] = {"state": state, "alive": alive, "exists": os.path.isdir(path), "spool": sorted(spool)}
+            if trial_dir in checkpoints:  # (a path outside the root has none, rather than failing the read)
+                checkpoint = os.path.abspath(checkpoints[trial_dir])
+                inside = checkpoint.startswith(self.root + "/checkpoints/")
+                found[trial_dir]["checkpoint"] = agent_checkpoints.scan(checkpoint)[0] if inside else None
         return found
+
+    def op_checkpoint_scan(self, request):
+        """A checkpoint directory's signature, and the newest attempt of its trial that ran here."""
+        path = self.under("checkpoints", request["dir"], "a checkpoint directory")
+        newest = self.op_find(request)
+        return {"signature": agent_checkpoints.scan(path)[0], "attempt": newest and newest["attempt"]}
+
+    def op_checkpoint_pack(self, request):
+        """Pack a checkpoint directory into ``archive`` (under ``<root>/tmp/``) unless it is unchanged
+        since ``since``, empty or past ``maxBytes`` (agent_checkpoints.pack)."""
+        path = self.under("checkpoints", request["dir"], "a checkpoint directory")
+        archive = self.under("tmp", request["archive"], "a scratch file")
+        return agent_checkpoints.pack(path, archive, request["maxBytes"], request.get("since"))
+
+    def op_checkpoint_unpack(self, request):
+        """Replace a checkpoint directory by the uploaded ``archive``, checked (agent_checkpoints.unpack)."""
+        path = self.under("checkpoints", request["dir"], "a checkpoint directory")
+        archive = self.under("tmp", request["archive"], "a scratch file")
+        return {"signature": agent_checkpoints.unpack(archive, path, request["maxBytes"])}
 
     def op_signal(self, request):
         """Signal the keeper (it stops the trial's group); ``group``: the trial's group too."""
@@ -369,10 +398,17 @@ class Agent:
         return {}
 
     def op_clean(self, request):
-        """Remove trial directories reported more than ``retention`` seconds ago."""
+        """Remove trial directories reported more than ``retention`` seconds ago, and scratch files
+        (checkpoint archives a dropped connection left) older than an hour."""
         import shutil
 
         deadline, removed = time.time() - request["retention"], 0
+        for entry in os.scandir(self.root + "/tmp") if os.path.isdir(self.root + "/tmp") else ():
+            try:
+                if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < time.time() - 3600:
+                    os.unlink(entry.path)
+            except OSError:
+                continue
         for experiment in os.scandir(self.root + "/trials"):
             if not experiment.is_dir():
                 continue

@@ -25,7 +25,7 @@ import os
 import secrets
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import asyncssh
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 logging.getLogger("asyncssh").setLevel(logging.WARNING)
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
+#: What the agent needs on the machine besides the keeper: itself and its checkpoint helpers.
+AGENT_FILES = {"agent.py": AGENT_PATH, "agent_checkpoints.py": Path(__file__).with_name("agent_checkpoints.py")}
 
 
 class MachineDown(TransientError):
@@ -357,6 +359,40 @@ class Machine:
                 raise PermanentError(f"cannot unpack code snapshot sha256:{digest} on {self.name}: {exc}") from None
             log.info("uploaded code snapshot sha256:%s to %s (%d bytes)", digest[:12], self.name, len(data))
         return dest
+
+
+    def scratch(self, name: str) -> str:
+        """A new path for a temporary file on the machine (``<root>/tmp/``, which the agent cleans)."""
+        return f"{self.root}/tmp/{name}-{secrets.token_hex(6)}"
+
+    async def download(self, remote: str, local: Path) -> None:
+        """Copy the machine's file ``remote`` to ``local`` over SFTP, then remove it there."""
+        async with self._transfer(f"copy {remote} from") as sftp:
+            try:
+                await sftp.get(remote, str(local))
+            finally:
+                with contextlib.suppress(asyncssh.Error, OSError):
+                    await sftp.remove(remote)
+
+    async def upload(self, local: Path, remote: str) -> None:
+        """Copy ``local`` to the machine's ``remote`` over SFTP (its folder is made if need be)."""
+        async with self._transfer(f"copy {remote} to") as sftp:
+            await sftp.makedirs(os.path.dirname(remote), exist_ok=True)
+            await sftp.put(str(local), remote)
+
+    @contextlib.asynccontextmanager
+    async def _transfer(self, what: str) -> AsyncIterator[asyncssh.SFTPClient]:
+        """This connection's SFTP client; its errors as ours: MachineDown when the connection is
+        (or went) down, else AgentError."""
+        sftp = self.sftp
+        if not self.up.is_set() or sftp is None:
+            raise MachineDown(self.down_reason(), delay=1.0)
+        try:
+            yield sftp
+        except (asyncssh.Error, OSError) as exc:
+            if not self.up.is_set() or isinstance(exc, asyncssh.ConnectionLost | asyncssh.SFTPConnectionLost):
+                raise MachineDown(self.down_reason(), delay=1.0) from None
+            raise AgentError(f"cannot {what} {self.name}: {getattr(exc, 'reason', None) or exc}") from None
 
 
 class AgentError(TransientError):

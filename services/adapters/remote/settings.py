@@ -50,7 +50,14 @@ class RemoteSettings(GpuSettings):
     #: Seconds a finished trial's directory stays on its machine after its end was reported.
     trial_retention: float = Field(default=7 * 86400.0, ge=0)
 
-    _durations = field_validator("unreachable_timeout", "trial_retention", mode="before")(parse_seconds_setting)
+    #: Seconds between two looks at a running trial's checkpoint directory, for experiments whose
+    #: ``checkpointSync`` names no ``interval``: changed, it is copied to the object store (docs/retries.md).
+    checkpoint_sync_interval: float = Field(default=60.0, gt=0)
+    #: Checkpoint copies in flight at once (each holds one archive in ``data_dir`` while it travels).
+    checkpoint_transfers: int = Field(default=4, gt=0)
+
+    _durations = field_validator("unreachable_timeout", "trial_retention", "checkpoint_sync_interval",
+                                 mode="before")(parse_seconds_setting)  # fmt: skip
 
     @property
     def known_hosts_path(self) -> Path:
