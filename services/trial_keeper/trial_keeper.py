@@ -254,6 +254,7 @@ class Keeper:
         self.next_try, self.delay = 0.0, BACKOFF_MIN
         self.signals = self.signals_seen = 0
         self.canceled = self.abandon = False
+        self.lingering = False  # stopping: the trial's command exited, the rest of its group has its grace
 
     def path(self, name):
         return self.dir + "/" + name
@@ -367,7 +368,8 @@ class Keeper:
                 timeout = min(self.next_try, deadline) - time.monotonic()
             else:
                 return
-            fds = [fd for fd in (self.wake_r, self.out_r, self.pidfd) if fd >= 0]
+            # an exited trial whose group has its grace period (``reap``) is looked at every tick instead
+            fds = [fd for fd in (self.wake_r, self.out_r, -1 if self.lingering else self.pidfd) if fd >= 0]
             ready = select(fds, [], [], max(timeout, 0))[0]
             if self.wake_r in ready:
                 posix.read(self.wake_r, 512)
@@ -425,6 +427,12 @@ class Keeper:
         # group's id, cannot be reused, so the killpg cannot reach an unrelated group.
         if posix.waitid(posix.P_PID, self.pid, posix.WEXITED | posix.WNOHANG | posix.WNOWAIT) is None:
             return
+        # Being stopped (SIGTERM sent, grace running): a shell that ran the trial's program dies at
+        # once, its child may still be saving a checkpoint. The group keeps its grace period, then
+        # ``control`` SIGKILLs it. (The zombie stays unreaped meanwhile: the group's id stays ours.)
+        self.lingering = bool(self.kill_at) and time.monotonic() < self.kill_at and self.group_lives()
+        if self.lingering:
+            return
         self.killpg(_signal.SIGKILL)  # whatever the trial left behind in its group
         status = posix.waitpid(self.pid, 0)[1]
         self.exit_code, self.pid, self.exited_at = posix.waitstatus_to_exitcode(status), 0, time.monotonic()
@@ -439,6 +447,24 @@ class Keeper:
         except FileNotFoundError:  # the trial never used NNI's file channel
             mkdir(self.path(".nni"))
             write_file(self.path(".nni/state"), b"%d %d\n" % (self.exit_code, int(now * 1000)))
+
+    def group_lives(self):
+        """Whether a process of the trial's group other than its (exited) leader still runs: read
+        from ``/proc``, only while a stop's grace period runs; False where there is no ``/proc``."""
+        try:
+            names = posix.listdir("/proc")
+        except OSError:
+            return False
+        for name in names:
+            if not name.isdigit() or int(name) == self.pid:
+                continue
+            try:
+                fields = read_file("/proc/%s/stat" % name).rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # gone meanwhile
+            if int(fields[2]) == self.pgid and fields[0] != b"Z":  # pgrp, state
+                return True
+        return False
 
     def killpg(self, signum):
         try:

@@ -327,3 +327,40 @@ async def _redeliver(stack, experiment: str, trial_id: str) -> None:
                          headers={"Nats-Msg-Id": f"{trial_id}:0:again"})  # fmt: skip
     finally:
         await nc.close()
+
+
+#: Waits to be stopped; on SIGTERM it takes 0.5 s to save, then exits.
+SAVES_ON_TERM = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import nni, trialbus_trial
+
+    params = nni.get_next_parameter()
+
+    def on_term(signum, frame):
+        time.sleep(0.5)
+        (trialbus_trial.checkpoint_dir() / "saved").write_text("in the grace period")
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
+    open(params["flag"], "w").close()
+    time.sleep(300)
+    """
+)
+
+
+def test_a_trial_run_through_a_shell_gets_its_grace_period_when_stopped(stack, tmp_path):
+    # Given a trial whose command is a shell list: the shell dies at SIGTERM at once, the trial under it does not
+    (tmp_path / "shell").mkdir()
+    code = write_code(tmp_path / "shell", SAVES_ON_TERM)
+    experiment = create(stack, config(code, trialCommand=f"cd . && {sys.executable} trial.py",
+                                      trialGracePeriod="5s"))  # fmt: skip
+    flag = tmp_path / "started"
+    trial_id = submit(stack, experiment, {"flag": str(flag)})
+    wait_until(flag.exists, 30, "the trial to start")
+    # When it is canceled
+    assert stack.rest("POST", f"/trials/{trial_id}/cancel").status_code == 202
+    # Then the trial had its grace period to save before its group was killed
+    assert ended(stack, trial_id)["status"] == "USER_CANCELED"
+    saved = stack.root / "data" / "checkpoints" / experiment / trial_id / "saved"
+    assert saved.read_text() == "in the grace period"
