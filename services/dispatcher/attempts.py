@@ -54,7 +54,7 @@ class Attempts:
         self.liveness.declare_lost(trial.id)
         message = (f"no sign of life from its keeper for {timeout:g}s (retry.heartbeatTimeout): stopping attempt "
                    f"{trial.attempt} to run it again")  # fmt: skip
-        trial = trial.model_copy(update={"message": message})
+        trial = trial.model_copy(update={"message": message, "failure": "lost"})  # kept across a restart
         await self.store.put_trial(trial)
         log.warning("trial %s: %s", trial.id, message)
         stop = CancelRequest(experiment_id=trial.experiment_id, trial_id=trial.id, status=TrialStatus.SYS_CANCELED,

@@ -79,6 +79,8 @@ class Dispatcher(Attempts, Sweep):
             if trial.parameter_id is not None:
                 self._by_parameter[trial.experiment_id][trial.parameter_id] = trial.id
             self.slots.load(trial)
+            if trial.status == TrialStatus.RUNNING and trial.failure == "lost":  # being stopped for its silence
+                self.liveness.declare_lost(trial.id)
 
     # ------------------------------------------------------------- experiments
 
