@@ -39,6 +39,9 @@ TICK_MAX = 0.4  # seconds: a quiet trial's file is read ever less often, down to
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0
 HELLO_AFTER = 1.0  # seconds: a trial that reported nothing by then gets a hello (version check)
 DRAIN_AFTER_EXIT = 1.0  # seconds stdout is still read after the trial exited (escaped holders)
+#: Seconds after a stop signal during which another one is the same stop (one SIGTERM to the
+#: keeper's group and one passed on by its task's shell, in a container), not a second stop (SIGKILL now).
+SAME_STOP = 1.0
 WRITE = posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC
 # A command holding none of these bytes means the same to a shell as split on blanks, so it
 # is run directly: no shell process per trial (quotes, $, globs, ~, VAR=, ; | & … need one).
@@ -255,6 +258,7 @@ class Keeper:
         self.signals = self.signals_seen = 0
         self.canceled = self.abandon = False
         self.lingering = False  # stopping: the trial's command exited, the rest of its group has its grace
+        self.stopped_at = 0.0  # when a stop signal came (monotonic)
 
     def path(self, name):
         return self.dir + "/" + name
@@ -484,11 +488,11 @@ class Keeper:
             self.signals_seen = self.signals
             if not self.pid:
                 self.abandon = True  # the trial is over already: stop flushing, exit
-            elif self.canceled:
-                self.kill_at = time.monotonic()  # a second signal: SIGKILL now
-            else:
-                self.canceled = True
+            elif not self.canceled:
+                self.canceled, self.stopped_at = True, time.monotonic()
                 self.stop_trial("the keeper received a stop signal")
+            elif time.monotonic() - self.stopped_at >= SAME_STOP:
+                self.kill_at = time.monotonic()  # a second signal: SIGKILL now
         if self.pid and self.kill_at and time.monotonic() >= self.kill_at:
             self.log("SIGKILL to the trial's group")
             self.killpg(_signal.SIGKILL)

@@ -294,6 +294,23 @@ def test_a_trial_that_ignores_sigterm_is_killed_after_the_grace(tmp_path, code_d
     assert group_is_gone(trial.state["pgid"])
 
 
+def test_two_stop_signals_at_once_are_one_stop_and_a_later_one_kills_at_once(tmp_path, code_dir, gateway):
+    # In a container the keeper may get a pod's SIGTERM twice (its group's, and its task shell's, passed on)
+    trial = Trial(tmp_path, code_dir, gateway.url, "Ttwice", command="trap '' TERM; echo up; sleep 300",
+                  TRIALBUS_KILL_GRACE="3")  # fmt: skip
+    trial.wait_for(lambda: (trial.dir / "stdout").exists() and trial.read("stdout") == "up\n")
+    trial.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.1)
+    trial.proc.send_signal(signal.SIGTERM)
+    time.sleep(1.5)
+    assert trial.proc.poll() is None, "the second signal of one stop must not cut the grace period short"
+    stopped = time.monotonic()
+    trial.proc.send_signal(signal.SIGTERM)  # a second stop, later: the user insists
+    assert trial.wait(10) == 128 + signal.SIGKILL
+    assert time.monotonic() - stopped < 1.0
+    assert group_is_gone(trial.state["pgid"])
+
+
 def test_metrics_are_spooled_while_the_gateway_is_down_and_delivered_once(tmp_path, code_dir, nats_server):
     # Given no gateway when the trial starts and reports
     gateway = GatewayProcess(nats_server.url, tmp_path)

@@ -74,7 +74,8 @@ def test_the_user_s_job_file_is_rendered_as_submitted_with_its_secrets_masked(cl
     worker = job["taskRoles"]["worker"]
     assert worker["resourcePerInstance"] == JOB["taskRoles"]["worker"]["resourcePerInstance"]
     commands = worker["commands"]
-    assert commands[1:3] == [JOB["taskRoles"]["worker"]["commands"][0], "TRIALBUS_COMMAND"], "kept, templates too"
+    # the role's commands kept, templates too, after the line that gives them their grace period at a stop
+    assert commands[1:4] == ["trap 'exit 143' TERM", JOB["taskRoles"]["worker"]["commands"][0], "TRIALBUS_COMMAND"]
     assert commands[0].startswith("T=/mnt/share/trialbus/trials/EXPERIMENT/TRIAL-0/")
     bundle = adapter_bundle().hash  # the adapter's: where it installs the keeper on the share
     assert re.fullmatch(r"[0-9a-f]{16}", bundle)
@@ -92,7 +93,7 @@ def test_the_user_s_job_file_is_rendered_as_submitted_with_its_secrets_masked(cl
 def test_without_openpai_config_nni_s_job_wraps_the_trial_command(cli: CliRunner, tmp_path: Path):
     text, job = rendered(cli, write_config(tmp_path, virtualCluster="gpu"))
     role = job["taskRoles"]["taskrole"]
-    assert role["commands"][1] == "python3 trial.py --epochs 3"
+    assert role["commands"][1:3] == ["trap 'exit 143' TERM", "python3 trial.py --epochs 3"]
     assert role["resourcePerInstance"] == {"gpu": 1, "cpu": 2, "memoryMB": 4096}
     assert job["defaults"] == {"virtualCluster": "gpu"} and job["extras"]["storages"] == [{"name": "confignfs"}]
     assert schema_errors(job) == [] and semantic_error(job) is None
