@@ -256,7 +256,7 @@ def test_a_drained_replica_preempts_its_trial_which_saves_in_its_grace_period_an
     assert refused.status_code == 404 and "no replica 'nosuch'" in refused.json()["error"]
 
 
-#: Runs until the file ``release`` exists, then reports 1 and succeeds; each run notes its host replica.
+#: Runs until the file ``release`` exists (60 s at most), then reports 1 and succeeds; each run notes its directory.
 WAITS = textwrap.dedent(
     """
     import os, time
@@ -265,7 +265,8 @@ WAITS = textwrap.dedent(
     params = nni.get_next_parameter()
     with open(os.environ["RUN_LOG"], "a") as log:
         log.write(f"{nni.get_trial_id()} {trialbus_trial.attempt()} 0 {os.environ['NNI_SYS_DIR']}\\n")
-    while not os.path.exists(params["release"]):
+    deadline = time.monotonic() + 60  # a failed test leaves no trial behind for long
+    while not os.path.exists(params["release"]) and time.monotonic() < deadline:
         time.sleep(0.05)
     nni.report_final_result(1)
     """
