@@ -215,14 +215,21 @@ def pai_stack(tmp_path: Path, nats_server, pai, request):
     failed_logs(request, stack.logs(), pai.log()[-4000:])
 
 
-def test_pai_a_trial_whose_node_is_lost_is_retried_as_its_next_attempt_and_resumes(pai_stack, pai, pai_share,
-                                                                                    tmp_path):  # fmt: skip
-    # Given a trial that has done 3 of 6 steps (its checkpoint on the share says so) and hangs there
+def hung_pai_trial(pai_stack, pai, pai_share, tmp_path: Path) -> tuple[str, str, Path]:
+    """A trial (retried without back-off) that has done 3 of 6 steps, saved in its checkpoint on the
+    share, and hangs there: its experiment, its id and its runs' log."""
     config = openpai_config(write_code(tmp_path, TRIAL), pai, pai_share)
     experiment = create(pai_stack, {**config, "retry": {"backoff": "0s"}})
     log, flag = tmp_path / "runs.log", tmp_path / "hung"
     trial_id = submit(pai_stack, experiment, {"steps": 6, "hang_at": 2, "flag": str(flag), "log": str(log)})
     hung(pai_stack, trial_id, flag, 3)
+    return experiment, trial_id, log
+
+
+def test_pai_a_trial_whose_node_is_lost_is_retried_as_its_next_attempt_and_resumes(pai_stack, pai, pai_share,
+                                                                                    tmp_path):  # fmt: skip
+    # Given a trial that has done 3 of 6 steps (its checkpoint on the share says so) and hangs there
+    experiment, trial_id, log = hung_pai_trial(pai_stack, pai, pai_share, tmp_path)
     # When its node goes away (OpenPAI: exit code -1001 PodNodeLost, which it retries by itself)
     pai.fail_task(f"alice~trialbus_{experiment}_{trial_id}", -1001)
     # Then OpenPAI's own retry is stopped, and the trial runs again as attempt 1, from step 3
@@ -241,11 +248,7 @@ def test_pai_a_trial_whose_node_is_lost_is_retried_as_its_next_attempt_and_resum
 
 def test_pai_an_evicted_trial_is_retried_as_preempted(pai_stack, pai, pai_share, tmp_path):
     # Given a trial that has done 3 of 6 steps and hangs there
-    config = openpai_config(write_code(tmp_path, TRIAL), pai, pai_share)
-    experiment = create(pai_stack, {**config, "retry": {"backoff": "0s"}})
-    log, flag = tmp_path / "runs.log", tmp_path / "hung"
-    trial_id = submit(pai_stack, experiment, {"steps": 6, "hang_at": 2, "flag": str(flag), "log": str(log)})
-    hung(pai_stack, trial_id, flag, 3)
+    experiment, trial_id, log = hung_pai_trial(pai_stack, pai, pai_share, tmp_path)
     # When Kubernetes evicts its pod (OpenPAI: exit code -1000 PodEvicted, which it retries by itself)
     pai.fail_task(f"alice~trialbus_{experiment}_{trial_id}", -1000)
     # Then the attempt ends as preempted (read from the retried attempt's exit spec), and the trial runs again
