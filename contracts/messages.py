@@ -157,6 +157,8 @@ class LogRequest(Contract):
     experiment_id: str
     trial_id: str
     max_bytes: int = Field(default=64 * 1024, gt=0, le=4 * 1024 * 1024)
+    #: Which attempt's log; None: the newest one the replica holds.
+    attempt: int | None = Field(default=None, ge=0)
 
 
 class LogReply(Contract):
@@ -165,6 +167,8 @@ class LogReply(Contract):
     trial_id: str
     replica: str
     text: str
+    #: The attempt the log is of.
+    attempt: int | None = None
 
 
 class CheckRequest(Contract):

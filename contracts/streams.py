@@ -58,7 +58,12 @@ PLATFORMS_BUCKET = KeyValueConfig(bucket="platforms", history=1, ttl=30.0, stora
 #: Which tuner replica drives which experiment (key = experiment id, value = replica): a lease the holder
 #: refreshes; a replica that dies lets it expire after ``ttl`` seconds and another takes the experiment over.
 TUNERS_BUCKET = KeyValueConfig(bucket="tuners", history=1, ttl=15.0, storage=StorageType.FILE)
-BUCKETS = (EXPERIMENTS_BUCKET, TRIALS_BUCKET, PLATFORMS_BUCKET, TUNERS_BUCKET)
+#: Which adapter replica launched each trial attempt (key ``<adapter>.<trial>.<attempt>``, value = replica):
+#: a request delivered again to another replica never starts a second copy (services/adapters/claims.py).
+#: A claim only matters until its request is acked (a redelivery comes within the consumer's ack_wait),
+#: so entries expire after an hour: the bucket holds the last hour's launches.
+CLAIMS_BUCKET = KeyValueConfig(bucket="claims", history=1, ttl=3600.0, storage=StorageType.FILE)
+BUCKETS = (EXPERIMENTS_BUCKET, TRIALS_BUCKET, PLATFORMS_BUCKET, TUNERS_BUCKET, CLAIMS_BUCKET)
 
 CODE_STORE = ObjectStoreConfig(bucket="code", description="trialCodeDirectory snapshots by sha256")
 #: The remote adapter's copies of trials' checkpoint directories (a tar.gz each, named

@@ -269,11 +269,13 @@ class AsyncClient:
     async def trial_metrics(self, trial_id: str) -> list[TrialMetric]:
         return [_parse(TrialMetric, m) for m in await self._call("trial.metrics", {"id": trial_id})]
 
-    async def trial_log(self, trial_id: str, max_bytes: int | None = None) -> str:
-        """The tail of the trial's stdout and stderr."""
+    async def trial_log(self, trial_id: str, max_bytes: int | None = None, attempt: int | None = None) -> str:
+        """The tail of the trial's stdout and stderr (its current attempt's, or ``attempt``'s)."""
         body: dict[str, Any] = {"id": trial_id}
         if max_bytes is not None:
             body["maxBytes"] = max_bytes
+        if attempt is not None:
+            body["attempt"] = attempt
         return str((await self._call("trial.log", body))["text"])
 
     # -- streams ---------------------------------------------------------------------------

@@ -98,8 +98,8 @@ class Client:
     def trial_metrics(self, trial_id: str) -> list[TrialMetric]:
         return self._run(self._client.trial_metrics(trial_id))
 
-    def trial_log(self, trial_id: str, max_bytes: int | None = None) -> str:
-        return self._run(self._client.trial_log(trial_id, max_bytes))
+    def trial_log(self, trial_id: str, max_bytes: int | None = None, attempt: int | None = None) -> str:
+        return self._run(self._client.trial_log(trial_id, max_bytes, attempt))
 
     def wait_final(self, trial_id: str, timeout: float | None = None, *, experiment_id: str | None = None) -> Any:
         return self._run(self._client.wait_final(trial_id, timeout, experiment_id=experiment_id))

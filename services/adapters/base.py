@@ -66,6 +66,13 @@ class AdapterSettings(ServiceSettings):
     #: The dispatcher's TRIALBUS_SECRETS_KEY (Fernet key(s), comma-separated): unseals the
     #: platform secrets and trial tokens of the requests. Without it such trials fail, saying so.
     secrets_key: SecretStr | None = None
+    #: On a spot / preemptible VM: whose notice to watch (``aws``, ``gcp``, ``azure``); on a notice
+    #: the replica drains itself, preempting its trials (``services.adapters.spot``).
+    spot_notice: Literal["aws", "gcp", "azure"] | None = None
+    #: The instance metadata service's address (default http://169.254.169.254).
+    spot_notice_url: str | None = None
+    #: Seconds between two looks at the notice.
+    spot_notice_interval: float = Field(default=5.0, gt=0)
 
 
 @dataclass(frozen=True)
@@ -181,9 +188,9 @@ class PlatformAdapter(ABC):
         """The attempt's end is published: forget it, so :meth:`adopt` will not return it
         again (e.g. write a "reported" marker). Not called if publishing never succeeded."""
 
-    async def past(self, experiment_id: str, trial_id: str) -> TrialHandle | None:
-        """A released attempt this replica still keeps the logs of (the newest), for log
-        requests about trials that ended before this run; None when it has none."""
+    async def past(self, experiment_id: str, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
+        """A released attempt this replica still keeps the logs of (``attempt``, or the newest),
+        for log requests about trials that ended before this run; None when it has none."""
         return None
 
     async def check(self, service: TrainingService) -> list[str]:

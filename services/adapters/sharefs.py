@@ -171,13 +171,13 @@ def unreported(root: str, experiment_id: str, replica: str) -> list[tuple[str, i
     return found
 
 
-def newest_attempt(root: str, experiment_id: str, trial_id: str) -> tuple[int, Path] | None:
-    """The newest attempt's folder of a trial (for its logs once it ended)."""
+def newest_attempt(root: str, experiment_id: str, trial_id: str, attempt: int | None = None) -> tuple[int, Path] | None:
+    """The folder of a trial's attempt, the newest by default (for its logs once it ended)."""
     attempts = []
     for folder in (Path(root) / "trialbus" / "trials" / experiment_id).glob(f"{trial_id}-*"):
-        name, _, attempt = folder.name.rpartition("-")
-        if name == trial_id and attempt.isdigit():
-            attempts.append((int(attempt), folder))
+        name, _, number = folder.name.rpartition("-")
+        if name == trial_id and number.isdigit() and attempt in (None, int(number)):
+            attempts.append((int(number), folder))
     return max(attempts) if attempts else None
 
 

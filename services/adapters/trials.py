@@ -56,6 +56,7 @@ class Owned:
     waiting: str | None = None  # held for capacity: the reason last published
     note: str | None = None  # running, but its status is stale: the message last published
     retry_at: float = 0.0  # monotonic time before which it is not polled (after a poll error)
+    claim: str | None = None  # its key in the claims bucket, once this replica claimed it
 
 
 class OwnedTrials:
@@ -90,10 +91,11 @@ class OwnedTrials:
     def of_trial(self, trial_id: str) -> list[Owned]:
         return [owned for owned in self.by_key.values() if owned.trial_id == trial_id]
 
-    def latest_handle(self, trial_id: str) -> TrialHandle | None:
-        """The newest attempt's handle, owned or recently released (for log requests)."""
+    def latest_handle(self, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
+        """The newest attempt's handle (or ``attempt``'s), owned or recently released (for log requests)."""
         found = [o.handle for o in self.of_trial(trial_id) if o.handle is not None]
         found += [h for h in self._recent.values() if h.trial_id == trial_id]
+        found = [h for h in found if attempt in (None, h.attempt)]
         return max(found, key=lambda h: h.attempt) if found else None
 
     def adopt(self, handle: TrialHandle) -> None:

@@ -11,15 +11,14 @@ experiment (SSH machines, OpenPAI clusters) also read the ``experiments`` bucket
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from datetime import timedelta
 
-import nats.errors
-from nats.js.errors import NoKeysError
-
 from contracts import ContractError, ExperimentState, PlatformStatus, streams
 from contracts.base import utcnow
+from services.common import kvwatch
 from services.common.bus import Bus
 
 log = logging.getLogger(__name__)
@@ -27,24 +26,16 @@ log = logging.getLogger(__name__)
 
 async def statuses(bus: Bus, adapter: str | None = None) -> list[PlatformStatus]:
     """Fresh statuses (younger than the bucket's ttl), of one adapter or of all, by key."""
-    kv = await bus.kv(streams.PLATFORMS_BUCKET.bucket)
-    try:
-        keys = await kv.keys(filters=[f"{adapter}.>"] if adapter else None)
-    except NoKeysError:
-        return []
     oldest = utcnow() - timedelta(seconds=streams.PLATFORMS_BUCKET.ttl)
     found = []
-    for key in sorted(keys):
-        try:
-            entry = await kv.get(key)
-        except (nats.errors.Error, KeyError):  # deleted or expired meanwhile
-            continue
+    entries = await kvwatch.current(bus, streams.PLATFORMS_BUCKET.bucket, f"{adapter}.>" if adapter else ">")
+    for entry in sorted(entries, key=lambda e: e.key):
         if not entry.value:
             continue
         try:
             status = PlatformStatus.decode(entry.value)
         except ContractError as exc:
-            log.warning("ignoring the status under %s: %s", key, exc)
+            log.warning("ignoring the status under %s: %s", entry.key, exc)
             continue
         if status.time >= oldest:
             found.append(status)
@@ -53,37 +44,28 @@ async def statuses(bus: Bus, adapter: str | None = None) -> list[PlatformStatus]
 
 async def experiments(bus: Bus) -> list[ExperimentState]:
     """Every experiment the dispatcher keeps (unreadable entries skipped, with a warning)."""
-    kv = await bus.kv(streams.EXPERIMENTS_BUCKET.bucket)
-    try:
-        keys = await kv.keys()
-    except NoKeysError:
-        return []
     found = []
-    for key in sorted(keys):
+    for entry in sorted(await kvwatch.current(bus, streams.EXPERIMENTS_BUCKET.bucket), key=lambda e: e.key):
         try:
-            entry = await kv.get(key)
             found.append(ExperimentState.decode(entry.value))
-        except (nats.errors.Error, KeyError):  # deleted meanwhile
-            continue
         except ContractError as exc:
-            log.warning("skipping unreadable experiment %s: %s", key, exc)
+            log.warning("skipping unreadable experiment %s: %s", entry.key, exc)
     return found
 
 
 async def watch_experiments(bus: Bus, apply: Callable[[ExperimentState], None]) -> None:
     """Call ``apply`` with every experiment in the bucket, then with each change, until cancelled
     (a broken watch is opened again; unreadable entries are skipped)."""
-    kv = await bus.kv(streams.EXPERIMENTS_BUCKET.bucket)
     while True:
         try:
-            watcher = await kv.watchall(ignore_deletes=True)
-            async for entry in watcher:
-                if entry is None or not entry.value:
-                    continue
-                try:
-                    apply(ExperimentState.decode(entry.value))
-                except ContractError as exc:
-                    log.warning("skipping unreadable experiment %s: %s", entry.key, exc)
+            async with contextlib.aclosing(kvwatch.watch(bus, streams.EXPERIMENTS_BUCKET.bucket)) as entries:
+                async for entry in entries:
+                    if entry is None or not entry.value:
+                        continue
+                    try:
+                        apply(ExperimentState.decode(entry.value))
+                    except ContractError as exc:
+                        log.warning("skipping unreadable experiment %s: %s", entry.key, exc)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

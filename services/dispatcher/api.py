@@ -183,10 +183,13 @@ def create_app(
 
     @api.get("/trials/{trial_id}/log", response_class=PlainTextResponse,
              responses=doc.refusals(*READ, 404, 409, 503, why=spec.NO_ADAPTER))
-    async def trial_log(trial_id: str, maxBytes: int = 64 * 1024) -> str:  # noqa: N803 - query name is camelCase
+    async def trial_log(trial_id: str, maxBytes: int = 64 * 1024, attempt: int | None = None) -> str:  # noqa: N803
+        """The tail of the trial's stdout and stderr; ``attempt`` for an earlier attempt's."""
         if not 0 < maxBytes <= 4 * 1024 * 1024:
             raise ApiError(422, "maxBytes must be between 1 and 4194304")
-        return await dispatcher().trial_log(trial_id, maxBytes)
+        if attempt is not None and attempt < 0:
+            raise ApiError(422, "attempt must be 0 or more (the trial's first attempt is 0)")
+        return await dispatcher().trial_log(trial_id, maxBytes, attempt)
 
     @api.get("/platforms", responses=doc.refusals(*READ))
     async def list_platforms() -> list[dict]:

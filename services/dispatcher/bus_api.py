@@ -65,7 +65,10 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
         return {"replica": reply.replica, "draining": reply.draining, "preempted": reply.preempted}
 
     async def log_tail(body: dict) -> Any:
-        return {"text": await core.trial_log(_text(body, "id"), int(body.get("maxBytes", 64 * 1024)))}
+        attempt = body.get("attempt")
+        if attempt is not None and (not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0):
+            raise ApiError(422, "attempt must be a whole number, 0 or more (the trial's first attempt is 0)")
+        return {"text": await core.trial_log(_text(body, "id"), int(body.get("maxBytes", 64 * 1024)), attempt)}
 
     async def sync(fn: Callable[[], Any]) -> Any:
         return fn()

@@ -266,14 +266,20 @@ class Dispatcher(Attempts, Sweep):
     async def trial_metrics(self, trial_id: str) -> list[dict[str, Any]]:
         return await history.trial_metrics(self.bus, self.trial(trial_id))
 
-    async def trial_log(self, trial_id: str, max_bytes: int = 64 * 1024) -> str:
+    async def trial_log(self, trial_id: str, max_bytes: int = 64 * 1024, attempt: int | None = None) -> str:
+        """The tail of the trial's stdout and stderr: its current attempt's, or ``attempt``'s."""
         trial = self.trial(trial_id)
-        if not trial.dispatched and trial.status == TrialStatus.WAITING:
+        if attempt is not None and not 0 <= attempt <= trial.attempt:
+            raise ApiError(404, f"trial {trial_id} has no attempt {attempt}: its attempts are 0 to {trial.attempt}")
+        if attempt == trial.attempt:
+            attempt = None
+        if attempt is None and not trial.dispatched and trial.status == TrialStatus.WAITING:
             raise ApiError(409, f"trial {trial_id} has not started yet; it has no log")
-        text = await history.trial_log(self.bus, trial, max_bytes, self.settings.control_timeout)
+        text = await history.trial_log(self.bus, trial, max_bytes, self.settings.control_timeout, attempt)
         if text is None:
+            which = f"attempt {attempt} of trial {trial_id}" if attempt is not None else f"trial {trial_id}"
             raise ApiError(
-                503, f"no {trial.platform} adapter replica holds the log of trial {trial_id} right now; is it running?"
+                503, f"no {trial.platform} adapter replica holds the log of {which} right now; is it running?"
             )
         return text
 

@@ -43,11 +43,18 @@ async def trial_metrics(bus: Bus, trial: TrialState) -> list[dict[str, Any]]:
     ]
 
 
-async def trial_log(bus: Bus, trial: TrialState, max_bytes: int, timeout: float) -> str | None:
-    """The tail of stdout and stderr from the replica holding the trial; None if none answers."""
-    request = LogRequest(experiment_id=trial.experiment_id, trial_id=trial.id, max_bytes=max_bytes)
+async def trial_log(
+    bus: Bus, trial: TrialState, max_bytes: int, timeout: float, attempt: int | None = None
+) -> str | None:
+    """The tail of stdout and stderr of the trial's attempt (the newest by default) from the
+    replica holding it; None if none answers. An older attempt may have run on another
+    platform of a hybrid experiment: that is the platform asked."""
+    platform = trial.platform
+    if attempt is not None and attempt < trial.attempt:
+        platform = next((a.platform for a in trial.attempts if a.attempt == attempt and a.platform), platform)
+    request = LogRequest(experiment_id=trial.experiment_id, trial_id=trial.id, max_bytes=max_bytes, attempt=attempt)
     try:
-        reply = await bus.nc.request(subjects.control(trial.platform, "log"), request.encode(), timeout=timeout)
+        reply = await bus.nc.request(subjects.control(platform, "log"), request.encode(), timeout=timeout)
     except Exception:
         return None
     return LogReply.decode(reply.data).text

@@ -11,7 +11,8 @@ The dispatcher is the only writer, so the cache is never stale. Writes come two 
   whose flush failed stays ``dirty`` (the cache is ahead of KV) until a later flush writes
   it: the sweep retries, and a redelivered message flushes its trial before it is acked.
 
-``load`` rebuilds the cache from the buckets at start (one watch per bucket, not one get per key).
+``load`` rebuilds the cache from the buckets at start (``kvwatch``: one ordered consumer per
+bucket, not one get per key).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from nats.js.kv import KeyValue
 
 from contracts.base import ContractError
 from contracts.state import ExperimentState, TrialState
+from services.common import kvwatch
 from services.common.bus import Bus
 
 log = logging.getLogger(__name__)
@@ -44,26 +46,20 @@ class StateStore:
     async def load(self, bus: Bus) -> None:
         self._experiments_kv = await bus.kv("experiments")
         self._trials_kv = await bus.kv("trials")
-        for state in await self._read_all(self._experiments_kv, ExperimentState):
+        for state in await self._read_all(bus, "experiments", ExperimentState):
             self.experiments[state.id] = state
-        for trial in sorted(await self._read_all(self._trials_kv, TrialState), key=lambda t: t.sequence_id):
+        for trial in sorted(await self._read_all(bus, "trials", TrialState), key=lambda t: t.sequence_id):
             self._index(trial)
         log.info("loaded %d experiments and %d trials", len(self.experiments), len(self.trials))
 
     @staticmethod
-    async def _read_all(kv: KeyValue, model: type) -> list:
+    async def _read_all(bus: Bus, bucket: str, model: type) -> list:
         states = []
-        watcher = await kv.watchall(ignore_deletes=True)
-        try:
-            async for entry in watcher:
-                if entry is None:  # end of the current values
-                    break
-                try:
-                    states.append(model.decode(entry.value))
-                except ContractError as exc:
-                    log.error("skipping unreadable %s entry %s: %s", model.__name__, entry.key, exc)
-        finally:
-            await watcher.stop()
+        for entry in await kvwatch.current(bus, bucket):
+            try:
+                states.append(model.decode(entry.value))
+            except ContractError as exc:
+                log.error("skipping unreadable %s entry %s: %s", model.__name__, entry.key, exc)
         return states
 
     def _index(self, trial: TrialState) -> None:

@@ -128,14 +128,14 @@ def read_file(path):
 
 
 def mkdir(path):
-    """``mkdir -p``."""
+    """``mkdir -p``; another keeper making the same directories at the same time is no error."""
     try:
         posix.mkdir(path, 0o755)
     except FileExistsError:
         pass
     except FileNotFoundError:
         mkdir(path.rsplit("/", 1)[0])
-        posix.mkdir(path, 0o755)
+        mkdir(path)
 
 
 def error_message(body):
@@ -596,7 +596,9 @@ class Keeper:
         if self.queue:  # keep unsent records on disk, where an operator can find them
             self.fail([])
         flushed = not self.queue and not self.spool and self.unsent == 0
-        self.update_state(done=True, metricsFlushed=flushed, canceled=self.canceled, error=self.error)
+        # keeperPid also when the trial never started: a restarted adapter knows the keeper is gone
+        self.update_state(keeperPid=posix.getpid(), done=True, metricsFlushed=flushed, canceled=self.canceled,
+                          error=self.error)  # fmt: skip
         if not flushed or self.canceled or self.error:
             self.log("done: metricsFlushed=%s canceled=%s error=%s" % (flushed, self.canceled, self.error))
         code = 1 if self.exit_code is None else self.exit_code
@@ -611,7 +613,8 @@ class Keeper:
         self.error = "keeper failed: %r" % (exc,)
         sys.stderr.write("".join(traceback.format_exception(exc)))
         try:
-            self.update_state(done=True, metricsFlushed=False, canceled=self.canceled, error=self.error)
+            self.update_state(keeperPid=posix.getpid(), done=True, metricsFlushed=False, canceled=self.canceled,
+                              error=self.error)  # fmt: skip
         except OSError:
             pass
 

@@ -30,6 +30,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from contracts import ContractError, ExperimentState, ExperimentStatus, TrialState, streams
+from services.common import kvwatch
 from services.common.bus import Bus
 from services.common.http import HttpServer, health_routes
 from services.common.lifecycle import Service
@@ -96,17 +97,17 @@ class TunerService(Service):
 
     async def _watch(self, bucket: str, apply, loaded: asyncio.Event) -> None:
         try:
-            watcher = await self._kv[bucket].watchall(ignore_deletes=True)
-            async for entry in watcher:
-                if entry is None:  # the current values are in: updates follow
-                    loaded.set()
-                    continue
-                if not entry.value:
-                    continue
-                try:
-                    await apply(entry.value)
-                except ContractError as exc:
-                    log.warning("skipping an unreadable %s entry %s: %s", bucket, entry.key, exc)
+            async with contextlib.aclosing(kvwatch.watch(self.bus, bucket)) as entries:
+                async for entry in entries:
+                    if entry is None:  # the current values are in: updates follow
+                        loaded.set()
+                        continue
+                    if not entry.value:
+                        continue
+                    try:
+                        await apply(entry.value)
+                    except ContractError as exc:
+                        log.warning("skipping an unreadable %s entry %s: %s", bucket, entry.key, exc)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the watch is the service's input: without it, restart

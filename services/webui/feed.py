@@ -16,10 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 import nats.errors
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from contracts import ContractError, ExperimentState, TrialState, streams
-from services.common import platforms
+from services.common import kvwatch, platforms
 from services.common.bus import Bus
 from services.webui.model import Model
 
@@ -40,7 +39,6 @@ class Feed:
     def __init__(self, bus: Bus, model: Model) -> None:
         self.bus = bus
         self.model = model
-        self._watchers: list[KeyValue.KeyWatcher] = []
         self._tasks: list[asyncio.Task] = []
 
     async def start(self, timeout: float = 30.0) -> None:
@@ -51,12 +49,9 @@ class Feed:
              self.model.delete_experiment),
             (streams.TRIALS_BUCKET.bucket, TrialState, self.model.put_trial, self.model.delete_trial),
         ):  # fmt: skip
-            kv = await self.bus.kv(bucket)
-            watcher = await kv.watchall()
-            self._watchers.append(watcher)
             done = asyncio.Event()
             loaded.append(done)
-            self._tasks.append(asyncio.create_task(self._apply(watcher, bucket, model, put, delete, done)))
+            self._tasks.append(asyncio.create_task(self._apply(self.bus, bucket, model, put, delete, done)))
         async with asyncio.timeout(timeout):
             for done in loaded:
                 await done.wait()
@@ -67,24 +62,25 @@ class Feed:
 
     @staticmethod
     async def _apply(
-        watcher: KeyValue.KeyWatcher,
+        bus: Bus,
         bucket: str,
         model: type[ExperimentState] | type[TrialState],
         put: Callable[[Any], None],
         delete: Callable[[str], None],
         loaded: asyncio.Event,
     ) -> None:
-        async for entry in watcher:
-            if entry is None:  # the end of the current values; changes follow
-                loaded.set()
-                continue
-            if entry.operation in (KV_DEL, KV_PURGE):
-                delete(entry.key)
-                continue
-            try:
-                put(model.decode(entry.value))
-            except ContractError as exc:
-                log.warning("skipping unreadable %s entry %s: %s", bucket, entry.key, reason(exc))
+        async with contextlib.aclosing(kvwatch.watch(bus, bucket, deletes=True)) as entries:
+            async for entry in entries:
+                if entry is None:  # the end of the current values; changes follow
+                    loaded.set()
+                    continue
+                if entry.deleted:
+                    delete(entry.key)
+                    continue
+                try:
+                    put(model.decode(entry.value))
+                except ContractError as exc:
+                    log.warning("skipping unreadable %s entry %s: %s", bucket, entry.key, reason(exc))
         loaded.set()
 
     def failed(self) -> BaseException | None:
@@ -95,9 +91,6 @@ class Feed:
         return None
 
     async def stop(self) -> None:
-        for watcher in self._watchers:
-            with contextlib.suppress(nats.errors.Error):
-                await watcher.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

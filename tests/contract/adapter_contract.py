@@ -93,9 +93,9 @@ class AdapterContract:
 
         succeeded, failed = await platform.outcome(ok), await platform.outcome(bad)
 
-        assert (succeeded.status, succeeded.exit_code) == (TrialStatus.SUCCEEDED, 0)
-        assert (failed.status, failed.exit_code) == (TrialStatus.FAILED, 3)
-        assert "3" in failed.message
+        assert (succeeded.status, succeeded.exit_code) == (TrialStatus.SUCCEEDED, 0), succeeded
+        assert (failed.status, failed.exit_code) == (TrialStatus.FAILED, 3), failed
+        assert "3" in failed.message, failed
 
     async def test_launching_an_attempt_twice_runs_it_once(self, platform: Harness) -> None:
         adapter = await platform.adapter()

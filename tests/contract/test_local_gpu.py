@@ -49,7 +49,8 @@ class TestLocalGpuAdapter(AdapterContract):
 
     def make_adapter(self, workspace: Path) -> LocalGpuAdapter:
         settings = LocalGpuSettings(
-            work_dir=workspace / "work", replica="contract", max_trials=self.capacity, kill_grace=1,
+            work_dir=workspace / "work", checkpoint_root=workspace / "checkpoints", replica="contract",
+            max_trials=self.capacity, kill_grace=1,
             nni_shim="never", gateway_url="http://127.0.0.1:9",  # no gateway: trials here report no metrics
         )
         return LocalGpuAdapter(settings)

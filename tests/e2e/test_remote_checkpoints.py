@@ -152,3 +152,6 @@ def test_the_checkpoint_an_attempt_leaves_at_its_end_is_copied_before_its_retry(
     assert done["status"] == "SUCCEEDED", done
     assert done["finalMetric"] == {"default": 7, "resumed": 7, "port": second.port}
     assert done["attempts"][0]["failure"] == "trial"
+    # and the first attempt's log went with its machine, which the answer says
+    gone = stack.rest("GET", f"/trials/{trial_id}/log?attempt=0")
+    assert "the trial's log cannot be read: machine" in gone.text and "unreachable" in gone.text, gone.text

@@ -19,6 +19,7 @@ import pytest
 
 from tests.e2e.conftest import config, write_code
 from tests.e2e.helpers import create, ended, submit, trial, wait_until
+from tests.emulators.cloud_metadata import CloudMetadata
 from trialbus.client import AsyncClient
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,6 +39,7 @@ TRIAL = textwrap.dedent(
     first = trialbus_trial.attempt() == 0
     with open(os.environ["RUN_LOG"], "a") as log:
         log.write(f"{nni.get_trial_id()} {trialbus_trial.attempt()} {start}\\n")
+    print(f"attempt {trialbus_trial.attempt()} starts at step {start}", flush=True)
     for step in range(start, params["steps"]):
         nni.report_intermediate_result(step)
         saved.write_text(str(step + 1))
@@ -147,6 +149,14 @@ def test_a_finished_trial_is_retried_by_hand_from_the_cli(stack, code, run_log):
     assert attempts_of(run_log, trial_id) == [(0, 0), (1, 2)]
     shown = json.loads(cli("trial", "show", trial_id).stdout)
     assert shown["attempt"] == 1 and [a["status"] for a in shown["attempts"]] == ["FAILED"]
+    # And each attempt's log can be read: the current one by default, an earlier one by number
+    current, first = cli("trial", "log", trial_id), cli("trial", "log", trial_id, "--attempt", "0")
+    assert "attempt 1 starts at step 2" in current.stdout and "attempt 0" not in current.stdout, current
+    assert "attempt 0 starts at step 0" in first.stdout and "attempt 1" not in first.stdout, first
+    assert "attempt 0 starts" in stack.rest("GET", f"/trials/{trial_id}/log?attempt=0").text
+    beyond = cli("trial", "log", trial_id, "--attempt", "7")
+    refusal = f"trial {trial_id} has no attempt 7: its attempts are 0 to 1"
+    assert beyond.returncode != 0 and refusal in beyond.stdout + beyond.stderr, beyond
     # And a trial that is not over, or not there, is refused with why
     running = submit(stack, experiment, {"steps": 2, "hang_at": 0, "flag": "/dev/null"})
     wait_until(lambda: trial(stack, running)["status"] == "RUNNING", 30, "RUNNING")
@@ -256,6 +266,35 @@ def test_a_drained_replica_preempts_its_trial_which_saves_in_its_grace_period_an
     assert refused.status_code == 404 and "no replica 'nosuch'" in refused.json()["error"]
 
 
+def test_a_spot_notice_drains_its_replica_and_the_preempted_trial_resumes_on_another(stack, tmp_path, run_log):
+    # Given a local adapter replica on a spot VM (it watches the cloud's notice), running a trial
+    cloud = CloudMetadata().start()
+    try:
+        stack.kill("adapter", signal.SIGTERM)
+        stack.service_env["adapter@spot"] = {"TRIALBUS_SPOT_NOTICE": "aws", "TRIALBUS_SPOT_NOTICE_URL": cloud.url,
+                                             "TRIALBUS_SPOT_NOTICE_INTERVAL": "0.2"}  # fmt: skip
+        stack.start("adapter@spot")
+        (tmp_path / "preemptible").mkdir()
+        code = write_code(tmp_path / "preemptible", PREEMPTIBLE)
+        experiment = create(stack, config(code, trialGracePeriod="4s", retry={"backoff": "0s"}))
+        trial_id = submit(stack, experiment, {})
+        wait_until(lambda: (t := trial(stack, trial_id))["status"] == "RUNNING" and t["intermediateCount"], 30,
+                   "the trial to run and report on the spot replica")  # fmt: skip
+        stack.start("adapter")  # an on-demand replica beside it
+        # When the cloud announces it reclaims the spot VM
+        cloud.notice("aws")
+        # Then that replica drained itself: the trial saved in its grace period and ran again on the other
+        done = ended(stack, trial_id)
+    finally:
+        cloud.stop()
+    assert (done["status"], done["attempt"], done["replica"]) == ("SUCCEEDED", 1, "test-host"), done
+    [preempted] = done["attempts"]
+    assert (preempted["status"], preempted["failure"], preempted["replica"]) == ("SYS_CANCELED", "preempted", "spot")
+    assert "spot instance the cloud reclaims (instance-action terminate at" in preempted["message"]
+    assert done["finalMetric"]["default"] > 0  # resumed from what the first attempt saved while stopping
+    assert "spot notice from aws: instance-action terminate" in stack.log("adapter@spot")
+
+
 #: Runs until the file ``release`` exists (60 s at most), then reports 1 and succeeds; each run notes its directory.
 WAITS = textwrap.dedent(
     """
@@ -273,7 +312,7 @@ WAITS = textwrap.dedent(
 )
 
 
-def test_a_request_redelivered_to_another_replica_never_runs_a_second_copy_for_long(stack, tmp_path, run_log):
+def test_a_request_redelivered_to_another_replica_never_runs_a_second_copy(stack, tmp_path, run_log):
     # Given two local adapter replicas, and a trial running on one of them
     stack.start("adapter@b")
     (tmp_path / "waits").mkdir()
@@ -285,30 +324,65 @@ def test_a_request_redelivered_to_another_replica_never_runs_a_second_copy_for_l
     other, frozen = ("b", "adapter") if owner == "test-host" else ("test-host", "adapter@b")
     # When its request is delivered again, to the other replica (the owner frozen, as one that missed its ack)
     second = stack.root / "data" / "local-gpu" / other / "trials" / experiment / f"{trial_id}-0"
+    other_log = "adapter@b" if other == "b" else "adapter"
     os.kill(stack.procs[frozen].pid, signal.SIGSTOP)
     try:
         time.sleep(1.5)  # its pending pull requests (0.5 s each) expire: the other replica gets the request
         asyncio.run(_redeliver(stack, experiment, trial_id))
-        wait_until(second.exists, 30, "the other replica to launch a second copy")
+        refused = lambda: "not launching a second copy" in stack.log(other_log)  # noqa: E731
+        wait_until(refused, 30, "the other replica to find the attempt claimed")
     finally:
         os.kill(stack.procs[frozen].pid, signal.SIGCONT)
-    # Then the dispatcher stops that copy at once (its keeper's SIGTERM may even come before the trial
-    # started), and the trial goes on as the owner runs it
-    state = second / ".trialbus" / "state.json"
-    stopped = wait_until(lambda: _ended_copy(state), 20, "the second copy to be stopped")
-    assert stopped.get("canceled") or "keeperExit" in stopped, stopped
-    assert not stopped.get("trialPid") or not _alive(stopped["trialPid"])
-    assert "stopping replica" in stack.log("dispatcher") and "a second copy of attempt 0" in stack.log("dispatcher")
-    assert trial(stack, trial_id)["status"] == "RUNNING" and trial(stack, trial_id)["replica"] == owner
+    # Then the other replica never started a copy: the owner's claim on the attempt stopped it
+    assert f"attempt 0 runs on replica {owner}" in stack.log(other_log)
+    assert not second.exists()
+    assert "stopping replica" not in stack.log("dispatcher")
     release.touch()
     done = ended(stack, trial_id)
     assert (done["status"], done["attempt"], done["replica"], done["attempts"]) == ("SUCCEEDED", 0, owner, []), done
 
 
-def _ended_copy(state: Path) -> dict | None:
-    """The copy's ``state.json`` once it ended: its keeper's own end, or the adapter's note of its early death."""
-    found = json.loads(state.read_text()) if state.exists() else {}
-    return found if found.get("done") or "keeperExit" in found else None
+def test_a_copy_that_got_past_the_claims_is_stopped_by_the_dispatcher(stack, tmp_path, run_log):
+    """The backstop: a replica that took over the claim of one it wrongly thought gone runs a
+    second copy; the dispatcher sees its RUNNING and stops that copy, only that one."""
+    (tmp_path / "waits").mkdir()
+    code = write_code(tmp_path / "waits", WAITS)
+    experiment = create(stack, config(code, trialConcurrency=1))
+    release = tmp_path / "release"
+    trial_id = submit(stack, experiment, {"release": str(release)})
+    owner = wait_until(lambda: (t := trial(stack, trial_id))["status"] == "RUNNING" and t, 30, "RUNNING")["replica"]
+
+    stop = asyncio.run(_second_copy_runs(stack, experiment, trial_id, replica="elsewhere"))
+
+    assert (stop.trial_id, stop.attempt, stop.replica, stop.status) == (trial_id, 0, "elsewhere", "SYS_CANCELED")
+    assert "a second copy of attempt 0" in stop.message
+    release.touch()
+    done = ended(stack, trial_id)
+    assert (done["status"], done["replica"], done["attempts"]) == ("SUCCEEDED", owner, []), done
+
+
+async def _second_copy_runs(stack, experiment: str, trial_id: str, replica: str):
+    """Publish the RUNNING a second copy on ``replica`` would; the cancel the dispatcher sends it."""
+    import nats
+
+    from contracts import CancelRequest, TrialEvent, TrialStatus, subjects
+    from contracts.base import utcnow
+
+    nc = await nats.connect(stack.nats.url)
+    try:
+        cancels = await nc.subscribe(subjects.control("local-gpu", "cancel"))
+        event = TrialEvent(experiment_id=experiment, trial_id=trial_id, attempt=0, status=TrialStatus.RUNNING,
+                           platform="local-gpu", replica=replica, time=utcnow())  # fmt: skip
+        headers = {"Nats-Msg-Id": subjects.running_event_id(trial_id, 0, replica)}
+        subject = subjects.events(experiment, trial_id, "local-gpu")
+        await nc.jetstream().publish(subject, event.encode(), headers=headers)
+        async with asyncio.timeout(20):
+            while True:
+                stop = CancelRequest.decode((await cancels.next_msg(timeout=20)).data)
+                if stop.replica == replica:
+                    return stop
+    finally:
+        await nc.close()
 
 
 async def _redeliver(stack, experiment: str, trial_id: str) -> None:

@@ -46,6 +46,7 @@ TRIAL = textwrap.dedent(
     first = trialbus_trial.attempt() == 0
     with open(params["log"], "a") as log:
         log.write(f"{trialbus_trial.attempt()} {start}\\n")
+    print(f"attempt {trialbus_trial.attempt()} starts at step {start}", flush=True)
     step = start
 
     def save(value):  # atomically: an attempt may be killed mid-write
@@ -125,6 +126,14 @@ def hung(stack: Stack, trial_id: str, flag: Path, results: int) -> None:
     wait_until(lambda: trial(stack, trial_id)["intermediateCount"] == results, 30, f"its {results} results")
 
 
+def assert_logs_per_attempt(stack, trial_id: str) -> None:
+    """Each attempt's log, from the share: the current one by default, the first by number."""
+    current, first = (stack.rest("GET", f"/trials/{trial_id}/log{query}") for query in ("", "?attempt=0"))
+    assert current.status_code == first.status_code == 200, (current.text, first.text)
+    assert "attempt 1 starts at step 2" in current.text and "attempt 0 starts" not in current.text, current.text
+    assert "attempt 0 starts at step 0" in first.text and "attempt 1 starts" not in first.text, first.text
+
+
 def test_fc_a_trial_whose_node_is_lost_is_retried_and_resumes_from_its_checkpoint(fc, k8s, tmp_path):
     # Given a trial that has done 3 of 6 steps (its checkpoint on the NFS share says so) and hangs
     experiment = create(fc, {**fc_config(write_code(tmp_path, TRIAL)), "retry": {"backoff": "0s"}})
@@ -160,6 +169,7 @@ def test_fc_a_trial_failing_on_its_own_is_retried_only_when_the_experiment_asks(
     assert (done["status"], done["attempt"]) == ("SUCCEEDED", 1), done
     assert [(a["status"], a["exitCode"], a["failure"]) for a in done["attempts"]] == [("FAILED", 3, "trial")]
     assert runs(retried_log) == [(0, 0), (1, 2)]
+    assert_logs_per_attempt(fc, retried)
 
 
 def test_fc_a_deleted_pod_is_retried_as_preempted_and_finds_the_checkpoint_of_its_grace_period(fc, k8s, tmp_path):
@@ -278,6 +288,7 @@ def test_pai_a_trial_failing_on_its_own_is_retried_only_when_the_experiment_asks
     assert (done["status"], done["attempt"]) == ("SUCCEEDED", 1), done
     assert [(a["status"], a["exitCode"], a["failure"]) for a in done["attempts"]] == [("FAILED", 3, "trial")]
     assert runs(retried_log) == [(0, 0), (1, 2)]
+    assert_logs_per_attempt(pai_stack, retried)
     assert pai.job("alice", f"trialbus_{asked}_{retried}_1")["jobStatus"]["state"] == "SUCCEEDED"
 
 

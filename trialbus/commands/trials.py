@@ -117,9 +117,10 @@ def trial_log(
     ctx: typer.Context,
     trial_id: Annotated[str, typer.Argument(metavar="ID")],
     max_bytes: Annotated[int, typer.Option(min=1, help="At most this many bytes of the tail.")] = 64 * 1024,
+    attempt: Annotated[int | None, typer.Option(min=0, help="An earlier attempt's log (0 is the first).")] = None,
 ) -> None:
-    """Print the tail of a trial's stdout and stderr."""
-    print(with_client(ctx, lambda c: c.trial_log(trial_id, max_bytes)), end="")
+    """Print the tail of a trial's stdout and stderr (its current attempt's, or --attempt N's)."""
+    print(with_client(ctx, lambda c: c.trial_log(trial_id, max_bytes, attempt)), end="")
 
 
 def _named(first: str | None, trial_id: str | None) -> None:

@@ -355,12 +355,12 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
                         del self.secrets[experiment_id]
                         log.info("deleted the storage Secret of experiment %s", experiment_id)
 
-    async def past(self, experiment_id: str, trial_id: str) -> TrialHandle | None:
+    async def past(self, experiment_id: str, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
         for state in await platforms.experiments(self._bus):
             service = state.config.service_for(self.name)
             if state.id == experiment_id and isinstance(service, FrameworkcontrollerConfig):
                 with contextlib.suppress(PermanentError):
-                    found = sharefs.newest_attempt(self.root(service).local, experiment_id, trial_id)
+                    found = sharefs.newest_attempt(self.root(service).local, experiment_id, trial_id, attempt)
                     if found:
                         return TrialHandle(experiment_id, trial_id, found[0], ref=f"{service.namespace}/-#{found[1]}")
         return None

@@ -360,10 +360,11 @@ class OpenpaiAdapter(PlatformAdapter):
                 handles.append(handle)
         return handles
 
-    async def past(self, experiment_id: str, trial_id: str) -> TrialHandle | None:
-        """The newest attempt of a finished trial whose folder the share keeps (its logs)."""
+    async def past(self, experiment_id: str, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
+        """An attempt (the newest by default) of a finished trial whose folder the share keeps (its logs)."""
         service = await self._service(experiment_id)
-        found = sharefs.newest_attempt(service.local_storage_mount_point, experiment_id, trial_id) if service else None
+        root = service.local_storage_mount_point if service else None
+        found = sharefs.newest_attempt(root, experiment_id, trial_id, attempt) if root else None
         if not found:
             return None
         return TrialHandle(experiment_id, trial_id, found[0], ref=f"{self.client(service).username}#{found[1]}")

@@ -1,0 +1,194 @@
+"""The local-gpu launch path: from a trial request to a keeper running in the trial's directory.
+
+``launch`` is idempotent per trial and attempt: ``mkdir`` of
+``<work_dir>/trials/<experiment>/<trial>-<attempt>/`` is the point where a launch happens
+once — a directory that exists means the attempt was launched already (maybe before a
+restart), and its handle is returned instead of a second run; one an earlier run began but
+never started a keeper in is launched afresh. On the way: the code snapshot (downloaded and
+unpacked once per hash, shared by every trial), the GPUs (:meth:`Launching.place` sets
+``CUDA_VISIBLE_DEVICES``; ``Waiting`` when they are taken now), and the warm template the
+trial may fork from. ``None`` means no room now (``max_trials``).
+
+A mixin of :class:`~services.adapters.local_gpu.adapter.LocalGpuAdapter`, which holds the
+state it uses (settings, the trials, the GPU scheduler, the keeper zygote and warm pool).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from contracts import TrialRequest
+from contracts.base import utcnow
+from services.adapters.base import TrialHandle
+from services.adapters.errors import PermanentError, TransientError, Waiting
+from services.adapters.gpu.placement import GpuAsk
+from services.adapters.keeper import fetch_code
+from services.adapters.local_gpu import client
+from services.adapters.local_gpu.trial import GPUS_FILE, SAFE_ID, UNBORN_GRACE
+from services.common.code_archive import UnsafeArchive, extract_code
+
+if TYPE_CHECKING:
+    from services.adapters.local_gpu.adapter import LocalGpuAdapter
+
+log = logging.getLogger(__name__)
+
+_CODE_REF = re.compile(r"^sha256:([0-9a-f]{64})$")
+
+
+class Launching:
+    """The launch part of the local-gpu adapter (the module's docstring)."""
+
+    async def launch(self: LocalGpuAdapter, request: TrialRequest) -> TrialHandle | None:
+        key = (request.trial_id, request.attempt)
+        if (trial := self.trials.get(key)) is not None:
+            return trial.handle
+        if not (SAFE_ID.match(request.experiment_id) and SAFE_ID.match(request.trial_id)):
+            raise PermanentError(f"ids {request.experiment_id!r}/{request.trial_id!r} cannot name a trial directory")
+        trial_dir = f"{self.work_dir}/trials/{request.experiment_id}/{request.trial_id}-{request.attempt}"
+        if self._running() >= self.settings.max_trials:
+            return self._existing(trial_dir, request)
+        code_dir = await self._code_dir(request.code_ref) if request.code_ref else None
+        ask = self.gpus.ask(request)
+        if ask is not None:
+            await self.gpus.check_fits(ask, self._bus)
+        await self._warm_wait(request, code_dir)
+        # No await from here on: the checks and the spawn happen as one step of the event loop.
+        if (trial := self.trials.get(key)) is not None:
+            return trial.handle
+        if self._running() >= self.settings.max_trials:  # filled up during the download
+            return self._existing(trial_dir, request)
+        if os.path.isdir(trial_dir) and not self._unborn(trial_dir):  # launched before a restart: never twice
+            return self._adopt(trial_dir, *key, request.experiment_id).handle
+        try:
+            where, held, per_gpu = self.place(request, ask)
+        except Waiting as exc:  # a replica that can place it now should have it
+            if (peer := self.gpus.room_elsewhere(ask)) is not None:
+                raise TransientError(f"{exc}; offered to replica {peer}, which has idle GPUs", delay=0.2) from None
+            raise
+        try:
+            os.mkdir(trial_dir)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(trial_dir), exist_ok=True)
+            os.mkdir(trial_dir)
+        except FileExistsError:  # launched before (a redelivery after a restart): never twice
+            return self._adopt(trial_dir, *key, request.experiment_id).handle
+        os.mkdir(f"{trial_dir}/.trialbus")
+        if held:
+            with open(f"{trial_dir}/{GPUS_FILE}", "w") as f:
+                json.dump({"indices": list(held), "perGpu": per_gpu}, f)
+        env = dict(self._env)
+        env.update(
+            TRIALBUS_TRIAL_DIR=trial_dir,
+            TRIALBUS_TRIAL_COMMAND=request.trial_command,
+            TRIALBUS_EXPERIMENT_ID=request.experiment_id,
+            TRIALBUS_TRIAL_ID=request.trial_id,
+            TRIALBUS_SEQUENCE_ID=str(request.sequence_id),
+            TRIALBUS_ATTEMPT=str(request.attempt),
+            TRIALBUS_CHECKPOINT_DIR=f"{self.settings.checkpoint_root}/{request.experiment_id}/{request.trial_id}",
+            TRIALBUS_PARAMETERS=request.parameter_record,
+            TRIALBUS_TRIAL_TOKEN=request.token.get_secret_value(),
+            **where,
+        )
+        if code_dir is not None:
+            env["TRIALBUS_CODE_DIR"] = code_dir
+        if request.heartbeat:
+            env["TRIALBUS_HEARTBEAT"] = str(request.heartbeat)
+        if request.grace_period is not None:
+            env["TRIALBUS_KILL_GRACE"] = str(request.grace_period)
+        forked = self._warm.fork(env, request.warm_preload) if self._warm and request.warm_start else None
+        pid, template = forked or (None, None)
+        try:
+            if pid is None and self._zygote is not None:
+                pid = self._zygote.spawn(env)
+            elif pid is None:
+                pid = client.spawn_keeper(self.settings.keeper_python, self.keeper_path, env, trial_dir)
+        except OSError as exc:
+            shutil.rmtree(trial_dir, ignore_errors=True)  # never launched: nothing to adopt later
+            raise PermanentError(f"cannot start the trial keeper with {self.settings.keeper_python}: {exc}") from exc
+        trial = self._track(request.experiment_id, *key, trial_dir, client.Keeper(pid), utcnow())
+        trial.gpus, trial.per_gpu = held, per_gpu
+        trial.template, trial.grace = template, request.grace_period
+        return trial.handle
+
+    async def _warm_wait(self: LocalGpuAdapter, request: TrialRequest, code_dir: str | None) -> None:
+        """Wait, up to ``warm_wait`` seconds, while the trial's warm template is still starting
+        (an experiment's first, ~50 ms bare; a fuller one learned from the trials): the launch
+        then forks from what is ready, or starts the trial cold."""
+        if self._warm is None or not request.warm_start:
+            return
+        env = dict(self._env, TRIALBUS_EXPERIMENT_ID=request.experiment_id)
+        if code_dir is not None:
+            env["TRIALBUS_CODE_DIR"] = code_dir
+        deadline = time.monotonic() + self.settings.warm_wait
+        while self._warm.waiting(request.trial_command, env, request.warm_preload) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+
+    def _unborn(self: LocalGpuAdapter, trial_dir: str) -> bool:
+        """Whether ``trial_dir`` is a launch an earlier run of this adapter began but died before
+        it started the keeper (so the request was never acked, and here it is again): then the
+        directory is removed, to launch afresh. A keeper spawned in the instant before that
+        death may still be on its way: for :data:`UNBORN_GRACE` seconds the launch is retried
+        later instead."""
+        if client.keeper_born(trial_dir):
+            return False
+        age = time.time() - os.path.getmtime(trial_dir)
+        if age < UNBORN_GRACE:
+            raise TransientError("an earlier launch of this trial may still be starting its keeper",
+                                 delay=UNBORN_GRACE - age)  # fmt: skip
+        log.info("%s: an earlier launch died before starting the trial keeper; launching it afresh", trial_dir)
+        shutil.rmtree(trial_dir, ignore_errors=True)
+        return True
+
+    def _existing(self: LocalGpuAdapter, trial_dir: str, request: TrialRequest) -> TrialHandle | None:
+        """No room for a new trial: only an attempt launched before can be returned."""
+        if not os.path.isdir(trial_dir) or not client.keeper_born(trial_dir):
+            return None
+        return self._adopt(trial_dir, request.trial_id, request.attempt, request.experiment_id).handle
+
+    def place(
+        self: LocalGpuAdapter, request: TrialRequest, ask: GpuAsk | None
+    ) -> tuple[dict[str, str], tuple[int, ...], int]:
+        """Where the trial runs on this host: keeper environment, GPUs held, maxTrialNumberPerGpu.
+
+        ``trialGpuNumber`` unset: nothing (the trial sees what the host has); ``0``: no GPU
+        (``CUDA_VISIBLE_DEVICES=""``, as NNI v3); ≥ 1: GPUs from the scheduler, numbered as
+        nvidia-smi does (``CUDA_DEVICE_ORDER=PCI_BUS_ID``). Raises Waiting with the reason
+        when they are not free now. ``ask`` is ``self.gpus.ask(request)``.
+        """
+        if ask is None:
+            return ({} if request.trial_gpu_number is None else {"TRIALBUS_GPUS": ""}), (), 1
+        held = self.gpus.place(ask)
+        return {"TRIALBUS_GPUS": ",".join(map(str, held)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, held, ask.per_gpu
+
+    async def _code_dir(self: LocalGpuAdapter, code_ref: str) -> str:
+        """The unpacked snapshot for ``code_ref``: downloaded once per hash, shared by every trial."""
+        match = _CODE_REF.match(code_ref)
+        if match is None:
+            raise PermanentError(f"code reference {code_ref!r} is not sha256:<64 hex digits>")
+        digest = match.group(1)
+        if (path := self._code.get(digest)) is not None:
+            return path
+        dest = self.work_dir / "code" / digest
+        if not dest.is_dir():
+            task = self._downloads.get(digest)
+            if task is None:
+                task = self._downloads[digest] = asyncio.create_task(self._download(digest, dest))
+                task.add_done_callback(lambda _: self._downloads.pop(digest, None))
+            await asyncio.shield(task)  # one launch giving up must not abort the others' download
+        self._code[digest] = str(dest)
+        return str(dest)
+
+    async def _download(self: LocalGpuAdapter, digest: str, dest: Path) -> None:
+        archive = await fetch_code(self._bus, digest)
+        try:
+            await asyncio.to_thread(extract_code, archive, dest)
+        except UnsafeArchive as exc:
+            raise PermanentError(f"code snapshot sha256:{digest}: {exc}") from exc

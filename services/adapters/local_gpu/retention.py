@@ -1,0 +1,116 @@
+"""What stays of a finished local-gpu trial, and for how long.
+
+A trial's directory outlives its end by ``trial_retention`` seconds: its logs are served
+from there (``log_tail``), also for past attempts found by ``past`` and after a restart.
+Then a loop removes it (:func:`remove_expired`), and with it the checkpoint directories
+(``<checkpoint_root>/<experiment>/<trial>/``, shared by the replicas of a host) unchanged as
+long, but those of trials still running (:func:`remove_stale`).
+
+A mixin of :class:`~services.adapters.local_gpu.adapter.LocalGpuAdapter`, which starts and
+stops the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import time
+from typing import TYPE_CHECKING
+
+from services.adapters.base import TrialHandle
+from services.adapters.local_gpu import client
+from services.adapters.local_gpu.trial import SAFE_ID
+
+if TYPE_CHECKING:
+    from services.adapters.local_gpu.adapter import LocalGpuAdapter
+
+log = logging.getLogger(__name__)
+
+
+class Retention:
+    """The retention part of the local-gpu adapter (the module's docstring)."""
+
+    async def past(
+        self: LocalGpuAdapter, experiment_id: str, trial_id: str, attempt: int | None = None
+    ) -> TrialHandle | None:
+        """An attempt (the newest by default) of a trial whose directory is still here (kept
+        ``trial_retention``)."""
+        if not (SAFE_ID.match(experiment_id) and SAFE_ID.match(trial_id)):
+            return None
+        attempts = []
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for entry in os.scandir(f"{self.work_dir}/trials/{experiment_id}"):
+                name, _, number = entry.name.rpartition("-")
+                if name == trial_id and number.isdigit() and attempt in (None, int(number)) and entry.is_dir():
+                    attempts.append((int(number), entry.path))
+        if not attempts:
+            return None
+        newest, path = max(attempts)
+        return TrialHandle(experiment_id, trial_id, newest, ref=path)
+
+    async def _retention_loop(self: LocalGpuAdapter) -> None:
+        """Remove reported trials' directories ``trial_retention`` seconds after their end."""
+        retention = self.settings.trial_retention
+        if not retention:
+            return
+        while True:
+            try:
+                removed = await asyncio.to_thread(remove_expired, f"{self.work_dir}/trials", retention)
+                if removed:
+                    log.info("removed %d finished trial director%s older than %.0fs", removed,
+                             "y" if removed == 1 else "ies", retention)
+                running = {(t.handle.experiment_id, t.handle.trial_id) for t in self.trials.values() if t.running}
+                stale = await asyncio.to_thread(remove_stale, str(self.settings.checkpoint_root), retention, running)
+                if stale:
+                    log.info("removed %d checkpoint director%s unchanged for %.0fs", stale,
+                             "y" if stale == 1 else "ies", retention)
+            except Exception:
+                log.exception("cannot clean up old trial directories")
+            await asyncio.sleep(min(3600.0, max(1.0, retention / 4)))
+
+    async def log_tail(self: LocalGpuAdapter, handle: TrialHandle, max_bytes: int) -> str:
+        parts = []
+        for name in ("stdout", "stderr", "trial.log"):
+            text = client.tail(f"{handle.ref}/{name}", max_bytes)
+            if text is not None:
+                parts.append(f"==> {name} <==\n{text}")
+        return "\n".join(parts)
+
+
+def remove_expired(trials_dir: str, retention: float) -> int:
+    """Delete trial directories reported more than ``retention`` seconds ago; the count."""
+    deadline, removed = time.time() - retention, 0
+    for experiment in os.scandir(trials_dir):
+        if not experiment.is_dir():
+            continue
+        for entry in os.scandir(experiment.path):
+            try:
+                if entry.is_dir() and os.path.getmtime(f"{entry.path}/{client.REPORTED}") < deadline:
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                    removed += 1
+            except FileNotFoundError:  # running, or never reported
+                continue
+        with contextlib.suppress(OSError):  # only when empty
+            os.rmdir(experiment.path)
+    return removed
+
+
+def remove_stale(root: str, retention: float, running: set[tuple[str, str]]) -> int:
+    """Delete checkpoint directories (``<root>/<experiment>/<trial>``) unchanged for ``retention``
+    seconds, but those of ``running`` trials; the count. O(checkpoint directories)."""
+    deadline, removed = time.time() - retention, 0
+    with contextlib.suppress(FileNotFoundError):
+        for experiment in os.scandir(root):
+            if not experiment.is_dir():
+                continue
+            for entry in os.scandir(experiment.path):
+                with contextlib.suppress(FileNotFoundError):
+                    if (experiment.name, entry.name) not in running and entry.stat().st_mtime < deadline:
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                        removed += 1
+            with contextlib.suppress(OSError):  # only when empty
+                os.rmdir(experiment.path)
+    return removed

@@ -1,0 +1,98 @@
+"""Watching and stopping local-gpu trials: a trial's end, as its keeper leaves it, and cancel.
+
+Each keeper's exit reaches the event loop through a pidfd (:meth:`Watching._watch`), which
+wakes the service at once; ``poll`` then reads the outcome from the keeper's ``state.json``
+and exit status (:func:`~services.adapters.keeper.outcome_of`), and kills what a keeper that
+died first left behind. ``cancel`` sends SIGTERM to the keeper (it stops the trial's process
+group) and SIGKILLs everything once the grace period is over. A trial adopted before its
+keeper wrote its pid counts as running for :data:`~.trial.UNBORN_GRACE` seconds.
+
+A mixin of :class:`~services.adapters.local_gpu.adapter.LocalGpuAdapter`, which holds the
+state it uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from typing import TYPE_CHECKING
+
+from services.adapters.base import TrialHandle, TrialOutcome
+from services.adapters.errors import TransientError
+from services.adapters.keeper import outcome_of
+from services.adapters.local_gpu import client
+from services.adapters.local_gpu.trial import UNBORN_GRACE, Trial, dead_keeper
+
+if TYPE_CHECKING:
+    from services.adapters.local_gpu.adapter import LocalGpuAdapter
+
+log = logging.getLogger(__name__)
+
+
+class Watching:
+    """The watching part of the local-gpu adapter (the module's docstring)."""
+
+    async def poll(self: LocalGpuAdapter, handle: TrialHandle) -> TrialOutcome | None:
+        trial = self._find(handle)
+        if trial.outcome is not None:
+            return trial.outcome
+        if trial.keeper is None and not self._find_keeper(trial):
+            if time.time() - os.path.getmtime(trial.dir) < UNBORN_GRACE:
+                return None
+            return self._ended(trial)
+        if trial.keeper.check():
+            return None
+        return self._ended(trial)
+
+    def _ended(self: LocalGpuAdapter, trial: Trial) -> TrialOutcome:
+        if trial.kill is not None:
+            trial.kill.cancel()
+        if trial.template is not None and self._warm is not None:
+            self._warm.learn(trial.template, trial.dir)
+        state = client.read_state(trial.dir)
+        if state.get("pgid") and "exitCode" not in state:  # the keeper died first: leave no orphans
+            client.kill_group(state["pgid"], signal.SIGKILL)
+        status = trial.keeper.status if trial.keeper else None
+        if not state and trial.keeper is not None:
+            client.record_early_death(trial.dir, trial.keeper.pid, status)
+        status = status if status is not None else state.get("keeperExit")
+        keeper_out = None if state.get("exitCode") is not None else client.tail(f"{trial.dir}/{client.KEEPER_OUT}", 300)
+        trial.outcome = outcome_of(state, status, keeper_out)
+        return trial.outcome
+
+    async def cancel(self: LocalGpuAdapter, handle: TrialHandle) -> None:
+        """SIGTERM the keeper (it stops the trial's group); SIGKILL everything if it lingers."""
+        trial = self._find(handle)
+        if not trial.running:
+            return
+        if trial.keeper is None and not self._find_keeper(trial):
+            raise TransientError("the trial keeper has not started yet", delay=0.2)
+        trial.keeper.signal(signal.SIGTERM)
+        if trial.kill is None:
+            loop = asyncio.get_running_loop()
+            trial.kill = loop.call_later(self._grace(trial) + 1.0, self._force_stop, trial)
+
+    def _grace(self: LocalGpuAdapter, trial: Trial) -> float:
+        return self.settings.kill_grace if trial.grace is None else trial.grace
+
+    def _find_keeper(self: LocalGpuAdapter, trial: Trial) -> bool:
+        """For a trial adopted before its keeper wrote ``state.json``: is its pid known now?"""
+        if pid := client.read_state(trial.dir).get("keeperPid"):
+            trial.keeper = client.Keeper.adopt(pid) or dead_keeper(pid)
+            self._watch(trial)
+        return trial.keeper is not None
+
+    def _force_stop(self: LocalGpuAdapter, trial: Trial) -> None:
+        if trial.running and trial.keeper is not None:
+            grace = self._grace(trial) + 1
+            log.warning("trial %s still running %.1fs after cancel: SIGKILL", trial.handle.trial_id, grace)
+            if pgid := client.read_state(trial.dir).get("pgid"):
+                client.kill_group(pgid, signal.SIGKILL)
+            trial.keeper.signal(signal.SIGKILL)
+
+    def _watch(self: LocalGpuAdapter, trial: Trial) -> None:
+        if trial.keeper is not None and trial.keeper.alive:
+            trial.keeper.watch(lambda: self.notify(trial.handle))
