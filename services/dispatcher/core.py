@@ -8,13 +8,13 @@ Guarantees:
   event, metric) is idempotent, so a restart replays instead of losing or doubling.
 All mutations of one experiment run under that experiment's lock. A trial's attempts
 (retries, silent trials, a user's retry) are :mod:`.attempts`; what depends on time, the
-sweep, is :mod:`.sweep`: both are parts of :class:`Dispatcher`.
+sweep, is :mod:`.sweep`; events and metric records from the bus are :mod:`.inputs`: all are
+parts of :class:`Dispatcher`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import string
@@ -30,11 +30,11 @@ from contracts.experiment import ExperimentConfig, format_validation_error, secr
 from contracts.messages import CancelRequest, TrialEvent
 from contracts.state import ExperimentState, ExperimentStatus, TrialState, TrialStatus
 from services.common.bus import Bus
-from services.common.logs import bind
 from services.dispatcher import history, snapshots
 from services.dispatcher.attempts import Attempts
 from services.dispatcher.errors import ApiError
-from services.dispatcher.folds import MetricFold, MetricsProgress
+from services.dispatcher.folds import MetricsProgress
+from services.dispatcher.inputs import Inputs
 from services.dispatcher.liveness import Liveness
 from services.dispatcher.ownership import EventGate
 from services.dispatcher.settings import DispatcherSettings
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 _ALNUM = string.ascii_lowercase + string.digits
 
 
-class Dispatcher(Attempts, Sweep):
+class Dispatcher(Inputs, Attempts, Sweep):
     def __init__(self, settings: DispatcherSettings, bus: Bus, store: StateStore) -> None:
         self.settings = settings
         self.bus = bus
@@ -282,102 +282,6 @@ class Dispatcher(Attempts, Sweep):
                 503, f"no {trial.platform} adapter replica holds the log of {which} right now; is it running?"
             )
         return text
-
-    # ------------------------------------------------------------ bus inputs
-
-    async def on_events(self, events: list[tuple[str, TrialEvent]]) -> None:
-        """Apply a batch of adapters' events, each with the subject it came on; returns once
-        their effect is in KV (then ack).
-
-        Idempotent: replays and duplicates change nothing. An event from anyone but its
-        trial's adapter (or the dispatcher) is refused (:mod:`.ownership`). The trials' new
-        states are written together at the end (one write per trial, however many of its
-        events the batch holds), together with the requests of the trials that took the freed slots.
-        """
-        sends: list[TrialState] = []
-        for subject, event in events:
-            await self.on_event(subject, event, sends)
-        flush = self.store.flush(event.trial_id for _, event in events)
-        await asyncio.gather(flush, *(self.slots.send(t) for t in sends))
-
-    async def on_event(self, subject: str, event: TrialEvent, sends: list[TrialState]) -> None:
-        """Apply one event to the cache. Its trial's state is left for :meth:`on_events` to
-        flush, and the trials that take a slot it freed are added to ``sends``: no round trip
-        happens under the experiment lock."""
-        trial = self.store.trials.get(event.trial_id)
-        if trial is not None and event.attempt != trial.attempt:  # an attempt that is over: nothing to apply
-            if event.attempt < trial.attempt and event.status == TrialStatus.RUNNING:
-                await self._stop_copy(subject, event, f"attempt {event.attempt} runs, but the trial is at attempt "
-                                                      f"{trial.attempt}")  # fmt: skip
-            return
-        if not self.gate.admits(subject, event, trial.platform if trial else None):
-            return
-        if trial is None:
-            return
-        if self._another_copy(trial, event):
-            if event.status == TrialStatus.RUNNING:
-                await self._stop_copy(subject, event, f"a second copy of attempt {event.attempt}, which runs on "
-                                                      f"replica {trial.replica}")  # fmt: skip
-            return
-        if event.status == TrialStatus.WAITING:  # an adapter says what the dispatched trial waits for
-            if event.platform and trial.status == TrialStatus.WAITING and trial.message != event.message:
-                self.store.defer(trial.model_copy(update={"message": event.message}))
-            return
-        if event.status.terminal and not trial.status.terminal and trial.final_metric is None:
-            await self.metrics.caught_up(self.bus.js)  # with the FINAL applied, its earlier records are too
-        async with self._locks[trial.experiment_id]:
-            trial = self.store.trials[event.trial_id]
-            with bind(experiment=trial.experiment_id, trial=trial.id):
-                if trial.status.terminal:
-                    if event.status == TrialStatus.RUNNING and trial.cancel_status:
-                        await self._request_cancel(trial)  # it started after we ended it: stop it
-                    return
-                if event.status == TrialStatus.RUNNING:
-                    if trial.status == TrialStatus.WAITING:
-                        update = {"status": TrialStatus.RUNNING, "start_time": event.time, "replica": event.replica}
-                        self.store.defer(trial := trial.model_copy(update={**update, "message": None}))
-                    elif event.message != trial.message and not trial.cancel_status:  # a note: status stale
-                        self.store.defer(trial := trial.model_copy(update={"message": event.message}))
-                    if trial.cancel_status:
-                        await self._request_cancel(trial)
-                    return
-                if trial.id in self.liveness.lost:  # the end of an attempt we stopped for its silence
-                    await self._attempt_ended(trial, TrialStatus.FAILED, "lost", trial.message, sends=sends,
-                                              exit_code=event.exit_code, when=event.time, publish=True)  # fmt: skip
-                    return
-                failure = event.failure or (None if event.status != TrialStatus.FAILED else "trial")
-                await self._attempt_ended(trial, event.status, failure, event.message, sends=sends,
-                                          exit_code=event.exit_code, when=event.time, publish=False)  # fmt: skip
-
-    async def on_metrics(self, records: list[MetricFold], stream_seq: int = 0) -> None:
-        """Fold a batch of metric records into trial state (final metric, intermediate count).
-
-        Each record is folded into its trial's :class:`MetricFold` first, so a batch costs
-        one state copy and one KV write per trial, not per record (records arrive by the
-        thousand); the write happens outside the experiment lock. Returns once the folds
-        are in KV (then ack). ``stream_seq`` is the METRICS sequence of the batch's last
-        record: once applied, terminal events waiting in ``metrics.caught_up`` may proceed.
-        """
-        by_experiment: dict[str, list[MetricFold]] = defaultdict(list)
-        for fold in records:
-            if fold.trial_id in self.store.trials:
-                by_experiment[fold.experiment_id].append(fold)
-        for experiment_id, folds in by_experiment.items():
-            async with self._locks[experiment_id]:  # no lost update against an event
-                for fold in folds:
-                    trial = self.store.trials[fold.trial_id]
-                    if fold.attempt != trial.attempt:  # an attempt that is over (a retry runs): history only
-                        continue
-                    self.liveness.heard(trial.id)
-                    update: dict[str, Any] = {"intermediate_count": max(trial.intermediate_count, fold.periodical)}
-                    if fold.final is not None:
-                        try:
-                            update["final_metric"] = json.loads(fold.final)
-                        except ValueError:
-                            update["final_metric"] = fold.final
-                    self.store.defer(trial.model_copy(update=update))
-        self.metrics.applied(stream_seq)  # in the cache: an end waiting for them may go on
-        await self.store.flush(fold.trial_id for folds in by_experiment.values() for fold in folds)
 
     # --------------------------------------------------------------- internals
 

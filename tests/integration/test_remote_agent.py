@@ -242,3 +242,17 @@ def test_an_unsafe_checkpoint_archive_changes_nothing(agent, tmp_path, unsafe, r
     assert not (agent.root / "checkpoints" / "escape").exists() and not archive.exists()
     outside = agent.call("checkpoint_unpack", dir=str(tmp_path / "elsewhere"), archive=str(archive), maxBytes=1024)
     assert "is not a checkpoint directory under" in outside["error"]
+
+
+def test_an_attempts_directory_is_found_by_number_or_the_newest(agent):
+    """After a restart the adapter asks the machine for a finished trial's log: the newest
+    attempt, or the one the user names (`trialbus trial log ID --attempt N`)."""
+    for attempt in (0, 2):
+        Path(f"{agent.root}/trials/exp1/tf-{attempt}").mkdir(parents=True)
+
+    def find(**args) -> dict | None:
+        return agent.call("find", experiment="exp1", trial="tf", **args)["result"]
+
+    assert find()["attempt"] == 2 and find(attempt=None)["attempt"] == 2
+    assert find(attempt=0) == {"attempt": 0, "dir": f"{agent.root}/trials/exp1/tf-0"}
+    assert find(attempt=1) is None

@@ -23,6 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's folder out
 
 import agent_checkpoints  # noqa: E402 - shipped beside this file
+import agent_host  # noqa: E402 - shipped beside this file
 import trial_keeper  # noqa: E402 - shipped beside this file
 import warm_pool  # noqa: E402 - shipped beside this file (with trial_template.py)
 
@@ -283,15 +284,16 @@ class Agent:
         return found
 
     def op_find(self, request):
-        """The newest attempt's directory of a trial (for its log after the adapter restarted)."""
-        experiment, trial = request["experiment"], request["trial"]
+        """The directory of a trial's attempt, the newest unless ``attempt`` names one (for its log
+        after the adapter restarted)."""
+        experiment, trial, wanted = request["experiment"], request["trial"], request.get("attempt")
         if "/" in experiment + trial or experiment.startswith("."):
             return None
         attempts = []
         try:
             for entry in os.scandir("%s/trials/%s" % (self.root, experiment)):
                 name, _, attempt = entry.name.rpartition("-")
-                if name == trial and attempt.isdigit() and entry.is_dir():
+                if name == trial and attempt.isdigit() and wanted in (None, int(attempt)) and entry.is_dir():
                     attempts.append((int(attempt), entry.path))
         except (FileNotFoundError, NotADirectoryError):
             return None
@@ -318,50 +320,12 @@ class Agent:
         return found
 
     def op_gpus(self, request):
-        """``nvidia-smi -q -x`` as text, and the session of each process it lists (None:
-        not visible here), so the adapter tells our trials' processes from foreign ones."""
-        import re
-        import subprocess
-
-        try:
-            done = subprocess.run([request.get("nvidiaSmi") or "nvidia-smi", "-q", "-x"], capture_output=True,
-                                  timeout=30)
-        except FileNotFoundError:
-            return {"error": "nvidia-smi not found"}
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return {"error": "nvidia-smi failed: %s" % exc}
-        if done.returncode != 0:
-            last = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()[-1:]
-            return {"error": "nvidia-smi exited with %d%s" % (done.returncode, (": " + last[0]) if last else "")}
-        xml = done.stdout.decode("utf-8", "replace")
-        sessions = {}
-        for pid in set(re.findall(r"<pid>\s*(\d+)\s*</pid>", xml)):
-            try:
-                sessions[pid] = os.getsid(int(pid))
-            except (ProcessLookupError, PermissionError):
-                sessions[pid] = None
-        return {"xml": xml, "sessions": sessions}
+        """``nvidia-smi -q -x`` as text, and the session of each process it lists (agent_host.gpus)."""
+        return agent_host.gpus(request.get("nvidiaSmi"))
 
     def op_probe(self, request):
-        """The ``python3`` a trial gets with ``pythonPath`` first on PATH: its version, and
-        whether it can import ``nni``."""
-        import subprocess
-
-        env = dict(os.environ)
-        if request.get("pythonPath"):
-            env["PATH"] = request["pythonPath"] + ":" + env.get("PATH", "")
-        code = "import importlib.util, sys; print(sys.version.split()[0], importlib.util.find_spec('nni') is not None)"
-        try:
-            done = subprocess.run(["python3", "-c", code], env=env, capture_output=True, timeout=60)
-        except FileNotFoundError:
-            return {"python": None, "nni": False, "path": env["PATH"]}
-        words = done.stdout.decode().split()
-        if done.returncode != 0 or len(words) != 2:
-            return {"python": None, "nni": False, "path": env["PATH"]}
-        import shutil
-
-        where = shutil.which("python3", path=env["PATH"])
-        return {"python": words[0], "nni": words[1] == "True", "path": env["PATH"], "where": where}
+        """The ``python3`` a trial gets with ``pythonPath`` first on PATH (agent_host.probe)."""
+        return agent_host.probe(request.get("pythonPath"))
 
     def op_unpack(self, request):
         """Unpack an uploaded code snapshot (tar.gz) into ``dest`` atomically, refusing

@@ -1,17 +1,17 @@
-"""One SSH machine as the remote adapter sees it: a connection, the agent on it, uploads.
+"""One SSH machine as the remote adapter sees it: a connection and the agent on it.
 
 :class:`Machine` keeps one multiplexed SSH connection (asyncssh) per ``user@host:port`` and
 reconnects it with back-off when it drops. On each connection it makes sure Trialbus's
-files are on the machine (``<root>/bin/<hash>/``: ``agent.py``, ``trial_keeper.py`` and the
-``nni`` shim, uploaded over SFTP once per content hash), then runs the agent (``agent.py``)
-on an exec channel and talks JSON lines to it (:meth:`Machine.call`). Code snapshots are
-uploaded once per machine and hash (``<root>/code/<sha256>/``), so a second experiment
-with the same code uploads nothing.
+files are on the machine (``<root>/bin/<hash>/``: ``agent.py`` and its helpers,
+``trial_keeper.py`` and the ``nni`` shim, uploaded over SFTP once per content hash), then runs
+the agent (``agent.py``) on an exec channel and talks JSON lines to it (:meth:`Machine.call`).
+Files go to and from the machine over SFTP (``transfers.py``, a mixin of :class:`Machine`):
+Trialbus's files, code snapshots (once per machine and hash), checkpoint archives.
 
 Host keys are checked against ``known_hosts``: an unknown host is refused unless the
 operator asked for trust on first use, and a changed key is always refused. Credentials
 (password, key, passphrase) never appear in a message: errors name the machine by
-``user@host:port`` only.
+``user@host:port`` only (``machine_errors.py``).
 """
 
 from __future__ import annotations
@@ -25,27 +25,34 @@ import os
 import secrets
 import shlex
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncssh
 
 from contracts.experiment import RemoteMachineConfig
-from services.adapters.errors import PermanentError, TransientError
 from services.adapters.keeper import Bundle
+from services.adapters.remote.machine_errors import (
+    AgentError,
+    AgentProblem,
+    KeyProblem,
+    MachineDown,
+    UnknownHost,
+    describe_error,
+    is_permanent,
+    key_problem,
+)
 from services.adapters.remote.settings import RemoteSettings
+from services.adapters.remote.transfers import Transfers
 
 log = logging.getLogger(__name__)
 #: asyncssh logs every channel at INFO: ours says what matters (connected, dropped, why).
 logging.getLogger("asyncssh").setLevel(logging.WARNING)
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
-#: What the agent needs on the machine besides the keeper: itself and its checkpoint helpers.
-AGENT_FILES = {"agent.py": AGENT_PATH, "agent_checkpoints.py": Path(__file__).with_name("agent_checkpoints.py")}
-
-
-class MachineDown(TransientError):
-    """The machine cannot be reached now (the message says since when and why)."""
+#: What the agent needs on the machine besides the keeper: itself and its helpers (stdlib only).
+AGENT_FILES = {"agent.py": AGENT_PATH, "agent_checkpoints.py": Path(__file__).with_name("agent_checkpoints.py"),
+               "agent_host.py": Path(__file__).with_name("agent_host.py")}  # fmt: skip
 
 
 def _quote(path: str) -> str:
@@ -67,7 +74,7 @@ def machine_key(config: RemoteMachineConfig) -> str:
     return f"{config.address}/{hmac.new(_KEY_SALT, secret.encode(), 'sha256').hexdigest()[:16]}"
 
 
-class Machine:
+class Machine(Transfers):
     """One SSH machine: connect, keep connected, run the agent, call it (module docstring)."""
 
     def __init__(
@@ -139,7 +146,7 @@ class Machine:
                 await self._connect()
             except Exception as exc:  # noqa: BLE001 - every failure is a reason people read
                 before = self.error
-                self._lost(describe_error(exc, self), permanent=_is_permanent(exc))
+                self._lost(describe_error(exc, self), permanent=is_permanent(exc))
                 if self.error != before:  # once per distinct reason, not once per retry
                     log.warning("%s", self.down_reason())
             else:
@@ -250,28 +257,6 @@ class Machine:
         log.warning("trusted the new host key of %s (%s) on first use; added to %s", self.name,
                     key.get_fingerprint(), path)  # fmt: skip
 
-    async def _install(self) -> None:
-        """Trialbus's files under ``<root>/bin/<hash>/``, uploaded unless already there."""
-        root, sftp = self.settings.remote_root.rstrip("/"), self.sftp
-        folder = f"{root}/bin/{self.bundle.hash}"
-        if await sftp.exists(f"{folder}/.complete"):
-            return
-        tmp = f"{root}/bin/.{self.bundle.hash}-{secrets.token_hex(4)}"
-        await sftp.makedirs(f"{tmp}/nni_shim/nni", exist_ok=True)
-        for name, data in self.bundle.files.items():
-            await sftp.makedirs(f"{tmp}/{os.path.dirname(name)}", exist_ok=True)
-            async with sftp.open(f"{tmp}/{name}", "wb") as f:
-                await f.write(data)
-        async with sftp.open(f"{tmp}/.complete", "wb") as f:
-            await f.write(b"")
-        try:
-            await sftp.rename(tmp, folder)
-        except asyncssh.SFTPError:  # another adapter replica installed it meanwhile
-            if not await sftp.exists(f"{folder}/.complete"):
-                raise
-            await self.conn.run(f"rm -rf {_quote(tmp)}", check=False)
-        log.info("installed Trialbus's files on %s (%s)", self.name, folder)
-
     async def _start_agent(self) -> None:
         root = self.settings.remote_root.rstrip("/")
         path = self.config.python_path
@@ -333,129 +318,3 @@ class Machine:
             if self.conn is not None:
                 self.conn.close()  # an agent that does not answer: reconnect
             raise MachineDown(f"machine {self.name} did not answer {op} in time", delay=1.0) from None
-
-    async def code_dir(self, digest: str, archive: Callable[[], asyncio.Future]) -> str:
-        """The unpacked snapshot ``digest`` on the machine, uploaded unless it is there."""
-        if (path := self.code.get(digest)) is not None:
-            return path
-        task = self._uploads.get(digest)
-        if task is None:
-            task = self._uploads[digest] = asyncio.create_task(self._upload(digest, archive))
-        path = await asyncio.shield(task)
-        self.code[digest] = path
-        return path
-
-    async def _upload(self, digest: str, archive: Callable[[], asyncio.Future]) -> str:
-        dest = f"{self.root}/code/{digest}"
-        if not await self.sftp.isdir(dest):
-            data = await archive()
-            await self.sftp.makedirs(f"{self.root}/code", exist_ok=True)
-            tmp = f"{self.root}/code/.{digest}-{secrets.token_hex(4)}.tar.gz"
-            async with self.sftp.open(tmp, "wb") as f:
-                await f.write(data)
-            try:
-                await self.call("unpack", archive=tmp, dest=dest, timeout=300)
-            except AgentError as exc:  # an unsafe archive, a full disk: the same again would fail again
-                raise PermanentError(f"cannot unpack code snapshot sha256:{digest} on {self.name}: {exc}") from None
-            log.info("uploaded code snapshot sha256:%s to %s (%d bytes)", digest[:12], self.name, len(data))
-        return dest
-
-
-    def scratch(self, name: str) -> str:
-        """A new path for a temporary file on the machine (``<root>/tmp/``, which the agent cleans)."""
-        return f"{self.root}/tmp/{name}-{secrets.token_hex(6)}"
-
-    async def download(self, remote: str, local: Path) -> None:
-        """Copy the machine's file ``remote`` to ``local`` over SFTP, then remove it there."""
-        async with self._transfer(f"copy {remote} from") as sftp:
-            try:
-                await sftp.get(remote, str(local))
-            finally:
-                with contextlib.suppress(asyncssh.Error, OSError):
-                    await sftp.remove(remote)
-
-    async def upload(self, local: Path, remote: str) -> None:
-        """Copy ``local`` to the machine's ``remote`` over SFTP (its folder is made if need be)."""
-        async with self._transfer(f"copy {remote} to") as sftp:
-            await sftp.makedirs(os.path.dirname(remote), exist_ok=True)
-            await sftp.put(str(local), remote)
-
-    @contextlib.asynccontextmanager
-    async def _transfer(self, what: str) -> AsyncIterator[asyncssh.SFTPClient]:
-        """This connection's SFTP client; its errors as ours: MachineDown when the connection is
-        (or went) down, else AgentError."""
-        sftp = self.sftp
-        if not self.up.is_set() or sftp is None:
-            raise MachineDown(self.down_reason(), delay=1.0)
-        try:
-            yield sftp
-        except (asyncssh.Error, OSError) as exc:
-            if not self.up.is_set() or isinstance(exc, asyncssh.ConnectionLost | asyncssh.SFTPConnectionLost):
-                raise MachineDown(self.down_reason(), delay=1.0) from None
-            raise AgentError(f"cannot {what} {self.name}: {getattr(exc, 'reason', None) or exc}") from None
-
-
-class AgentError(TransientError):
-    """The agent could not do what was asked (its message says why)."""
-
-
-class UnknownHost(Exception):
-    """The machine's host key is not known and trust on first use is off."""
-
-
-class KeyProblem(Exception):
-    """The private key cannot be loaded (missing file, wrong passphrase)."""
-
-
-class AgentProblem(Exception):
-    """The agent cannot run on the machine (no python3)."""
-
-
-def _is_permanent(exc: BaseException) -> bool:
-    return isinstance(exc, UnknownHost | KeyProblem | AgentProblem | asyncssh.PermissionDenied
-                      | asyncssh.HostKeyNotVerifiable)  # fmt: skip
-
-
-def key_problem(exc: BaseException, config: RemoteMachineConfig) -> str:
-    where = config.ssh_key_file or "sshKey"
-    if isinstance(exc, FileNotFoundError):
-        return f"sshKeyFile {where} for {config.address} does not exist on the adapter's host"
-    if isinstance(exc, OSError):
-        return f"cannot read sshKeyFile {where} for {config.address}: {exc.strerror}"
-    text = str(exc)
-    if "passphrase" in text.lower() or "decrypt" in text.lower():
-        hint = "wrong sshPassphrase" if config.ssh_passphrase else "the key is encrypted: set sshPassphrase"
-        return f"cannot load the private key {where} for {config.address}: {hint}"
-    return f"cannot load the private key {where} for {config.address}: {text}"
-
-
-def describe_error(exc: BaseException, machine: Machine) -> str:
-    """A sentence for people about a failed connection; never a secret."""
-    name, path = machine.name, machine.settings.known_hosts_path
-    if isinstance(exc, UnknownHost | KeyProblem | AgentProblem):
-        return str(exc)
-    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
-        config = machine.config
-        target = config.host if config.port == 22 else f"[{config.host}]:{config.port}"
-        return (
-            f"the host key of {name} does not match the one in {path}: refusing to connect (if the machine "
-            f"was reinstalled, remove the old key with ssh-keygen -R '{target}' -f {path})"
-        )
-    if isinstance(exc, asyncssh.PermissionDenied):
-        how = "password" if machine.config.password is not None else "key"
-        return f"authentication failed for {name}: the server refused the {how}"
-    if isinstance(exc, ConnectionRefusedError):
-        return f"connection refused by {machine.config.host}:{machine.config.port} (is sshd running on that port?)"
-    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
-        wait = machine.settings.ssh_connect_timeout
-        return f"no answer from {machine.config.host}:{machine.config.port} within {wait:g}s"
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"cannot connect to {machine.config.host}:{machine.config.port}: {exc.strerror}"
-    if isinstance(exc, asyncssh.Error):
-        return f"SSH error with {name}: {exc.reason}"
-    return f"cannot use {name}: {type(exc).__name__}: {exc}"
-
-
-def is_permanent_reason(machine: Machine) -> PermanentError | None:
-    """The machine's error as a PermanentError when retrying cannot help, else None."""
-    return PermanentError(machine.down_reason()) if machine.permanent else None
