@@ -256,3 +256,27 @@ def test_an_attempts_directory_is_found_by_number_or_the_newest(agent):
     assert find()["attempt"] == 2 and find(attempt=None)["attempt"] == 2
     assert find(attempt=0) == {"attempt": 0, "dir": f"{agent.root}/trials/exp1/tf-0"}
     assert find(attempt=1) is None
+
+
+def test_clean_removes_old_checkpoints_but_those_of_trials_still_running(agent):
+    """A machine keeps checkpoint directories as long as finished trials' directories (retention),
+    never those of a trial that still runs there, however long it has not written one."""
+    old = time.time() - 3600
+    trials, checkpoints = Path(agent.root, "trials", "exp1"), Path(agent.root, "checkpoints", "exp1")
+    for trial, reported in (("done", True), ("runs", False)):
+        (trials / f"{trial}-0").mkdir(parents=True)
+        if reported:
+            (trials / f"{trial}-0" / ".trialbus").mkdir()
+            (trials / f"{trial}-0" / ".trialbus" / "reported").touch()
+            os.utime(trials / f"{trial}-0" / ".trialbus" / "reported", (old, old))
+    for trial in ("done", "runs", "fresh"):
+        (checkpoints / trial).mkdir(parents=True)
+        (checkpoints / trial / "model.pt").write_bytes(b"weights")
+        if trial != "fresh":
+            os.utime(checkpoints / trial, (old, old))
+
+    found = agent.call("clean", retention=60)["result"]
+
+    assert found == {"removed": 1, "checkpoints": 1}
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["fresh", "runs"]
+    assert sorted(p.name for p in trials.iterdir()) == ["runs-0"]

@@ -362,11 +362,12 @@ class Agent:
         return {}
 
     def op_clean(self, request):
-        """Remove trial directories reported more than ``retention`` seconds ago, and scratch files
+        """Remove trial directories reported more than ``retention`` seconds ago, checkpoint
+        directories unchanged as long but those of trials still running here, and scratch files
         (checkpoint archives a dropped connection left) older than an hour."""
         import shutil
 
-        deadline, removed = time.time() - request["retention"], 0
+        deadline, removed, running = time.time() - request["retention"], 0, set()
         for entry in os.scandir(self.root + "/tmp") if os.path.isdir(self.root + "/tmp") else ():
             try:
                 if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < time.time() - 3600:
@@ -381,13 +382,16 @@ class Agent:
                     if os.path.getmtime(entry.path + "/" + REPORTED) < deadline:
                         shutil.rmtree(entry.path, ignore_errors=True)
                         removed += 1
-                except (FileNotFoundError, NotADirectoryError):
+                except FileNotFoundError:  # not reported yet: its checkpoints stay
+                    running.add((experiment.name, entry.name.rpartition("-")[0]))
+                except NotADirectoryError:
                     continue
             try:
                 os.rmdir(experiment.path)
             except OSError:
                 pass
-        return {"removed": removed}
+        stale = agent_checkpoints.remove_stale(self.root + "/checkpoints", deadline, running)
+        return {"removed": removed, "checkpoints": stale}
 
 
 if __name__ == "__main__":

@@ -205,3 +205,22 @@ def _swap(new, dest):
     os.rename(new, dest)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_stale(root, deadline, running):
+    """Delete checkpoint directories (``<root>/<experiment>/<trial>``) unchanged since ``deadline``
+    (a time), but those of ``running`` trials ((experiment, trial) pairs); the count.
+    O(checkpoint directories)."""
+    removed = 0
+    with contextlib.suppress(FileNotFoundError):
+        for experiment in os.scandir(root):
+            if not experiment.is_dir():
+                continue
+            for entry in os.scandir(experiment.path):
+                with contextlib.suppress(FileNotFoundError):
+                    if (experiment.name, entry.name) not in running and entry.stat().st_mtime < deadline:
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                        removed += 1
+            with contextlib.suppress(OSError):  # only when empty
+                os.rmdir(experiment.path)
+    return removed
