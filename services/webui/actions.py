@@ -56,8 +56,9 @@ class Dispatcher:
     async def stop_experiment(self, experiment_id: str) -> Any:
         return await self.call("experiment.stop", {"id": experiment_id})
 
-    async def trial_log(self, trial_id: str, max_bytes: int) -> str:
-        result = await self.call("trial.log", {"id": trial_id, "maxBytes": max_bytes})
+    async def trial_log(self, trial_id: str, max_bytes: int, attempt: int | None = None) -> str:
+        body = {"id": trial_id, "maxBytes": max_bytes, **({} if attempt is None else {"attempt": attempt})}
+        result = await self.call("trial.log", body)
         if not isinstance(result, dict) or not isinstance(result.get("text"), str):
             raise Refused(502, "the dispatcher's answer to trial.log has no text")
         return result["text"]

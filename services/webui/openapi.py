@@ -49,6 +49,10 @@ EXPERIMENT_FILTER = doc.parameters(
 
 
 def log_size(maximum: int) -> dict[str, Any]:
-    """The ``maxBytes`` query parameter of ``GET /api/trials/{id}/log``."""
+    """The ``maxBytes`` and ``attempt`` query parameters of ``GET /api/trials/{id}/log``."""
     schema = {"type": "integer", "minimum": 1, "maximum": maximum, "default": 64 * 1024}
-    return doc.parameters(doc.parameter("maxBytes", "query", schema, "how much of the log's tail, in bytes"))
+    return doc.parameters(
+        doc.parameter("maxBytes", "query", schema, "how much of the log's tail, in bytes"),
+        doc.parameter("attempt", "query", {"type": "integer", "minimum": 0},
+                      "an earlier attempt's log (0 is the first); the current attempt's without it"),
+    )  # fmt: skip

@@ -236,7 +236,18 @@ def test_a_retried_trial_shows_its_attempts_and_the_curve_of_the_current_one(ui:
     assert points(page, "#trial-curve") == 2
     assert page.get_attribute("#trial-curve", "data-attempt") == "1"
     assert page.is_visible("#detail-retry") and page.is_hidden("#detail-cancel"), "an ended trial: retry, no cancel"
+    # and its log is the current attempt's, while attempt 0's is a click away, then back
+    page.wait_for_selector("#detail-log[data-attempt='']")
+    assert "attempt 0 gives up" not in page.text_content("#detail-log") and page.is_hidden("#log-current")
+    page.click("#detail-attempts tbody[data-attempt='0'] button.log")
+    page.wait_for_function("() => document.querySelector('#detail-log').textContent.includes('attempt 0 gives up')")
+    assert page.get_attribute("#detail-log", "data-attempt") == "0"
+    assert page.text_content("#detail-log-of") == "of attempt 0" and page.is_visible("#log-current")
     page.screenshot(path=str(artifacts(code_dir.parent) / "webui-retried-trial.png"))
+    page.click("#log-current")
+    page.wait_for_function("() => !document.querySelector('#detail-log').textContent.includes('attempt 0 gives up')"
+                           " && document.querySelector('#detail-log').textContent !== ''")  # fmt: skip
+    assert page.get_attribute("#detail-log", "data-attempt") == "" and page.is_hidden("#log-current")
 
 
 def test_retry_a_failed_trial_from_its_panel(ui: Stack, page, code_dir: Path) -> None:

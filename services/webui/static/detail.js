@@ -11,8 +11,9 @@
 //
 // Hooks for tests: #trial-curve[data-points] (the current attempt's intermediate points),
 // #trial-curve[data-attempt] (the attempt drawn in colour), #trial-curve[data-lines],
-// #detail-status, #detail-final, #detail-attempt, #detail-log, #detail-retry,
-// #detail-attempts tbody[data-attempt] td[data-field].
+// #detail-status, #detail-final, #detail-attempt, #detail-log, #detail-log[data-attempt] (the
+// attempt whose log is shown: "" for the current one), #detail-retry,
+// #detail-attempts tbody[data-attempt] td[data-field], and its button.log (that attempt's log).
 
 import { drawChart } from "./chart.js";
 import {
@@ -26,6 +27,7 @@ const EARLIER_COLORS = ["#9ca3af", "#cbd5e1"];
 export class TrialDetail {
   /** onCancel(id), onRetry(id) (a promise): what the panel's buttons do; onClose(). */
   constructor(panel, { onCancel, onRetry, onClose }) {
+    this.logAttempt = null; // the attempt whose log is shown; null: the current one
     this.panel = panel;
     this.onCancel = onCancel;
     this.onRetry = onRetry;
@@ -43,6 +45,7 @@ export class TrialDetail {
     panel.querySelector("#detail-cancel").addEventListener("click", () => this.trial && this.onCancel(this.trial.id));
     this.retryButton.addEventListener("click", () => this.retry());
     panel.querySelector("#log-refresh").addEventListener("click", () => this.loadLog());
+    panel.querySelector("#log-current").addEventListener("click", () => this.showLog(null));
   }
 
   get id() {
@@ -63,9 +66,9 @@ export class TrialDetail {
     this.source.addEventListener("metrics", (event) => this.received(JSON.parse(event.data)));
     this.source.addEventListener("problem", (event) => toast(JSON.parse(event.data).error, true));
     this.panel.querySelector("#detail-log").textContent = "";
-    this.loadLog();
+    this.showLog(null);
     this.logTimer = setInterval(() => {
-      if (this.trial?.status === "RUNNING") this.loadLog();
+      if (this.trial?.status === "RUNNING" && this.logAttempt === null) this.loadLog();
     }, LOG_EVERY_MS);
   }
 
@@ -147,8 +150,10 @@ export class TrialDetail {
           cell("started", a.startTime ? new Date(a.startTime).toLocaleTimeString() : "never started",
             { title: a.startTime ? `${formatTime(a.startTime)} – ${formatTime(a.endTime)}` : null }),
           cell("duration", a.startTime ? formatDuration(secondsBetween(a.startTime, a.endTime)) : ""),
-          cell("platform", where || "")),
-        a.message ? h("tr", { class: "attempt-message" }, cell("message", a.message, { colspan: 7 })) : null);
+          cell("platform", where || ""),
+          h("td", {}, h("button", { type: "button", class: "log", title: `show attempt ${a.attempt}'s log`,
+            onclick: () => this.showLog(a.attempt) }, "log"))),
+        a.message ? h("tr", { class: "attempt-message" }, cell("message", a.message, { colspan: 8 })) : null);
     });
     section.querySelector("table").replaceChildren(section.querySelector("thead"), ...bodies);
   }
@@ -225,10 +230,32 @@ export class TrialDetail {
     this.canvas.dataset.lines = String(earlier.length + (mine.points.length ? 1 : 0));
   }
 
+  /** Show the log of an earlier attempt (its number), or of the current one (null). */
+  showLog(attempt) {
+    this.logAttempt = attempt;
+    const element = this.panel.querySelector("#detail-log");
+    element.dataset.attempt = attempt === null ? "" : String(attempt);
+    this.panel.querySelector("#detail-log-of").textContent = attempt === null ? "" : `of attempt ${attempt}`;
+    this.panel.querySelector("#log-current").hidden = attempt === null;
+    element.textContent = "";
+    this.loadLog();
+  }
+
   async loadLog() {
     const trial = this.trial;
     if (!trial) return;
     const element = this.panel.querySelector("#detail-log");
+    const attempt = this.logAttempt ?? null;
+    if (attempt !== null) {
+      const url = `/api/trials/${encodeURIComponent(trial.id)}/log?maxBytes=16384&attempt=${attempt}`;
+      try {
+        const { text } = await api("GET", url);
+        if (this.trial?.id === trial.id && this.logAttempt === attempt) element.textContent = text || "(empty)";
+      } catch (error) {
+        if (this.trial?.id === trial.id && this.logAttempt === attempt) element.textContent = `(no log: ${error.message})`;
+      }
+      return;
+    }
     if (trial.status === "WAITING") {
       element.textContent = trial.attempt ? "(the next attempt has not started: no log of it yet)"
         : "(the trial has not started: no log yet)";
@@ -236,9 +263,9 @@ export class TrialDetail {
     }
     try {
       const { text } = await api("GET", `/api/trials/${encodeURIComponent(trial.id)}/log?maxBytes=16384`);
-      if (this.trial?.id === trial.id) element.textContent = text || "(empty)";
+      if (this.trial?.id === trial.id && this.logAttempt === null) element.textContent = text || "(empty)";
     } catch (error) {
-      if (this.trial?.id === trial.id) element.textContent = `(no log: ${error.message})`;
+      if (this.trial?.id === trial.id && this.logAttempt === null) element.textContent = `(no log: ${error.message})`;
     }
     element.scrollTop = element.scrollHeight;
   }
