@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.openpai import pai, pai_stack, share  # noqa: F401 - OpenPAI fixtures for every e2e test
 from tests.fixtures.stack import Stack
 
 TRIAL = textwrap.dedent(

@@ -17,9 +17,9 @@ import pytest
 
 from tests.e2e.conftest import write_code
 from tests.e2e.helpers import create, ended, submit, trial, wait_until
-from tests.e2e.test_openpai import openpai_config, share  # noqa: F401 - share: a fixture
 from tests.e2e.test_remote import machine, remote_root, start_stack  # noqa: F401 - remote_root: a fixture
 from tests.emulators.openpai import start_openpai
+from tests.fixtures.openpai import openpai_config
 from tests.fixtures.stack import Stack
 
 pytestmark = pytest.mark.timeout(240)

@@ -22,8 +22,8 @@ import pytest
 from tests.e2e.conftest import write_code
 from tests.e2e.helpers import create, ended, submit
 from tests.e2e.test_frameworkcontroller import NFS, fc_config, fc_stack
-from tests.e2e.test_openpai import openpai_config, pai, pai_stack, share  # noqa: F401 - fixtures
 from tests.emulators.kubernetes import start_kubernetes
+from tests.fixtures.openpai import openpai_config
 from tests.fixtures.stack import Stack
 
 pytestmark = pytest.mark.timeout(240)

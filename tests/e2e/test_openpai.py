@@ -3,25 +3,23 @@
 The emulator (``tests/emulators/openpai``) runs each task as a real process on this host;
 the share is a folder here (``localStorageMountPoint``) that the "containers" reach under
 another path (``containerStorageMountPoint``, a link the emulator makes), so the adapter
-must use each path where it belongs.
+must use each path where it belongs. The fixtures (``share``, ``pai``, ``pai_stack``) are
+``tests/fixtures/openpai.py``'s, which ``tests/e2e/conftest.py`` offers every e2e test.
 """
 
 from __future__ import annotations
 
-import secrets
 import shutil
-import sys
 import textwrap
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.e2e.conftest import write_code
 from tests.e2e.helpers import create, ended, submit, trial, wait_until
 from tests.emulators.openpai import start_openpai
+from tests.fixtures.openpai import openpai_config, pai_job
 from tests.fixtures.stack import Stack
 
 pytestmark = pytest.mark.timeout(240)
@@ -40,58 +38,6 @@ TRIAL = textwrap.dedent(
     nni.report_final_result({"default": params["x"], "role": os.environ.get("PAI_CURRENT_TASK_ROLE_NAME")})
     """
 )
-
-
-@pytest.fixture
-def share(tmp_path: Path):
-    """The share: a local folder, and the path the containers see it at."""
-    local = tmp_path / "share"
-    local.mkdir()
-    container = Path(f"/tmp/tb-pai-container-{secrets.token_hex(4)}")
-    yield local, container
-    if container.is_symlink():
-        container.unlink()
-
-
-@pytest.fixture
-def pai(tmp_path: Path, share):
-    local, container = share
-    emulator = start_openpai(tmp_path / "pai", mounts={str(container): str(local)})
-    yield emulator
-    emulator.stop()
-
-
-@pytest.fixture
-def pai_stack(tmp_path: Path, nats_server, pai, request):
-    stack = Stack(root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_STATUS_POLL": "0.3"})
-    stack.start("dispatcher", "gateway", "openpai")
-    yield stack
-    stack.stop()
-    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
-        print(stack.logs(), pai.log()[-4000:], file=sys.stderr)
-
-
-def openpai_config(code: Path, pai, share, **service) -> dict:
-    local, container = share
-    return {
-        "experimentName": "openpai-e2e",
-        "trialCommand": "python3 trial.py",
-        "trialCodeDirectory": str(code),
-        "trialConcurrency": 4,
-        "trialGpuNumber": 0,
-        "trainingService": {
-            "platform": "openpai", "host": pai.url, "username": "alice", "token": pai.token("alice"),
-            "trialCpuNumber": 1, "trialMemorySize": "1gb", "storageConfigName": "confignfs",
-            "localStorageMountPoint": str(local), "containerStorageMountPoint": str(container), **service,
-        },
-    }  # fmt: skip
-
-
-def pai_job(pai, experiment: str, trial_id: str) -> dict:
-    """The trial's job as OpenPAI reports it."""
-    reply = httpx.get(f"{pai.api}/jobs/alice~trialbus_{experiment}_{trial_id}", headers=pai.headers("alice"))
-    assert reply.status_code == 200, reply.text
-    return reply.json()
 
 
 def test_twenty_trials_run_as_jobs_and_every_metric_arrives(pai_stack, pai, share, tmp_path):

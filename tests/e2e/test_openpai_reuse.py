@@ -12,14 +12,15 @@ import pytest
 
 from tests.e2e.conftest import write_code
 from tests.e2e.helpers import create, ended, submit, trial, wait_until
-from tests.e2e.test_openpai import TRIAL, openpai_config, pai, share, through_a_restart  # noqa: F401 - fixtures
+from tests.e2e.test_openpai import TRIAL, through_a_restart
+from tests.fixtures.openpai import openpai_config
 from tests.fixtures.stack import Stack
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture
-def reuse_stack(tmp_path: Path, nats_server, pai, request):  # noqa: F811
+def reuse_stack(tmp_path: Path, nats_server, pai, request):
     stack = Stack(root=tmp_path, nats=nats_server,
                   extra_env={"TRIALBUS_STATUS_POLL": "0.3", "TRIALBUS_REUSE_IDLE_TIMEOUT": "3"})  # fmt: skip
     stack.start("dispatcher", "gateway", "openpai")
@@ -29,7 +30,7 @@ def reuse_stack(tmp_path: Path, nats_server, pai, request):  # noqa: F811
         print(stack.logs(), pai.log()[-4000:], file=sys.stderr)
 
 
-def jobs_of(pai) -> dict[str, str]:  # noqa: F811
+def jobs_of(pai) -> dict[str, str]:
     """Every job alice has on the cluster: name → state."""
     reply = httpx.get(f"{pai.api}/jobs", params={"username": "alice"}, headers=pai.headers("alice"))
     assert reply.status_code == 200, reply.text
@@ -37,7 +38,7 @@ def jobs_of(pai) -> dict[str, str]:  # noqa: F811
     return {job["name"]: job["state"] for job in (found["data"] if isinstance(found, dict) else found)}
 
 
-def test_a_hundred_trials_run_on_four_environments_with_four_submissions(reuse_stack, pai, share, tmp_path):  # noqa: F811
+def test_a_hundred_trials_run_on_four_environments_with_four_submissions(reuse_stack, pai, share, tmp_path):
     config = openpai_config(write_code(tmp_path, TRIAL), pai, share, reuseMode=True)
     experiment = create(reuse_stack, config)
     ids = [submit(reuse_stack, experiment, {"x": i, "intermediate": 1}) for i in range(100)]
@@ -57,7 +58,7 @@ def test_a_hundred_trials_run_on_four_environments_with_four_submissions(reuse_s
     wait_until(lambda: set(jobs_of(pai).values()) == {"STOPPED"}, 30, "idle environments stopped")
 
 
-def test_failure_and_cancel_in_an_environment_which_then_runs_the_next_trial(reuse_stack, pai, share, tmp_path):  # noqa: F811
+def test_failure_and_cancel_in_an_environment_which_then_runs_the_next_trial(reuse_stack, pai, share, tmp_path):
     config = openpai_config(write_code(tmp_path, TRIAL), pai, share, reuseMode=True)
     config["trialConcurrency"] = 1
     experiment = create(reuse_stack, config)
@@ -84,7 +85,7 @@ def test_failure_and_cancel_in_an_environment_which_then_runs_the_next_trial(reu
     assert len(jobs_of(pai)) == 1, "the three trials ran in one environment"
 
 
-def test_a_restarted_adapter_adopts_environments_and_their_trials(reuse_stack, pai, share, tmp_path):  # noqa: F811
+def test_a_restarted_adapter_adopts_environments_and_their_trials(reuse_stack, pai, share, tmp_path):
     config = openpai_config(write_code(tmp_path, TRIAL), pai, share, reuseMode=True)
     config["trialConcurrency"] = 2
     experiment = create(reuse_stack, config)
@@ -94,7 +95,7 @@ def test_a_restarted_adapter_adopts_environments_and_their_trials(reuse_stack, p
     assert len(jobs_of(pai)) == 2, "the adopted environments ran the next trials"
 
 
-def test_an_environment_stopped_by_someone_else(reuse_stack, pai, share, tmp_path):  # noqa: F811
+def test_an_environment_stopped_by_someone_else(reuse_stack, pai, share, tmp_path):
     config = openpai_config(write_code(tmp_path, TRIAL), pai, share, reuseMode=True)
     config["trialConcurrency"] = 1
     experiment = create(reuse_stack, config)
@@ -112,7 +113,7 @@ def test_an_environment_stopped_by_someone_else(reuse_stack, pai, share, tmp_pat
     assert len(jobs_of(pai)) == 2, "a new environment replaced the stopped one"
 
 
-def test_a_two_role_environment_runs_each_trial_in_both_roles(reuse_stack, pai, share, tmp_path):  # noqa: F811
+def test_a_two_role_environment_runs_each_trial_in_both_roles(reuse_stack, pai, share, tmp_path):
     small = {"gpu": 0, "cpu": 1, "memoryMB": 1024}
     job = {
         "protocolVersion": 2, "name": "x", "type": "job",

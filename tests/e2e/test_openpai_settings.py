@@ -27,8 +27,9 @@ from services.adapters.openpai import jobs
 from services.adapters.openpai.adapter import bundle
 from tests.e2e.conftest import write_code
 from tests.e2e.helpers import create, ended, submit
-from tests.e2e.test_openpai import TRIAL, openpai_config, pai_stack, share  # noqa: F401 - fixtures
+from tests.e2e.test_openpai import TRIAL
 from tests.emulators.openpai import start_openpai
+from tests.fixtures.openpai import openpai_config
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -38,8 +39,8 @@ PORTS = {"nccl": 2, "tb": 1}
 
 
 @pytest.fixture
-def pai(tmp_path: Path, share):  # noqa: F811 - the imported fixture
-    """The emulator, with a virtual cluster ``research`` that alice may use."""
+def pai(tmp_path: Path, share):
+    """The emulator, with a virtual cluster ``research`` that alice may use (``pai_stack`` runs on this one)."""
     local, container = share
     emulator = start_openpai(tmp_path / "pai", mounts={str(container): str(local)}, vcs={"research": ["alice"]})
     yield emulator
@@ -122,7 +123,7 @@ async def bus_contents(url: str) -> dict[str, str]:
     return found
 
 
-def test_every_setting_reaches_the_job_and_secrets_never_leak(pai_stack, pai, share, tmp_path):  # noqa: F811
+def test_every_setting_reaches_the_job_and_secrets_never_leak(pai_stack, pai, share, tmp_path):
     local, container = share
     template = job_config(container)
     config = openpai_config(write_code(tmp_path, TRIAL), pai, share, openpaiConfig=template)
@@ -191,7 +192,7 @@ def test_every_setting_reaches_the_job_and_secrets_never_leak(pai_stack, pai, sh
     assert experiment in bus["KV_experiments"] and f"{trial_id}:SUCCEEDED" in bus["EVENTS"], "the dump saw them"
 
 
-def test_a_reporting_task_role_that_names_no_role_is_refused_at_creation(pai_stack, pai, share, tmp_path):  # noqa: F811
+def test_a_reporting_task_role_that_names_no_role_is_refused_at_creation(pai_stack, pai, share, tmp_path):
     template = job_config(share[1])
     template["taskRoles"]["evaluator"] = copy.deepcopy(template["taskRoles"]["trainer"])
     template["extras"]["hivedScheduler"]["taskRoles"]["evaluator"] = {"skuType": "DT", "skuNumber": 1}
@@ -208,7 +209,7 @@ def test_a_reporting_task_role_that_names_no_role_is_refused_at_creation(pai_sta
 
 
 @pytest.mark.parametrize("reuse", [False, True], ids=["job-per-trial", "reuse"])
-def test_a_secret_used_in_a_command_is_not_left_on_the_share(pai_stack, pai, share, tmp_path, reuse):  # noqa: F811
+def test_a_secret_used_in_a_command_is_not_left_on_the_share(pai_stack, pai, share, tmp_path, reuse):
     """The commands, once OpenPAI rendered the secrets in them, live in a private temporary file
     of the container (mktemp), not on the share."""
     local, container = share

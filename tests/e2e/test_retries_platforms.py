@@ -14,9 +14,12 @@ says for every transient failure, which Trialbus stops to retry the trial as its
 
 from __future__ import annotations
 
-import secrets
+import json
+import os
+import signal
 import sys
 import textwrap
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -24,9 +27,8 @@ import pytest
 from tests.e2e.conftest import write_code
 from tests.e2e.helpers import create, ended, submit, trial, wait_until
 from tests.e2e.test_frameworkcontroller import NFS, fc_config, fc_stack, frameworks
-from tests.e2e.test_openpai import openpai_config, pai_job
 from tests.emulators.kubernetes import start_kubernetes
-from tests.emulators.openpai import start_openpai
+from tests.fixtures.openpai import openpai_config, pai_job
 from tests.fixtures.stack import Stack
 
 pytestmark = pytest.mark.timeout(120)
@@ -134,6 +136,32 @@ def assert_logs_per_attempt(stack, trial_id: str) -> None:
     assert "attempt 0 starts at step 0" in first.text and "attempt 1 starts" not in first.text, first.text
 
 
+def stop_keeper(share: Path, experiment: str, trial_id: str) -> dict:
+    """SIGSTOP attempt 0's keeper (alive, but silent from now on), wherever on the share its
+    task folder is; its state.json (whose trial group the test kills at the end)."""
+    [state] = (share / "trialbus" / "trials" / experiment / f"{trial_id}-0").glob("*/.trialbus/state.json")
+    found = json.loads(state.read_text())
+    os.kill(found["keeperPid"], signal.SIGSTOP)
+    return found
+
+
+def leave_nothing(state: dict) -> None:
+    """What a stopped keeper's attempt may leave running if the test failed before its end."""
+    for kill, pid in ((os.killpg, state.get("pgid")), (os.kill, state.get("keeperPid"))):
+        if pid:
+            with suppress(ProcessLookupError, PermissionError):
+                kill(pid, signal.SIGKILL)
+
+
+def assert_silent_attempt_lost_and_retried(stack, trial_id: str, log: Path) -> None:
+    done = ended(stack, trial_id, timeout=90)
+    assert done["status"] == "SUCCEEDED", done
+    assert done["attempt"] == 1 and done["finalMetric"] == {"default": 3, "attempt": 1}, done
+    [lost] = done["attempts"]
+    assert (lost["attempt"], lost["failure"]) == (0, "lost") and "no sign of life" in lost["message"], lost
+    assert runs(log)[0] == (0, 0) and runs(log)[-1] == (1, 3), runs(log)
+
+
 def test_fc_a_trial_whose_node_is_lost_is_retried_and_resumes_from_its_checkpoint(fc, k8s, tmp_path):
     # Given a trial that has done 3 of 6 steps (its checkpoint on the NFS share says so) and hangs
     experiment = create(fc, {**fc_config(write_code(tmp_path, TRIAL)), "retry": {"backoff": "0s"}})
@@ -194,41 +222,29 @@ def test_fc_a_deleted_pod_is_retried_as_preempted_and_finds_the_checkpoint_of_it
     assert runs(log) == [(0, 0), (1, 3)]
 
 
-# -- OpenPAI (one job per trial) -------------------------------------------------------------
+# -- OpenPAI (one job per trial; share, pai and pai_stack: tests/fixtures/openpai.py) --------
 
 
-@pytest.fixture
-def pai_share(tmp_path: Path):
-    """The share: a local folder, and the path the containers see it at."""
-    local = tmp_path / "share"
-    local.mkdir()
-    container = Path(f"/tmp/tb-pai-container-{secrets.token_hex(4)}")
-    yield local, container
-    if container.is_symlink():
-        container.unlink()
+def test_fc_a_silent_trial_is_lost_stopped_and_run_again(fc, fc_share, tmp_path):
+    # Given a trial whose experiment declares it lost after 3 s without a sign of its keeper, hung at step 3
+    config = {**fc_config(write_code(tmp_path, TRIAL)), "retry": {"backoff": "0s", "heartbeatTimeout": "3s"}}
+    experiment = create(fc, config)
+    log, flag = tmp_path / "runs.log", tmp_path / "hung"
+    trial_id = submit(fc, experiment, {"steps": 6, "hang_at": 2, "flag": str(flag), "log": str(log)})
+    hung(fc, trial_id, flag, 3)
+    # When its keeper in the pod hangs (alive, silent) while the trial runs on
+    state = stop_keeper(fc_share, experiment, trial_id)
+    try:
+        # Then the attempt is declared lost, its Framework stopped, and the trial runs again from step 3
+        assert_silent_attempt_lost_and_retried(fc, trial_id, log)
+    finally:
+        leave_nothing(state)
 
 
-@pytest.fixture
-def pai(tmp_path: Path, pai_share):
-    local, container = pai_share
-    emulator = start_openpai(tmp_path / "pai", mounts={str(container): str(local)})
-    yield emulator
-    emulator.stop()
-
-
-@pytest.fixture
-def pai_stack(tmp_path: Path, nats_server, pai, request):
-    stack = Stack(root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_STATUS_POLL": "0.3"})
-    stack.start("dispatcher", "gateway", "openpai")
-    yield stack
-    stack.stop()
-    failed_logs(request, stack.logs(), pai.log()[-4000:])
-
-
-def hung_pai_trial(pai_stack, pai, pai_share, tmp_path: Path) -> tuple[str, str, Path]:
+def hung_pai_trial(pai_stack, pai, share, tmp_path: Path) -> tuple[str, str, Path]:
     """A trial (retried without back-off) that has done 3 of 6 steps, saved in its checkpoint on the
     share, and hangs there: its experiment, its id and its runs' log."""
-    config = openpai_config(write_code(tmp_path, TRIAL), pai, pai_share)
+    config = openpai_config(write_code(tmp_path, TRIAL), pai, share)
     experiment = create(pai_stack, {**config, "retry": {"backoff": "0s"}})
     log, flag = tmp_path / "runs.log", tmp_path / "hung"
     trial_id = submit(pai_stack, experiment, {"steps": 6, "hang_at": 2, "flag": str(flag), "log": str(log)})
@@ -236,10 +252,9 @@ def hung_pai_trial(pai_stack, pai, pai_share, tmp_path: Path) -> tuple[str, str,
     return experiment, trial_id, log
 
 
-def test_pai_a_trial_whose_node_is_lost_is_retried_as_its_next_attempt_and_resumes(pai_stack, pai, pai_share,
-                                                                                    tmp_path):  # fmt: skip
+def test_pai_a_trial_whose_node_is_lost_is_retried_as_its_next_attempt_and_resumes(pai_stack, pai, share, tmp_path):
     # Given a trial that has done 3 of 6 steps (its checkpoint on the share says so) and hangs there
-    experiment, trial_id, log = hung_pai_trial(pai_stack, pai, pai_share, tmp_path)
+    experiment, trial_id, log = hung_pai_trial(pai_stack, pai, share, tmp_path)
     # When its node goes away (OpenPAI: exit code -1001 PodNodeLost, which it retries by itself)
     pai.fail_task(f"alice~trialbus_{experiment}_{trial_id}", -1001)
     # Then OpenPAI's own retry is stopped, and the trial runs again as attempt 1, from step 3
@@ -256,9 +271,25 @@ def test_pai_a_trial_whose_node_is_lost_is_retried_as_its_next_attempt_and_resum
     assert found[0] == (0, 0) and found[-1] == (1, 3) and set(found[1:-1]) <= {(0, 3)}, found
 
 
-def test_pai_an_evicted_trial_is_retried_as_preempted(pai_stack, pai, pai_share, tmp_path):
+def test_pai_a_silent_trial_is_lost_stopped_and_run_again(pai_stack, pai, share, tmp_path):
+    # Given a trial whose experiment declares it lost after 3 s without a sign of its keeper, hung at step 3
+    config = openpai_config(write_code(tmp_path, TRIAL), pai, share)
+    experiment = create(pai_stack, {**config, "retry": {"backoff": "0s", "heartbeatTimeout": "3s"}})
+    log, flag = tmp_path / "runs.log", tmp_path / "hung"
+    trial_id = submit(pai_stack, experiment, {"steps": 6, "hang_at": 2, "flag": str(flag), "log": str(log)})
+    hung(pai_stack, trial_id, flag, 3)
+    # When its keeper in the job's container hangs (alive, silent) while the trial runs on
+    state = stop_keeper(share[0], experiment, trial_id)  # (the adapter's side of the share)
+    try:
+        # Then the attempt is declared lost, its job stopped, and the trial runs again from step 3
+        assert_silent_attempt_lost_and_retried(pai_stack, trial_id, log)
+    finally:
+        leave_nothing(state)
+
+
+def test_pai_an_evicted_trial_is_retried_as_preempted(pai_stack, pai, share, tmp_path):
     # Given a trial that has done 3 of 6 steps and hangs there
-    experiment, trial_id, log = hung_pai_trial(pai_stack, pai, pai_share, tmp_path)
+    experiment, trial_id, log = hung_pai_trial(pai_stack, pai, share, tmp_path)
     # When Kubernetes evicts its pod (OpenPAI: exit code -1000 PodEvicted, which it retries by itself)
     pai.fail_task(f"alice~trialbus_{experiment}_{trial_id}", -1000)
     # Then the attempt ends as preempted (read from the retried attempt's exit spec), and the trial runs again
@@ -269,10 +300,9 @@ def test_pai_an_evicted_trial_is_retried_as_preempted(pai_stack, pai, pai_share,
     assert "exit code -1000" in first["message"], first["message"]
 
 
-def test_pai_a_trial_failing_on_its_own_is_retried_only_when_the_experiment_asks(pai_stack, pai, pai_share,
-                                                                                 tmp_path):  # fmt: skip
+def test_pai_a_trial_failing_on_its_own_is_retried_only_when_the_experiment_asks(pai_stack, pai, share, tmp_path):
     # Given two experiments whose trial exits 3 on its first attempt: one says nothing of retries
-    config = openpai_config(write_code(tmp_path, TRIAL), pai, pai_share)
+    config = openpai_config(write_code(tmp_path, TRIAL), pai, share)
     plain = create(pai_stack, config)
     asked = create(pai_stack, {**config, "retry": {"trial": 1, "backoff": "0s"}})
     failing_log, retried_log = tmp_path / "failing.log", tmp_path / "retried.log"
@@ -292,15 +322,14 @@ def test_pai_a_trial_failing_on_its_own_is_retried_only_when_the_experiment_asks
     assert pai.job("alice", f"trialbus_{asked}_{retried}_1")["jobStatus"]["state"] == "SUCCEEDED"
 
 
-def test_pai_reuse_a_trial_whose_environment_loses_its_node_is_retried_and_resumes(pai_stack, pai, pai_share,
-                                                                                   tmp_path):  # fmt: skip
+def test_pai_reuse_a_trial_whose_environment_loses_its_node_is_retried_and_resumes(pai_stack, pai, share, tmp_path):
     # Given, in reuse mode, a trial that has done 3 of 6 steps in an environment job and hangs there
-    config = openpai_config(write_code(tmp_path, TRIAL), pai, pai_share, reuseMode=True)
+    config = openpai_config(write_code(tmp_path, TRIAL), pai, share, reuseMode=True)
     experiment = create(pai_stack, {**config, "retry": {"backoff": "0s"}})
     log, flag = tmp_path / "runs.log", tmp_path / "hung"
     trial_id = submit(pai_stack, experiment, {"steps": 6, "hang_at": 2, "flag": str(flag), "log": str(log)})
     hung(pai_stack, trial_id, flag, 3)
-    [environment] = (pai_share[0] / "trialbus" / "envs" / experiment).iterdir()
+    [environment] = (share[0] / "trialbus" / "envs" / experiment).iterdir()
     # When the environment's node goes away (OpenPAI restarts the environment job by itself)
     pai.fail_task(f"alice~trialbus_{experiment}_env_{environment.name}", -1001)
     # Then the trial it ran fails for the infrastructure, and runs again as attempt 1, from step 3

@@ -29,8 +29,8 @@ from contracts.sealing import generate_key
 from services.common.tokens import trial_token
 from tests.e2e.conftest import write_code
 from tests.e2e.helpers import create, ended, submit
-from tests.e2e.test_openpai import openpai_config, pai, share  # noqa: F401 - fixtures
 from tests.e2e.test_remote import machine, remote_config, remote_root  # noqa: F401 - fixtures
+from tests.fixtures.openpai import openpai_config
 from tests.fixtures.sshd import known_hosts_file, make_key, require_password_user, require_sshd
 from tests.fixtures.stack import Stack
 

@@ -24,9 +24,10 @@ from services.adapters.errors import PermanentError, TransientError
 from services.adapters.openpai.client import OpenpaiClient
 from tests.e2e.conftest import write_code
 from tests.e2e.helpers import create, ended, submit
-from tests.e2e.test_openpai import TRIAL, openpai_config, share  # noqa: F401 - share is a fixture
+from tests.e2e.test_openpai import TRIAL
 from tests.emulators.openpai import OpenPai, start_openpai
 from tests.fixtures.nats import free_port
+from tests.fixtures.openpai import openpai_config, share  # noqa: F401 - share is a fixture
 from tests.fixtures.stack import Stack
 from tests.fixtures.tls import Certificates, certificates, make_certificates  # noqa: F401 - certificates too
 

@@ -1,5 +1,5 @@
 """The OpenPAI job of a trial (services/adapters/openpai/jobs.py), the openpai config, and how
-an ended job reads as the trial's outcome (services/adapters/openpai/adapter.py)."""
+an ended job reads as the trial's outcome (services/adapters/openpai/outcome.py)."""
 
 from __future__ import annotations
 
@@ -158,17 +158,19 @@ def test_a_wrapped_task_passes_sigterm_on_to_its_keeper_and_trial(tmp_path: Path
     trial = tmp_path / "trial"
     (trial / ".trialbus").mkdir(parents=True)
     (trial / ".trialbus" / "quiet.env").write_bytes(sharefs.settings_file({"TRIALBUS_TRIAL_ID": "t1"}))
-    saved = tmp_path / "saved"
+    saved, ready = tmp_path / "saved", tmp_path / "ready"
     # not exec'd, and not the last line: the role's shell runs it as its child, as it runs most commands
     command = ("python3 -c 'import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.5), "
-               f"open(\"{saved}\", \"w\").write(\"checkpoint\"), sys.exit(0))); time.sleep(60)'")
+               f"open(\"{saved}\", \"w\").write(\"checkpoint\"), sys.exit(0))); open(\"{ready}\", \"w\").close(); "
+               "time.sleep(60)'")
     script = "\n".join(jobs.wrap([command, "echo done"], False, str(trial), str(KEEPER_PATH)))
     env = {"PATH": "/usr/bin:/bin", "PAI_CURRENT_TASK_ROLE_NAME": "worker",
            "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": "0"}  # fmt: skip
     task = subprocess.Popen(["sh", "-c", script], env=env, start_new_session=True)
     state = trial / "worker-0" / ".trialbus" / "state.json"
-    deadline = time.monotonic() + 20
-    while '"trialPid"' not in (state.read_text() if state.exists() else "") and time.monotonic() < deadline:
+    deadline = time.monotonic() + 20  # the keeper started the trial, and the trial has its SIGTERM handler
+    while not ('"trialPid"' in (state.read_text() if state.exists() else "") and ready.exists()):
+        assert time.monotonic() < deadline, "the trial never got ready"
         time.sleep(0.05)
     task.send_signal(signal.SIGTERM)  # to the shell only, as a container runtime does
     assert task.wait(20) == 143, task.returncode  # stopped by SIGTERM, once the trial had saved and exited

@@ -1,0 +1,48 @@
+"""One attempt on OpenPAI, as the openpai adapter keeps it: the :class:`Job` record (the job,
+or in reuse mode the environment, that runs the attempt; its folder on the share; what was
+last read of its state) and the count of a trial job's tasks.
+
+Shared by every part of :class:`~services.adapters.openpai.adapter.OpenpaiAdapter`; nothing
+here does I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from contracts.experiment import OpenpaiConfig
+from services.adapters import sharefs
+from services.adapters.base import TrialHandle, TrialOutcome
+from services.adapters.openpai.client import OpenpaiClient
+from services.adapters.openpai.reuse import Environment
+
+
+@dataclass(eq=False)
+class Job:
+    """One attempt: the OpenPAI job (or reuse-mode environment) that runs it, and its outcome once known."""
+
+    handle: TrialHandle
+    client: OpenpaiClient
+    name: str
+    share: sharefs.Share
+    report: str  # the reporting task role
+    state: str = "WAITING"  # jobStatus.state as last read
+    outcome: TrialOutcome | None = None
+    detail: dict = field(default_factory=dict)
+    env: Environment | None = None  # reuse mode: the environment running it
+    tasks: int = 1  # tasks of the job (or environment): more than one stop together in reuse mode
+    seen: float = 0.0  # reuse mode: mtime of the reporting task's state.json when last read
+    since: float = field(default_factory=time.monotonic)  # when ``state`` last changed
+    #: OpenPAI's own retries of the job after platform failures, as last seen before the trial started.
+    platform_retries: int = 0
+    #: Why the attempt ended, once OpenPAI retried the job by itself and the adapter stopped it,
+    #: and the failure class of the platform attempt that failed (its exit spec).
+    taken_back: str | None = None
+    taken_failure: str = "infrastructure"
+
+
+def task_count(service: OpenpaiConfig) -> int:
+    """The tasks of a trial's job: the instances of every task role."""
+    roles = (service.openpai_config or {}).get("taskRoles") or {"taskrole": {}}
+    return sum(int(spec.get("instances", 1)) if isinstance(spec, dict) else 1 for spec in roles.values())
