@@ -287,17 +287,27 @@ def test_pai_a_silent_trial_is_lost_stopped_and_run_again(pai_stack, pai, share,
         leave_nothing(state)
 
 
-def test_pai_an_evicted_trial_is_retried_as_preempted(pai_stack, pai, share, tmp_path):
-    # Given a trial that has done 3 of 6 steps and hangs there
-    experiment, trial_id, log = hung_pai_trial(pai_stack, pai, share, tmp_path)
-    # When Kubernetes evicts its pod (OpenPAI: exit code -1000 PodEvicted, which it retries by itself)
+def test_pai_an_evicted_trial_is_retried_as_preempted_and_finds_the_checkpoint_of_its_grace_period(
+    pai_stack, pai, share, tmp_path
+):
+    # Given a trial that saves its progress only when it is told to stop (SIGTERM), hung at step 3
+    config = openpai_config(write_code(tmp_path, TRIAL), pai, share)
+    experiment = create(pai_stack, {**config, "retry": {"backoff": "0s"}})
+    log, flag = tmp_path / "runs.log", tmp_path / "hung"
+    trial_id = submit(pai_stack, experiment, {"steps": 6, "hang_at": 2, "flag": str(flag), "log": str(log),
+                                              "save_on_term": True})  # fmt: skip
+    hung(pai_stack, trial_id, flag, 3)
+    # When Kubernetes evicts its pod (OpenPAI: exit code -1000 PodEvicted: SIGTERM, SIGKILL 2 s later,
+    # which OpenPAI retries by itself)
     pai.fail_task(f"alice~trialbus_{experiment}_{trial_id}", -1000)
-    # Then the attempt ends as preempted (read from the retried attempt's exit spec), and the trial runs again
+    # Then the attempt ends as preempted (read from the retried attempt's exit spec), and the trial runs
+    # again from the step it saved in its grace period
     done = ended(pai_stack, trial_id)
-    assert (done["status"], done["attempt"]) == ("SUCCEEDED", 1), done
+    assert (done["status"], done["attempt"], done["finalMetric"]) == ("SUCCEEDED", 1, {"default": 3, "attempt": 1})
     [first] = done["attempts"]
     assert (first["status"], first["failure"]) == ("FAILED", "preempted"), first
     assert "exit code -1000" in first["message"], first["message"]
+    assert runs(log)[0] == (0, 0) and runs(log)[-1] == (1, 3), runs(log)
 
 
 def test_pai_a_trial_failing_on_its_own_is_retried_only_when_the_experiment_asks(pai_stack, pai, share, tmp_path):
