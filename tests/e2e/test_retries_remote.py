@@ -1,6 +1,7 @@
 """Retries on SSH machines (issue 22) beyond a lost machine (``test_remote_checkpoints.py``):
-a silent trial is declared lost and run again, and a drained replica's trial is preempted,
-saves its checkpoint in its grace period and resumes on the other replica. Real sshd, real
+a silent trial is declared lost and run again; a drained replica's trial is preempted,
+saves its checkpoint in its grace period and resumes on the other replica; a trial's own
+failure is retried only when the experiment asks. Real sshd, real
 keepers on the machines, the stack's own processes.
 """
 
@@ -28,7 +29,7 @@ TRIALBUS = str(Path(sys.executable).parent / "trialbus")
 
 #: Attempt 0 counts steps, saving the next one in its checkpoint directory after each; on
 #: SIGTERM it takes 1.5 s to save (more than the stack's 1 s default kill grace) and exits.
-#: A later attempt reports the step it resumed from.
+#: With ``exit``, attempt 0 exits so at once. A later attempt reports the step it resumed from.
 TRIAL = textwrap.dedent(
     """
     import os, signal, sys, time
@@ -40,6 +41,8 @@ TRIAL = textwrap.dedent(
     if trialbus_trial.attempt() > 0:
         nni.report_final_result({"default": start, "attempt": trialbus_trial.attempt()})
         sys.exit(0)
+    if params.get("exit"):
+        sys.exit(params["exit"])
     step = 0
 
     def on_term(signum, frame):
@@ -72,6 +75,7 @@ def stack(tmp_path, nats_server, sshd_pair, remote_root, stacks):  # noqa: F811 
 
 
 def experiment(stack, tmp_path: Path, sshd_pair, ssh_key, **overrides) -> str:
+    tmp_path.mkdir(exist_ok=True)
     code = write_code(tmp_path, TRIAL)
     return create(stack, remote_config(code, [machine(sshd_pair[0], ssh_key)], **overrides))
 
@@ -122,6 +126,22 @@ def test_a_drained_remote_replica_preempts_its_trial_which_saves_in_its_grace_pe
         "SYS_CANCELED", "preempted", running["replica"]), preempted  # fmt: skip
     assert done["replica"] != running["replica"]
     assert done["finalMetric"]["default"] > 3  # saved while stopping, after the step-3 checkpoint
+
+
+def test_a_remote_trial_failing_on_its_own_is_retried_only_when_the_experiment_asks(
+    stack, tmp_path, sshd_pair, ssh_key, remote_root  # noqa: F811
+):
+    plain = experiment(stack, tmp_path / "plain", sshd_pair, ssh_key)
+    asked = experiment(stack, tmp_path / "asked", sshd_pair, ssh_key, retry={"trial": 1, "backoff": "0s"})
+    failing, retried = submit(stack, plain, {"exit": 3}), submit(stack, asked, {"exit": 3})
+    # A trial's own failure ends it, as in NNI, when the experiment says nothing of retries
+    failed = ended(stack, failing, timeout=60)
+    assert (failed["status"], failed["attempt"], failed["exitCode"], failed["failure"]) == ("FAILED", 0, 3, "trial")
+    assert failed["attempts"] == []
+    # and runs again when `retry.trial` asks
+    done = ended(stack, retried, timeout=60)
+    assert (done["status"], done["attempt"]) == ("SUCCEEDED", 1), done
+    assert [(a["status"], a["exitCode"], a["failure"]) for a in done["attempts"]] == [("FAILED", 3, "trial")]
 
 
 def _running(pid: int) -> bool:
