@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # out of the venv: with nni importable, every other test's trials would load it (seconds each) instead of the shim.
 NNI_SDK := .nni-sdk
 
-.PHONY: install run up test bench soak fuzz schemas clean sshd chromium docker wheelhouse image compose-test failover
+.PHONY: install run up test bench soak fuzz schemas clean sshd chromium docker wheelhouse image compose-test failover bench-scale
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,11 @@ test: $(STAMP) $(NNI_SDK)/.installed $(NNI_SDK)/.torch-installed sshd chromium d
 
 bench: $(STAMP) $(NNI_SDK)/.installed
 	$(BIN)/python -m bench
+
+# One experiment of TRIALS trials (100000) through the fake adapter (no processes), CONCURRENCY (1000) at once: the
+# submit and end rates as it grows, API p50/p95 at that size (summary, pages, one trial), the dispatcher's restart.
+bench-scale: $(STAMP)
+	$(BIN)/python -m bench.scale --trials $(or $(TRIALS),100000) --concurrency $(or $(CONCURRENCY),1000)
 
 # TRIALS trials (300) of 20 metrics each while the adapter, the gateway, nats-server, the dispatcher
 # and the tuner are each SIGKILLed once under `trialbus up`: prints lost / duplicated / stuck, exits 1 on any.

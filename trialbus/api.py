@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from contracts import ExperimentState, MetricType, TrialStatus
+from contracts import ExperimentState, MetricType, TrialState, TrialStatus
 from contracts.base import Contract
 
 #: ``trialbus up``'s NATS, by default.
@@ -53,6 +53,15 @@ class ExperimentView(ExperimentState):
     trial_count: int = 0
     #: Number of trials by status, e.g. ``{"RUNNING": 4, "SUCCEEDED": 12}``.
     trial_counts: dict[str, int] = Field(default_factory=dict)
+    #: Up to 5 trials with the best final metric, best first: ``[{"id": ..., "metric": 0.97}]``.
+    best_trials: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class TrialPage(NamedTuple):
+    """One page of an experiment's trials; pass ``next_cursor`` back for the next (None: the last)."""
+
+    trials: list[TrialState]
+    next_cursor: str | None
 
 
 def parse(model: type[M], data: Any) -> M:

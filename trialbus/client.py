@@ -33,7 +33,7 @@ from contracts import ExperimentConfig, MetricRecord, PlatformStatus, TrialEvent
 from contracts.streams import EVENTS, METRICS
 from services.common.code import CodeUpload, upload_code
 from trialbus import local
-from trialbus.api import DEFAULT_NATS_URL, ExperimentView, SubmittedTrial, TrialbusError, TrialMetric
+from trialbus.api import DEFAULT_NATS_URL, ExperimentView, SubmittedTrial, TrialbusError, TrialMetric, TrialPage
 from trialbus.api import parse as _parse
 from trialbus.configs import as_config
 from trialbus.follow import follow, unique
@@ -245,11 +245,46 @@ class AsyncClient:
         self._trial_experiment[trial.id] = experiment_id
         return trial
 
-    async def list_trials(self, experiment_id: str) -> list[TrialState]:
-        """The experiment's trials. Only the fields of the API view are filled in."""
-        trials = [_parse(TrialState, t) for t in await self._call("trial.list", {"experimentId": experiment_id})]
+    async def trial_page(
+        self, experiment_id: str, *, limit: int | None = None, cursor: str | None = None,
+        status: str | TrialStatus | list[TrialStatus | str] | None = None, sort: str = "sequence",
+    ) -> TrialPage:
+        """One page of the experiment's trials (``limit``, default 500, at most 5,000), after
+        ``cursor``; ``status`` filters (one or several), ``sort`` is ``sequence`` (submission
+        order) or ``metric`` (best final metric first). Only the API view's fields are filled in."""
+        body: dict[str, Any] = {"experimentId": experiment_id, "sort": sort}
+        if limit is not None:
+            body["limit"] = limit
+        if cursor is not None:
+            body["cursor"] = cursor
+        if status is not None:
+            body["status"] = status if isinstance(status, str) else ",".join(str(s) for s in status)
+        answer = await self._call("trial.list", body)
+        trials = [_parse(TrialState, t) for t in answer["trials"]]
         self._trial_experiment.update((t.id, t.experiment_id) for t in trials)
-        return trials
+        return TrialPage(trials, answer.get("nextCursor"))
+
+    async def iter_trials(
+        self, experiment_id: str, *, status: str | TrialStatus | list[TrialStatus | str] | None = None,
+        sort: str = "sequence", page_size: int | None = None,
+    ) -> AsyncIterator[TrialState]:
+        """Every trial of the experiment, a page at a time (see :meth:`trial_page`); in submission
+        order no trial is missed or repeated while trials keep ending."""
+        cursor = None
+        while True:
+            page = await self.trial_page(experiment_id, limit=page_size, cursor=cursor, status=status, sort=sort)
+            for trial in page.trials:
+                yield trial
+            if (cursor := page.next_cursor) is None:
+                return
+
+    async def list_trials(
+        self, experiment_id: str, *, status: str | TrialStatus | list[TrialStatus | str] | None = None,
+        sort: str = "sequence",
+    ) -> list[TrialState]:
+        """The experiment's trials (all of them, read a page at a time; ``status``, ``sort`` as
+        :meth:`trial_page`). Only the fields of the API view are filled in."""
+        return [trial async for trial in self.iter_trials(experiment_id, status=status, sort=sort)]
 
     async def get_trial(self, trial_id: str) -> TrialState:
         """One trial. Only the fields of the API view are filled in."""

@@ -211,8 +211,7 @@ class Experiment:
         return self._api().get_experiment(self._id())
 
     def list_trial_jobs(self, status: str | None = None) -> list[TrialState]:
-        trials = self._api().list_trials(self._id())
-        return [t for t in trials if status is None or t.status.value == status]
+        return self._api().list_trials(self._id(), status=status)
 
     def get_trial_job(self, trial_id: str) -> TrialState:
         return self._api().get_trial(trial_id)

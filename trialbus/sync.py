@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from contracts import ExperimentConfig, MetricRecord, PlatformStatus, TrialEvent, TrialState, TrialStatus
 from services.common.code import CodeUpload
-from trialbus.api import DEFAULT_NATS_URL, ExperimentView, SubmittedTrial, TrialMetric
+from trialbus.api import DEFAULT_NATS_URL, ExperimentView, SubmittedTrial, TrialMetric, TrialPage
 from trialbus.watcher import TrialOutcome
 
 T = TypeVar("T")
@@ -86,8 +86,23 @@ class Client:
     ) -> SubmittedTrial:
         return self._run(self._client.submit_trial(experiment_id, parameters, parameter_id))
 
-    def list_trials(self, experiment_id: str) -> list[TrialState]:
-        return self._run(self._client.list_trials(experiment_id))
+    def list_trials(self, experiment_id: str, *, status: str | list[str] | None = None,
+                    sort: str = "sequence") -> list[TrialState]:  # fmt: skip
+        return self._run(self._client.list_trials(experiment_id, status=status, sort=sort))
+
+    def trial_page(self, experiment_id: str, *, limit: int | None = None, cursor: str | None = None,
+                   status: str | list[str] | None = None, sort: str = "sequence") -> TrialPage:  # fmt: skip
+        return self._run(self._client.trial_page(experiment_id, limit=limit, cursor=cursor, status=status, sort=sort))
+
+    def iter_trials(self, experiment_id: str, *, status: str | list[str] | None = None, sort: str = "sequence",
+                    page_size: int | None = None) -> Iterator[TrialState]:  # fmt: skip
+        """Every trial of the experiment, a page at a time (each page asked for when needed)."""
+        cursor = None
+        while True:
+            page = self.trial_page(experiment_id, limit=page_size, cursor=cursor, status=status, sort=sort)
+            yield from page.trials
+            if (cursor := page.next_cursor) is None:
+                return
 
     def get_trial(self, trial_id: str) -> TrialState:
         return self._run(self._client.get_trial(trial_id))

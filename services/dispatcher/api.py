@@ -27,6 +27,7 @@ from services.dispatcher import openapi as spec
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.errors import ApiError
 from services.dispatcher.openapi import CHANGE, CODE_TYPES, READ
+from services.dispatcher.queries import PAGE_DEFAULT
 from services.dispatcher.settings import DispatcherSettings
 
 #: Documents the bearer token in the OpenAPI schema; the check itself is ``authorize`` below.
@@ -157,8 +158,15 @@ def create_app(
         return {"id": trial.id, "sequenceId": trial.sequence_id, "status": trial.status.value}
 
     @api.get("/experiments/{experiment_id}/trials", responses=doc.refusals(*READ, 404))
-    async def list_trials(experiment_id: str) -> list[dict]:
-        return dispatcher().list_trials(experiment_id)
+    async def list_trials(
+        experiment_id: str, limit: int = PAGE_DEFAULT, cursor: str | None = None, status: str | None = None,
+        sort: str = "sequence",
+    ) -> dict:
+        """A page of the experiment's trials, ``{"trials": [...], "nextCursor": ...}``: pass
+        ``nextCursor`` back as ``cursor`` for the next page (none on the last). ``status``: a
+        comma-separated filter (``RUNNING,WAITING``); ``sort``: ``sequence`` (submission order)
+        or ``metric`` (best final metric first, as the experiment's ``optimize_mode`` says)."""
+        return dispatcher().list_trials(experiment_id, limit, cursor, status, sort)
 
     @api.get("/trials/{trial_id}", responses=doc.refusals(*READ, 404))
     async def get_trial(trial_id: str) -> dict:

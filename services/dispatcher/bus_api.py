@@ -21,6 +21,7 @@ from services.common.bus import Bus
 from services.dispatcher import history
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.errors import ApiError
+from services.dispatcher.queries import PAGE_DEFAULT
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,14 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
                                     core.settings.control_timeout)  # fmt: skip
         return {"replica": reply.replica, "draining": reply.draining, "preempted": reply.preempted}
 
+    async def trial_page(body: dict) -> Any:
+        limit = body.get("limit", PAGE_DEFAULT)
+        cursor, status, sort = body.get("cursor"), body.get("status"), body.get("sort", "sequence")
+        for name, value in (("cursor", cursor), ("status", status), ("sort", sort)):
+            if value is not None and not isinstance(value, str):
+                raise ApiError(422, f"{name} must be a string")
+        return core.list_trials(_text(body, "experimentId"), limit, cursor, status, sort)
+
     async def log_tail(body: dict) -> Any:
         attempt = body.get("attempt")
         if attempt is not None and (not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0):
@@ -81,7 +90,7 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
         "experiment.close": close,
         "experiment.resume": resume,
         "trial.submit": submit,
-        "trial.list": lambda body: sync(lambda: core.list_trials(_text(body, "experimentId"))),
+        "trial.list": trial_page,
         "trial.get": lambda body: sync(lambda: core.trial(_text(body, "id")).view()),
         "trial.cancel": cancel,
         "trial.retry": retry,

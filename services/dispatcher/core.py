@@ -8,8 +8,9 @@ Guarantees:
   event, metric) is idempotent, so a restart replays instead of losing or doubling.
 All mutations of one experiment run under that experiment's lock. A trial's attempts
 (retries, silent trials, a user's retry) are :mod:`.attempts`; what depends on time, the
-sweep, is :mod:`.sweep`; events and metric records from the bus are :mod:`.inputs`: all are
-parts of :class:`Dispatcher`.
+sweep, is :mod:`.sweep`; events and metric records from the bus are :mod:`.inputs`; the reads
+(experiments, pages of trials, a trial's metrics and log) are :mod:`.queries`, answered from
+the store's indexes (:mod:`.index`): all are parts of :class:`Dispatcher`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from services.dispatcher.folds import MetricsProgress
 from services.dispatcher.inputs import Inputs
 from services.dispatcher.liveness import Liveness
 from services.dispatcher.ownership import EventGate
+from services.dispatcher.queries import Queries
 from services.dispatcher.settings import DispatcherSettings
 from services.dispatcher.slots import Slots
 from services.dispatcher.store import StateStore
@@ -47,7 +49,8 @@ log = logging.getLogger(__name__)
 _ALNUM = string.ascii_lowercase + string.digits
 
 
-class Dispatcher(Inputs, Attempts, Sweep):
+
+class Dispatcher(Queries, Inputs, Attempts, Sweep):
     def __init__(self, settings: DispatcherSettings, bus: Bus, store: StateStore) -> None:
         self.settings = settings
         self.bus = bus
@@ -84,22 +87,6 @@ class Dispatcher(Inputs, Attempts, Sweep):
 
     # ------------------------------------------------------------- experiments
 
-    def experiment(self, experiment_id: str) -> ExperimentState:
-        state = self.store.experiments.get(experiment_id)
-        if state is None:
-            raise ApiError(404, f"experiment {experiment_id!r} not found")
-        return state
-
-    def experiment_view(self, state: ExperimentState) -> dict[str, Any]:
-        counts = {status.value: 0 for status in TrialStatus}
-        for trial in self.store.trials_for(state.id):
-            counts[trial.status.value] += 1
-        return state.view(counts)
-
-    def list_experiments(self) -> list[dict[str, Any]]:
-        newest = sorted(self.store.experiments.values(), key=lambda e: e.start_time, reverse=True)
-        return [self.experiment_view(e) for e in newest]
-
     async def create_experiment(self, data: Any) -> ExperimentState:
         if not isinstance(data, dict):
             raise ApiError(400, "the experiment config must be a JSON object (NNI v2 experiment config)")
@@ -131,9 +118,8 @@ class Dispatcher(Inputs, Attempts, Sweep):
                 await self.store.put_experiment(state)
                 log.info("experiment %s stopped%s", experiment_id, f": {message}" if message else " by the user")
             reason = f"the experiment was stopped: {message}" if message else "the experiment was stopped"
-            for trial in self.store.trials_for(experiment_id):
-                if not trial.status.terminal:
-                    await self._cancel(trial, TrialStatus.USER_CANCELED, reason)
+            for trial in self.store.unfinished(experiment_id):
+                await self._cancel(trial, TrialStatus.USER_CANCELED, reason)
             return state
 
     async def close_experiment(self, experiment_id: str) -> ExperimentState:
@@ -186,16 +172,6 @@ class Dispatcher(Inputs, Attempts, Sweep):
             return state
 
     # ------------------------------------------------------------------ trials
-
-    def trial(self, trial_id: str) -> TrialState:
-        trial = self.store.trials.get(trial_id)
-        if trial is None:
-            raise ApiError(404, f"trial {trial_id!r} not found")
-        return trial
-
-    def list_trials(self, experiment_id: str) -> list[dict[str, Any]]:
-        self.experiment(experiment_id)
-        return [t.view() for t in self.store.trials_for(experiment_id)]
 
     async def submit_trial(self, experiment_id: str, parameters: Any, parameter_id: Any = None) -> TrialState:
         if not isinstance(parameters, dict):
@@ -262,26 +238,6 @@ class Dispatcher(Inputs, Attempts, Sweep):
             if trial.status.terminal:
                 raise ApiError(409, f"trial {trial_id} already ended {trial.status.value}")
             return await self._cancel(trial, status, message or "canceled by the user")
-
-    async def trial_metrics(self, trial_id: str) -> list[dict[str, Any]]:
-        return await history.trial_metrics(self.bus, self.trial(trial_id))
-
-    async def trial_log(self, trial_id: str, max_bytes: int = 64 * 1024, attempt: int | None = None) -> str:
-        """The tail of the trial's stdout and stderr: its current attempt's, or ``attempt``'s."""
-        trial = self.trial(trial_id)
-        if attempt is not None and not 0 <= attempt <= trial.attempt:
-            raise ApiError(404, f"trial {trial_id} has no attempt {attempt}: its attempts are 0 to {trial.attempt}")
-        if attempt == trial.attempt:
-            attempt = None
-        if attempt is None and not trial.dispatched and trial.status == TrialStatus.WAITING:
-            raise ApiError(409, f"trial {trial_id} has not started yet; it has no log")
-        text = await history.trial_log(self.bus, trial, max_bytes, self.settings.control_timeout, attempt)
-        if text is None:
-            which = f"attempt {attempt} of trial {trial_id}" if attempt is not None else f"trial {trial_id}"
-            raise ApiError(
-                503, f"no {trial.platform} adapter replica holds the log of {which} right now; is it running?"
-            )
-        return text
 
     # --------------------------------------------------------------- internals
 
@@ -368,7 +324,7 @@ class Dispatcher(Inputs, Attempts, Sweep):
         limit = state.config.max_trial_number
         submitted = len(self.store.trials_of[experiment_id])
         exhausted = (limit is not None and submitted >= limit) or self._duration_over(state) or state.no_more_trials
-        if exhausted and all(t.status.terminal for t in self.store.trials_for(experiment_id)):
+        if exhausted and not self.store.of(experiment_id).unfinished:  # O(1), asked at every trial's end
             await self.store.put_experiment(
                 state.model_copy(update={"status": ExperimentStatus.DONE, "end_time": utcnow()})
             )

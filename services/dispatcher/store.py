@@ -28,6 +28,7 @@ from contracts.base import ContractError
 from contracts.state import ExperimentState, TrialState
 from services.common import kvwatch
 from services.common.bus import Bus
+from services.dispatcher.index import ExperimentTrials, TrialIndex
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class StateStore:
         self.trials_of: dict[str, list[str]] = defaultdict(list)
         #: trial id → its cached state that is not (known to be) in KV yet
         self.dirty: dict[str, TrialState] = {}
+        self.index = TrialIndex()
         self._experiments_kv: KeyValue | None = None
         self._trials_kv: KeyValue | None = None
 
@@ -66,6 +68,18 @@ class StateStore:
         if trial.id not in self.trials:
             self.trials_of[trial.experiment_id].append(trial.id)
         self.trials[trial.id] = trial
+        self.of(trial.experiment_id).put(trial)
+
+    def of(self, experiment_id: str) -> ExperimentTrials:
+        """The experiment's trial indexes (:mod:`.index`): counts, unfinished trials, pages."""
+        if (found := self.index.experiments.get(experiment_id)) is not None:
+            return found
+        state = self.experiments.get(experiment_id)
+        return self.index.of(experiment_id, state is not None and state.config.optimize_mode == "minimize")
+
+    def unfinished(self, experiment_id: str) -> list[TrialState]:
+        """The experiment's trials that have not ended, oldest first: O(unfinished)."""
+        return [self.trials[t] for t in self.of(experiment_id).unfinished]
 
     async def put_experiment(self, state: ExperimentState) -> None:
         await self._experiments_kv.put(state.id, state.encode())

@@ -4,7 +4,7 @@ Deferred states KV has not taken yet, requests not known to be on the stream, ca
 honoured yet, ``maxTrialDuration``, silent trials (:mod:`.liveness`), hybrid trials to take
 back from a platform that went down, retries whose back-off is over, ``maxExperimentDuration``,
 and experiments that are done. Part of :class:`~services.dispatcher.core.Dispatcher` (a mixin).
-Each sweep costs O(trials of the RUNNING experiments).
+Each sweep costs O(unfinished trials of the RUNNING experiments): the store's index keeps them apart.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ class Sweep:
                 continue
             async with self._locks[state.id]:
                 limit, silence = state.config.max_trial_duration, state.config.retry_policy.heartbeat_timeout
-                for trial in self.store.trials_for(state.id):
-                    if trial.status.terminal:
+                for trial in self.store.unfinished(state.id):
+                    if (trial := self.store.trials[trial.id]).status.terminal:  # ended by an earlier step here
                         continue
                     if silence and trial.status == TrialStatus.RUNNING and not trial.cancel_status:
                         await self._silence(trial, silence)

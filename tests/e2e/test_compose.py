@@ -84,7 +84,7 @@ def created(output: str) -> str:
 def trials_of(project: ComposeProject, experiment: str) -> list[dict]:
     reply = project.rest("GET", f"/experiments/{experiment}/trials")
     assert reply.status_code == 200, reply.text
-    return reply.json()
+    return reply.json()["trials"]
 
 
 def assert_started_after_a_healthy_nats(project: ComposeProject) -> None:

@@ -13,7 +13,7 @@ from tests.e2e.helpers import wait_until
 
 
 def trials_of(stack, experiment: str) -> list[dict]:
-    return stack.rest("GET", f"/experiments/{experiment}/trials").json()
+    return stack.rest("GET", f"/experiments/{experiment}/trials").json()["trials"]
 
 
 def done(stack, experiment: str, timeout: float = 60) -> dict:

@@ -124,7 +124,7 @@ def experiment_of(up: Up, experiment: str) -> dict:
 
 
 def trials_of(up: Up, experiment: str) -> list[dict]:
-    return sorted(up.rest("GET", f"/experiments/{experiment}/trials").json(), key=lambda t: t["sequenceId"])
+    return up.rest("GET", f"/experiments/{experiment}/trials").json()["trials"]  # in submission order
 
 
 def statuses(up: Up, experiment: str) -> dict[str, str]:

@@ -66,7 +66,7 @@ async def test_fifty_trials_every_metric_exactly_once_and_never_over_concurrency
         "experiment DONE",
     )
     assert body["trialCounts"]["SUCCEEDED"] == 50
-    listed = stack.rest("GET", f"/experiments/{experiment}/trials").json()
+    listed = stack.rest("GET", f"/experiments/{experiment}/trials").json()["trials"]
     assert all(t["status"] == "SUCCEEDED" and t["exitCode"] == 0 and t["intermediateCount"] == 20 for t in listed)
     one = trials[7].id
     assert stack.rest("GET", f"/trials/{one}").json()["finalMetric"] == {"default": 7, "seq": 7}

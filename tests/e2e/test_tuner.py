@@ -98,7 +98,7 @@ def experiments(stack: Stack) -> list[dict]:
 
 
 def trials_of(stack: Stack, experiment_id: str) -> list[dict]:
-    return stack.rest("GET", f"/experiments/{experiment_id}/trials").json()
+    return stack.rest("GET", f"/experiments/{experiment_id}/trials").json()["trials"]  # (one page: < 500 trials)
 
 
 def in_space(params: dict) -> bool:

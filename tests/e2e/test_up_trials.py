@@ -66,8 +66,8 @@ def home(tmp_path: Path):
 
 def running(up: Up, experiment: str, count: int, run_log: Path) -> None:
     """Until ``count`` trials are RUNNING and each has started its code (written its line)."""
-    wait_until(lambda: sum(t["status"] == "RUNNING" for t in up.rest("GET", f"/experiments/{experiment}/trials")
-                           .json()) == count, 60, f"{count} trials RUNNING")  # fmt: skip
+    wait_until(lambda: len(up.rest("GET", f"/experiments/{experiment}/trials?status=RUNNING").json()["trials"])
+                       == count, 60, f"{count} trials RUNNING")  # fmt: skip
     wait_until(lambda: run_log.exists() and len(run_log.read_text().splitlines()) >= count, 30, "the trials' code")
 
 

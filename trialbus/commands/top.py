@@ -28,14 +28,15 @@ from trialbus.commands.common import console, duration, metric, moment, status, 
 async def _rows(client: AsyncClient, limit: int | None) -> list[tuple[ExperimentView, TrialState | None]]:
     """The newest ``limit`` experiments, each with its best trial."""
     experiments = (await client.list_experiments())[:limit]
-    trials = await asyncio.gather(*(client.list_trials(e.id) for e in experiments))
-    return [(e, _best(e, ts)) for e, ts in zip(experiments, trials, strict=True)]
+    best = await asyncio.gather(*(_best(client, e) for e in experiments))
+    return list(zip(experiments, best, strict=True))
 
 
-def _best(experiment: ExperimentView, trials: list[TrialState]) -> TrialState | None:
-    scored = [t for t in trials if t.status == TrialStatus.SUCCEEDED and default_metric(t.final_metric) is not None]
-    pick = min if experiment.config.optimize_mode == "minimize" else max
-    return pick(scored, key=lambda t: default_metric(t.final_metric) or 0.0) if scored else None
+async def _best(client: AsyncClient, experiment: ExperimentView) -> TrialState | None:
+    """The SUCCEEDED trial with the best default metric (``optimize_mode`` aware): one small page."""
+    page = await client.trial_page(experiment.id, limit=1, status=TrialStatus.SUCCEEDED, sort="metric")
+    found = page.trials[0] if page.trials else None
+    return found if found is not None and default_metric(found.final_metric) is not None else None
 
 
 def table(rows: list[tuple[ExperimentView, TrialState | None]], every: float | None) -> Table:

@@ -25,11 +25,25 @@ TrialOption = Annotated[str | None, typer.Option("--trial-id", "--trial_id", "-T
                                                  help="The trial (nnictl's -T).")]  # fmt: skip
 
 
-def _table(ctx: typer.Context, experiment_id: str | None, head: int | None, tail: int | None) -> None:
-    async def work(client: AsyncClient) -> list[TrialState]:
-        return await client.list_trials(await the_experiment(client, experiment_id))
+Status = Annotated[str | None, typer.Option("--status", show_default=False,
+                                            help="Only trials in these statuses: RUNNING,WAITING")]  # fmt: skip
+Sort = Annotated[str, typer.Option("--sort", help="sequence (submission order) or metric (best final first).")]
+Limit = Annotated[int | None, typer.Option("--limit", min=1, max=5000, show_default=False,
+                                           help="Only the first N (one page from the dispatcher).")]  # fmt: skip
 
-    trials = sorted(with_client(ctx, work), key=lambda t: t.sequence_id)
+
+def _table(ctx: typer.Context, experiment_id: str | None, head: int | None, tail: int | None,
+           only: str | None = None, sort: str = "sequence", limit: int | None = None) -> None:  # fmt: skip
+    if sort not in ("sequence", "metric"):
+        raise typer.BadParameter(f"{sort!r}: sort by sequence or metric", param_hint="--sort")
+
+    async def work(client: AsyncClient) -> list[TrialState]:
+        experiment = await the_experiment(client, experiment_id)
+        if limit is not None and not (head or tail):
+            return (await client.trial_page(experiment, limit=limit, status=only, sort=sort)).trials
+        return await client.list_trials(experiment, status=only, sort=sort)  # every page
+
+    trials = with_client(ctx, work)
     if head or tail:  # nnictl's: by the default metric, highest first; trials without one are left out
         scored = sorted((t for t in trials if default_metric(t.final_metric) is not None),
                         key=lambda t: default_metric(t.final_metric) or 0.0, reverse=True)  # fmt: skip
@@ -44,10 +58,10 @@ def _table(ctx: typer.Context, experiment_id: str | None, head: int | None, tail
 @app.command("list")
 def trial_list(
     ctx: typer.Context, experiment_id: Annotated[str, typer.Argument(metavar="EXP")], head: Head = None,
-    tail: Tail = None,
+    tail: Tail = None, status: Status = None, sort: Sort = "sequence", limit: Limit = None,
 ) -> None:  # fmt: skip
     """List the trials of an experiment."""
-    _table(ctx, experiment_id, head, tail)
+    _table(ctx, experiment_id, head, tail, status, sort, limit)
 
 
 @app.command("ls")
@@ -57,9 +71,12 @@ def trial_ls(
                                                         help="Left out: the one running experiment.")] = None,
     head: Head = None,
     tail: Tail = None,
+    status: Status = None,
+    sort: Sort = "sequence",
+    limit: Limit = None,
 ) -> None:  # fmt: skip
     """List the trials of an experiment (nnictl trial ls)."""
-    _table(ctx, experiment_id, head, tail)
+    _table(ctx, experiment_id, head, tail, status, sort, limit)
 
 
 @app.command("show")

@@ -4,6 +4,10 @@ A trial "runs" for ``duration`` seconds and "exits" with ``exitCode``, both read
 parameters (``{"duration": 0.1, "exitCode": 3}``; defaults 0 and 0). :class:`FakePlatform`
 plays the compute platform: it outlives any one adapter, so a restart can be tested by
 making a second :class:`FakeAdapter` on the same platform. It reports no metrics.
+
+Every call costs O(1) (``running`` O(capacity)): ``python -m services.adapters.fake`` runs it
+as a service, standing in for a platform that runs no process, so that benchmarks
+(``make bench-scale``) push 100,000 trials through the rest of the stack.
 """
 
 from __future__ import annotations
@@ -33,16 +37,24 @@ class FakePlatform:
     capacity: int = 8
     runs: dict[str, FakeRun] = field(default_factory=dict)
     starts: dict[str, int] = field(default_factory=dict)
+    #: The runs that may still be running (at most ``capacity``): ``running`` looks at these only.
+    live: dict[str, FakeRun] = field(default_factory=dict)
 
     def running(self) -> int:
-        return sum(1 for run in self.runs.values() if not run.canceled and run.ends_at > time.monotonic())
+        now = time.monotonic()
+        for key in [k for k, run in self.live.items() if run.canceled or run.ends_at <= now]:
+            del self.live[key]
+        return len(self.live)
 
 
 class FakeAdapter(PlatformAdapter):
     name = "fake"
 
-    def __init__(self, platform: FakePlatform | None = None) -> None:
+    def __init__(self, platform: FakePlatform | None = None, name: str | None = None, forget: bool = False) -> None:
         self.platform = platform or FakePlatform()
+        if name is not None:  # stands in for another platform (its dispatch subject and events)
+            self.name = name
+        self.forget = forget
 
     async def launch(self, request: TrialRequest) -> TrialHandle | None:
         key = f"{request.trial_id}:{request.attempt}"
@@ -54,7 +66,8 @@ class FakeAdapter(PlatformAdapter):
         parameters = record.get("parameters", record)
         duration = float(parameters.get("duration", 0.0))
         handle = TrialHandle(request.experiment_id, request.trial_id, request.attempt, ref=key)
-        self.platform.runs[key] = FakeRun(handle, time.monotonic() + duration, int(parameters.get("exitCode", 0)))
+        run = FakeRun(handle, time.monotonic() + duration, int(parameters.get("exitCode", 0)))
+        self.platform.runs[key] = self.platform.live[key] = run
         self.platform.starts[request.trial_id] = self.platform.starts.get(request.trial_id, 0) + 1
         asyncio.get_running_loop().call_later(duration, self.notify, handle)  # the platform's "it exited" callback
         return handle
@@ -78,6 +91,8 @@ class FakeAdapter(PlatformAdapter):
 
     async def release(self, handle: TrialHandle) -> None:
         self.platform.runs[handle.ref].reported = True
+        if self.forget:  # a long-running service keeps no record of reported runs
+            self.platform.runs.pop(handle.ref, None)
 
     async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
         return f"[fake] trial {handle.trial_id} attempt {handle.attempt}\n"[-max_bytes:]

@@ -1,0 +1,163 @@
+"""The dispatcher's read model of trials: indexes per experiment, kept as trials change.
+
+Every trial state the store caches passes through :meth:`TrialIndex.put`, at O(log n) for an
+experiment of n trials, so that nothing asked of an experiment costs O(n):
+
+- its counts by status, and how many of its trials are unfinished: O(1) (the experiment's
+  summary; whether it is done, asked at every trial's end);
+- its unfinished trials, as a set of their own: the sweep and a stop walk only those;
+- its best trials (best final metric first, ``optimize_mode`` aware): O(log n);
+- a page of its trials, in submission order or best final metric first, filtered by status:
+  O((limit + statuses) · log n) with an opaque cursor, whatever the experiment's size.
+
+Pages in submission order never miss or repeat a trial while trials keep ending or being
+submitted (the cursor is the last sequence id, and sequence ids never change). Sorted by
+metric, the cursor is the last trial's place; a trial whose metric arrives meanwhile takes
+its own place, before or after the cursor. Trials without a finite final metric come last,
+in submission order.
+"""
+
+from __future__ import annotations
+
+import base64
+import heapq
+import itertools
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from sortedcontainers import SortedList
+
+from contracts.state import TrialState, TrialStatus, default_metric
+
+Order = Literal["sequence", "metric"]
+ORDERS: tuple[Order, ...] = ("sequence", "metric")
+#: A trial's place when sorted by metric: (0, value, sequence) ranked (value negated when
+#: maximizing, so that ascending order is best first), (1, 0.0, sequence) without a metric.
+Rank = tuple[int, float, int]
+
+
+class BadCursor(ValueError):
+    """A cursor this index did not give out (or one given out for another sort order)."""
+
+
+@dataclass(slots=True)
+class _Entry:
+    status: TrialStatus
+    sequence: int
+    rank: Rank
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    trial_ids: list[str]
+    #: Pass it back for the next page; None on the last one.
+    cursor: str | None
+
+
+class ExperimentTrials:
+    """One experiment's trials, indexed (see the module docstring)."""
+
+    def __init__(self, minimize: bool) -> None:
+        self.minimize = minimize
+        self._entries: dict[str, _Entry] = {}
+        self._by_sequence: dict[int, str] = {}
+        self._sequence = {status: SortedList() for status in TrialStatus}
+        self._ranked = {status: SortedList() for status in TrialStatus}
+        #: Trial ids not ended yet, in the order they were first seen (insertion order).
+        self.unfinished: dict[str, None] = {}
+
+    def rank(self, trial: TrialState) -> Rank:
+        value = default_metric(trial.final_metric)
+        if value is None:
+            return (1, 0.0, trial.sequence_id)
+        return (0, value if self.minimize else -value, trial.sequence_id)
+
+    def put(self, trial: TrialState) -> None:
+        """The trial's current state (new, or changed): O(log n)."""
+        rank, old = self.rank(trial), self._entries.get(trial.id)
+        if old is not None:
+            if old.status == trial.status and old.rank == rank:
+                return
+            self._sequence[old.status].remove(old.sequence)
+            self._ranked[old.status].remove(old.rank)
+        self._entries[trial.id] = _Entry(trial.status, trial.sequence_id, rank)
+        self._by_sequence[trial.sequence_id] = trial.id
+        self._sequence[trial.status].add(trial.sequence_id)
+        self._ranked[trial.status].add(rank)
+        if trial.status.terminal:
+            self.unfinished.pop(trial.id, None)
+        else:
+            self.unfinished[trial.id] = None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def counts(self) -> dict[str, int]:
+        """Trials by status, every status present (0 where none): O(statuses)."""
+        return {status.value: len(self._sequence[status]) for status in TrialStatus}
+
+    def best(self, count: int) -> list[tuple[str, float]]:
+        """Up to ``count`` trials with the best final metric, best first: (trial id, metric)."""
+        merged = heapq.merge(*(iter(ranked) for ranked in self._ranked.values()))
+        found = []
+        for flag, value, sequence in itertools.islice(merged, count):
+            if flag:  # no metric: nothing better follows
+                break
+            found.append((self._by_sequence[sequence], value if self.minimize else -value))
+        return found
+
+    def page(self, order: Order, statuses: Iterable[TrialStatus] | None, cursor: str | None, limit: int) -> Page:
+        """Up to ``limit`` trial ids after ``cursor``; the cursor of the next page, if any."""
+        wanted = list(dict.fromkeys(statuses)) if statuses else list(TrialStatus)
+        after = _decode(cursor, order)
+        if order == "sequence":
+            start = None if after is None else after[0]
+            runs: list[Iterator] = [self._sequence[s].irange(start, None, (False, True)) for s in wanted]
+            keys = list(itertools.islice(heapq.merge(*runs), limit + 1))
+            ids = [self._by_sequence[q] for q in keys[:limit]]
+            last = [keys[limit - 1]] if len(keys) > limit else None
+        else:
+            start = None if after is None else tuple(after)
+            runs = [self._ranked[s].irange(start, None, (False, True)) for s in wanted]
+            keys = list(itertools.islice(heapq.merge(*runs), limit + 1))
+            ids = [self._by_sequence[rank[2]] for rank in keys[:limit]]
+            last = list(keys[limit - 1]) if len(keys) > limit else None
+        return Page(ids, None if last is None else _encode(order, last))
+
+
+class TrialIndex:
+    """The indexes of every experiment, by experiment id."""
+
+    def __init__(self) -> None:
+        self.experiments: dict[str, ExperimentTrials] = {}
+
+    def of(self, experiment_id: str, minimize: bool = False) -> ExperimentTrials:
+        """The experiment's index (made at its first trial, with its optimize mode)."""
+        if (found := self.experiments.get(experiment_id)) is None:
+            found = self.experiments[experiment_id] = ExperimentTrials(minimize)
+        return found
+
+
+def _encode(order: Order, key: list) -> str:
+    raw = json.dumps({"o": order, "k": key}, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode(cursor: str | None, order: Order) -> list | None:
+    if cursor is None:
+        return None
+    try:
+        found = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        key = found["k"]
+        valid = found["o"] == order and isinstance(key, list) and (
+            [type(k) for k in key] == [int] if order == "sequence" else
+            len(key) == 3 and type(key[0]) is int and isinstance(key[1], int | float) and type(key[2]) is int
+        )  # fmt: skip
+    except (ValueError, TypeError, KeyError):
+        valid = False
+    if not valid:
+        raise BadCursor(f"cursor {cursor[:40]!r} is not one this list gave out for sort={order}; "
+                        "start again without a cursor")  # fmt: skip
+    return key

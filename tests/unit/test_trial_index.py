@@ -1,0 +1,110 @@
+"""The dispatcher's trial indexes (services/dispatcher/index.py): counts, unfinished trials,
+best trials and pages, as trials are submitted, change and end."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contracts.base import utcnow
+from contracts.state import TrialState, TrialStatus
+from services.dispatcher.index import BadCursor, ExperimentTrials
+
+NOW = utcnow()
+
+
+def trial(sequence: int, status: TrialStatus = TrialStatus.WAITING, final=None) -> TrialState:
+    return TrialState(id=f"t{sequence}", experiment_id="e", sequence_id=sequence, platform="local-gpu",
+                      submit_time=NOW, status=status, final_metric=final)  # fmt: skip
+
+
+def every(index: ExperimentTrials, order="sequence", statuses=None, limit=3) -> list[str]:
+    found, cursor = [], None
+    while True:
+        page = index.page(order, statuses, cursor, limit)
+        found += page.trial_ids
+        if page.cursor is None:
+            return found
+        cursor = page.cursor
+
+
+def test_counts_and_unfinished_follow_each_change():
+    index = ExperimentTrials(minimize=False)
+    for i in range(5):
+        index.put(trial(i))
+    index.put(trial(1, TrialStatus.RUNNING))
+    index.put(trial(2, TrialStatus.SUCCEEDED, 0.5))
+    index.put(trial(2, TrialStatus.SUCCEEDED, 0.5))  # the same state again changes nothing
+
+    counts = index.counts()
+    assert (counts["WAITING"], counts["RUNNING"], counts["SUCCEEDED"], counts["FAILED"]) == (3, 1, 1, 0)
+    assert list(index.unfinished) == ["t0", "t1", "t3", "t4"] and len(index) == 5
+
+
+def test_pages_in_submission_order_filtered_by_status():
+    index = ExperimentTrials(minimize=False)
+    statuses = [TrialStatus.SUCCEEDED, TrialStatus.RUNNING, TrialStatus.FAILED] * 4
+    for i, status in enumerate(statuses):
+        index.put(trial(i, status))
+
+    assert every(index) == [f"t{i}" for i in range(12)]
+    assert every(index, statuses=[TrialStatus.RUNNING]) == ["t1", "t4", "t7", "t10"]
+    assert every(index, statuses=[TrialStatus.FAILED, TrialStatus.SUCCEEDED], limit=5) == [
+        "t0", "t2", "t3", "t5", "t6", "t8", "t9", "t11"]  # fmt: skip
+    assert index.page("sequence", None, None, 100).cursor is None  # one page: no next
+
+
+@pytest.mark.parametrize(("minimize", "best_first"), [(False, ["t3", "t1", "t0", "t2"]), (True, ["t2", "t0", "t1",
+                                                                                                     "t3"])])
+def test_pages_by_final_metric_best_first_then_those_without(minimize, best_first):
+    index = ExperimentTrials(minimize=minimize)
+    for i, value in enumerate([0.5, 0.7, 0.1, {"default": 0.9, "loss": 3}]):
+        index.put(trial(i, TrialStatus.SUCCEEDED, value))
+    index.put(trial(4, TrialStatus.RUNNING))
+    index.put(trial(5, TrialStatus.SUCCEEDED, float("nan")))  # no finite metric: with those without one
+
+    assert every(index, "metric") == [*best_first, "t4", "t5"]
+    assert every(index, "metric", [TrialStatus.SUCCEEDED], limit=2) == [*best_first, "t5"]
+    best = index.best(2)
+    assert [trial_id for trial_id, _ in best] == best_first[:2]
+    assert best[0][1] == (0.1 if minimize else 0.9)
+
+
+def test_a_cursor_from_elsewhere_is_refused_with_what_to_do():
+    index = ExperimentTrials(minimize=False)
+    for i in range(4):
+        index.put(trial(i))
+    by_sequence = index.page("sequence", None, None, 2).cursor
+    for cursor in ("nonsense", by_sequence[:-3] + "AAA", "eyJvIjoibWV0cmljIn0"):
+        with pytest.raises(BadCursor, match="start again without a cursor"):
+            index.page("sequence", None, cursor, 2)
+    with pytest.raises(BadCursor, match="for sort=metric"):
+        index.page("metric", None, by_sequence, 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=0, max_value=2**32), st.integers(min_value=1, max_value=7))
+def test_paging_while_trials_end_and_are_submitted_misses_and_repeats_none(seed, limit):
+    """Between two pages, trials change status, get metrics, and new ones are submitted: in
+    submission order every trial is seen exactly once, those submitted meanwhile too."""
+    rng = random.Random(seed)
+    index = ExperimentTrials(minimize=False)
+    submitted = 30
+    for i in range(submitted):
+        index.put(trial(i, rng.choice(list(TrialStatus))))
+    start = {f"t{i}" for i in range(submitted)}
+    seen, cursor = [], None
+    for pages in range(1000):
+        page = index.page("sequence", None, cursor, limit)
+        seen += page.trial_ids
+        if page.cursor is None:
+            break
+        cursor = page.cursor
+        for _ in range(rng.randrange(4) if pages < 10 else 0):  # meanwhile: trials end, others are submitted
+            index.put(trial(rng.randrange(submitted), TrialStatus.SUCCEEDED, rng.random()))
+            index.put(trial(submitted))
+            submitted += 1
+    assert len(seen) == len(set(seen)) and start <= set(seen) and len(seen) == submitted
