@@ -233,6 +233,11 @@ class AsyncClient:
         drives it again if it has a tuner. A RUNNING one is answered as it is; a DONE one is a 409."""
         return _parse(ExperimentView, await self._call("experiment.resume", {"id": experiment_id}))
 
+    async def delete_experiment(self, experiment_id: str) -> int:
+        """Delete a stopped or done experiment with its trials, their events and metric records;
+        how many trials it had. A running one is refused (409): stop it first."""
+        return int((await self._call("experiment.delete", {"id": experiment_id}))["trials"])
+
     async def submit_trial(
         self, experiment_id: str, parameters: Mapping[str, Any], parameter_id: int | str | None = None
     ) -> SubmittedTrial:

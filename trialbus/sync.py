@@ -78,6 +78,9 @@ class Client:
     def stop_experiment(self, experiment_id: str, message: str | None = None) -> ExperimentView:
         return self._run(self._client.stop_experiment(experiment_id, message))
 
+    def delete_experiment(self, experiment_id: str) -> int:
+        return self._run(self._client.delete_experiment(experiment_id))
+
     def resume_experiment(self, experiment_id: str) -> ExperimentView:
         return self._run(self._client.resume_experiment(experiment_id))
 

@@ -23,6 +23,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.api import StreamConfig
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
@@ -171,8 +172,28 @@ NO_ANSWER = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUna
 BOOTSTRAP_PATIENCE = 60.0
 
 
-async def bootstrap(bus: Bus | JetStreamContext, replicas: int = 1) -> None:
-    """Create or update every stream, bucket and object store; idempotent.
+@dataclasses.dataclass(frozen=True)
+class StreamLimits:
+    """What EVENTS and METRICS keep (the dispatcher's ``TRIALBUS_EVENTS_MAX_AGE`` and the like):
+    seconds (0: forever) and bytes (-1: no limit). The oldest messages go first."""
+
+    events_max_age: float = streams.EVENTS.max_age or 0.0
+    events_max_bytes: int = -1
+    metrics_max_age: float = streams.METRICS.max_age or 0.0
+    metrics_max_bytes: int = -1
+
+    def apply(self, config: StreamConfig) -> StreamConfig:
+        kept = {"EVENTS": (self.events_max_age, self.events_max_bytes),
+                "METRICS": (self.metrics_max_age, self.metrics_max_bytes)}.get(config.name)  # fmt: skip
+        if kept is None:
+            return config
+        return dataclasses.replace(config, max_age=kept[0] or None, max_bytes=kept[1])
+
+
+async def bootstrap(bus: Bus | JetStreamContext, replicas: int = 1, limits: StreamLimits | None = None) -> None:
+    """Create every stream, bucket and object store that is missing; idempotent. With
+    ``limits`` (the dispatcher's, which owns them), existing streams are updated to the
+    current definitions and those limits; without, they are left as they are.
 
     A user the server does not allow to create streams (every service but the dispatcher
     under ``k8s/base/nats/auth.conf``) waits until each exists instead. Without a
@@ -184,18 +205,21 @@ async def bootstrap(bus: Bus | JetStreamContext, replicas: int = 1) -> None:
         async for attempt in AsyncRetrying(retry=retry_if_exception_type(NO_ANSWER), wait=wait_exponential(max=2),
                                            stop=stop_after_delay(BOOTSTRAP_PATIENCE), reraise=True):  # fmt: skip
             with attempt:
-                await (bus.unless_denied(_create(js, replicas)) if isinstance(bus, Bus) else _create(js, replicas))
+                made = _create(js, replicas, limits)
+                await (bus.unless_denied(made) if isinstance(bus, Bus) else made)
     except Denied as exc:
         log.info("this NATS user may not create streams (%s); using those the dispatcher creates", exc)
         await _await_created(bus)
 
 
-async def _create(js: JetStreamContext, replicas: int) -> None:
+async def _create(js: JetStreamContext, replicas: int, limits: StreamLimits | None) -> None:
     for config in (dataclasses.replace(c, num_replicas=replicas) for c in streams.STREAMS):
+        config = (limits or StreamLimits()).apply(config)
         try:
             await js.add_stream(config)
-        except BadRequestError:
-            await js.update_stream(config)
+        except BadRequestError:  # it exists: the dispatcher brings it up to date, the others leave it
+            if limits is not None:
+                await js.update_stream(config)
     for config in streams.BUCKETS:
         try:
             await js.key_value(config.bucket)

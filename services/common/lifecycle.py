@@ -90,7 +90,7 @@ async def _main(service: Service, settings: ServiceSettings) -> int:
         loop.add_signal_handler(signum, on_signal, signum)
 
     bus = await connect(settings, service.name)
-    await bootstrap(bus, settings.stream_replicas)
+    await bootstrap(bus, settings.stream_replicas, settings.stream_limits())
     await service.start(bus)
     log.info("%s started", service.name)
     while not stopping.is_set():

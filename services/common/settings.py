@@ -7,10 +7,13 @@ All settings come from the environment with the prefix ``TRIALBUS_`` (for exampl
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from services.common.bus import StreamLimits
 
 
 class ServiceSettings(BaseSettings):
@@ -34,6 +37,11 @@ class ServiceSettings(BaseSettings):
     #: Copies JetStream keeps of every stream, bucket and the code store (3 on a NATS cluster
     #: of 3, so one server's restart pauses nothing); applied by whoever creates them.
     stream_replicas: int = Field(default=1, ge=1, le=5)
+
+    def stream_limits(self) -> StreamLimits | None:
+        """What the streams keep, for the one service that owns them (the dispatcher); None for
+        the others, which leave the streams as they find them."""
+        return None
 
 
 S = TypeVar("S", bound=ServiceSettings)

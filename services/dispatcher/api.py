@@ -144,6 +144,12 @@ def create_app(
         core = dispatcher()
         return core.experiment_view(await core.resume_experiment(experiment_id))
 
+    @api.post("/experiments/{experiment_id}/delete", responses=doc.refusals(*CHANGE, 404, 409))
+    async def delete_experiment(experiment_id: str) -> dict:
+        """Delete a stopped or done experiment with its trials, their events and metric records
+        (nnictl experiment delete); 409 while it runs or its trials are still stopping."""
+        return await dispatcher().delete_experiment(experiment_id)
+
     @api.post("/experiments/{experiment_id}/trials", status_code=201, openapi_extra=spec.trial_body,
               responses={**doc.answer(201, "submitted (WAITING)", spec.SUBMITTED_TRIAL),
                          **doc.refusals(*CHANGE, 404, 409, 413, 415)})

@@ -89,6 +89,7 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
         "experiment.stop": stop,
         "experiment.close": close,
         "experiment.resume": resume,
+        "experiment.delete": lambda body: core.delete_experiment(_text(body, "id")),
         "trial.submit": submit,
         "trial.list": trial_page,
         "trial.get": lambda body: sync(lambda: core.trial(_text(body, "id")).view()),

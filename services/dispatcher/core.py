@@ -39,6 +39,7 @@ from services.dispatcher.inputs import Inputs
 from services.dispatcher.liveness import Liveness
 from services.dispatcher.ownership import EventGate
 from services.dispatcher.queries import Queries
+from services.dispatcher.retention import Retention
 from services.dispatcher.settings import DispatcherSettings
 from services.dispatcher.slots import Slots
 from services.dispatcher.store import StateStore
@@ -50,7 +51,7 @@ _ALNUM = string.ascii_lowercase + string.digits
 
 
 
-class Dispatcher(Queries, Inputs, Attempts, Sweep):
+class Dispatcher(Queries, Inputs, Attempts, Sweep, Retention):
     def __init__(self, settings: DispatcherSettings, bus: Bus, store: StateStore) -> None:
         self.settings = settings
         self.bus = bus

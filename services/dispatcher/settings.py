@@ -6,7 +6,9 @@ import re
 
 from pydantic import Field, SecretStr, field_validator
 
+from contracts.units import parse_megabytes, parse_seconds_setting
 from services.common.auth import AccessSettings
+from services.common.bus import StreamLimits
 
 
 class DispatcherSettings(AccessSettings):
@@ -37,6 +39,26 @@ class DispatcherSettings(AccessSettings):
     #: Seconds after its replicas' last status a platform counts as down (hybrid experiments
     #: then send their trials elsewhere); adapters publish their status every 5 s.
     platform_stale_after: float = Field(default=15.0, gt=0)
+    #: How long the EVENTS and METRICS streams keep a message (``30d``, ``12h``, seconds; 0:
+    #: forever) and how much they keep (``50gb``; unset: no limit): the oldest go first.
+    #: Applied to the streams at every start of the dispatcher (docs/retention.md).
+    events_max_age: float = Field(default=30 * 86400.0, ge=0)
+    metrics_max_age: float = Field(default=30 * 86400.0, ge=0)
+    events_max_bytes: int | None = Field(default=None, gt=0)
+    metrics_max_bytes: int | None = Field(default=None, gt=0)
+
+    _ages = field_validator("events_max_age", "metrics_max_age", mode="before")(parse_seconds_setting)
+
+    @field_validator("events_max_bytes", "metrics_max_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> int | None:
+        if value in (None, ""):
+            return None
+        return parse_megabytes(value if not str(value).isdigit() else f"{value}b") * 1024 * 1024
+
+    def stream_limits(self) -> StreamLimits:
+        return StreamLimits(self.events_max_age, self.events_max_bytes or -1, self.metrics_max_age,
+                            self.metrics_max_bytes or -1)  # fmt: skip
 
     @field_validator("webui_url")
     @classmethod

@@ -115,5 +115,20 @@ class StateStore:
         if failure is not None:
             raise failure
 
+    async def purge(self, experiment_id: str, at_once: int = 256) -> int:
+        """Remove the experiment and its trials from KV (purge: watchers see them go) and from
+        the cache; how many trials. O(its trials), ``at_once`` writes in flight."""
+        trial_ids = list(self.trials_of.get(experiment_id, []))
+        for start in range(0, len(trial_ids), at_once):
+            await asyncio.gather(*(self._trials_kv.purge(t) for t in trial_ids[start : start + at_once]))
+        await self._experiments_kv.purge(experiment_id)
+        for trial_id in trial_ids:
+            self.trials.pop(trial_id, None)
+            self.dirty.pop(trial_id, None)
+        self.trials_of.pop(experiment_id, None)
+        self.index.experiments.pop(experiment_id, None)
+        self.experiments.pop(experiment_id, None)
+        return len(trial_ids)
+
     def trials_for(self, experiment_id: str) -> list[TrialState]:
         return [self.trials[t] for t in self.trials_of.get(experiment_id, [])]

@@ -179,7 +179,7 @@ def test_the_metrics_leader_killed_mid_run_loses_nothing_duplicates_nothing_rest
         experiment = create(up, config(code, trialConcurrency=4, maxTrialNumber=8))
         ids = [submit(up, experiment, {"x": i, "intermediate": 16, "pause": 0.3}) for i in range(8)]
         trials = f"/experiments/{experiment}/trials"
-        wait_until(lambda: sum(t["intermediateCount"] > 2 for t in up.rest("GET", trials).json()) >= 2, 60,
+        wait_until(lambda: sum(t["intermediateCount"] > 2 for t in up.rest("GET", trials).json()["trials"]) >= 2, 60,
                    "trials reporting")  # fmt: skip
 
         # When the server leading METRICS is killed -9 and stays down while the trials go on
@@ -195,7 +195,7 @@ def test_the_metrics_leader_killed_mid_run_loses_nothing_duplicates_nothing_rest
 
         # Then every trial succeeded, ran once, with each metric once in the stream and in its view
         wait_until(lambda: up.rest("GET", f"/experiments/{experiment}").json()["status"] == "DONE", 90, "DONE")
-        final = up.rest("GET", trials).json()
+        final = up.rest("GET", trials).json()["trials"]
         assert [t["status"] for t in final] == ["SUCCEEDED"] * 8, final
         assert all(t["intermediateCount"] == 16 and t["finalMetric"] is not None for t in final), final
         assert sorted(runs(run_log)) == sorted(ids)

@@ -156,6 +156,14 @@ def resume(ctx: typer.Context, experiment_id: ExperimentId) -> None:
     console().print(f"experiment {experiment.id}: {status(experiment.status)}; web UI: {url}")
 
 
+@app.command("delete")
+def delete(ctx: typer.Context, experiment_id: ExperimentId) -> None:
+    """Delete a stopped or done experiment with its trials, their events and metric records
+    (nnictl experiment delete). A running one is refused: stop it first."""
+    trials = with_client(ctx, lambda c: c.delete_experiment(experiment_id))
+    console().print(f"experiment {experiment_id} deleted, with its {trials} trial(s), their events and metrics")
+
+
 @app.command("view")
 def view(ctx: typer.Context, experiment_id: ExperimentId) -> None:
     """Print the address of an experiment's page in the web UI (opens nothing)."""
