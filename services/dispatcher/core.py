@@ -10,7 +10,7 @@ All mutations of one experiment run under that experiment's lock. A trial's atte
 (retries, silent trials, a user's retry) are :mod:`.attempts`; what depends on time, the
 sweep, is :mod:`.sweep`; events and metric records from the bus are :mod:`.inputs`; the reads
 (experiments, pages of trials, a trial's metrics and log) are :mod:`.queries`, answered from
-the store's indexes (:mod:`.index`): all are parts of :class:`Dispatcher`.
+the store's indexes (:mod:`services.common.trial_index`): all are parts of :class:`Dispatcher`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The dispatcher's reads: experiments, trials (a page at a time), a trial's metrics and log.
 
-Answered from the store's cache and its indexes (:mod:`.index`), never by walking an
+Answered from the store's cache and its indexes (:mod:`services.common.trial_index`), never by walking an
 experiment's trials: an experiment's summary is O(statuses + log n), a page of its trials
 O((limit + statuses) · log n), one trial O(1). Part of
 :class:`~services.dispatcher.core.Dispatcher` (a mixin); the writes are in ``core``.
@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from contracts.state import ExperimentState, TrialState, TrialStatus
+from services.common.trial_index import ORDERS, BadCursor
 from services.dispatcher import history
 from services.dispatcher.errors import ApiError
-from services.dispatcher.index import ORDERS, BadCursor
 
 if TYPE_CHECKING:
     from services.dispatcher.core import Dispatcher
@@ -54,7 +54,7 @@ class Queries:
         self: Dispatcher, experiment_id: str, limit: int = PAGE_DEFAULT, cursor: str | None = None,
         status: str | None = None, sort: str = "sequence",
     ) -> dict[str, Any]:
-        """A page of the experiment's trials (:mod:`.index`): ``status`` a comma-separated filter,
+        """A page of the experiment's trials (:mod:`services.common.trial_index`): ``status`` a comma-separated filter,
         ``sort`` ``sequence`` (submission order) or ``metric`` (best final metric first)."""
         self.experiment(experiment_id)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= PAGE_MAX:

@@ -28,7 +28,7 @@ from contracts.base import ContractError
 from contracts.state import ExperimentState, TrialState
 from services.common import kvwatch
 from services.common.bus import Bus
-from services.dispatcher.index import ExperimentTrials, TrialIndex
+from services.common.trial_index import ExperimentTrials, TrialIndex
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class StateStore:
         self.of(trial.experiment_id).put(trial)
 
     def of(self, experiment_id: str) -> ExperimentTrials:
-        """The experiment's trial indexes (:mod:`.index`): counts, unfinished trials, pages."""
+        """The experiment's trial indexes (:mod:`services.common.trial_index`): counts, unfinished trials, pages."""
         if (found := self.index.experiments.get(experiment_id)) is not None:
             return found
         state = self.experiments.get(experiment_id)

@@ -22,13 +22,9 @@ from urllib.parse import urlencode, urlsplit
 from contracts.base import utcnow
 from contracts.experiment import ExperimentConfig, OpenpaiConfig
 from contracts.state import ExperimentState, TrialState, TrialStatus, default_metric
+from services.common.trial_index import TrialIndex
 
-MAXIMIZE, MINIMIZE = "maximize", "minimize"
-
-
-def better(a: float, b: float, mode: str) -> bool:
-    """Whether ``a`` beats ``b`` under the optimize mode."""
-    return a < b if mode == MINIMIZE else a > b
+MINIMIZE = "minimize"
 
 
 def platform_link(config: ExperimentConfig, trial: TrialState) -> str | None:
@@ -75,16 +71,25 @@ class Model:
         self.trials_of: dict[str, dict[str, TrialState]] = {}
         #: trial id → its experiment id
         self.experiment_of: dict[str, str] = {}
+        #: experiment id → its trials indexed: counts and the best trial in O(log n), not O(n)
+        self.indexes = TrialIndex()
         self._changes = Changes()
 
     # -- applying KV entries ----------------------------------------------------------------
 
     def put_experiment(self, state: ExperimentState) -> None:
         self.experiments[state.id] = state
+        minimize = state.config.optimize_mode == MINIMIZE
+        index = self.indexes.experiments.get(state.id)
+        if index is not None and index.minimize != minimize:  # its trials came first: ranked the other way
+            del self.indexes.experiments[state.id]
+            for trial in self.trials_of.get(state.id, {}).values():
+                self._index(trial)
         self._changes.experiments.add(state.id)
         self._changes.experiments_list = True
 
     def delete_experiment(self, experiment_id: str) -> None:
+        self.indexes.experiments.pop(experiment_id, None)
         if self.experiments.pop(experiment_id, None) is not None:
             self._changes.experiments.add(experiment_id)
             self._changes.experiments_list = True
@@ -92,12 +97,20 @@ class Model:
     def put_trial(self, trial: TrialState) -> None:
         self.trials_of.setdefault(trial.experiment_id, {})[trial.id] = trial
         self.experiment_of[trial.id] = trial.experiment_id
+        self._index(trial)
         self._changes.trials.setdefault(trial.experiment_id, set()).add(trial.id)
+
+    def _index(self, trial: TrialState) -> None:
+        state = self.experiments.get(trial.experiment_id)
+        minimize = state is not None and state.config.optimize_mode == MINIMIZE
+        self.indexes.of(trial.experiment_id, minimize).put(trial)
 
     def delete_trial(self, trial_id: str) -> None:
         experiment_id = self.experiment_of.pop(trial_id, None)
         if experiment_id is not None:
             self.trials_of.get(experiment_id, {}).pop(trial_id, None)
+            if (index := self.indexes.experiments.get(experiment_id)) is not None:
+                index.remove(trial_id)
             self._changes.trials.setdefault(experiment_id, set()).add(trial_id)
 
     def take_changes(self) -> Changes:
@@ -121,24 +134,15 @@ class Model:
         return max(self.experiments.values(), key=lambda e: (e.start_time, e.id)).id
 
     def counts(self, experiment_id: str) -> dict[str, int]:
-        """Trials by status, every status present (0 where none)."""
-        counts = {status.value: 0 for status in TrialStatus}
-        for trial in self.trials_of.get(experiment_id, {}).values():
-            counts[trial.status.value] += 1
-        return counts
+        """Trials by status, every status present (0 where none): O(statuses)."""
+        index = self.indexes.experiments.get(experiment_id)
+        return index.counts() if index is not None else {status.value: 0 for status in TrialStatus}
 
     def best(self, experiment_id: str) -> TrialState | None:
-        """The trial with the best FINAL default metric; ties go to the earlier trial."""
-        state = self.experiments.get(experiment_id)
-        mode = state.config.optimize_mode if state else MAXIMIZE
-        best: tuple[float, int, TrialState] | None = None
-        for trial in self.trials_of.get(experiment_id, {}).values():
-            value = default_metric(trial.final_metric)
-            if value is None:
-                continue
-            if best is None or better(value, best[0], mode) or (value == best[0] and trial.sequence_id < best[1]):
-                best = (value, trial.sequence_id, trial)
-        return None if best is None else best[2]
+        """The trial with the best FINAL default metric; ties go to the earlier trial: O(log n)."""
+        index = self.indexes.experiments.get(experiment_id)
+        found = index.best(1) if index is not None else []
+        return self.trials_of[experiment_id][found[0][0]] if found else None
 
     # -- views (what browsers get; never a secret) -------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The dispatcher's trial indexes (services/dispatcher/index.py): counts, unfinished trials,
+"""The dispatcher's trial indexes (services/common/trial_index.py): counts, unfinished trials,
 best trials and pages, as trials are submitted, change and end."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from contracts.base import utcnow
 from contracts.state import TrialState, TrialStatus
-from services.dispatcher.index import BadCursor, ExperimentTrials
+from services.common.trial_index import BadCursor, ExperimentTrials
 
 NOW = utcnow()
 

@@ -203,3 +203,28 @@ def test_the_hub_batches_an_experiments_changes_into_one_update():
     assert snapshots[-1]["experiment"]["id"] == "exp2"
     hub.close()
     assert stream.closed and other.closed
+
+
+def test_trials_before_their_minimizing_experiment_are_ranked_its_way_once_it_comes():
+    # The two buckets are watched apart: a trial may be applied before its experiment
+    model = Model()
+    for i, value in enumerate([0.3, 0.1, 0.2]):
+        model.put_trial(trial(f"t{i}", i, status=TrialStatus.SUCCEEDED, final_metric=value))
+    assert model.best("exp1").id == "t0"  # maximize until the experiment says otherwise
+
+    minimizing = {"name": "TPE", "classArgs": {"optimize_mode": "minimize"}}
+    model.put_experiment(experiment(config=local_config(tuner=minimizing)))
+
+    assert model.best("exp1").id == "t1"
+    model.put_trial(trial("t3", 3, status=TrialStatus.SUCCEEDED, final_metric=0.05))
+    assert model.best("exp1").id == "t3"
+
+
+def test_a_deleted_trial_leaves_the_counts_and_the_best():
+    model = model_with(experiment(), trial("t0", 0, status=TrialStatus.SUCCEEDED, final_metric=0.9),
+                       trial("t1", 1, status=TrialStatus.RUNNING))  # fmt: skip
+    model.delete_trial("t0")
+    assert model.best("exp1") is None
+    assert (model.counts("exp1")["SUCCEEDED"], model.counts("exp1")["RUNNING"]) == (0, 1)
+    model.delete_experiment("exp1")
+    assert model.counts("exp1")["RUNNING"] == 0

@@ -1,6 +1,7 @@
-"""The dispatcher's read model of trials: indexes per experiment, kept as trials change.
+"""The read model of trials: indexes per experiment, kept as trials change (the dispatcher's
+store and the web UI's model keep one each).
 
-Every trial state the store caches passes through :meth:`TrialIndex.put`, at O(log n) for an
+Every trial state cached passes through :meth:`ExperimentTrials.put`, at O(log n) for an
 experiment of n trials, so that nothing asked of an experiment costs O(n):
 
 - its counts by status, and how many of its trials are unfinished: O(1) (the experiment's
@@ -90,6 +91,15 @@ class ExperimentTrials:
             self.unfinished.pop(trial.id, None)
         else:
             self.unfinished[trial.id] = None
+
+    def remove(self, trial_id: str) -> None:
+        """The trial is gone (its experiment deleted): O(log n)."""
+        if (old := self._entries.pop(trial_id, None)) is None:
+            return
+        self._sequence[old.status].remove(old.sequence)
+        self._ranked[old.status].remove(old.rank)
+        self._by_sequence.pop(old.sequence, None)
+        self.unfinished.pop(trial_id, None)
 
     def __len__(self) -> int:
         return len(self._entries)
