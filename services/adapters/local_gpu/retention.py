@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from services.adapters.base import TrialHandle
 from services.adapters.local_gpu import client
 from services.adapters.local_gpu.trial import SAFE_ID
+from services.adapters.remote import agent_checkpoints
 
 if TYPE_CHECKING:
     from services.adapters.local_gpu.adapter import LocalGpuAdapter
@@ -100,17 +101,6 @@ def remove_expired(trials_dir: str, retention: float) -> int:
 
 def remove_stale(root: str, retention: float, running: set[tuple[str, str]]) -> int:
     """Delete checkpoint directories (``<root>/<experiment>/<trial>``) unchanged for ``retention``
-    seconds, but those of ``running`` trials; the count. O(checkpoint directories)."""
-    deadline, removed = time.time() - retention, 0
-    with contextlib.suppress(FileNotFoundError):
-        for experiment in os.scandir(root):
-            if not experiment.is_dir():
-                continue
-            for entry in os.scandir(experiment.path):
-                with contextlib.suppress(FileNotFoundError):
-                    if (experiment.name, entry.name) not in running and entry.stat().st_mtime < deadline:
-                        shutil.rmtree(entry.path, ignore_errors=True)
-                        removed += 1
-            with contextlib.suppress(OSError):  # only when empty
-                os.rmdir(experiment.path)
-    return removed
+    seconds, but those of ``running`` trials; the count. The remote agents' rule, from the same
+    stdlib module they ship (``agent_checkpoints.remove_stale``). O(checkpoint directories)."""
+    return agent_checkpoints.remove_stale(root, time.time() - retention, running)
