@@ -8,11 +8,14 @@ fast as it accepts them, ``--concurrency`` (1,000) running at once, each ending 
   as the experiment grows means a cost per trial that grows with it);
 - API p50/p95 over REST at that size: the experiment's summary, a page of trials (the first,
   one deep in the list, by best metric, filtered by status), one trial, one trial's metrics;
-- the dispatcher's resident memory, and its restart: SIGTERM, start, until it answers the
-  summary with every trial.
+- metric records a second from keepers' batches through the gateway to a subscribed tuner
+  (:mod:`bench.scale_metrics`): ``--metric-trials`` (1,000) of the trials × ``--per-trial``
+  (1,000) records, 1,000,000 in the experiment; then one trial's metrics are among the reads;
+- the dispatcher's resident memory, and its restart with those trials and records: SIGTERM,
+  start, until it answers the summary with every trial.
 
 ``python -m bench.scale --trials 2000`` is the short version (``tests/e2e/test_scale.py``
-runs it). Not measured here yet (issue 23): the web UI, tuner ask latency, metric records/s.
+runs it).
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ from pathlib import Path
 import httpx
 import psutil
 
+from bench.scale_metrics import MetricFigures, metric_rate
 from bench.trials import percentile
 from tests.fixtures.nats import NatsServer
 from tests.fixtures.stack import Stack
 from trialbus.client import AsyncClient
 
 TARGET_MS = 200.0
+TARGET_RECORDS = 100_000  # metric records a second, keepers → a subscribed tuner
 
 
 @dataclass
@@ -48,6 +53,7 @@ class Figures:
     #: read → latencies in ms
     reads: dict[str, list[float]] = field(default_factory=dict)
     restart_seconds: float = 0.0
+    metrics: MetricFigures | None = None
     #: the dispatcher's resident memory with every trial ended, MiB
     dispatcher_mib: float = 0.0
 
@@ -128,13 +134,26 @@ def restart_dispatcher(stack: Stack, experiment: str, trials: int) -> float:
         time.sleep(0.05)
 
 
-def measure(trials: int, concurrency: int, say=print) -> Figures:
+def first_trials(stack: Stack, experiment: str, count: int) -> list[str]:
+    """The ids of the experiment's first ``count`` trials (by submission), a page at a time."""
+    ids: list[str] = []
+    cursor = None
+    while len(ids) < count:
+        query = f"limit={min(5000, count - len(ids))}" + (f"&cursor={cursor}" if cursor else "")
+        page = stack.rest("GET", f"/experiments/{experiment}/trials?{query}").json()
+        ids += [t["id"] for t in page["trials"]]
+        if not (cursor := page["nextCursor"]):
+            break
+    return ids
+
+
+def measure(trials: int, concurrency: int, say=print, metric_trials: int = 1000, per_trial: int = 1000) -> Figures:
     root = Path(tempfile.mkdtemp(prefix="trialbus-bench-scale-"))
     nats = NatsServer(root / "jetstream").start()
     stack = Stack(root=root, nats=nats, service_env={"fake": {"TRIALBUS_FAKE_CAPACITY": str(concurrency)}})
     figures = Figures(trials)
     try:
-        stack.start("dispatcher", "fake")
+        stack.start("dispatcher", "fake", "gateway")
         code = root / "code"
         code.mkdir()
         (code / "noop.py").write_text("")
@@ -147,13 +166,22 @@ def measure(trials: int, concurrency: int, say=print) -> Figures:
         wait_for_ends(stack, experiment, trials, figures, say)
         figures.dispatcher_mib = psutil.Process(stack.procs["dispatcher"].pid).memory_info().rss / 2**20
         say(f"  dispatcher memory with {trials:,} trials: {figures.dispatcher_mib:,.0f} MiB resident")
+        if metric_trials and per_trial:
+            reporting = first_trials(stack, experiment, metric_trials)
+            figures.metrics = metric_rate(nats.url, stack.gateway, stack.secret, experiment, reporting, per_trial)
+            rate, mark = figures.metrics.rate, figures.metrics.rate >= TARGET_RECORDS
+            say(f"  metric records, {len(reporting):,} trials' keepers → gateway → a subscribed tuner: "
+                f"{figures.metrics.records:,} records at {rate:,.0f} records/s "
+                f"({'ok' if mark else f'under the {TARGET_RECORDS:,} target'})")  # fmt: skip
         figures.reads = time_reads(stack, experiment, trials)
         for name, ms in figures.reads.items():
             p95 = percentile(ms, 95)
             mark = "ok" if p95 <= TARGET_MS else f"over the {TARGET_MS:.0f} ms target"
             say(f"  {name:<32} p50 {statistics.median(ms):7.1f} ms   p95 {p95:7.1f} ms   ({mark})")
         figures.restart_seconds = restart_dispatcher(stack, experiment, trials)
-        say(f"  dispatcher restart (SIGTERM → the summary with all {trials:,} trials): {figures.restart_seconds:.1f} s")
+        records = f" and {figures.metrics.records:,} metric records" if figures.metrics else ""
+        say(f"  dispatcher restart with {trials:,} trials{records} (SIGTERM → the summary with every trial): "
+            f"{figures.restart_seconds:.1f} s")  # fmt: skip
         return figures
     finally:
         stack.stop()
@@ -164,8 +192,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=100_000)
     parser.add_argument("--concurrency", type=int, default=1000)
+    parser.add_argument("--metric-trials", type=int, default=1000, help="trials that report metrics (0: none)")
+    parser.add_argument("--per-trial", type=int, default=1000, help="metric records each of them reports")
     args = parser.parse_args()
-    measure(args.trials, args.concurrency)
+    measure(args.trials, args.concurrency, metric_trials=args.metric_trials, per_trial=args.per_trial)
 
 
 if __name__ == "__main__":

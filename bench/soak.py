@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from contracts import MetricRecord
+from contracts.metrics import records_of
 from tests.fixtures.up import Up, new_ports
 from trialbus.client import AsyncClient, TrialbusError
 
@@ -224,7 +225,7 @@ async def check(up: Up, experiment: str, run_log: Path, metrics: int, result: So
 
 
 async def _stream_records(up: Up, experiment: str) -> list[MetricRecord]:
-    """Every message of the experiment in METRICS, duplicates included (no dedupe here)."""
+    """Every record of the experiment in METRICS, duplicates included (no dedupe here)."""
     nc = await nats.connect(up.nats_url, **up.nats_auth)
     try:
         js = nc.jetstream()
@@ -235,7 +236,7 @@ async def _stream_records(up: Up, experiment: str) -> list[MetricRecord]:
         records = []
         while len(records) < total:
             msg = await sub.next_msg(timeout=10)
-            records.append(MetricRecord.model_validate_json(msg.data))
+            records.extend(records_of(msg.data))  # one record, or a keeper's batch
         await sub.unsubscribe()
         return records
     finally:

@@ -30,6 +30,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from contracts import ExperimentConfig, MetricRecord, PlatformStatus, TrialEvent, TrialState, TrialStatus, subjects
+from contracts.metrics import Seen, records_of
 from contracts.streams import EVENTS, METRICS
 from services.common.code import CodeUpload, upload_code
 from trialbus import local
@@ -326,22 +327,29 @@ class AsyncClient:
             filters = [subjects.experiment_events(experiment_id)]
         else:
             filters = subjects.trial_events(experiment_id, trial_id)
-        return self._unique(
-            EVENTS.name, filters, TrialEvent,
-            lambda e: subjects.event_id(e.trial_id, e.status.value, e.attempt),
-        )
+        seen: set[str] = set()  # the stream's own dedupe ids; one per event
+
+        def first_time(e: TrialEvent) -> bool:
+            key = subjects.event_id(e.trial_id, e.status.value, e.attempt)
+            if key in seen:
+                return False
+            seen.add(key)
+            return True
+
+        return self._unique(EVENTS.name, filters, lambda data: [TrialEvent.decode(data)], first_time)
 
     def metrics(self, experiment_id: str, trial_id: str = "*") -> AsyncIterator[MetricRecord]:
-        """Every metric of the experiment's trials (or one trial), history first, then live."""
-        return self._unique(
-            METRICS.name, [subjects.metrics(experiment_id, trial_id)], MetricRecord,
-            lambda r: subjects.metric_id(r.trial_id, r.type.value, r.sequence, r.attempt),
-        )
+        """Every metric of the experiment's trials (or one trial), history first, then live; each
+        record once (:class:`contracts.metrics.Seen`: memory per trial, not per record)."""
+        filters = [subjects.metrics(experiment_id, trial_id)]
+        return self._unique(METRICS.name, filters, records_of, Seen().first_time)  # one record, or a keeper's batch
 
-    def _unique(self, stream: str, filters: list[str], model: type, dedupe_id: Callable[[Any], str]) -> AsyncIterator:
+    def _unique(
+        self, stream: str, filters: list[str], decode: Callable[[bytes], list[Any]], first_time: Callable[[Any], bool]
+    ) -> AsyncIterator:
         """Each record once, decoded, history first (:mod:`trialbus.follow`)."""
         payloads = follow(self.js, stream, filters, FOLLOW_BUFFER, self._followers)
-        return unique(payloads, " ".join(filters), model, dedupe_id)
+        return unique(payloads, " ".join(filters), decode, first_time)
 
     async def _watcher(self, experiment_id: str) -> ExperimentWatcher:
         async with self._watchers_lock:

@@ -84,18 +84,17 @@ async def follow(
 
 
 async def unique(
-    payloads: AsyncIterator[bytes], what: str, model: type[C], dedupe_id: Callable[[C], str]
+    payloads: AsyncIterator[bytes], what: str, decode: Callable[[bytes], list[C]], first_time: Callable[[C], bool]
 ) -> AsyncIterator[C]:
-    """Decoded messages, each once: the stream's own dedupe id, applied again here in case a
-    message was stored twice (a resend after the stream's dedupe window)."""
-    seen: set[str] = set()
+    """Decoded items, each once (``decode`` gives a message's items: a metric message holds one
+    record or a keeper's batch; ``first_time`` says whether an item is new), in case an item was
+    stored twice (a resend after the stream's dedupe window, or in another batch)."""
     async for data in payloads:
         try:
-            item = model.decode(data)
+            items = decode(data)
         except ContractError as exc:
             log.warning("skipping a message on %s: %s", what, exc)
             continue
-        key = dedupe_id(item)
-        if key not in seen:
-            seen.add(key)
-            yield item
+        for item in items:
+            if first_time(item):
+                yield item

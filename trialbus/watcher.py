@@ -33,8 +33,9 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from contracts import MetricRecord, MetricType, TrialEvent, TrialState, TrialStatus, subjects
+from contracts import MetricType, TrialEvent, TrialState, TrialStatus, subjects
 from contracts.base import ContractError
+from contracts.metrics import records_of
 from contracts.streams import EVENTS, METRICS
 
 log = logging.getLogger(__name__)
@@ -153,10 +154,11 @@ class ExperimentWatcher:
     def _on_metric(self, msg: Msg) -> None:
         self._metrics_seq = max(self._metrics_seq, msg.metadata.sequence.stream)
         try:
-            record = MetricRecord.decode(msg.data)
+            records = records_of(msg.data)  # one record, or a keeper's batch
         except ContractError as exc:
             log.warning("skipping a metric: %s", exc)
-        else:
+            records = []
+        for record in records:
             trial = self._trials.setdefault(record.trial_id, _Trial())
             if record.type is MetricType.FINAL and trial.final is _NO_FINAL:
                 try:

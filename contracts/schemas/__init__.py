@@ -24,6 +24,7 @@ from contracts.messages import (
     TrialEvent,
     TrialRequest,
 )
+from contracts.metrics import MetricBatch
 from contracts.state import ExperimentState, TrialState
 
 HERE = Path(__file__).parent
@@ -36,6 +37,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "trial-request": TrialRequest,
     "trial-event": TrialEvent,
     "metric-record": MetricRecord,
+    "metric-batch": MetricBatch,
     "cancel-request": CancelRequest,
     "cancel-reply": CancelReply,
     "log-request": LogRequest,

@@ -13,6 +13,7 @@ import nats.errors
 from contracts import subjects
 from contracts.experiment import ExperimentConfig
 from contracts.messages import CheckReply, CheckRequest, DrainReply, DrainRequest, LogReply, LogRequest, MetricRecord
+from contracts.metrics import records_of
 from contracts.nni import TrainingService
 from contracts.platforms import PLATFORMS
 from contracts.state import TrialState
@@ -32,8 +33,8 @@ async def trial_metrics(bus: Bus, trial: TrialState) -> list[dict[str, Any]]:
         sub = await bus.js.subscribe(subject, ordered_consumer=True)
         try:
             for _ in range(count):
-                record = MetricRecord.decode((await sub.next_msg(timeout=5)).data)
-                records.setdefault((record.attempt, record.type.value, record.sequence), record)
+                for record in records_of((await sub.next_msg(timeout=5)).data):  # one, or a keeper's batch
+                    records.setdefault((record.attempt, record.type.value, record.sequence), record)
         finally:
             await sub.unsubscribe()
     return [

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import orjson
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from contracts import streams, subjects
 from contracts.base import ContractError
 from contracts.messages import PlatformStatus, TrialEvent
+from contracts.metrics import raw_records_of
 from services.common.auth import bind_host
 from services.common.bus import Bus
 from services.common.http import HttpServer
@@ -110,18 +110,15 @@ class DispatcherService(Service):
         await msgs[-1].ack()  # cumulative: the whole batch is applied and in KV
 
     async def _on_metrics(self, msgs: list[Msg]) -> None:
-        # The gateway validated every record against MetricRecord; here only the fields
-        # that change trial state are read (orjson: the dispatcher reads every record).
+        # The gateway validated every record; here only the fields that change trial state
+        # are read (orjson, no models: the dispatcher reads every record). A message is one
+        # record or a keeper's batch of them (contracts.metrics).
         records = []
         for msg in msgs:
             try:
-                record = orjson.loads(msg.data)
-                if record.get("kind") == "trial.metric" and isinstance(record.get("sequence"), int):
-                    records.append(record)
-                    continue
-            except orjson.JSONDecodeError:
-                pass
-            log.error("dropping malformed metric on %s", msg.subject)
+                records.extend(raw_records_of(msg.data))
+            except (ValueError, KeyError):
+                log.error("dropping malformed metric on %s", msg.subject)
         try:
             folds = MetricFold.fold(records)
         except (KeyError, TypeError) as exc:

@@ -7,9 +7,11 @@ Checks run cheapest first, and nothing is published unless the whole batch passe
     → every record (400, naming its index) → NATS connected (503)
     → publish all, await every ack (503 on timeout) → 200 {"accepted": n}
 
-Records go out through :class:`~services.metrics_gateway.service.BatchPublisher`, which
-awaits every ack of a batch together. Resent batches are harmless: each record's
-``Nats-Msg-Id`` is ``<trial>:<type>:<sequence>`` and JetStream drops duplicates.
+A request's records go out as one ``MetricBatch`` message (:mod:`contracts.metrics`; a big
+one in parts of :data:`MESSAGE_BYTES`) through
+:class:`~services.metrics_gateway.service.BatchPublisher`, which awaits every ack together.
+Resent batches are harmless: a batch's ``Nats-Msg-Id`` names its records and JetStream drops a
+repeat; records resent in another grouping are dropped by the readers (:class:`contracts.metrics.Seen`).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from fastapi.security import HTTPBearer
 from nats.errors import Error as NatsError
 from prometheus_client import Counter, Histogram
 
-from contracts import VERSION, MetricRecord, subjects
+from contracts import VERSION, subjects
 from contracts.base import utcnow
+from contracts.metrics import BATCH_KIND, batch_id
 from services.common import logs, tokens
 from services.common.bus import Bus
 from services.common.http import health_routes
@@ -190,21 +193,39 @@ def parse_record(raw: object, index: int, trial_id: str) -> Metric | None:
     return Metric(kind, sequence, parameter_id, value)
 
 
-_KIND, _V = MetricRecord.model_fields["kind"].default, MetricRecord.model_fields["v"].default
+#: Bytes of records in one METRICS message at most: a bigger batch goes out in parts, split
+#: the same way each time it is sent (NATS's max_payload is 1 MiB by default).
+MESSAGE_BYTES = 256 * 1024
 
 
-def encode(experiment_id: str, trial_id: str, metric: Metric, timestamp: datetime, attempt: int = 0) -> bytes:
-    """Exactly ``MetricRecord(...).encode()``, built with orjson: the hot path of the gateway.
+def encode_batches(experiment_id: str, trial_id: str, metrics: list[Metric], timestamp: datetime,
+                   attempt: int = 0) -> list[tuple[bytes, str]]:  # fmt: skip
+    """The records as ``MetricBatch`` messages (``(payload, Nats-Msg-Id)``), in order, each
+    under :data:`MESSAGE_BYTES` of values (or one record), built with orjson: exactly
+    ``MetricBatch(...).encode()``, which costs 3× more through pydantic (a test holds the
+    two equal). O(records)."""
+    head = {"kind": BATCH_KIND, "v": 1, "experimentId": experiment_id, "trialId": trial_id, "attempt": attempt,
+            "timestamp": timestamp}  # fmt: skip
+    messages, part, size = [], [], 0
+    for m in metrics:
+        if part and size + len(m.value) > MESSAGE_BYTES:
+            messages.append(_message(head, trial_id, attempt, part))
+            part, size = [], 0
+        part.append(m)
+        size += len(m.value) + 64
+    if part:
+        messages.append(_message(head, trial_id, attempt, part))
+    return messages
 
-    Validating and serialising through pydantic costs 3× more per record; the fields are
-    already checked by :func:`parse_record`. A test holds the two encodings equal.
-    """
-    fields = {"kind": _KIND, "v": _V, "experimentId": experiment_id, "trialId": trial_id, "attempt": attempt,
-              "parameterId": metric.parameter_id, "type": metric.type, "sequence": metric.sequence,
-              "value": metric.value, "timestamp": timestamp}  # fmt: skip
-    if metric.parameter_id is None:  # encode() leaves out None fields
-        del fields["parameterId"]
-    return orjson.dumps(fields, option=orjson.OPT_UTC_Z)
+
+def _message(head: dict, trial_id: str, attempt: int, part: list[Metric]) -> tuple[bytes, str]:
+    records = [
+        {"type": m.type, "sequence": m.sequence, "value": m.value} if m.parameter_id is None
+        else {"parameterId": m.parameter_id, "type": m.type, "sequence": m.sequence, "value": m.value}
+        for m in part
+    ]  # fmt: skip
+    payload = orjson.dumps({**head, "records": records}, option=orjson.OPT_UTC_Z)
+    return payload, batch_id(trial_id, attempt, ((m.type, m.sequence) for m in part))
 
 
 class Intake:
@@ -253,15 +274,14 @@ class Intake:
             except (NatsError, OSError) as exc:
                 raise Refused(503, "unavailable", f"NATS did not take the heartbeat ({exc}); retry later") from None
             return 0
-        subject, now = subjects.metrics(experiment_id, trial_id), utcnow()
-        messages = [
-            (subject, encode(experiment_id, trial_id, m, now, attempt),
-             subjects.metric_id(trial_id, m.type, m.sequence, attempt))
-            for m in metrics
-        ]
+        subject = subjects.metrics(experiment_id, trial_id)
+        batches = encode_batches(experiment_id, trial_id, metrics, utcnow(), attempt)
+        messages = [(subject, payload, msg_id) for payload, msg_id in batches]
         started = time.perf_counter()
         try:
             duplicates = await self.publish(messages, self.settings.gateway_publish_timeout)
+            if duplicates:  # a resent batch: its records were published before
+                duplicates = len(metrics) if duplicates == len(messages) else duplicates
         except TimeoutError:
             raise Refused(503, "unavailable", "JetStream did not ack the batch in time; retry later") from None
         except (PublishError, NatsError, OSError) as exc:

@@ -32,6 +32,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from contracts import ExperimentState, ExperimentStatus, MetricRecord, MetricType, TrialState, TrialStatus, subjects
+from contracts.metrics import records_of
 from contracts.streams import METRICS
 from services.common.api import ApiCallError, call
 from services.common.bus import Bus
@@ -206,7 +207,8 @@ class Driver:
         async def on_message(msg: Msg) -> None:
             nonlocal remaining
             try:
-                self._inbox.put_nowait(("metric", MetricRecord.decode(msg.data)))
+                for record in records_of(msg.data):  # one record, or a keeper's batch of them
+                    self._inbox.put_nowait(("metric", record))
             except Exception as exc:  # a record we cannot read is no reason to stop tuning
                 log.warning("skipping an unreadable metric record on %s: %s", msg.subject, exc)
             remaining -= 1

@@ -25,6 +25,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from contracts import MetricRecord, streams
+from contracts.metrics import records_of
 from tests.e2e.conftest import config, runs, write_code
 from tests.e2e.helpers import create, submit, wait_until
 from tests.fixtures.nats import free_port, nats_server_binary, require_binary
@@ -150,14 +151,14 @@ async def metrics_leader(up: Up) -> tuple[str | None, int]:
 
 
 async def metric_records(up: Up, experiment: str) -> list[MetricRecord]:
-    """Every message of the experiment in METRICS, duplicates included."""
+    """Every record of the experiment in METRICS, duplicates included."""
     nc = await bus(up)
     try:
         js = nc.jetstream()
         subject = f"metrics.{experiment}.>"
         total = sum(((await js.stream_info("METRICS", subjects_filter=subject)).state.subjects or {}).values())
         sub = await js.subscribe(subject, stream="METRICS", ordered_consumer=True)
-        records = [MetricRecord.model_validate_json((await sub.next_msg(timeout=10)).data) for _ in range(total)]
+        records = [r for _ in range(total) for r in records_of((await sub.next_msg(timeout=10)).data)]
         await sub.unsubscribe()
         return records
     finally:

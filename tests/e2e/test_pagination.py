@@ -84,6 +84,30 @@ def test_minimize_sorts_the_lowest_first_and_bad_paging_is_refused_with_what_to_
     assert mixed.status_code == 422 and "start again without a cursor" in mixed.json()["error"]
 
 
+def test_a_restarted_dispatcher_rebuilds_its_read_model_and_answers_the_same(stack, code_dir):
+    # Given an experiment whose trials ended but one, still running
+    experiment = create(stack, config(code_dir, trialConcurrency=2))
+    ids = [submit(stack, experiment, {"x": x}) for x in (4, 9, 1, 7)]
+    for trial_id in ids:
+        ended(stack, trial_id)
+    blocker = submit(stack, experiment, {"x": 5, "sleep": 60})
+    wait_until(lambda: stack.rest("GET", f"/trials/{blocker}").json()["status"] == "RUNNING", 30, "a running trial")
+    ids.append(blocker)
+    before = {query: [t["id"] for t in pages(stack, experiment, query)]
+              for query in ("", "&sort=metric", "&status=RUNNING", "&status=SUCCEEDED&sort=metric")}  # fmt: skip
+    summary = stack.rest("GET", f"/experiments/{experiment}").json()
+    # when the dispatcher is killed and started again (its indexes are in memory only)
+    stack.kill("dispatcher")
+    stack.start("dispatcher")
+    # then, rebuilt from the trials bucket, every page, count and best trial is as it was
+    after = {query: [t["id"] for t in pages(stack, experiment, query)] for query in before}
+    assert after == before and before["&sort=metric"][:2] == [ids[1], ids[3]]
+    again = stack.rest("GET", f"/experiments/{experiment}").json()
+    assert (again["trialCounts"], again["bestTrials"]) == (summary["trialCounts"], summary["bestTrials"])
+    assert again["trialCounts"]["RUNNING"] == 1 and again["trialCounts"]["SUCCEEDED"] == 4
+    assert stack.rest("POST", f"/trials/{blocker}/cancel").status_code == 202
+
+
 def test_the_client_and_the_cli_page_for_the_user(stack, code_dir):
     experiment = create(stack, config(code_dir))
     ids = [submit(stack, experiment, {"x": x}) for x in (4, 9, 1, 7, 2)]

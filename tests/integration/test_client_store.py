@@ -20,6 +20,7 @@ import pytest
 from nats.js import JetStreamContext
 
 from contracts import MetricRecord, MetricType, TrialEvent, TrialStatus, subjects
+from contracts.metrics import BatchedRecord, MetricBatch
 from contracts.streams import CODE_STORE, STREAMS
 from services.common.code import upload_code
 from tests.fixtures.nats import NatsServer
@@ -139,6 +140,30 @@ async def test_events_and_metrics_are_yielded_once_each(client: AsyncClient, js:
     metrics = await first(2, client.metrics(EXP, "t1"))
     assert [e.status for e in events] == [TrialStatus.RUNNING, TrialStatus.SUCCEEDED]
     assert [(m.type, m.decoded()) for m in metrics] == [(MetricType.PERIODICAL, 0.1), (MetricType.FINAL, 0.9)]
+
+
+async def test_a_keepers_batches_are_yielded_record_by_record_each_once(
+    client: AsyncClient, js: JetStreamContext
+) -> None:
+    """What the gateway publishes: a batch per keeper request; a batch resent with newer records
+    (its first answer lost) holds the older ones again."""
+
+    async def publish_batch(*records: tuple[MetricType, int]) -> None:
+        batch = MetricBatch(experiment_id=EXP, trial_id="t2", timestamp=datetime.now(UTC), records=[
+            BatchedRecord(type=kind, sequence=seq, value=json.dumps(seq / 10)) for kind, seq in records
+        ])  # fmt: skip
+        await js.publish(subjects.metrics(EXP, "t2"), batch.encode())
+
+    await publish_batch(*((MetricType.PERIODICAL, i) for i in range(3)))
+    await publish_batch(*((MetricType.PERIODICAL, i) for i in range(5)), (MetricType.FINAL, 0))
+    got = []
+    records = client.metrics(EXP, "t2")
+    async for record in records:
+        got.append((record.type, record.sequence, record.decoded()))
+        if len(got) == 6:
+            break
+    await records.aclose()
+    assert got == [(MetricType.PERIODICAL, i, i / 10) for i in range(5)] + [(MetricType.FINAL, 0, 0.0)]
 
 
 async def test_a_trials_events_are_read_from_every_source_and_from_before_sources(

@@ -15,9 +15,10 @@ import pytest
 
 import trialbus
 from contracts import MetricRecord, subjects
+from contracts.metrics import BatchedRecord, MetricBatch, Seen, records_of
 from services.common.bus import Bus, bootstrap, connect
 from services.common.tokens import trial_token
-from services.metrics_gateway.app import Metric, encode
+from services.metrics_gateway.app import MESSAGE_BYTES, Metric, encode_batches
 from services.metrics_gateway.service import GatewayService
 from services.metrics_gateway.settings import GatewaySettings
 
@@ -49,7 +50,7 @@ class Gateway:
                                     "records": records}, headers=kwargs.pop("headers", None) or headers(), **kwargs)
 
     async def stored(self, trial: str = TRIAL) -> list[tuple[dict, MetricRecord]]:
-        """Every message of the trial in the METRICS stream: (headers, record)."""
+        """Every record of the trial in the METRICS stream: (its message's headers, record)."""
         js = self.reader.jetstream()
         info = await js.stream_info("METRICS", subjects_filter=subjects.metrics(EXP, trial))
         count = (info.state.subjects or {}).get(subjects.metrics(EXP, trial), 0)
@@ -58,7 +59,7 @@ class Gateway:
         sub = await js.subscribe(subjects.metrics(EXP, trial), ordered_consumer=True)
         msgs = [await sub.next_msg(timeout=5) for _ in range(count)]
         await sub.unsubscribe()
-        return [(msg.headers, MetricRecord.decode(msg.data)) for msg in msgs]
+        return [(msg.headers, record) for msg in msgs for record in records_of(msg.data)]
 
 
 @pytest.fixture
@@ -87,9 +88,10 @@ async def test_records_are_published_once_even_when_the_batch_is_resent(gateway)
     # When the keeper did not see the answer and sends the same batch again
     again = await gateway.post(batch)
     assert again.status_code == 200
-    # then every metric is in the stream exactly once, REQUEST_PARAMETER not at all
+    # then every metric is in the stream exactly once, as one message, REQUEST_PARAMETER not at all
     stored = await gateway.stored()
-    assert [h["Nats-Msg-Id"] for h, _ in stored] == ["Ab3dE:PERIODICAL:0", "Ab3dE:PERIODICAL:1", "Ab3dE:FINAL:0"]
+    assert [(r.type.value, r.sequence) for _, r in stored] == [("PERIODICAL", 0), ("PERIODICAL", 1), ("FINAL", 0)]
+    assert len({h["Nats-Msg-Id"] for h, _ in stored}) == 1
     metric = stored[1][1]
     assert (metric.experiment_id, metric.trial_id, metric.parameter_id) == (EXP, TRIAL, 7)
     assert metric.value == '{"default": 0.6, "loss": NaN}'
@@ -241,6 +243,34 @@ def test_the_service_refuses_to_start_without_the_trial_secret():
 )
 def test_the_fast_encoding_is_the_contract_encoding(metric, microsecond):
     now = datetime(2026, 1, 2, 3, 4, 5, microsecond, tzinfo=UTC)
-    model = MetricRecord(experiment_id=EXP, trial_id=TRIAL, parameter_id=metric.parameter_id, type=metric.type,
-                         sequence=metric.sequence, value=metric.value, timestamp=now)
-    assert encode(EXP, TRIAL, metric, now) == model.encode()
+    second = Metric("PERIODICAL", 4, None, "[1, 2]")
+    model = MetricBatch(experiment_id=EXP, trial_id=TRIAL, attempt=2, timestamp=now, records=[
+        BatchedRecord(parameter_id=m.parameter_id, type=m.type, sequence=m.sequence, value=m.value)
+        for m in (metric, second)
+    ])  # fmt: skip
+    [(payload, _)] = encode_batches(EXP, TRIAL, [metric, second], now, attempt=2)
+    assert payload == model.encode()
+    alone = MetricRecord(experiment_id=EXP, trial_id=TRIAL, attempt=2, parameter_id=metric.parameter_id,
+                         type=metric.type, sequence=metric.sequence, value=metric.value, timestamp=now)
+    assert records_of(payload)[0] == alone  # a reader sees the record as if it had been published alone
+
+
+async def test_a_big_batch_goes_out_in_parts_each_resent_the_same_way(gateway):
+    value = json.dumps("x" * 2000)
+    batch = [record(sequence=i, value=value) for i in range(300)]  # ~600 kB of values
+    assert (await gateway.post(batch)).status_code == 200
+    assert (await gateway.post(batch)).status_code == 200  # resent as it was: every part is a repeat
+    stored = await gateway.stored()
+    assert [r.sequence for _, r in stored] == list(range(300))
+    parts = [h["Nats-Msg-Id"] for h, _ in stored]
+    assert 2 <= len(set(parts)) <= 600_000 // MESSAGE_BYTES + 2
+
+
+async def test_records_resent_in_another_grouping_are_taken_once_by_readers(gateway):
+    """A keeper whose batch was published but whose answer was lost sends its records again
+    with newer ones: the stream holds the overlap twice, a reader takes each record once."""
+    assert (await gateway.post([record(sequence=i) for i in range(3)])).status_code == 200
+    assert (await gateway.post([record(sequence=i) for i in range(5)] + [record("FINAL")])).status_code == 200
+    seen = Seen()
+    taken = [(r.type.value, r.sequence) for _, r in await gateway.stored() if seen.first_time(r)]
+    assert taken == [("PERIODICAL", i) for i in range(5)] + [("FINAL", 0)]

@@ -21,6 +21,7 @@ import pytest
 
 import trialbus
 from contracts import MetricRecord, subjects
+from contracts.metrics import records_of
 from services.common.tokens import trial_token
 from services.trial_keeper import KEEPER_PATH, SHIM_PATH
 from tests.fixtures.nats import NatsServer, free_port
@@ -177,7 +178,7 @@ def stored(nats_url: str, trial: str) -> list[MetricRecord]:
             count = (info.state.subjects or {}).get(subjects.metrics(EXP, trial), 0)
             sub = await js.subscribe(subjects.metrics(EXP, trial), ordered_consumer=True) if count else None
             msgs = [await sub.next_msg(timeout=5) for _ in range(count)]
-            return [MetricRecord.decode(msg.data) for msg in msgs]
+            return [record for msg in msgs for record in records_of(msg.data)]
         finally:
             await nc.close()
 
@@ -395,3 +396,101 @@ def test_batches_are_split_on_413_and_bad_records_dropped_on_400(tmp_path, code_
     assert [r.sequence for r in stored(nats_server.url, "Tsplit")] == list(range(40))
     assert trial.state["metricsFlushed"] is True
     assert "gateway refused (400)" in trial.read(".trialbus/keeper.log")
+
+
+QUIET_TRIAL = textwrap.dedent(
+    """
+    import os, time
+    import nni
+
+    nni.get_next_parameter()
+    nni.report_intermediate_result(1.0)
+    time.sleep(4)
+    with open("written", "w") as f:
+        f.write(repr(time.time()))
+    nni.report_intermediate_result(2.0)
+    time.sleep(0.5)
+    """
+)
+
+
+def wakeups(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+
+
+def test_a_quiet_trial_keeper_sleeps_and_its_next_record_is_relayed_at_once(tmp_path, gateway, nats_url):
+    """The kernel wakes the keeper at the quiet trial's next write (dnotify), so it need not read
+    the metrics file every TICK_MAX: 1,000 sleeping trials cost 1,000 keepers that sleep."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "quiet.py").write_text(QUIET_TRIAL)
+    trial = Trial(tmp_path, code, gateway.url, "Tquiet", f"{shlex.quote(sys.executable)} quiet.py")
+    trial.wait_for(lambda: len(stored(nats_url, "Tquiet")) == 1)
+    time.sleep(1)  # the keeper's ticks have grown to their longest
+    before = wakeups(trial.proc.pid)
+    time.sleep(2)
+    assert wakeups(trial.proc.pid) - before <= 2  # reading its file every TICK_MAX (0.4 s) is 5
+
+    trial.wait_for(lambda: len(stored(nats_url, "Tquiet")) == 2)
+    relayed = time.time()
+    assert relayed - float((code / "written").read_text()) < 1.0  # not after QUIET_TICK (5 s)
+    assert trial.wait() == 0 and trial.state["metricsFlushed"] is True
+
+
+class LosingProxy:
+    """Between a keeper and the gateway: forwards every request, but answers the first one with
+    a 503 after the gateway took it (its answer lost on the way back)."""
+
+    def __init__(self, gateway_url: str) -> None:
+        import http.server
+        import threading
+
+        self.forwarded = 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+                answer = httpx.post(gateway_url + self.path, content=body, headers=headers, timeout=10)
+                proxy.forwarded += 1
+                status, data = (503, b'{"error": "lost"}') if proxy.forwarded == 1 else (answer.status_code,
+                                                                                        answer.content)
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_batch_whose_answer_was_lost_is_resent_as_it_was_and_stored_once(tmp_path, code_dir, gateway, nats_url):
+    # Given a trial that reports more records at once than a keeper sends in one batch
+    (code_dir / "many.py").write_text(textwrap.dedent(
+        """
+        import nni
+        nni.get_next_parameter()
+        for i in range(800):
+            nni.report_intermediate_result(i)
+        nni.report_final_result(800)
+        """
+    ))
+    proxy = LosingProxy(gateway.url)
+    try:
+        # when the gateway's answer to the first batch is lost
+        trial = Trial(tmp_path, code_dir, proxy.url, "Tlost", command=f"{shlex.quote(sys.executable)} many.py")
+        assert trial.wait() == 0
+    finally:
+        proxy.server.shutdown()
+    # then the keeper sent that batch again as it was (not merged with the records after it): the
+    # stream dropped the repeat, and holds each record once
+    assert proxy.forwarded >= 3 and "retrying" in trial.read(".trialbus/keeper.log")
+    records = [(r.type.value, r.sequence) for r in stored(nats_url, "Tlost")]
+    assert records == [*(("PERIODICAL", i) for i in range(800)), ("FINAL", 0)]
+    assert trial.state["metricsFlushed"] is True

@@ -141,7 +141,7 @@ class Watching:
             found = await trial.machine.call("spool", dir=trial.dir, minAge=age)
             url = f"{self.settings.gateway_url.rstrip('/')}/api/v1/trials/{trial.handle.trial_id}/metrics"
             for name, records in found["files"]:
-                body = {"experimentId": trial.handle.experiment_id, "records": records}
+                body = {"experimentId": trial.handle.experiment_id, "attempt": trial.handle.attempt, "records": records}
                 headers = {"Authorization": f"Bearer {found['token']}",
                            "X-Trialbus-Keeper-Version": trial.machine.keeper_version}  # fmt: skip
                 reply = await self._http.post(url, json=body, headers=headers)
