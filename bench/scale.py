@@ -12,7 +12,9 @@ fast as it accepts them, ``--concurrency`` (1,000) running at once, each ending 
   (:mod:`bench.scale_metrics`): ``--metric-trials`` (1,000) of the trials × ``--per-trial``
   (1,000) records, 1,000,000 in the experiment; then one trial's metrics are among the reads;
 - the dispatcher's resident memory, and its restart with those trials and records: SIGTERM,
-  start, until it answers the summary with every trial.
+  start, until it answers the summary with every trial;
+- the built-in tuners' ask latency after ``--tuner-trials`` (100,000; TPE 10,000) trials, and
+  what they keep (:mod:`bench.scale_tuner`).
 
 ``python -m bench.scale --trials 2000`` is the short version (``tests/e2e/test_scale.py``
 runs it).
@@ -35,6 +37,7 @@ import httpx
 import psutil
 
 from bench.scale_metrics import MetricFigures, metric_rate
+from bench.scale_tuner import tuner_ask_latency
 from bench.trials import percentile
 from tests.fixtures.nats import NatsServer
 from tests.fixtures.stack import Stack
@@ -54,6 +57,8 @@ class Figures:
     reads: dict[str, list[float]] = field(default_factory=dict)
     restart_seconds: float = 0.0
     metrics: MetricFigures | None = None
+    #: tuner → its ask latency and memory figures (bench.scale_tuner)
+    tuners: dict[str, dict[str, float]] = field(default_factory=dict)
     #: the dispatcher's resident memory with every trial ended, MiB
     dispatcher_mib: float = 0.0
 
@@ -147,7 +152,8 @@ def first_trials(stack: Stack, experiment: str, count: int) -> list[str]:
     return ids
 
 
-def measure(trials: int, concurrency: int, say=print, metric_trials: int = 1000, per_trial: int = 1000) -> Figures:
+def measure(trials: int, concurrency: int, say=print, metric_trials: int = 1000, per_trial: int = 1000,
+            tuner_trials: int = 0) -> Figures:  # fmt: skip
     root = Path(tempfile.mkdtemp(prefix="trialbus-bench-scale-"))
     nats = NatsServer(root / "jetstream").start()
     stack = Stack(root=root, nats=nats, service_env={"fake": {"TRIALBUS_FAKE_CAPACITY": str(concurrency)}})
@@ -182,6 +188,8 @@ def measure(trials: int, concurrency: int, say=print, metric_trials: int = 1000,
         records = f" and {figures.metrics.records:,} metric records" if figures.metrics else ""
         say(f"  dispatcher restart with {trials:,} trials{records} (SIGTERM → the summary with every trial): "
             f"{figures.restart_seconds:.1f} s")  # fmt: skip
+        if tuner_trials:
+            figures.tuners = tuner_ask_latency(say, trials=tuner_trials, tpe_trials=max(1, tuner_trials // 10))
         return figures
     finally:
         stack.stop()
@@ -194,8 +202,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1000)
     parser.add_argument("--metric-trials", type=int, default=1000, help="trials that report metrics (0: none)")
     parser.add_argument("--per-trial", type=int, default=1000, help="metric records each of them reports")
+    parser.add_argument("--tuner-trials", type=int, default=100_000,
+                        help="trials told to each built-in tuner before timing its asks (TPE: a tenth; 0: none)")
     args = parser.parse_args()
-    measure(args.trials, args.concurrency, metric_trials=args.metric_trials, per_trial=args.per_trial)
+    measure(args.trials, args.concurrency, metric_trials=args.metric_trials, per_trial=args.per_trial,
+            tuner_trials=args.tuner_trials)
 
 
 if __name__ == "__main__":

@@ -53,10 +53,11 @@ from optuna.samplers import BaseSampler, NSGAIISampler, RandomSampler, TPESample
 from optuna.trial import Trial, TrialState
 
 from contracts import TrialStatus
+from services.tuner.history import DEFAULT_KEEP_LAST, History
 from services.tuner.protocol import Metric, NoMoreTrials, ParameterId, Proposal, TrialEnd
 from services.tuner.space import Grid, Parameters, SearchSpace, grid, locate, suggest
 
-__all__ = ["NoMoreTrials", "Tuner", "assessor", "name_and_args", "tuner"]
+__all__ = ["DEFAULT_KEEP_LAST", "NoMoreTrials", "Tuner", "assessor", "name_and_args", "tuner"]
 
 log = logging.getLogger(__name__)
 
@@ -179,9 +180,10 @@ class Tuner:
 
     def best(self) -> tuple[Parameters, float]:
         """The best finished trial's parameters and final result; ValueError while none has finished."""
-        if not any(t.state == TrialState.COMPLETE for t in self.study.trials):
-            raise ValueError("no trial has a final result yet")
-        best = self.study.best_trial
+        try:
+            best = self.study.best_trial
+        except ValueError:
+            raise ValueError("no trial has a final result yet") from None
         return best.user_attrs[_PARAMETERS], float(best.value)
 
 
@@ -268,10 +270,12 @@ _TUNERS: dict[str, tuple[set[str], _Build]] = {
 
 
 def tuner(config: Mapping[str, Any] | None, space: SearchSpace, seed: int | None = None, *,
-          assessor_config: Mapping[str, Any] | None = None) -> Tuner:
+          assessor_config: Mapping[str, Any] | None = None, history: int | None = DEFAULT_KEEP_LAST) -> Tuner:
     """The :class:`Tuner` NNI's ``tuner`` config names, with the pruner ``assessor_config`` names.
 
-    ``None`` means NNI's default, TPE. ``seed`` seeds the sampler; a ``seed`` in classArgs wins.
+    ``None`` means NNI's default, TPE. ``seed`` seeds the sampler; a ``seed`` in classArgs wins. The study
+    keeps the last ``history`` finished trials and the best ones (:class:`~services.tuner.history.History`;
+    ``None``: all); Evolution keeps at least two populations, the parents and the generation being built.
     :raises ValueError: an unknown name or classArg, a bad optimize_mode, an assessor whose optimize_mode
         disagrees, or an assessor beside Hyperband/BOHB (which prune by themselves).
     :raises SearchSpaceError: GridSearch over a space it cannot enumerate.
@@ -298,7 +302,10 @@ def tuner(config: Mapping[str, Any] | None, space: SearchSpace, seed: int | None
         # Hyperband puts each trial in a bracket by a hash of the study's name: seeded, the name is too, so that
         # the same seed gives the same stops (unseeded, Optuna draws a random name).
         name = None if seed is None else f"trialbus-seed-{seed}"
-        study = optuna.create_study(sampler=sampler, pruner=pruner, direction=direction, study_name=name)
+        if history is not None and isinstance(sampler, NSGAIISampler):
+            history = max(history, 2 * args.get("population_size", 32))
+        study = optuna.create_study(storage=History(history), sampler=sampler, pruner=pruner, direction=direction,
+                                    study_name=name)
     finally:
         optuna.logging.set_verbosity(verbosity)
     return Tuner(study, space, points)

@@ -85,8 +85,10 @@ def _judged(tuner: TunerLike, config: Mapping[str, Any], threads: int) -> NniAss
         raise
 
 
-def for_experiment(config: ExperimentConfig, seed: int | None = None) -> TunerLike:
-    """The tuner (with its assessor) ``config`` asks for, ready to propose.
+def for_experiment(config: ExperimentConfig, seed: int | None = None, *,
+                   history: int | None = algorithms.DEFAULT_KEEP_LAST) -> TunerLike:
+    """The tuner (with its assessor) ``config`` asks for, ready to propose; a built-in one keeps the last
+    ``history`` finished trials (and the best; :mod:`services.tuner.history`).
 
     :raises ValueError: no search space, or a config that names something that is not there, with the reason.
     :raises ClassFailed: a user's class raised while it was imported, constructed or handed the search space.
@@ -112,5 +114,5 @@ def for_experiment(config: ExperimentConfig, seed: int | None = None) -> TunerLi
         log.info("multiThread has no effect on the built-in tuner: Optuna is asked for one trial at a time")
     space = parse_search_space(config.search_space)
     if loading.names_class(config.assessor):
-        return _judged(algorithms.tuner(tuner_config, space, seed), config.assessor, threads)
-    return algorithms.tuner(tuner_config, space, seed, assessor_config=config.assessor)
+        return _judged(algorithms.tuner(tuner_config, space, seed, history=history), config.assessor, threads)
+    return algorithms.tuner(tuner_config, space, seed, assessor_config=config.assessor, history=history)

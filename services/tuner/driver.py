@@ -12,6 +12,10 @@ rebuilds the same knowledge: it adopts every trial of the experiment (:meth:`Tun
 replays the experiment's metrics, and only then tells the tuner the ends it saw in the snapshot
 and lets the assessor judge (judging half-replayed curves would stop trials too early).
 
+Memory is bounded by the trials running, not by the experiment: a trial that ended and was told leaves
+:attr:`Driver.trials` for one bit (by its sequence id) that keeps a late or repeated change of it from counting
+as a new trial; the trials it starts from are read a page at a time.
+
 Everything happens in one task, in arrival order, so the driver never calls the tuner twice at once
 (a user's class with ``multiThread`` runs the calls of one batch on several threads: the trials wanted
 at once, the ends seen together). Tuner calls run off the event loop: a slow tuner holds up its own
@@ -25,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +43,7 @@ from services.common.api import ApiCallError, call
 from services.common.bus import Bus
 from services.common.logs import bind
 from services.tuner.protocol import ClassFailed, ParameterId, Proposal, TrialEnd, TunerLike
+from services.tuner.trials import Ended
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +71,10 @@ async def stop_experiment(bus: Bus, experiment_id: str, message: str, timeout: f
             await asyncio.sleep(RETRY_AFTER)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Trial:
     number: ParameterId | None  # the tuner's; None for a trial it cannot model (outside the search space)
+    sequence_id: int
     status: TrialStatus = TrialStatus.WAITING
     told: bool = False
     early_stop_asked: bool = False
@@ -75,25 +82,32 @@ class _Trial:
 
 
 class Driver:
-    """Drives one experiment until :meth:`stop`. Feed it with :meth:`on_trial` and :meth:`on_experiment`."""
+    """Drives one experiment until :meth:`stop`. Feed it with :meth:`on_trial` and :meth:`on_experiment`.
 
-    def __init__(self, bus: Bus, state: ExperimentState, tuner: TunerLike, trials: list[TrialState],
+    ``trials`` are the experiment's trials when it starts (read as the driver starts); their changes come through
+    :meth:`on_trial`, which may be called (and queue) before.
+    """
+
+    def __init__(self, bus: Bus, state: ExperimentState, tuner: TunerLike, trials: AsyncIterable[TrialState],
                  api_timeout: float = 10.0) -> None:
         self.bus = bus
         self.state = state
         self.tuner = tuner
         self.api_timeout = api_timeout
+        #: The trials not yet ended and told (the others are in :attr:`ended`).
         self.trials: dict[str, _Trial] = {}
+        #: The trials that ended and were told (or could not be modelled), by sequence id.
+        self.ended = Ended()
         self.pending: dict[ParameterId, dict[str, Any]] = {}  # proposed, not yet seen as a trial
         self._unsent: set[ParameterId] = set()  # pending ids whose submit failed: sent again after RETRY_AFTER
-        self._ends: list[TrialState] = []  # ends seen before the metrics were replayed, told after
+        self._ends: list[TrialEnd] = []  # ends seen before the metrics were replayed, told after
         self._due: list[tuple[ParameterId, TrialEnd]] = []  # ends to tell the tuner, in one batch
         self.no_more = state.no_more_trials
         #: The user's class failed: the experiment is being stopped with this.
         self.failure: ClassFailed | None = None
         self.replayed = False
         self._inbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        self._snapshot = trials
+        self._snapshot: AsyncIterable[TrialState] | None = trials
         self._closing: str | None = None  # why the tuner has no more trials, until the dispatcher is told
         self._ending = False  # the experiment ended: the last ends are told, then the driver returns
         self._task: asyncio.Task | None = None
@@ -160,8 +174,10 @@ class Driver:
                                       self.api_timeout, retry=True)
 
     async def _drive(self) -> None:
-        for trial in self._snapshot:
-            await self._learn(trial, resumed=True)
+        if self._snapshot is not None:
+            async for trial in self._snapshot:
+                await self._learn(trial, resumed=True)
+            self._snapshot = None
         await self._replay_then_follow()
         while True:
             await self._tell_due()
@@ -192,8 +208,7 @@ class Driver:
 
     def _settled(self) -> bool:
         """Every trial ended and told (after the experiment did: nothing more for the tuner)."""
-        return self.replayed and not self._due and all(t.told or (t.status.terminal and t.number is None)
-                                                       for t in self.trials.values())  # fmt: skip
+        return self.replayed and not self._due and all(t.told for t in self.trials.values())
 
     async def _replay_then_follow(self) -> None:
         """Subscribe to the experiment's metrics from the start. Once the records stored when we looked have
@@ -219,16 +234,19 @@ class Driver:
                                                         ordered_consumer=True)
 
     async def _learn(self, trial: TrialState, *, resumed: bool) -> None:
+        if trial.sequence_id in self.ended or trial.experiment_id != self.experiment_id:
+            return  # over: a late or repeated change
         known = self.trials.get(trial.id)
         if known is None:
-            if trial.experiment_id != self.experiment_id:
-                return
-            known = self.trials[trial.id] = _Trial(await self._number_for(trial, resumed=resumed))
+            known = self.trials[trial.id] = _Trial(await self._number_for(trial, resumed=resumed), trial.sequence_id)
+        elif known.status.terminal:
+            return  # an older state, read after its end (the pages and the changes overlap)
         known.status = trial.status
-        if trial.status.terminal and self.replayed:
-            self._end(trial.id, known, trial)
+        end = TrialEnd(trial.id, trial.status, trial.final_metric)
+        if trial.status.terminal and (self.replayed or known.number is None):
+            self._end(end, known, trial.sequence_id)
         elif trial.status.terminal:
-            self._ends.append(trial)
+            self._ends.append(end)
 
     async def _number_for(self, trial: TrialState, *, resumed: bool) -> ParameterId | None:
         """Ours (submitted with ``parameterId`` = the tuner's id), or adopted: ``resumed`` when it was on the bus
@@ -263,20 +281,25 @@ class Driver:
 
     async def _caught_up(self) -> None:
         self.replayed = True
-        for trial in self._ends:
-            self._end(trial.id, self.trials[trial.id], trial)
-        self._ends.clear()
+        ends, self._ends = self._ends, []
+        for end in ends:
+            if (known := self.trials.get(end.trial_id)) is not None:
+                self._end(end, known, known.sequence_id)
         await self._tell_due()
         for trial_id, known in list(self.trials.items()):
             if known.status == TrialStatus.RUNNING and known.steps:
                 await self._judge(trial_id, known)
-        log.info("resumed from %d trials on the bus", len(self.trials))
+        log.info("resumed from %d trials on the bus", len(self.trials) + self.ended.count)
 
-    def _end(self, trial_id: str, known: _Trial, trial: TrialState) -> None:
-        if known.told or known.number is None:
+    def _end(self, end: TrialEnd, known: _Trial, sequence_id: int) -> None:
+        """The trial is over: told to the tuner (with the next batch), and forgotten but for a bit."""
+        if known.told:
             return
         known.told = True
-        self._due.append((known.number, TrialEnd(trial_id, trial.status, trial.final_metric)))
+        if known.number is not None:
+            self._due.append((known.number, end))
+        del self.trials[end.trial_id]
+        self.ended.add(sequence_id)
 
     async def _tell_due(self) -> None:
         """The ends seen since the last time, told in one batch (in the order they were seen)."""
@@ -318,7 +341,7 @@ class Driver:
         in_flight = sum(not t.status.terminal for t in self.trials.values()) + len(self.pending)
         room = config.trial_concurrency - in_flight
         if config.max_trial_number is not None:
-            room = min(room, config.max_trial_number - len(self.trials) - len(self.pending))
+            room = min(room, config.max_trial_number - len(self.trials) - self.ended.count - len(self.pending))
         return max(room, 0)
 
     async def _step(self) -> None:

@@ -9,13 +9,18 @@
   under the same name takes its leases back at once.
 - **Nothing of its own to lose.** A driver rebuilds its tuner from the trials and metrics on the bus
   (:mod:`services.tuner.driver`), so a restart or a takeover resumes where the last one stopped.
+- **Memory.** No trial is kept here: a driver reads its experiment's trials when it starts
+  (:mod:`services.tuner.trials`), and a change of a trial reaches only its experiment's driver (the others' are
+  dropped after reading their experiment id). Experiments are kept while RUNNING with a tuner. Per driven
+  experiment: the driver's running trials and a bit per ended one (:mod:`~services.tuner.driver`) and the tuner's
+  bounded history (:mod:`~services.tuner.history`, ``TRIALBUS_TUNER_HISTORY`` finished trials).
 - **A config it cannot run stops the experiment** with the reason as its message (``trialbus
   experiment run`` checks the same before creating one, so this is for other clients), and so does a
   user's tuner, assessor or advisor class that raises, when it is loaded or later, with its traceback.
   A built-in tuner's error ends the driver, which is started again.
 
-The ``trials`` and ``experiments`` buckets are watched once for all experiments; each driver gets the
-changes of its own.
+The ``experiments`` bucket is watched, and the ``trials`` bucket's changes followed, once for all experiments;
+each driver gets the changes of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 import nats.errors
 from fastapi import FastAPI
@@ -38,6 +44,7 @@ from services.tuner.choose import for_experiment
 from services.tuner.driver import Driver, stop_experiment
 from services.tuner.protocol import ClassFailed
 from services.tuner.settings import TunerSettings
+from services.tuner.trials import experiment_of, follow, of_experiment
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +57,6 @@ class TunerService(Service):
         self.replica = settings.replica
         self.bus: Bus | None = None
         self.experiments: dict[str, ExperimentState] = {}
-        self.trials: dict[str, dict[str, TrialState]] = {}  # experiment → trial id → state
         self.drivers: dict[str, Driver] = {}
         self._draining: dict[str, Driver] = {}  # ended experiments' drivers telling their tuners the last ends
         self.leases: dict[str, int] = {}  # experiment → revision of our lease entry
@@ -59,16 +65,15 @@ class TunerService(Service):
         self._failed: BaseException | None = None
         self._kv: dict[str, KeyValue] = {}
         self._http: HttpServer | None = None
+        self._unfollow: Callable[[], Awaitable[None]] | None = None
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
         for bucket in ("trials", "experiments", streams.TUNERS_BUCKET.bucket):
             self._kv[bucket] = await bus.kv(bucket)
-        trials_loaded = asyncio.Event()
-        self._tasks = [asyncio.create_task(self._watch("trials", self._on_trial, trials_loaded))]
-        await trials_loaded.wait()  # drivers start from a full snapshot of their trials
+        self._unfollow = await follow(bus, self._on_trial)  # before any driver reads its trials
         experiments_loaded = asyncio.Event()
-        self._tasks.append(asyncio.create_task(self._watch("experiments", self._on_experiment, experiments_loaded)))
+        self._tasks = [asyncio.create_task(self._watch("experiments", self._on_experiment, experiments_loaded))]
         await experiments_loaded.wait()
         self._tasks.append(asyncio.create_task(self._keep_leases()))
         if self.settings.tuner_http_port is not None:
@@ -87,6 +92,8 @@ class TunerService(Service):
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self._unfollow is not None:
+            await self._unfollow()
         for experiment_id in list(self.drivers):
             await self._release(experiment_id, delete=True)  # another replica (or our restart) takes it at once
 
@@ -115,14 +122,24 @@ class TunerService(Service):
             loaded.set()
 
     async def _on_trial(self, raw: bytes) -> None:
-        trial = TrialState.decode(raw)
-        self.trials.setdefault(trial.experiment_id, {})[trial.id] = trial
-        if (driver := self.drivers.get(trial.experiment_id) or self._draining.get(trial.experiment_id)) is not None:
-            driver.on_trial(trial)
+        """A trial changed: its driver's, if we drive its experiment; decoded only then."""
+        experiment_id = experiment_of(raw)
+        if experiment_id is None:
+            return
+        driver = self.drivers.get(experiment_id) or self._draining.get(experiment_id)
+        if driver is None:
+            return
+        try:
+            driver.on_trial(TrialState.decode(raw))
+        except ContractError as exc:
+            log.warning("skipping an unreadable trial of experiment %s: %s", experiment_id, exc)
 
     async def _on_experiment(self, raw: bytes) -> None:
         state = ExperimentState.decode(raw)
-        self.experiments[state.id] = state
+        if self._wants(state):
+            self.experiments[state.id] = state
+        else:  # ended, or no tuner: nothing to drive
+            self.experiments.pop(state.id, None)
         if (driver := self.drivers.get(state.id)) is not None:
             if state.status != ExperimentStatus.RUNNING:
                 await self._release(state.id, delete=True, ended=True)
@@ -163,7 +180,8 @@ class TunerService(Service):
     async def _drive(self, state: ExperimentState) -> None:
         self._loading.add(state.id)
         try:
-            tuner = await asyncio.to_thread(for_experiment, state.config)  # imports the user's class, if any
+            tuner = await asyncio.to_thread(for_experiment, state.config,  # imports the user's class, if any
+                                            history=self.settings.tuner_history)
         except (ValueError, ClassFailed) as exc:
             message = exc.message("the tuner cannot run: ") if isinstance(exc, ClassFailed) else \
                 f"the tuner cannot run: {exc}"  # fmt: skip
@@ -173,8 +191,9 @@ class TunerService(Service):
             return
         finally:
             self._loading.discard(state.id)
-        latest = self.experiments.get(state.id, state)
-        driver = Driver(self.bus, latest, tuner, list(self.trials.get(state.id, {}).values()),
+        # Not kept: it ended while the tuner was built. The driver then tells the tuner the ends and closes it.
+        latest = self.experiments.get(state.id) or state.model_copy(update={"status": ExperimentStatus.STOPPED})
+        driver = Driver(self.bus, latest, tuner, of_experiment(self.bus, state.id, self.settings.tuner_api_timeout),
                         self.settings.tuner_api_timeout)
         self.drivers[state.id] = driver
         await driver.start()
@@ -206,7 +225,8 @@ class TunerService(Service):
                 if driver is not None and (error := driver.done()) is not None:
                     log.error("experiment %s: the driver failed (%r); restarting it", experiment_id, error)
                     await self._release(experiment_id, delete=False)
-                    await self._claim(self.experiments[experiment_id])
+                    if (state := self.experiments.get(experiment_id)) is not None:
+                        await self._claim(state)
                     continue
                 try:
                     self.leases[experiment_id] = await kv.update(experiment_id, self.replica.encode(), last=revision)

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from contracts import streams
 from services.common.settings import ServiceSettings
+from services.tuner.history import DEFAULT_KEEP_LAST
 
 
 class TunerSettings(ServiceSettings):
@@ -21,3 +22,6 @@ class TunerSettings(ServiceSettings):
     tuner_http_port: int | None = Field(default=None, ge=0, le=65535)
     #: Address the health and metrics endpoints bind to.
     tuner_http_host: str = "127.0.0.1"
+    #: Finished trials a built-in tuner learns from, per experiment: the last ones, besides the 25 best (default
+    #: 1,000; :mod:`services.tuner.history`). TPE's cost per proposal and the tuner's memory grow with it.
+    tuner_history: int = Field(default=DEFAULT_KEEP_LAST, ge=1)
