@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # out of the venv: with nni importable, every other test's trials would load it (seconds each) instead of the shim.
 NNI_SDK := .nni-sdk
 
-.PHONY: install run up test bench soak fuzz schemas clean sshd chromium docker wheelhouse image compose-test failover bench-scale
+.PHONY: install run up test bench soak fuzz schemas clean sshd chromium docker wheelhouse image compose-test failover bench-scale bench-running
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,10 @@ bench: $(STAMP) $(NNI_SDK)/.installed
 # submit and end rates as it grows, API p50/p95 at that size (summary, pages, one trial), the dispatcher's restart.
 bench-scale: $(STAMP)
 	$(BIN)/python -m bench.scale --trials $(or $(TRIALS),100000) --concurrency $(or $(CONCURRENCY),1000)
+
+# COUNT (1,000) sleeping trials running at once on the local adapter: keeper memory, services' CPU
+bench-running: $(STAMP)
+	$(BIN)/python -m bench.running --count $(or $(COUNT),1000)
 
 # TRIALS trials (300) of 20 metrics each while the adapter, the gateway, nats-server, the dispatcher
 # and the tuner are each SIGKILLed once under `trialbus up`: prints lost / duplicated / stuck, exits 1 on any.

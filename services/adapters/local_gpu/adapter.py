@@ -97,6 +97,14 @@ class LocalGpuAdapter(Launching, Watching, Restarts, Retention, PlatformAdapter)
                 self._zygote = zygote
             except OSError as exc:  # each launch will say what is wrong
                 log.warning("cannot start the keeper zygote with %s (%s)", self.settings.keeper_python, exc)
+        # After the zygote started: keepers forked from it, and their trials, keep the host's limit.
+        before, now, enough = client.raise_fd_limit(self.settings.max_trials)
+        if now != before:
+            log.info("raised the soft limit of open files from %d to %d (max_trials %d)", before, now,
+                     self.settings.max_trials)  # fmt: skip
+        if not enough:
+            log.warning("open files are limited to %d: past about %d running trials, their ends are noticed at the "
+                        "next poll, not at once (raise the hard limit: ulimit -Hn)", now, now - client.FD_HEADROOM)
         # The trial sees the keeper's environment minus TRIALBUS_*: never pass ours (NATS secrets) on.
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
         env.update(
@@ -173,3 +181,8 @@ class LocalGpuAdapter(Launching, Watching, Restarts, Retention, PlatformAdapter)
 
     def _running(self) -> int:
         return sum(1 for trial in self.trials.values() if trial.running)
+
+    def _full(self) -> bool:
+        """Whether ``max_trials`` trials run here. O(1) while fewer trials are tracked (running or
+        ended, not yet released), O(tracked) otherwise: 250 µs at 1,000, twice per launch."""
+        return len(self.trials) >= self.settings.max_trials and self._running() >= self.settings.max_trials

@@ -44,6 +44,29 @@ def compile_keeper(python: str, source: str, dest: Path) -> str:
     return str(dest)
 
 
+#: Descriptors the adapter needs beside one pidfd per running keeper: NATS, HTTP, state files,
+#: code downloads, the zygote's and the warm templates' pipes.
+FD_HEADROOM = 512
+
+
+def raise_fd_limit(trials: int) -> tuple[int, int, bool]:
+    """Raise the soft ``RLIMIT_NOFILE`` to what ``trials`` running keepers need (a pidfd each,
+    plus :data:`FD_HEADROOM`), as far as the hard limit allows; never lowers it. ``(soft before,
+    soft now, whether that is enough)``. A common soft default is 1,024: about 1,000 trials
+    would exhaust it."""
+    import resource
+
+    unlimited = resource.RLIM_INFINITY
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = trials + FD_HEADROOM
+    if soft == unlimited or soft >= needed:
+        return soft, soft, True
+    target = needed if hard == unlimited else min(needed, hard)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return soft, max(soft, target), target >= needed
+
+
 def spawn_keeper(python: str, keeper: str, env: Mapping[str, str], trial_dir: str) -> int:
     """Start ``python -S -I keeper`` in its own session; return its pid.
 

@@ -53,7 +53,7 @@ class Launching:
         if not (SAFE_ID.match(request.experiment_id) and SAFE_ID.match(request.trial_id)):
             raise PermanentError(f"ids {request.experiment_id!r}/{request.trial_id!r} cannot name a trial directory")
         trial_dir = f"{self.work_dir}/trials/{request.experiment_id}/{request.trial_id}-{request.attempt}"
-        if self._running() >= self.settings.max_trials:
+        if self._full():
             return self._existing(trial_dir, request)
         code_dir = await self._code_dir(request.code_ref) if request.code_ref else None
         ask = self.gpus.ask(request)
@@ -63,7 +63,7 @@ class Launching:
         # No await from here on: the checks and the spawn happen as one step of the event loop.
         if (trial := self.trials.get(key)) is not None:
             return trial.handle
-        if self._running() >= self.settings.max_trials:  # filled up during the download
+        if self._full():  # filled up during the download
             return self._existing(trial_dir, request)
         if os.path.isdir(trial_dir) and not self._unborn(trial_dir):  # launched before a restart: never twice
             return self._adopt(trial_dir, *key, request.experiment_id).handle
