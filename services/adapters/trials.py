@@ -66,6 +66,8 @@ class OwnedTrials:
         self.adapter, self.settings, self._ended_count = adapter, settings, ended
         self.bus: Bus | None = None
         self.by_key: dict[str, Owned] = {}
+        #: The same by trial id (its attempts owned here): a cancel or log request finds them in O(1).
+        self._by_trial: dict[str, dict[int, Owned]] = {}
         #: Set whenever a trial ends: platform capacity may have freed.
         self.trial_ended = asyncio.Event()
         #: Tasks publishing events (stop waits for them, bounded).
@@ -81,15 +83,21 @@ class OwnedTrials:
         key = subjects.dispatch_id(trial_id, attempt)
         if (owned := self.by_key.get(key)) is None:
             owned = self.by_key[key] = Owned(experiment_id, trial_id, attempt)
+            self._by_trial.setdefault(trial_id, {})[attempt] = owned
         return owned
 
     def drop(self, owned: Owned) -> None:
         key = subjects.dispatch_id(owned.trial_id, owned.attempt)
         if self.by_key.get(key) is owned:
             del self.by_key[key]
+            attempts = self._by_trial[owned.trial_id]
+            del attempts[owned.attempt]
+            if not attempts:
+                del self._by_trial[owned.trial_id]
 
     def of_trial(self, trial_id: str) -> list[Owned]:
-        return [owned for owned in self.by_key.values() if owned.trial_id == trial_id]
+        """The trial's attempts owned here: O(its attempts)."""
+        return list(self._by_trial.get(trial_id, {}).values())
 
     def latest_handle(self, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
         """The newest attempt's handle (or ``attempt``'s), owned or recently released (for log requests)."""

@@ -20,6 +20,7 @@ import logging
 import secrets
 import string
 from collections import defaultdict
+from collections.abc import Coroutine, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -119,8 +120,7 @@ class Dispatcher(Queries, Inputs, Attempts, Sweep, Retention):
                 await self.store.put_experiment(state)
                 log.info("experiment %s stopped%s", experiment_id, f": {message}" if message else " by the user")
             reason = f"the experiment was stopped: {message}" if message else "the experiment was stopped"
-            for trial in self.store.unfinished(experiment_id):
-                await self._cancel(trial, TrialStatus.USER_CANCELED, reason)
+            await self._cancel_all(self.store.unfinished(experiment_id), TrialStatus.USER_CANCELED, reason)
             return state
 
     async def close_experiment(self, experiment_id: str) -> ExperimentState:
@@ -257,6 +257,24 @@ class Dispatcher(Queries, Inputs, Attempts, Sweep, Retention):
         await self._request_cancel(trial)
         return self.store.trials[trial.id]
 
+    async def _cancel_all(self, trials: list[TrialState], status: TrialStatus, message: str) -> None:
+        """:meth:`_cancel` for many trials (a stopped experiment's unfinished ones): what changes queues
+        and slots one trial at a time, the KV writes and the owners' answers :data:`AT_ONCE` at a time
+        (one by one, 1,000 running trials took 6–10 s to stop). O(trials)."""
+        for trial in [t for t in trials if not t.dispatched]:
+            await self._end(trial, status, message)
+        dispatched = [self.store.trials[t.id] for t in trials if t.dispatched]
+        marked = [t.model_copy(update={"cancel_status": status, "message": message})
+                  for t in dispatched if t.cancel_status is None]  # fmt: skip
+        await _at_most(AT_ONCE, (self.store.put_trial(t) for t in marked))
+        asking = []
+        for trial in (self.store.trials[t.id] for t in dispatched):
+            if trial.status == TrialStatus.WAITING and await self.slots.withdraw(trial):  # not claimed yet
+                await self._end(trial, trial.cancel_status, message)
+            else:
+                asking.append(trial)
+        await _at_most(AT_ONCE, (self._request_cancel(t) for t in asking))
+
     async def _request_cancel(self, trial: TrialState) -> None:
         """Ask the owning replica to stop the trial; no answer is retried by the sweep."""
         self._cancel_sent[trial.id] = asyncio.get_running_loop().time()
@@ -355,3 +373,20 @@ class Dispatcher(Queries, Inputs, Attempts, Sweep, Retention):
             candidate = head + "".join(secrets.choice(alphabet) for _ in range(length - 1))
             if candidate not in taken:
                 return candidate
+
+
+#: Requests and KV writes a stop sends at once.
+AT_ONCE = 64
+
+
+async def _at_most(limit: int, coros: Iterable[Coroutine[Any, Any, Any]]) -> None:
+    """Await ``coros``, at most ``limit`` at a time (their errors raised once all are done)."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(coro: Coroutine[Any, Any, Any]) -> None:
+        async with gate:
+            await coro
+
+    errors = [r for r in await asyncio.gather(*(one(c) for c in coros), return_exceptions=True) if r is not None]
+    if errors:
+        raise errors[0]
