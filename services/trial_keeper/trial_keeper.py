@@ -253,6 +253,7 @@ class Keeper:
         self.sending, self.hello_ok = bool(self.gateway), False
         self.state, self.error, self.log_file = {}, None, None
         self.exit_unrecorded = False  # the exit is in self.state, not yet in state.json
+        self.state_written = False
         self.tick, self.taken = TICK, 0
         self.pid = self.pgid = 0
         self.pidfd = self.out_r = self.metrics_fd = self.wake_r = self.nni_fd = -1
@@ -278,8 +279,11 @@ class Keeper:
         self.log_file.write((time.strftime("%Y-%m-%d %H:%M:%S ") + message + "\n").encode("utf-8", "replace"))
 
     def update_state(self, **values):
+        """Write ``state.json``: the first time in place (no file to replace yet: readers take a
+        half-written one for none, and a rename less is an inode less per trial), then atomically."""
         self.state.update(values)
-        write_file(self.path(".trialbus/state.json"), json_object(self.state).encode(), atomic=True)
+        write_file(self.path(".trialbus/state.json"), json_object(self.state).encode(), atomic=self.state_written)
+        self.state_written = True
 
     # -- the trial -----------------------------------------------------------------------
 

@@ -246,7 +246,7 @@ class WarmPool:
         self.sweep()
         command = environ["TRIALBUS_TRIAL_COMMAND"]
         deadline = time.monotonic() + wait
-        while (starting := self.waiting(command, environ, preload)) and time.monotonic() < deadline:
+        while time.monotonic() < deadline and (starting := self.waiting(command, environ, preload)):
             select.select([starting.process.stdout], [], [], min(deadline - time.monotonic(), 0.05))
         template = self.template_for(command, environ, preload)
         if template is None or template.poll() != "ready":
