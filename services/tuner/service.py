@@ -19,8 +19,8 @@
   user's tuner, assessor or advisor class that raises, when it is loaded or later, with its traceback.
   A built-in tuner's error ends the driver, which is started again.
 
-The ``experiments`` bucket is watched, and the ``trials`` bucket's changes followed, once for all experiments;
-each driver gets the changes of its own.
+The ``experiments`` bucket is watched, and the ``trials`` bucket's changes followed while the replica drives an
+experiment, once for all experiments; each driver gets the changes of its own.
 """
 
 from __future__ import annotations
@@ -65,13 +65,14 @@ class TunerService(Service):
         self._failed: BaseException | None = None
         self._kv: dict[str, KeyValue] = {}
         self._http: HttpServer | None = None
-        self._unfollow: Callable[[], Awaitable[None]] | None = None
+        self._unfollow: Callable[[], Awaitable[None]] | None = None  # while trial changes are followed
+        self._follow_lock = asyncio.Lock()
+        self._stopped = False
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
         for bucket in ("trials", "experiments", streams.TUNERS_BUCKET.bucket):
             self._kv[bucket] = await bus.kv(bucket)
-        self._unfollow = await follow(bus, self._on_trial)  # before any driver reads its trials
         experiments_loaded = asyncio.Event()
         self._tasks = [asyncio.create_task(self._watch("experiments", self._on_experiment, experiments_loaded))]
         await experiments_loaded.wait()
@@ -92,8 +93,11 @@ class TunerService(Service):
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._unfollow is not None:
-            await self._unfollow()
+        async with self._follow_lock:
+            self._stopped = True
+            if self._unfollow is not None:
+                unfollow, self._unfollow = self._unfollow, None
+                await unfollow()
         for experiment_id in list(self.drivers):
             await self._release(experiment_id, delete=True)  # another replica (or our restart) takes it at once
 
@@ -196,6 +200,7 @@ class TunerService(Service):
         driver = Driver(self.bus, latest, tuner, of_experiment(self.bus, state.id, self.settings.tuner_api_timeout),
                         self.settings.tuner_api_timeout)
         self.drivers[state.id] = driver
+        await self._follow_while_driving()  # before the driver reads its trials
         await driver.start()
         log.info("driving experiment %s (%s)", state.id, type(tuner).__name__)
         if latest.status != ExperimentStatus.RUNNING or state.id not in self.leases:  # it ended, or the lease went
@@ -210,10 +215,22 @@ class TunerService(Service):
                 await driver.stop(ended=ended)
             finally:
                 self._draining.pop(experiment_id, None)
+            await self._follow_while_driving()
         revision = self.leases.pop(experiment_id, None)
         if delete and revision is not None:
             with contextlib.suppress(nats.errors.Error, KeyWrongLastSequenceError):
                 await self._kv[streams.TUNERS_BUCKET.bucket].delete(experiment_id, last=revision)
+
+    async def _follow_while_driving(self) -> None:
+        """Follow the ``trials`` bucket's changes while this replica drives an experiment, and only
+        then: a replica with nothing to drive reads no trial change at all."""
+        async with self._follow_lock:
+            driving = bool(self.drivers or self._draining) and not self._stopped
+            if driving and self._unfollow is None:
+                self._unfollow = await follow(self.bus, self._on_trial)
+            elif not driving and self._unfollow is not None:
+                unfollow, self._unfollow = self._unfollow, None
+                await unfollow()
 
     async def _keep_leases(self) -> None:
         """Refresh our leases, drop the ones lost, and claim experiments whose holder is gone."""

@@ -58,6 +58,10 @@ async def test_the_service_holds_only_the_running_trials_of_the_experiments_it_d
         assert 0 < most_held <= CONCURRENCY
         # and once it is over, the service holds nothing of either experiment
         assert service.drivers == {} and service.experiments == {}
+        # and, driving nothing, it reads no trial change at all: it left no consumer on the trials bucket
+        async with asyncio.timeout(10):
+            while (await bus.js.stream_info("KV_trials")).state.consumer_count:
+                await asyncio.sleep(0.05)
     finally:
         await service.stop()
         await bus.close()
