@@ -13,6 +13,8 @@ fast as it accepts them, ``--concurrency`` (1,000) running at once, each ending 
   (1,000) records, 1,000,000 in the experiment; then one trial's metrics are among the reads;
 - the dispatcher's resident memory, and its restart with those trials and records: SIGTERM,
   start, until it answers the summary with every trial;
+- the web UI's experiment page in headless Chromium at that size (:mod:`bench.scale_webui`): time
+  to interactive (navigation → its first rows drawn and a sort answered) and the page's memory;
 - the built-in tuners' ask latency after ``--tuner-trials`` (100,000; TPE 10,000) trials, and
   what they keep (:mod:`bench.scale_tuner`).
 
@@ -38,6 +40,7 @@ import psutil
 
 from bench.scale_metrics import MetricFigures, metric_rate
 from bench.scale_tuner import tuner_ask_latency
+from bench.scale_webui import measure_webui
 from bench.trials import percentile
 from tests.fixtures.nats import NatsServer
 from tests.fixtures.stack import Stack
@@ -57,6 +60,8 @@ class Figures:
     reads: dict[str, list[float]] = field(default_factory=dict)
     restart_seconds: float = 0.0
     metrics: MetricFigures | None = None
+    #: the web UI page's figures (bench.scale_webui), when measured
+    webui: dict = field(default_factory=dict)
     #: tuner → its ask latency and memory figures (bench.scale_tuner)
     tuners: dict[str, dict[str, float]] = field(default_factory=dict)
     #: the dispatcher's resident memory with every trial ended, MiB
@@ -153,7 +158,7 @@ def first_trials(stack: Stack, experiment: str, count: int) -> list[str]:
 
 
 def measure(trials: int, concurrency: int, say=print, metric_trials: int = 1000, per_trial: int = 1000,
-            tuner_trials: int = 0) -> Figures:  # fmt: skip
+            tuner_trials: int = 0, webui: bool = False) -> Figures:  # fmt: skip
     root = Path(tempfile.mkdtemp(prefix="trialbus-bench-scale-"))
     nats = NatsServer(root / "jetstream").start()
     stack = Stack(root=root, nats=nats, service_env={"fake": {"TRIALBUS_FAKE_CAPACITY": str(concurrency)}})
@@ -188,6 +193,9 @@ def measure(trials: int, concurrency: int, say=print, metric_trials: int = 1000,
         records = f" and {figures.metrics.records:,} metric records" if figures.metrics else ""
         say(f"  dispatcher restart with {trials:,} trials{records} (SIGTERM → the summary with every trial): "
             f"{figures.restart_seconds:.1f} s")  # fmt: skip
+        if webui:
+            stack.start("webui")  # it reads every trial at start
+            figures.webui = measure_webui(stack.webui, experiment, stack.token, say=say)
         if tuner_trials:
             figures.tuners = tuner_ask_latency(say, trials=tuner_trials, tpe_trials=max(1, tuner_trials // 10))
         return figures
@@ -204,9 +212,10 @@ def main() -> None:
     parser.add_argument("--per-trial", type=int, default=1000, help="metric records each of them reports")
     parser.add_argument("--tuner-trials", type=int, default=100_000,
                         help="trials told to each built-in tuner before timing its asks (TPE: a tenth; 0: none)")
+    parser.add_argument("--no-webui", action="store_true", help="leave out the web UI's page (needs Chromium)")
     args = parser.parse_args()
     measure(args.trials, args.concurrency, metric_trials=args.metric_trials, per_trial=args.per_trial,
-            tuner_trials=args.tuner_trials)
+            tuner_trials=args.tuner_trials, webui=not args.no_webui)
 
 
 if __name__ == "__main__":

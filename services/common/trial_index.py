@@ -11,6 +11,12 @@ experiment of n trials, so that nothing asked of an experiment costs O(n):
 - a page of its trials, in submission order or best final metric first, filtered by status:
   O((limit + statuses) · log n) with an opaque cursor, whatever the experiment's size.
 
+Random access, for a table that scrolls to any row (the web UI): :meth:`ExperimentTrials.window`
+gives the trials at positions ``offset`` to ``offset + limit`` of an order, either direction, under
+a status filter, and :meth:`ExperimentTrials.total` how many the filter holds. Both orders are
+also kept over all statuses together, made at the first ``window`` call (once, O(n log n)) and
+then kept at O(log n) per change: the dispatcher, which never asks, pays nothing for them.
+
 Pages in submission order never miss or repeat a trial while trials keep ending or being
 submitted (the cursor is the last sequence id, and sequence ids never change). Sorted by
 metric, the cursor is the last trial's place; a trial whose metric arrives meanwhile takes
@@ -68,6 +74,8 @@ class ExperimentTrials:
         self._ranked = {status: SortedList() for status in TrialStatus}
         #: Trial ids not ended yet, in the order they were first seen (insertion order).
         self.unfinished: dict[str, None] = {}
+        #: Both orders over every status (``window`` makes them at its first call): order → keys.
+        self._all: dict[Order, SortedList] | None = None
 
     def rank(self, trial: TrialState) -> Rank:
         value = default_metric(trial.final_metric)
@@ -83,10 +91,16 @@ class ExperimentTrials:
                 return
             self._sequence[old.status].remove(old.sequence)
             self._ranked[old.status].remove(old.rank)
+            if self._all is not None:
+                self._all["sequence"].remove(old.sequence)
+                self._all["metric"].remove(old.rank)
         self._entries[trial.id] = _Entry(trial.status, trial.sequence_id, rank)
         self._by_sequence[trial.sequence_id] = trial.id
         self._sequence[trial.status].add(trial.sequence_id)
         self._ranked[trial.status].add(rank)
+        if self._all is not None:
+            self._all["sequence"].add(trial.sequence_id)
+            self._all["metric"].add(rank)
         if trial.status.terminal:
             self.unfinished.pop(trial.id, None)
         else:
@@ -98,6 +112,9 @@ class ExperimentTrials:
             return
         self._sequence[old.status].remove(old.sequence)
         self._ranked[old.status].remove(old.rank)
+        if self._all is not None:
+            self._all["sequence"].remove(old.sequence)
+            self._all["metric"].remove(old.rank)
         self._by_sequence.pop(old.sequence, None)
         self.unfinished.pop(trial_id, None)
 
@@ -135,6 +152,70 @@ class ExperimentTrials:
             ids = [self._by_sequence[rank[2]] for rank in keys[:limit]]
             last = list(keys[limit - 1]) if len(keys) > limit else None
         return Page(ids, None if last is None else _encode(order, last))
+
+    def total(self, statuses: Iterable[TrialStatus] | None = None) -> int:
+        """How many trials the status filter holds (all without one): O(statuses)."""
+        wanted = set(statuses) if statuses else set(TrialStatus)
+        return sum(len(self._sequence[s]) for s in wanted)
+
+    def window(
+        self, order: Order, statuses: Iterable[TrialStatus] | None, offset: int, limit: int, descending: bool = False
+    ) -> list[str]:
+        """The ids of the trials at positions ``offset`` to ``offset + limit`` (fewer past the end).
+
+        ``sequence``: submission order, or newest first when ``descending``. ``metric``: best
+        final metric first, or worst first when ``descending``; either way the trials without
+        a metric come last, in submission order. Positions are those of this moment: a table
+        paged by offset while trials are submitted or end may see a trial twice or not at all
+        (:meth:`page`'s cursor does not); a table that shows the current state refetches.
+
+        Cost: O(log n + limit) with no filter or one status; O(s · log² n + s · limit) for a
+        filter of s statuses (the first position found by bisection over both orders' keys).
+        """
+        wanted = list(dict.fromkeys(statuses)) if statuses else list(TrialStatus)
+        lists = [(self._sequence if order == "sequence" else self._ranked)[s] for s in wanted]
+        total = sum(map(len, lists))
+        offset, limit = max(0, offset), max(0, min(limit, total - max(0, offset)))
+        if not limit:
+            return []
+        if not descending:
+            keys = self._keys(order, wanted, lists, offset, limit)
+        elif order == "sequence":
+            keys = self._keys(order, wanted, lists, total - offset - limit, limit)[::-1]
+        else:  # worst metric first, then (as ascending) the trials without one, in submission order
+            ranked = sum(ranked.bisect_left((1,)) for ranked in lists)
+            head = max(0, min(limit, ranked - offset))
+            keys = self._keys(order, wanted, lists, ranked - offset - head, head)[::-1]
+            if limit > head:
+                keys += self._keys(order, wanted, lists, max(offset, ranked), limit - head)
+        return [self._by_sequence[key if order == "sequence" else key[2]] for key in keys]
+
+    def _keys(self, order: Order, wanted: list[TrialStatus], lists: list[SortedList], start: int, count: int) -> list:
+        """The keys at ascending positions ``start`` to ``start + count`` of the union of ``lists``."""
+        if count <= 0:
+            return []
+        if len(lists) == 1:
+            return list(lists[0].islice(start, start + count))
+        if len(wanted) == len(TrialStatus):
+            return list(self._every(order).islice(start, start + count))
+        every = self._every(order)
+        low, high = 0, len(every) - 1  # the first key of the union with ``start + 1`` keys at or before it
+        while low < high:
+            middle = (low + high) // 2
+            if sum(keys.bisect_right(every[middle]) for keys in lists) >= start + 1:
+                high = middle
+            else:
+                low = middle + 1
+        runs = [keys.irange(every[low], None) for keys in lists]
+        return list(itertools.islice(heapq.merge(*runs), count))
+
+    def _every(self, order: Order) -> SortedList:
+        if self._all is None:
+            self._all = {
+                "sequence": SortedList(itertools.chain.from_iterable(self._sequence.values())),
+                "metric": SortedList(itertools.chain.from_iterable(self._ranked.values())),
+            }
+        return self._all[order]
 
 
 class TrialIndex:

@@ -10,17 +10,23 @@ API (JSON; every refusal is ``{"error": "<what to do>"}`` with a 4xx/5xx status)
 
     GET  /api/experiments                       every experiment in a line, newest first
     GET  /api/experiments/{id}                  overview: status, counts, best, masked config
-    GET  /api/experiments/{id}/trials           the trials' rows
+    GET  /api/experiments/{id}/trials           a window of the trials' rows: offset, limit, sort, order,
+                                                status (:mod:`services.webui.queries`); O(log n + limit)
+    GET  /api/experiments/{id}/chart?points=n   the overview chart: final metrics by trial number, at
+                                                most n points, extremes kept (:mod:`services.webui.finals`)
     POST /api/experiments/{id}/stop             stop it (the dispatcher's answer, relayed)
     GET  /api/trials/{id}                       one trial's row
-    GET  /api/trials/{id}/metrics               its metric records (history)
+    GET  /api/trials/{id}/metrics[?points=n]    its metric records (history); at most n intermediate
+                                                results per attempt, extremes kept, with ``points``
     GET  /api/trials/{id}/log?maxBytes=n        the tail of its log (relayed)
     POST /api/trials/{id}/cancel                cancel it (relayed)
     POST /api/trials/{id}/retry                 run it again as its next attempt, once it has ended (relayed)
     GET  /api/platforms                         adapter replicas, GPUs, machines, clusters
     GET  /api/events[?experiment=id]            server-sent events (:mod:`services.webui.hub`)
     GET  /api/trials/{id}/metrics/stream        server-sent ``metrics`` events: the trial's records,
-                                                history first, then live (``problem`` if unreadable)
+         [?points=n]                            history first, then live (``problem`` if unreadable);
+                                                ``curve`` events (all of them, cut down to n per
+                                                attempt) once an attempt reported more than n
 
 Who may call is :mod:`services.common.auth` (the dispatcher's tokens and checks): everything but
 ``/healthz``, ``/metrics``, ``/login`` and the static files (which hold no data) needs
@@ -47,11 +53,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Stre
 from fastapi.security import APIKeyCookie, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from contracts.state import TrialStatus
 from services.common import openapi as doc
 from services.common.auth import Access, AccessDenied, session_value
 from services.common.bus import Bus
 from services.common.http import health_routes
-from services.webui import curves
+from services.webui import curves, queries
 from services.webui import openapi as spec
 from services.webui.actions import Dispatcher, Refused
 from services.webui.hub import KEEPALIVE, RETRY, Hub, frame
@@ -213,10 +220,20 @@ def create_app(
     async def get_experiment(experiment_id: str) -> Response:
         return json_response(experiment_of(experiment_id))
 
-    @api.get("/experiments/{experiment_id}/trials", responses=doc.refusals(*READ, 404))
-    async def list_trials(experiment_id: str) -> Response:
+    @api.get("/experiments/{experiment_id}/trials", responses=doc.refusals(*READ, 404), openapi_extra=spec.table_window(
+        queries.MAX_ROWS, queries.DEFAULT_ROWS, [s.value for s in TrialStatus]))
+    async def list_trials(experiment_id: str, request: Request) -> Response:
         experiment_of(experiment_id)
-        return json_response(model.rows(experiment_id))
+        query = queries.table_query(dict(request.query_params))
+        return json_response(model.window(experiment_id, query.order, query.descending, query.statuses, query.offset,
+                                          query.limit))  # fmt: skip
+
+    @api.get("/experiments/{experiment_id}/chart", responses=doc.refusals(*READ, 404),
+             openapi_extra=spec.chart_points(*curves.POINTS_RANGE, "at most this many points (default 1,000)"))
+    async def experiment_chart(experiment_id: str, request: Request) -> Response:
+        experiment_of(experiment_id)
+        points = queries.points(dict(request.query_params), curves.DEFAULT_POINTS)
+        return json_response(model.chart(experiment_id, points or curves.DEFAULT_POINTS))
 
     @api.post("/experiments/{experiment_id}/stop", responses=doc.refusals(*CHANGE, *RELAYED))
     async def stop_experiment(experiment_id: str) -> Response:
@@ -255,12 +272,15 @@ def create_app(
             raise Refused(503, "NATS is unavailable; retry in a moment")
         return current
 
-    @api.get("/trials/{trial_id}/metrics", responses=doc.refusals(*READ, 404, 503, 504))
-    async def trial_metrics(trial_id: str) -> Response:
+    @api.get("/trials/{trial_id}/metrics", responses=doc.refusals(*READ, 404, 503, 504),
+             openapi_extra=spec.chart_points(*curves.POINTS_RANGE, "at most this many intermediate results per "
+                                             "attempt, extremes kept (every record without it)"))
+    async def trial_metrics(trial_id: str, request: Request) -> Response:
         trial = trial_of(trial_id)
+        points = queries.points(dict(request.query_params), None)
         current = connected()
         try:
-            return json_response(await curves.history(current, trial.experiment_id, trial.id))
+            return json_response(await curves.history(current, trial.experiment_id, trial.id, points=points))
         except TimeoutError:
             raise Refused(504, f"the METRICS stream did not deliver trial {trial_id}'s records in time") from None
 
@@ -297,11 +317,14 @@ def create_app(
         return event_stream(frames())
 
     @api.get("/trials/{trial_id}/metrics/stream",
+             openapi_extra=spec.chart_points(*curves.POINTS_RANGE, "at most this many intermediate results per "
+                                             "attempt, extremes kept (default 1,000)"),
              responses=spec.event_stream("the trial's metric records: history, then live", *READ, 404, 503))
-    async def curve_stream(trial_id: str) -> StreamingResponse:
+    async def curve_stream(trial_id: str, request: Request) -> StreamingResponse:
         trial = trial_of(trial_id)
+        points = queries.points(dict(request.query_params), curves.DEFAULT_POINTS) or curves.DEFAULT_POINTS
         current = connected()
-        follower = curves.CurveFollower(current, trial.experiment_id, trial.id)
+        follower = curves.CurveFollower(current, trial.experiment_id, trial.id, points)
 
         async def frames() -> AsyncIterator[bytes]:
             # The follower lives inside the response: a browser that leaves before the first
@@ -322,7 +345,7 @@ def create_app(
                         continue
                     if follower.closed:
                         return
-                    yield frame("metrics", follower.take())
+                    yield frame(*follower.take())
                     await asyncio.sleep(hub.interval)  # coalesce a burst into the next frame
             finally:
                 hub.closers.discard(follower)

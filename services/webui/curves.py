@@ -10,6 +10,12 @@ A retried trial has records of every attempt on its subject, and each attempt nu
 intermediate results from 0 again: a record is one attempt's (``attempt`` in each point), and
 is told apart by ``(attempt, type, sequence)``, so a retry's records are never taken for
 resends of the first attempt's. The browser draws one line per attempt (``static/detail.js``).
+
+A browser asks for at most ``points`` points per attempt (about twice its chart's width): the
+stream sends the records as they come while they fit; once an attempt reported more, each
+frame is a ``curve`` event that replaces what was drawn with the records cut down to fit,
+extremes kept (:mod:`services.webui.downsample`). Either way a frame holds O(points) records,
+and the follower keeps O(points) of them (and the keys of all, to drop resends).
 """
 
 from __future__ import annotations
@@ -25,10 +31,17 @@ from nats.aio.subscription import Subscription
 from nats.js.api import DeliverPolicy
 
 from contracts import ContractError, MetricRecord, streams, subjects
+from contracts.metrics import records_of
 from services.common.bus import Bus
+from services.webui.downsample import Curve
 from services.webui.model import default_metric
 
 log = logging.getLogger(__name__)
+
+#: Points per attempt a curve is cut down to when the browser does not say (``points``).
+DEFAULT_POINTS = 1000
+#: The fewest and the most points per attempt a browser may ask for.
+POINTS_RANGE = (16, 10_000)
 
 
 def point(record: MetricRecord) -> dict[str, Any] | None:
@@ -50,18 +63,22 @@ class Records:
         self._seen: set[tuple[int, str, int]] = set()
 
     def add(self, data: bytes, subject: str) -> bool:
-        """Keep the record unless it is unreadable or seen before; whether it was kept."""
+        """Keep the message's records (one, or a keeper's batch) but those unreadable or seen before;
+        whether any was kept."""
         try:
-            record = MetricRecord.decode(data)
+            records = records_of(data)
         except ContractError:
             log.warning("skipping an unreadable metric record on %s", subject)
             return False
-        key = (record.attempt, record.type.value, record.sequence)
-        if key in self._seen or (plotted := point(record)) is None:
-            return False
-        self._seen.add(key)
-        self._pending.append(plotted)
-        return True
+        kept = False
+        for record in records:
+            key = (record.attempt, record.type.value, record.sequence)
+            if key in self._seen or (plotted := point(record)) is None:
+                continue
+            self._seen.add(key)
+            self._pending.append(plotted)
+            kept = True
+        return kept
 
     def take(self) -> list[dict[str, Any]]:
         taken, self._pending = self._pending, []
@@ -71,13 +88,15 @@ class Records:
 class CurveFollower:
     """One trial's records for one browser: history, then live; :meth:`take` what is new."""
 
-    def __init__(self, bus: Bus, experiment_id: str, trial_id: str) -> None:
+    def __init__(self, bus: Bus, experiment_id: str, trial_id: str, points: int = DEFAULT_POINTS) -> None:
         self.bus = bus
         self.subject = subjects.metrics(experiment_id, trial_id)
         #: Set when records wait in :meth:`take`, or when the follower is closed.
         self.ready = asyncio.Event()
         self.closed = False
         self._records = Records()
+        self._curve = Curve(points)
+        self._cut = False
         self._sub: Subscription | None = None
 
     async def start(self) -> None:
@@ -90,10 +109,16 @@ class CurveFollower:
         if self._records.add(msg.data, msg.subject):
             self.ready.set()
 
-    def take(self) -> list[dict[str, Any]]:
-        """The records that came since the last call, oldest first."""
+    def take(self) -> tuple[str, list[dict[str, Any]]]:
+        """``("metrics", the records that came since the last call, oldest first)`` while every
+        record fits in ``points`` per attempt; past that ``("curve", all of them cut down)``, which
+        replaces what the browser drew. O(records new + points)."""
         self.ready.clear()
-        return self._records.take()
+        new = self._records.take()
+        for record in new:
+            self._curve.add(record)
+        self._cut = self._cut or self._curve.cut
+        return ("curve", self._curve.points()) if self._cut else ("metrics", new)
 
     def close(self) -> None:
         """Ask the browser's stream to end (the service stops)."""
@@ -107,8 +132,11 @@ class CurveFollower:
             self._sub = None
 
 
-async def history(bus: Bus, experiment_id: str, trial_id: str, timeout: float = 5.0) -> list[dict[str, Any]]:
-    """Every record of the trial now in the stream, each once, oldest first."""
+async def history(
+    bus: Bus, experiment_id: str, trial_id: str, timeout: float = 5.0, points: int | None = None
+) -> list[dict[str, Any]]:
+    """Every record of the trial now in the stream, each once, oldest first; with ``points``, cut
+    down to that many intermediate results per attempt, extremes kept, then the finals."""
     subject = subjects.metrics(experiment_id, trial_id)
     info = await bus.js.stream_info(streams.METRICS.name, subjects_filter=subject)
     count = (info.state.subjects or {}).get(subject, 0)
@@ -124,4 +152,9 @@ async def history(bus: Bus, experiment_id: str, trial_id: str, timeout: float = 
     finally:
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()
-    return records.take()
+    if points is None:
+        return records.take()
+    curve = Curve(points)
+    for record in records.take():
+        curve.add(record)
+    return curve.points()

@@ -3,19 +3,27 @@
 A browser's page opens one event stream (``GET /api/events``) for one experiment, or for
 "the newest" (the page at ``/``). It gets, as SSE events with JSON data:
 
-``snapshot``     everything to draw: ``{"experiment", "trials", "platforms", "experiments"}``
-                 (``experiment`` is null while there is none); first, and again whenever the
-                 stream moves to a newer experiment;
-``update``       ``{"experiment", "trials", "removed"}``: the overview and the rows of the
-                 trials that changed since the last push, at most one per batch interval;
+``snapshot``     what to draw first: ``{"experiment", "trials", "total", "platforms", "experiments"}``
+                 (``experiment`` is null while there is none; ``trials`` the first
+                 ``SNAPSHOT_ROWS`` rows in submission order, of ``total``); first, and again
+                 whenever the stream moves to a newer experiment;
+``update``       ``{"experiment", "trials", "removed", "changed", "stale"}``: the overview, how
+                 many trials changed since the last push, and, when at most ``INLINE_ROWS`` did,
+                 their rows and the ids of those removed; past that ``stale`` is true and the
+                 rows are left out (the browser asks for the rows it shows); at most one per
+                 batch interval;
 ``experiments``  the experiment list changed (one was created, stopped, finished);
 ``platforms``    the adapters' status changed.
 
-Why batch: a dispatcher applies events in bursts (1,000 trials submitted at once), and a
-browser redrawing once per event would fall behind. The hub takes the model's changes
-every ``interval`` seconds and sends each experiment's as one frame, encoded once for all
-of its streams. A stream whose browser does not keep up (``limit`` frames queued) is
-closed; the browser reconnects and starts again from a snapshot.
+Why batch: a dispatcher applies events in bursts (1,000 trials submitted at once, 1,000
+ending a second at 100,000 trials), and a browser redrawing once per event would fall
+behind. The hub takes the model's changes every ``interval`` seconds and sends each
+experiment's as one frame, encoded once for all of its streams. A frame's size is bounded
+whatever the experiment's size or rate of change: the overview, and at most ``INLINE_ROWS``
+rows; never every row. The table is virtualised in the browser and asks
+``/api/experiments/<id>/trials?offset=…`` for the rows it shows (``static/virtual.js``).
+A stream whose browser does not keep up (``limit`` frames queued) is closed; the browser
+reconnects and starts again from a snapshot.
 """
 
 from __future__ import annotations
@@ -35,6 +43,10 @@ log = logging.getLogger(__name__)
 RETRY = b"retry: 2000\n\n"
 #: A comment line that keeps idle connections open through proxies.
 KEEPALIVE = b": keep-alive\n\n"
+#: Rows a snapshot carries (the top of the table as it first shows, without a round trip).
+SNAPSHOT_ROWS = 100
+#: At most this many changed rows go in an update; past it, a hint that the rows are stale.
+INLINE_ROWS = 50
 
 
 def frame(event: str, data: Any) -> bytes:
@@ -87,9 +99,11 @@ class Hub:
         self._cleanups: set[asyncio.Task] = set()
 
     def snapshot(self, experiment_id: str | None) -> bytes:
+        top = self.model.window(experiment_id, "sequence", False, None, 0, SNAPSHOT_ROWS) if experiment_id else None
         return frame("snapshot", {
             "experiment": self.model.overview(experiment_id) if experiment_id else None,
-            "trials": self.model.rows(experiment_id) if experiment_id else [],
+            "trials": top["trials"] if top else [],
+            "total": top["total"] if top else 0,
             "platforms": self.platforms,
             "experiments": self.model.summaries(),
         })  # fmt: skip
@@ -133,12 +147,15 @@ class Hub:
             if not watching:
                 continue
             changed = changes.trials.get(experiment_id, set())
-            rows = self.model.rows(experiment_id, changed)
+            stale = len(changed) > INLINE_ROWS
+            rows = [] if stale else self.model.rows(experiment_id, changed)
             present = {row["id"] for row in rows}
             data = frame("update", {
                 "experiment": self.model.overview(experiment_id),
                 "trials": rows,
-                "removed": sorted(changed - present),
+                "removed": [] if stale else sorted(changed - present),
+                "changed": len(changed),
+                "stale": stale,
             })  # fmt: skip
             for stream in watching:
                 stream.send(data)

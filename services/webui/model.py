@@ -10,6 +10,12 @@ masked) and trials from :meth:`TrialState.view`.
 The best metric follows NNI: the best FINAL "default" value (a number, or a dict's
 ``"default"``), lowest under ``optimize_mode: minimize`` in the tuner's (or advisor's)
 ``classArgs``, highest otherwise (maximize is NNI's default).
+
+Sized for 100,000 trials in an experiment: what a page asks for costs O(log n + rows asked),
+never O(n) — a window of the table at any offset (:meth:`Model.window`, sorted and filtered
+by :mod:`services.common.trial_index`), the counts and best (O(log n)), and the overview chart
+(:mod:`services.webui.finals`, O(points · log n)). :meth:`Model.rows` without ``trial_ids`` is
+O(n): for small experiments and tests, never called by a request.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from urllib.parse import urlencode, urlsplit
 from contracts.base import utcnow
 from contracts.experiment import ExperimentConfig, OpenpaiConfig
 from contracts.state import ExperimentState, TrialState, TrialStatus, default_metric
-from services.common.trial_index import TrialIndex
+from services.common.trial_index import Order, TrialIndex
+from services.webui.finals import Finals
 
 MINIMIZE = "minimize"
 
@@ -73,6 +80,8 @@ class Model:
         self.experiment_of: dict[str, str] = {}
         #: experiment id → its trials indexed: counts and the best trial in O(log n), not O(n)
         self.indexes = TrialIndex()
+        #: experiment id → its final default metrics by trial number (the overview chart)
+        self.finals: dict[str, Finals] = {}
         self._changes = Changes()
 
     # -- applying KV entries ----------------------------------------------------------------
@@ -90,6 +99,7 @@ class Model:
 
     def delete_experiment(self, experiment_id: str) -> None:
         self.indexes.experiments.pop(experiment_id, None)
+        self.finals.pop(experiment_id, None)
         if self.experiments.pop(experiment_id, None) is not None:
             self._changes.experiments.add(experiment_id)
             self._changes.experiments_list = True
@@ -98,6 +108,7 @@ class Model:
         self.trials_of.setdefault(trial.experiment_id, {})[trial.id] = trial
         self.experiment_of[trial.id] = trial.experiment_id
         self._index(trial)
+        self.finals.setdefault(trial.experiment_id, Finals()).set(trial.sequence_id, default_metric(trial.final_metric))
         self._changes.trials.setdefault(trial.experiment_id, set()).add(trial.id)
 
     def _index(self, trial: TrialState) -> None:
@@ -108,7 +119,9 @@ class Model:
     def delete_trial(self, trial_id: str) -> None:
         experiment_id = self.experiment_of.pop(trial_id, None)
         if experiment_id is not None:
-            self.trials_of.get(experiment_id, {}).pop(trial_id, None)
+            gone = self.trials_of.get(experiment_id, {}).pop(trial_id, None)
+            if gone is not None and (finals := self.finals.get(experiment_id)) is not None:
+                finals.set(gone.sequence_id, None)
             if (index := self.indexes.experiments.get(experiment_id)) is not None:
                 index.remove(trial_id)
             self._changes.trials.setdefault(experiment_id, set()).add(trial_id)
@@ -184,6 +197,27 @@ class Model:
         if trial_ids is None:
             return [self.row(t) for t in self.trials(experiment_id)]
         return [self.row(trials[t]) for t in trial_ids if t in trials]
+
+    def window(
+        self, experiment_id: str, order: Order, descending: bool, statuses: list[TrialStatus] | None, offset: int,
+        limit: int,
+    ) -> dict[str, Any]:
+        """The rows at positions ``offset`` to ``offset + limit`` of the table sorted and filtered so,
+        and how many rows the filter holds: O(log n + limit) (see :meth:`ExperimentTrials.window`)."""
+        index = self.indexes.experiments.get(experiment_id)
+        if index is None:
+            return {"total": 0, "offset": offset, "trials": []}
+        trials = self.trials_of[experiment_id]
+        ids = index.window(order, statuses, offset, limit, descending)
+        return {"total": index.total(statuses), "offset": offset, "trials": [self.row(trials[t]) for t in ids]}
+
+    def chart(self, experiment_id: str, points: int) -> dict[str, Any]:
+        """The overview chart: at most ``points`` final metrics by trial number, and the best so
+        far (:mod:`services.webui.finals`): O(points · log n)."""
+        state = self.experiments.get(experiment_id)
+        minimize = state is not None and state.config.optimize_mode == MINIMIZE
+        finals = self.finals.get(experiment_id)
+        return finals.chart(points, minimize) if finals else {"points": [], "best": [], "count": 0}
 
     def summaries(self) -> list[dict[str, Any]]:
         """Every experiment in a line (for the page's experiment picker), newest first."""

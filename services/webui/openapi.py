@@ -56,3 +56,25 @@ def log_size(maximum: int) -> dict[str, Any]:
         doc.parameter("attempt", "query", {"type": "integer", "minimum": 0},
                       "an earlier attempt's log (0 is the first); the current attempt's without it"),
     )  # fmt: skip
+
+
+def table_window(max_rows: int, default_rows: int, statuses: list[str]) -> dict[str, Any]:
+    """The query parameters of ``GET /api/experiments/{id}/trials`` (:mod:`services.webui.queries`)."""
+    one = f"({'|'.join(statuses)})"
+    return doc.parameters(
+        doc.parameter("offset", "query", {"type": "integer", "minimum": 0, "maximum": 10**9, "default": 0},
+                      "the first row's position under the sort and filter"),
+        doc.parameter("limit", "query", {"type": "integer", "minimum": 1, "maximum": max_rows,
+                                         "default": default_rows}, "how many rows"),
+        doc.parameter("sort", "query", {"type": "string", "enum": ["sequence", "metric"], "default": "sequence"},
+                      "submission order, or the final default metric best first (optimize_mode aware)"),
+        doc.parameter("order", "query", {"type": "string", "enum": ["asc", "desc"], "default": "asc"},
+                      "desc: newest first, or the worst metric first (trials without one stay last)"),
+        doc.parameter("status", "query", {"type": "string", "pattern": f"^{one}(,{one})*$"},
+                      "only these statuses, comma-separated"),
+    )  # fmt: skip
+
+
+def chart_points(low: int, high: int, what: str) -> dict[str, Any]:
+    """The ``points`` query parameter of a chart's read: about twice the chart's width in pixels."""
+    return doc.parameters(doc.parameter("points", "query", {"type": "integer", "minimum": low, "maximum": high}, what))

@@ -148,10 +148,56 @@ async def test_the_overview_and_rows_come_from_the_buckets(bus: Bus, nats_server
         assert overview["best"] == {"value": 0.2, "trialId": "T2", "sequenceId": 1}
         assert overview["trialCounts"]["SUCCEEDED"] == 2 and overview["trialCounts"]["RUNNING"] == 1
         assert overview["name"] == "demo" and overview["config"]["trialConcurrency"] == 2
-        rows = (await webui.http.get("/api/experiments/exp1/trials")).json()
-        assert [r["id"] for r in rows] == ["T1", "T2", "T3"] and rows[1]["default"] == 0.2
+        window = (await webui.http.get("/api/experiments/exp1/trials")).json()
+        rows = window["trials"]
+        assert [r["id"] for r in rows] == ["T1", "T2", "T3"] and rows[1]["default"] == 0.2 and window["total"] == 3
+        best = (await webui.http.get("/api/experiments/exp1/trials", params={"sort": "metric", "limit": 1})).json()
+        assert [r["id"] for r in best["trials"]] == ["T2"], "minimize: the lowest final first"
         assert (await webui.http.get("/api/experiments")).json()[0]["id"] == "exp1"
         assert (await webui.http.get("/api/trials/T3")).json()["status"] == "RUNNING"
+
+
+async def test_the_table_reads_any_window_sorted_and_filtered_on_the_server(webui: Webui) -> None:
+    # Given 300 trials: every third succeeded with a metric, the others are running
+    await webui.put(experiment(), *(
+        trial(f"T{i:03d}", i, status=TrialStatus.SUCCEEDED, final_metric=(i * 7) % 100) if i % 3 == 0
+        else trial(f"T{i:03d}", i, status=TrialStatus.RUNNING) for i in range(300)))  # fmt: skip
+    await eventually(lambda: _json_if(webui, "/api/experiments/exp1", lambda b: b["trialCount"] == 300), timeout=30)
+
+    async def window(**params: Any) -> dict:
+        answer = await webui.http.get("/api/experiments/exp1/trials", params=params)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    # When a table asks for its last rows, newest first, best first, or one status
+    last = await window(offset=290, limit=50)
+    newest = await window(order="desc", limit=2)
+    best = await window(sort="metric", limit=3)
+    worst = await window(sort="metric", order="desc", limit=1)
+    running = await window(status="RUNNING", offset=195, limit=10)
+    # Then each is that slice, with the number of rows under its filter
+    assert [r["id"] for r in last["trials"]] == [f"T{i}" for i in range(290, 300)] and last["total"] == 300
+    assert [r["id"] for r in newest["trials"]] == ["T299", "T298"]
+    assert [r["default"] for r in best["trials"]] == [99, 98, 97] and worst["trials"][0]["default"] == 0
+    assert [r["id"] for r in running["trials"]] == ["T293", "T295", "T296", "T298", "T299"] and running["total"] == 200
+    # and a paging user sees every trial once
+    pages = [await window(sort="metric", offset=offset, limit=64) for offset in range(0, 300, 64)]
+    seen = [r["id"] for page in pages for r in page["trials"]]
+    assert sorted(seen) == sorted(f"T{i:03d}" for i in range(300))
+    for bad in ({"sort": "name"}, {"order": "up"}, {"status": "DONE"}, {"limit": "0"}, {"offset": "-1"}):
+        refused = await webui.http.get("/api/experiments/exp1/trials", params=bad)
+        assert refused.status_code == 400 and next(iter(bad)) in refused.json()["error"], bad
+
+    # and the overview chart holds at most the points asked for, the best and worst among them
+    chart = (await webui.http.get("/api/experiments/exp1/chart", params={"points": 20})).json()
+    values = [v for _, v in chart["points"]]
+    assert len(values) <= 20 and max(values) == 99 and min(values) == 0 and chart["count"] == 100
+    assert chart["best"][-1][1] == 99, "maximize: the best so far ends at the highest"
+
+
+async def _json_if(webui: Webui, path: str, check: Callable[[Any], bool]) -> Any:
+    answer = await webui.http.get(path)
+    return answer.json() if answer.status_code == 200 and check(answer.json()) else None
 
 
 async def test_secrets_never_leave_the_web_ui(webui: Webui) -> None:
@@ -203,12 +249,14 @@ async def test_changes_reach_browsers_in_batches(webui: Webui) -> None:
         await events.next()
         await asyncio.gather(*(webui.put(trial(f"T{i}", i)) for i in range(200)))
         updates = []
-        while sum(len(d["trials"]) for d in updates) < 200:
+        while sum(d["changed"] for d in updates) < 200:
             event, data = await events.next()
             if event == "update":
                 updates.append(data)
         assert len(updates) < 20, "trial changes are coalesced, not sent one by one"
         assert updates[-1]["experiment"]["trialCounts"]["WAITING"] == 200
+        # a frame carries at most INLINE_ROWS rows: past that, a hint that the rows shown are stale
+        assert all(len(d["trials"]) <= 50 and d["stale"] == (d["changed"] > 50) for d in updates)
         await webui.put(trial("T7", 7, status=TrialStatus.RUNNING))
         _, update = (await events.until(lambda e, d: e == "update" and d["trials"]))[-1]
         assert update["trials"][0]["status"] == "RUNNING" and update["experiment"]["trialCounts"]["RUNNING"] == 1
@@ -231,6 +279,35 @@ async def test_a_trials_curve_streams_its_history_then_new_records(webui: Webui)
         assert [(p["type"], p["default"]) for p in points] == [("PERIODICAL", 0.3), ("FINAL", 0.9)]
     listed = (await webui.http.get("/api/trials/T1/metrics")).json()
     assert len(listed) == 5 and listed[3]["value"] == {"default": 0.3, "loss": 2}
+
+
+async def test_a_long_curve_is_cut_down_to_the_points_asked_for_with_its_extremes(webui: Webui) -> None:
+    # Given a trial that reported 400 results, one spike and one dip among them, and its final
+    await webui.put(experiment(), trial("T1", 0, status=TrialStatus.RUNNING))
+    await eventually(lambda: _ok(webui, "/api/trials/T1"))
+    values = {s: 5.0 + (s % 7) / 10 for s in range(400)} | {123: 99.0, 321: -42.0}
+    await asyncio.gather(*(webui.metric("T1", s, v) for s, v in values.items()))
+    await webui.metric("T1", 0, 6.0, kind="FINAL")
+
+    # When a chart asks for 40 points
+    listed = (await webui.http.get("/api/trials/T1/metrics", params={"points": 40})).json()
+    async with webui.events("/api/trials/T1/metrics/stream?points=40") as events:
+        # (history first: the records that came before a frame's time are sent as they are, then the cut curve)
+        _, streamed = (await events.until(lambda e, d: e == "curve" and any(p["sequence"] == 399 for p in d)))[-1]
+        # and more results come while it is open
+        await webui.metric("T1", 400, 150.0)
+        _, later = (await events.until(lambda e, d: e == "curve" and any(p["default"] == 150.0 for p in d)))[-1]
+
+    # Then it gets at most 40 intermediate results, in order, the first, last, spike and dip among them
+    for records in (listed, streamed, later):
+        line = [(p["sequence"], p["default"]) for p in records if p["type"] == "PERIODICAL"]
+        assert len(line) <= 40 and line == sorted(line) and line[0] == (0, 5.0)
+        assert (123, 99.0) in line and (321, -42.0) in line
+        assert [p["default"] for p in records if p["type"] == "FINAL"] == [6.0]
+    assert later[-2]["sequence"] == 400, "the newest result is kept, before the final"
+    everything = (await webui.http.get("/api/trials/T1/metrics")).json()
+    assert len(everything) == 402, "without points: every record"
+    assert (await webui.http.get("/api/trials/T1/metrics", params={"points": "3"})).status_code == 400
 
 
 async def test_a_retried_trials_curve_keeps_each_attempts_records(webui: Webui) -> None:
@@ -272,7 +349,7 @@ async def test_a_trials_row_shows_its_attempts(webui: Webui) -> None:
     assert row["attempts"] == [{**ended, "startTime": "2026-01-01T00:00:00Z", "endTime": "2026-01-01T00:00:03Z"}]
     async with webui.events("/api/events?experiment=exp1") as events:
         _, snapshot = await events.next()
-    assert snapshot["trials"][0]["attempts"][0]["failure"] == "trial"
+    assert snapshot["trials"][0]["attempts"][0]["failure"] == "trial" and snapshot["total"] == 1
 
 
 async def _json(webui: Webui, path: str) -> Any:

@@ -108,3 +108,63 @@ def test_paging_while_trials_end_and_are_submitted_misses_and_repeats_none(seed,
             index.put(trial(submitted))
             submitted += 1
     assert len(seen) == len(set(seen)) and start <= set(seen) and len(seen) == submitted
+
+
+def expected_order(trials: dict[int, TrialState], order: str, statuses, descending: bool, minimize: bool) -> list[str]:
+    """The order ``window`` promises, computed the slow way from every trial."""
+    from contracts.state import default_metric
+
+    chosen = [t for t in trials.values() if not statuses or t.status in statuses]
+    if order == "sequence":
+        return [t.id for t in sorted(chosen, key=lambda t: t.sequence_id, reverse=descending)]
+    with_metric = [t for t in chosen if default_metric(t.final_metric) is not None]
+    without = sorted((t for t in chosen if default_metric(t.final_metric) is None), key=lambda t: t.sequence_id)
+    sign = 1 if minimize else -1
+    ranked = sorted(with_metric, key=lambda t: (sign * default_metric(t.final_metric), t.sequence_id))
+    return [t.id for t in (ranked[::-1] if descending else ranked) + without]
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(min_value=0, max_value=2**32), minimize=st.booleans(), descending=st.booleans(),
+       order=st.sampled_from(["sequence", "metric"]), filtered=st.integers(min_value=0, max_value=4))
+def test_a_window_at_any_offset_is_that_slice_of_the_order(seed, minimize, descending, order, filtered):
+    """Any offset and size, any filter (none, one status, several), either direction, as trials
+    keep changing after the first window: always the slice of the order computed from all trials."""
+    rng = random.Random(seed)
+    index = ExperimentTrials(minimize=minimize)
+    trials: dict[int, TrialState] = {}
+    statuses = None if not filtered else rng.sample(list(TrialStatus), filtered)
+
+    def change(count: int) -> None:
+        for _ in range(count):
+            sequence = rng.randrange(60)
+            status = rng.choice(list(TrialStatus))
+            final = rng.choice([None, round(rng.random(), 1), {"default": rng.randrange(5)}, float("nan")])
+            trials[sequence] = trial(sequence, status, final)
+            index.put(trials[sequence])
+            if rng.random() < 0.05:
+                index.remove(trials.pop(sequence).id)
+
+    change(80)
+    for _ in range(6):
+        everything = expected_order(trials, order, statuses, descending, minimize)
+        assert index.total(statuses) == len(everything)
+        for _ in range(5):
+            offset, limit = rng.randrange(len(everything) + 3), rng.randrange(1, 12)
+            assert index.window(order, statuses, offset, limit, descending) == everything[offset:offset + limit]
+        assert index.window(order, statuses, 0, 1000, descending) == everything
+        change(10)  # the orders over all statuses are kept from now on
+
+
+def test_paging_a_window_by_offset_sees_every_trial_once():
+    # Given 1,000 trials, a third of them with a metric
+    index = ExperimentTrials(minimize=False)
+    for i in range(1000):
+        index.put(trial(i, TrialStatus.SUCCEEDED if i % 3 == 0 else TrialStatus.FAILED, (i * 37) % 101 if i % 3 == 0
+                        else None))  # fmt: skip
+    # When a table pages through them 64 rows at a time, best first
+    seen = [t for offset in range(0, 1000, 64) for t in index.window("metric", None, offset, 64)]
+    # Then it sees each once, the last page ends at the last trial, and nothing lies past the end
+    assert len(seen) == len(set(seen)) == 1000 and index.total() == 1000
+    assert seen[-1] == "t998" and index.window("metric", None, 1000, 64) == []
+    assert index.window("sequence", [TrialStatus.SUCCEEDED], 333, 5, descending=True) == ["t0"]

@@ -2,27 +2,38 @@
 //
 // Events are not applied as they arrive: they wait in an inbox that is applied at most
 // every APPLY_EVERY_MS, inside requestAnimationFrame, so a burst of changes costs one
-// redraw. The table updates rows in place (table.js); charts redraw once per apply.
+// redraw. The page never holds every trial: the table is virtualised and reads the rows it
+// shows from the server (table.js, virtual.js); an update brings the overview and at most a
+// few changed rows (or "stale": the rows on screen are refetched); the overview chart is read
+// from /api/experiments/<id>/chart, cut down to its width, at most once per CHART_EVERY_MS.
 //
 // Hooks for tests: #exp-id, #exp-status, #exp-best, #exp-trial-count, #exp-counts li[data-status],
-// #exp-config, #overview-chart[data-points], #empty, #connection[data-state], body[data-experiment].
+// #exp-config, #overview-chart[data-points], #empty, #connection[data-state], body[data-experiment];
+// the performance mark "trialbus:rows" (the first rows of the table drawn: time to interactive).
 
 import { drawChart } from "./chart.js";
 import { TrialDetail } from "./detail.js";
 import { TrialTable } from "./table.js";
-import { STATUSES, api, defaultMetric, formatDuration, formatNumber, h, secondsBetween, toast } from "./util.js";
+import { STATUSES, api, formatDuration, formatNumber, h, secondsBetween, toast } from "./util.js";
+import { TrialRows } from "./virtual.js";
 
 const APPLY_EVERY_MS = 200;
+const CHART_EVERY_MS = 1000;
+const DETAIL_EVERY_MS = 1000;
 const $ = (selector) => document.querySelector(selector);
 
 const match = location.pathname.match(/^\/experiments\/([^/]+)$/);
 const requested = match ? decodeURIComponent(match[1]) : null;
 
-const state = { experiment: null, trials: new Map(), platforms: [], experiments: [] };
+const state = { experiment: null, platforms: [], experiments: [] };
 const inbox = [];
 let lastApply = 0, applyScheduled = false;
 
-const table = new TrialTable($("#trials"), { onSelect: select, onCancel: cancel });
+const rows = new TrialRows(() => {
+  table.schedule();
+  renderShown();
+});
+const table = new TrialTable($("#trials"), rows, { onSelect: select, onCancel: cancel });
 const detail = new TrialDetail($("#trial-detail"), {
   onCancel: cancel, onRetry: retry, onClose: () => table.select(null),
 });
@@ -69,31 +80,23 @@ function apply() {
 
 function applyInbox() {
   const events = inbox.splice(0);
-  const dirty = { overview: false, chart: false, picker: false, platforms: false, snapshot: false };
-  const changed = new Map(), removed = [];
+  const dirty = { overview: false, chart: false, picker: false, platforms: false, snapshot: null, refresh: false };
+  const changed = new Map();
   for (const [type, data] of events) {
     if (type === "snapshot") {
       state.experiment = data.experiment;
-      state.trials = new Map(data.trials.map((t) => [t.id, t]));
       state.platforms = data.platforms;
       state.experiments = data.experiments;
       changed.clear();
-      removed.length = 0;
-      Object.assign(dirty, { overview: true, chart: true, picker: true, platforms: true, snapshot: true });
+      Object.assign(dirty, { overview: true, chart: true, picker: true, platforms: true, snapshot: data });
     } else if (type === "update") {
       if (data.experiment) state.experiment = data.experiment;
-      for (const trial of data.trials) {
-        state.trials.set(trial.id, trial);
-        changed.set(trial.id, trial);
-      }
-      for (const id of data.removed) {
-        state.trials.delete(id);
-        changed.delete(id);
-        removed.push(id);
-      }
+      for (const trial of data.trials) changed.set(trial.id, trial);
+      const moved = data.stale || data.removed.length > 0;
+      dirty.refresh ||= moved;
       dirty.overview = true;
-      dirty.chart ||= data.trials.length > 0 || data.removed.length > 0;
-      dirty.platforms ||= data.trials.some((t) => t.status === "WAITING");
+      dirty.chart ||= data.changed > 0;
+      dirty.platforms ||= data.stale || data.trials.some((t) => t.status === "WAITING");
     } else if (type === "experiments") {
       state.experiments = data;
       dirty.picker = true;
@@ -103,19 +106,56 @@ function applyInbox() {
     }
   }
   if (dirty.snapshot) {
-    table.clear();
-    table.apply([...state.trials.values()]);
-    if (detail.id && !state.trials.has(detail.id)) detail.close();
-  } else if (changed.size || removed.length) {
-    table.apply([...changed.values()], removed);
+    const id = state.experiment?.id ?? null;
+    if (id !== rows.experimentId) table.clear();
+    rows.reset(id, dirty.snapshot.trials, rows.isDefaultView() ? dirty.snapshot.total : filteredTotal());
+    if (detail.id && id === null) detail.close();
   }
-  if (detail.id && state.trials.has(detail.id)) detail.update(state.trials.get(detail.id));
+  if (changed.size) {
+    const unknown = rows.patch([...changed.values()]);
+    // Rows held moved or came under the filter, or new rows: what is on screen is read again.
+    dirty.refresh ||= unknown.length > 0 || !(rows.view.sort === "sequence" && rows.view.order === "asc"
+      && !rows.view.status);
+    if (detail.id && changed.has(detail.id)) detail.update(changed.get(detail.id));
+  }
+  if (state.experiment && !dirty.snapshot) rows.total = filteredTotal();
+  if (dirty.refresh) {
+    rows.refresh();
+    if (detail.id && !changed.has(detail.id)) refreshDetail();
+  }
+  table.draw();
   if (dirty.overview) renderOverview();
-  if (dirty.chart) renderChart();
+  if (dirty.chart) scheduleChart();
   if (dirty.picker) renderPicker();
   if (dirty.platforms) renderPlatforms();
   renderShown();
   if (dirty.snapshot) openFromHash();
+}
+
+/** Rows under the status filter, from the overview's counts (as the server counts them). */
+function filteredTotal() {
+  const counts = state.experiment?.trialCounts ?? {};
+  if (!rows.view.status) return state.experiment?.trialCount ?? 0;
+  return counts[rows.view.status] ?? 0;
+}
+
+let detailTimer = 0, lastDetail = 0;
+
+/** The open trial changed without its row in an update: read it, at most once per DETAIL_EVERY_MS. */
+function refreshDetail() {
+  if (detailTimer) return;
+  detailTimer = setTimeout(async () => {
+    detailTimer = 0;
+    lastDetail = performance.now();
+    const id = detail.id;
+    if (!id) return;
+    try {
+      const trial = await api("GET", `/api/trials/${encodeURIComponent(id)}`);
+      if (detail.id === id) detail.update(trial);
+    } catch {
+      // the next change asks again
+    }
+  }, Math.max(0, DETAIL_EVERY_MS - (performance.now() - lastDetail)));
 }
 
 function renderOverview() {
@@ -169,29 +209,42 @@ function renderDuration() {
   $("#exp-duration").textContent = formatDuration(seconds);
 }
 
-/** Every trial's final default metric against its end time, and the best so far. */
-function renderChart() {
-  const mode = state.experiment?.optimizeMode ?? "maximize";
-  const finals = [];
-  for (const trial of state.trials.values()) {
-    const value = trial.default ?? defaultMetric(trial.finalMetric);
-    if (value !== null && trial.endTime) finals.push([Date.parse(trial.endTime), value]);
+let chartTimer = 0, lastChart = 0;
+
+/** Read the overview chart again, at most once per CHART_EVERY_MS (it changes with every final). */
+function scheduleChart() {
+  if (chartTimer) return;
+  chartTimer = setTimeout(() => {
+    chartTimer = 0;
+    lastChart = performance.now();
+    renderChart();
+  }, Math.max(0, CHART_EVERY_MS - (performance.now() - lastChart)));
+}
+
+/** Every trial's final default metric by trial number (cut down to the chart's width by the
+ *  server, the lowest and highest of each run kept), and the best so far. */
+async function renderChart() {
+  const experiment = state.experiment;
+  if (!experiment) return;
+  const canvas = $("#overview-chart");
+  const points = Math.min(10000, Math.max(16, 2 * Math.round(canvas.clientWidth || 600)));
+  let chart;
+  try {
+    chart = await api("GET", `/api/experiments/${encodeURIComponent(experiment.id)}/chart?points=${points}`);
+  } catch (error) {
+    return; // the next change asks again
   }
-  finals.sort((a, b) => a[0] - b[0]);
-  const best = [];
-  for (const [x, y] of finals) {
-    const previous = best.at(-1)?.[1];
-    const better = previous === undefined || (mode === "minimize" ? y < previous : y > previous);
-    if (better) best.push([x, y]);
-  }
-  drawChart($("#overview-chart"), {
+  if (state.experiment?.id !== experiment.id) return;
+  const mode = experiment.optimizeMode ?? "maximize";
+  drawChart(canvas, {
     series: [
-      { points: finals, kind: "dots", color: "#2563eb", label: "final metric" },
-      { points: best, kind: "step", color: "#16a34a", label: `best so far (${mode})` },
+      { points: chart.points, kind: "dots", color: "#2563eb", label: "final metric" },
+      { points: chart.best, kind: "step", color: "#16a34a", label: `best so far (${mode})` },
     ],
-    time: true,
+    integerX: true,
     empty: "no final metrics yet",
   });
+  canvas.dataset.finals = String(chart.count);
 }
 
 function renderPicker() {
@@ -206,7 +259,7 @@ function renderPicker() {
 
 function renderPlatforms() {
   const waitingWhy = (key) => {
-    const trial = state.trials.get(key.split(":")[0]);
+    const trial = rows.find(key.split(":")[0])?.row;
     return trial ? `${trial.id}${trial.message ? `: ${trial.message}` : ""}` : key;
   };
   const cards = state.platforms.map((p) => h("article", { class: "replica", dataset: { adapter: p.adapter, replica: p.replica } },
@@ -228,14 +281,27 @@ function renderPlatforms() {
   $("#platforms").replaceChildren(...(cards.length ? cards : [h("p", { class: "muted" }, "No adapter is running.")]));
 }
 
+let interactive = false;
+
 function renderShown() {
-  const shown = table.shown(), total = state.trials.size;
-  $("#shown-count").textContent = shown === total ? `${total} trials` : `${shown} of ${total} trials`;
+  const all = state.experiment?.trialCount ?? 0, shown = rows.view.status ? rows.total : all;
+  $("#shown-count").textContent = shown === all ? `${all} trials` : `${shown} of ${all} trials`;
+  if (!interactive && document.querySelector("#trials tbody tr")) {
+    interactive = true;
+    performance.mark("trialbus:rows");
+  }
 }
 
-function select(id) {
-  const trial = state.trials.get(id);
-  if (!trial) return;
+async function select(id) {
+  let trial = rows.find(id)?.row;
+  if (!trial) {
+    try {
+      trial = await api("GET", `/api/trials/${encodeURIComponent(id)}`);
+    } catch (error) {
+      toast(error.message, true);
+      return;
+    }
+  }
   table.select(id);
   detail.open(trial);
   history.replaceState(null, "", `#trial=${encodeURIComponent(id)}`);
@@ -243,7 +309,7 @@ function select(id) {
 
 function openFromHash() {
   const id = decodeURIComponent(location.hash.match(/^#trial=(.+)$/)?.[1] ?? "");
-  if (id && state.trials.has(id) && detail.id !== id) select(id);
+  if (id && detail.id !== id) select(id);
 }
 
 async function cancel(id) {
@@ -266,7 +332,12 @@ async function retry(id) {
 
 function setUp() {
   $("#status-filter").replaceChildren(h("option", { value: "" }, "all"), ...STATUSES.map((s) => h("option", { value: s }, s)));
-  $("#status-filter").addEventListener("change", (event) => { table.setFilter(event.target.value); renderShown(); });
+  $("#status-filter").addEventListener("change", (event) => {
+    table.setFilter(event.target.value);
+    rows.total = filteredTotal();
+    table.draw();
+    renderShown();
+  });
   $("#experiment-picker").addEventListener("change", (event) => {
     location.href = event.target.value ? `/experiments/${encodeURIComponent(event.target.value)}` : "/";
   });
@@ -288,7 +359,7 @@ function setUp() {
   setInterval(() => {
     renderDuration();
     table.tick();
-    if (detail.id && state.trials.has(detail.id)) detail.update(state.trials.get(detail.id));
+    if (detail.trial) detail.update(detail.trial);
   }, 1000);
   connect();
 }

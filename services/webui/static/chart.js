@@ -1,7 +1,8 @@
 // A small line/scatter chart on <canvas>: axes with round ticks, dots, lines and steps.
 // drawChart(canvas, options) draws and sets canvas.dataset.points to the number of data
-// points drawn (a hook for tests; steps and series marked `counted: false` are left out);
-// the canvas redraws itself when its size changes.
+// points drawn, canvas.dataset.max to the highest of them and canvas.dataset.lastX to the last
+// x (hooks for tests; steps and series marked `counted: false` are left out); the canvas
+// redraws itself when its size changes.
 
 const MARGIN = { left: 58, right: 14, top: 22, bottom: 30 };
 const last = new WeakMap();
@@ -43,6 +44,9 @@ function draw(canvas, options) {
   const data = options.series.filter((s) => s.kind !== "step" && s.counted !== false);
   const points = data.reduce((n, s) => n + s.points.length, 0);
   canvas.dataset.points = String(points);
+  canvas.dataset.lastX = String(data.reduce((m, s) => (s.points.length ? Math.max(m, s.points.at(-1)[0]) : m), -Infinity));
+  canvas.dataset.max = points ? String(data.reduce((m, s) => s.points.reduce((n, p) => Math.max(n, p[1]), m), -Infinity))
+    : "";
   const all = options.series.flatMap((s) => s.points);
   if (!all.length || width < MARGIN.left + MARGIN.right + 10) {
     context.fillStyle = ink;
@@ -86,7 +90,11 @@ function draw(canvas, options) {
 
 /** The span of the values, widened a little (and made non-empty, by `flat` if given) so that points sit inside. */
 function range(values, flat = null) {
-  let min = Math.min(...values), max = Math.max(...values);
+  let min = Infinity, max = -Infinity; // not Math.min(...values): a spread of 100,000 overflows the stack
+  for (const value of values) {
+    if (value < min) min = value;
+    if (value > max) max = value;
+  }
   if (min === max) {
     const pad = flat ?? (Math.abs(min) * 0.05 || 1);
     return { min: min - pad, max: max + pad };

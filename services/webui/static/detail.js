@@ -1,9 +1,11 @@
 // The selected trial: its intermediate-metric curve (live), final metric, attempts, log
 // tail, platform link, and cancel and retry buttons.
 //
-// The curve comes from its own event stream (/api/trials/<id>/metrics/stream): the
-// trial's metric history first, then each new record; the server batches them, and the
-// canvas is redrawn at most once per animation frame. Each attempt of a retried trial
+// The curve comes from its own event stream (/api/trials/<id>/metrics/stream?points=<n>, n
+// about twice the canvas's width): the trial's metric history first, then each new record;
+// the server batches them, and once an attempt reported more than n results it sends the
+// whole curve cut down to n points, lowest and highest of each run kept (a "curve" event,
+// which replaces what was drawn). The canvas is redrawn at most once per animation frame. Each attempt of a retried trial
 // numbers its intermediate results from 0 again, so records are kept per attempt and drawn
 // as one line each: the current attempt's in colour (its final as a dot), the earlier ones
 // grey behind it. The log is fetched when the panel opens, on "Refresh", and every few
@@ -62,8 +64,13 @@ export class TrialDetail {
     this.panel.dataset.trialId = trial.id;
     this.update(trial);
     this.draw();
-    this.source = new EventSource(`/api/trials/${encodeURIComponent(trial.id)}/metrics/stream`);
+    const points = Math.min(10000, Math.max(16, 2 * Math.round(this.canvas.clientWidth || 500)));
+    this.source = new EventSource(`/api/trials/${encodeURIComponent(trial.id)}/metrics/stream?points=${points}`);
     this.source.addEventListener("metrics", (event) => this.received(JSON.parse(event.data)));
+    this.source.addEventListener("curve", (event) => {
+      this.curves = new Map();
+      this.received(JSON.parse(event.data));
+    });
     this.source.addEventListener("problem", (event) => toast(JSON.parse(event.data).error, true));
     this.panel.querySelector("#detail-log").textContent = "";
     this.showLog(null);

@@ -1,22 +1,26 @@
-// The trial table: sortable by any column, filterable by status, a column per parameter.
+// The trial table: virtualised (only the rows on screen are in the DOM), sorted and filtered on
+// the server (virtual.js fetches the rows by position), a column per parameter.
 //
-// Built for 1,000 trials changing all the time: each row is created once and updated in
-// place (a cell's text is written only when it changed); rows are re-ordered only when
-// the order changed; a status filter hides rows instead of removing them. A new
-// parameter name (rare) is the only thing that rebuilds the rows.
+// Built for 100,000 trials: the body is as tall as every row would be (rows × ROW_HEIGHT) and
+// holds a small pool of row elements, placed at the positions on screen (plus OVERSCAN above and
+// below) and refilled as the user scrolls; a cell's text is written only when it changed. Sorts:
+// "#" (submission order, either way) and "Default metric" (best first, then worst first; trials
+// without one last), which the server keeps indexed; the status filter is the server's too. A
+// new parameter name (rare) is the only thing that rebuilds the columns.
 //
 // A retried trial's status reads "FAILED ×2": its current attempt is its second run (attempt 1);
 // the detail panel lists the attempts.
 //
-// Hooks for tests: <tr data-trial-id data-status>, <td data-column>, button.cancel.
+// Hooks for tests: <tr data-trial-id data-status data-position>, <td data-column>, button.cancel,
+// #trials[data-total] (rows under the filter), #trials[data-sort], #trials[data-order].
 
 import { ACTIVE, formatDuration, formatNumber, formatParameter, h, secondsBetween } from "./util.js";
 
-// Widths are fixed, and each row is a CSS grid with `content-visibility: auto` (style.css):
-// the browser lays out and paints only the rows on screen. As a plain table, laying out
-// 1,000 rows of a dozen cells after a re-sort took 0.3–0.4 s in a headless Chromium.
+export const ROW_HEIGHT = 27; // px, as style.css sets
+const OVERSCAN = 10;
+// Widths are fixed; each row is a CSS grid (style.css).
 const BASE_COLUMNS = [
-  { key: "sequence", title: "#", width: 56, value: (t) => t.sequenceId, numeric: true },
+  { key: "sequence", title: "#", width: 56, value: (t) => t.sequenceId, numeric: true, sort: "sequence" },
   { key: "id", title: "Trial", width: 100, value: (t) => t.id },
   { key: "status", title: "Status", width: 130, value: (t) => t.status,
     text: (t) => (t.attempt ? `${t.status} ×${t.attempt + 1}` : t.status) },
@@ -24,7 +28,7 @@ const BASE_COLUMNS = [
 const PARAMETER_WIDTH = 130;
 const TAIL_COLUMNS = [
   { key: "default", title: "Default metric", width: 130, value: (t) => t.default,
-    text: (t) => formatNumber(t.default), numeric: true },
+    text: (t) => formatNumber(t.default), numeric: true, sort: "metric" },
   { key: "intermediate", title: "Intermediate", width: 110, value: (t) => t.intermediateCount, numeric: true },
   { key: "duration", title: "Duration", width: 90, value: (t) => secondsBetween(t.startTime, t.endTime),
     text: (t) => formatDuration(secondsBetween(t.startTime, t.endTime)), numeric: true },
@@ -32,40 +36,36 @@ const TAIL_COLUMNS = [
   { key: "actions", title: "", width: 80 },
 ];
 
-/** Sort order: numbers before text; missing values last whichever the direction. */
-function compare(a, b) {
-  const missingA = a === null || a === undefined || a === "", missingB = b === null || b === undefined || b === "";
-  if (missingA || missingB) return missingA === missingB ? 0 : missingA ? 1 : -1;
-  if (typeof a === "number" && typeof b === "number") return a - b;
-  if (typeof a === "number") return -1;
-  if (typeof b === "number") return 1;
-  return String(a).localeCompare(String(b), undefined, { numeric: true });
-}
-
 export class TrialTable {
-  /** table: the <table>; onSelect(id), onCancel(id): what a click on a row or on Cancel does. */
-  constructor(table, { onSelect, onCancel }) {
+  /**
+   * table: the <table>, inside its scrolling .table-wrap; rows: a TrialRows (virtual.js);
+   * onSelect(id), onCancel(id): what a click on a row or on Cancel does.
+   */
+  constructor(table, rows, { onSelect, onCancel }) {
     this.table = table;
+    this.rows = rows;
+    this.scroller = table.closest(".table-wrap");
     this.head = table.tHead.rows[0];
     table.setAttribute("role", "table"); // rows are CSS grids: say what the markup means
     this.head.setAttribute("role", "row");
     this.body = table.tBodies[0];
     this.onSelect = onSelect;
     this.onCancel = onCancel;
-    this.rows = new Map(); // id → { trial, tr, cells, texts }
+    this.pool = []; // { tr, cells, texts, trial }
     this.parameterKeys = [];
-    this.sort = { key: "sequence", descending: false };
-    this.filter = "";
     this.selected = null;
     this.columns = [];
+    this.drawPending = false;
     this.buildColumns();
     this.body.addEventListener("click", (event) => this.clicked(event));
+    this.scroller.addEventListener("scroll", () => this.schedule(), { passive: true });
+    if (typeof ResizeObserver === "function") new ResizeObserver(() => this.schedule()).observe(this.scroller);
   }
 
   buildColumns() {
     const parameters = this.parameterKeys.map((name) => ({
       key: `parameter:${name}`, title: name, parameter: true, width: PARAMETER_WIDTH,
-      value: (t) => this.sortable(t.parameters?.[name]), text: (t) => formatParameter(t.parameters?.[name]),
+      value: (t) => t.parameters?.[name], text: (t) => formatParameter(t.parameters?.[name]),
     }));
     this.columns = [...BASE_COLUMNS, ...parameters, ...TAIL_COLUMNS];
     this.table.style.width = `${this.columns.reduce((sum, column) => sum + column.width, 0)}px`;
@@ -73,33 +73,51 @@ export class TrialTable {
     const tracks = this.columns.map((c) => (c.key === "platform" ? `minmax(${c.width}px, 1fr)` : `${c.width}px`));
     this.table.style.setProperty("--columns", tracks.join(" "));
     this.head.replaceChildren(...this.columns.map((column) => h("th", {
-      scope: "col", role: "columnheader", class: column.parameter ? "parameter" : null, dataset: { column: column.key },
-      title: column.key === "actions" ? null : `sort by ${column.title}`,
-      onclick: column.key === "actions" ? null : () => this.sortBy(column.key),
+      scope: "col", role: "columnheader", class: [column.parameter ? "parameter" : "", column.sort ? "sortable" : ""]
+        .filter(Boolean).join(" ") || null, dataset: { column: column.key },
+      title: column.sort ? `sort by ${column.title}` : null,
+      onclick: column.sort ? () => this.sortBy(column.sort) : null,
     }, column.title)));
+    for (const row of this.pool) row.tr.remove();
+    this.pool = [];
     this.markSort();
-  }
-
-  sortable(value) {
-    return typeof value === "number" ? value : formatParameter(value);
   }
 
   /** Drop every row (a snapshot follows). */
   clear() {
-    this.rows.clear();
-    this.body.replaceChildren();
+    this.scroller.scrollTop = 0;
     this.parameterKeys = [];
     this.buildColumns();
+    this.draw();
   }
 
-  /** Add or update rows; remove the ids in `removed`. Returns nothing; the DOM is current. */
-  apply(trials, removed = []) {
-    for (const id of removed) {
-      this.rows.get(id)?.tr.remove();
-      this.rows.delete(id);
+  /** Draw once per animation frame, however many times asked. */
+  schedule() {
+    if (this.drawPending) return;
+    this.drawPending = true;
+    requestAnimationFrame(() => {
+      this.drawPending = false;
+      this.draw();
+    });
+  }
+
+  /** Place the pool's rows at the positions on screen and fill them from the rows held. */
+  draw() {
+    const total = this.rows.total;
+    this.body.style.height = `${total * ROW_HEIGHT}px`;
+    this.table.dataset.total = String(total);
+    const top = Math.max(0, this.scroller.scrollTop - this.table.tHead.offsetHeight);
+    const height = this.scroller.clientHeight || 600;
+    const first = Math.max(0, Math.floor(top / ROW_HEIGHT) - OVERSCAN);
+    const last = Math.min(total - 1, Math.ceil((top + height) / ROW_HEIGHT) + OVERSCAN);
+    this.rows.show(first, Math.max(first, last));
+    const shown = [];
+    for (let position = first; position <= last; position += 1) {
+      const trial = this.rows.at(position);
+      if (trial) shown.push([position, trial]);
     }
     const newKeys = [];
-    for (const trial of trials) {
+    for (const [, trial] of shown) {
       for (const name of Object.keys(trial.parameters ?? {})) {
         if (!this.parameterKeys.includes(name) && !newKeys.includes(name)) newKeys.push(name);
       }
@@ -107,47 +125,37 @@ export class TrialTable {
     if (newKeys.length) {
       this.parameterKeys.push(...newKeys);
       this.buildColumns();
-      for (const row of this.rows.values()) this.build(row);
     }
-    const sortColumn = this.column(this.sort.key);
-    let reorder = removed.length > 0 || newKeys.length > 0; // rebuilt rows replace the old ones
-    for (const trial of trials) {
-      let row = this.rows.get(trial.id);
-      if (!row) {
-        row = { trial, tr: null, cells: [], texts: [] };
-        this.rows.set(trial.id, row);
-        this.build(row);
-        reorder = true;
-      } else {
-        if (!reorder && compare(sortColumn.value(row.trial), sortColumn.value(trial)) !== 0) reorder = true;
-        row.trial = trial;
-        this.fill(row);
+    while (this.pool.length < shown.length) this.pool.push(this.build());
+    while (this.pool.length > shown.length) this.pool.pop().tr.remove();
+    shown.forEach(([position, trial], i) => {
+      const row = this.pool[i];
+      row.trial = trial;
+      if (row.position !== position) {
+        row.position = position;
+        row.tr.style.transform = `translateY(${position * ROW_HEIGHT}px)`;
+        row.tr.dataset.position = String(position);
       }
-    }
-    if (reorder) this.order();
+      this.fill(row);
+      if (!row.tr.isConnected) this.body.append(row.tr);
+    });
   }
 
-  column(key) {
-    return this.columns.find((c) => c.key === key) ?? this.columns[0];
-  }
-
-  build(row) {
-    row.cells = this.columns.map((column) => h("td", {
+  build() {
+    const cells = this.columns.map((column) => h("td", {
       role: "cell", dataset: { column: column.key }, class: column.numeric ? "num" : column.parameter ? "parameter" : null,
     }));
-    row.texts = this.columns.map(() => null);
-    row.tr = h("tr", { role: "row", dataset: { trialId: row.trial.id } }, row.cells);
-    if (row.trial.id === this.selected) row.tr.classList.add("selected");
-    this.fill(row);
+    return { cells, texts: this.columns.map(() => null), tr: h("tr", { role: "row" }, cells), trial: null, position: -1 };
   }
 
   /** Write the row's cells from its trial, touching only what changed. */
   fill(row) {
     const trial = row.trial;
-    if (row.tr.dataset.status !== trial.status) {
-      row.tr.dataset.status = trial.status;
-      row.tr.hidden = Boolean(this.filter) && trial.status !== this.filter;
+    if (row.tr.dataset.trialId !== trial.id) {
+      row.tr.dataset.trialId = trial.id;
+      row.tr.classList.toggle("selected", trial.id === this.selected);
     }
+    if (row.tr.dataset.status !== trial.status) row.tr.dataset.status = trial.status;
     this.columns.forEach((column, i) => {
       const cell = row.cells[i];
       if (column.key === "actions") {
@@ -181,59 +189,48 @@ export class TrialTable {
     });
   }
 
-  /** Put the rows in the sort order, moving DOM nodes only if the order changed. */
-  order() {
-    const column = this.column(this.sort.key), sign = this.sort.descending ? -1 : 1;
-    const isMissing = (v) => v === null || v === undefined || v === "";
-    // Each row's key is computed once, not once per comparison (formatting a parameter is not free).
-    const keyed = [...this.rows.values()].map((row) => [column.value(row.trial), row]);
-    keyed.sort(([va, a], [vb, b]) => {
-      const byColumn = isMissing(va) !== isMissing(vb) ? compare(va, vb) : sign * compare(va, vb);
-      return byColumn || a.trial.sequenceId - b.trial.sequenceId;
-    });
-    const current = this.body.children;
-    if (current.length === keyed.length && keyed.every(([, row], i) => current[i] === row.tr)) return;
-    this.body.replaceChildren(...keyed.map(([, row]) => row.tr));
+  /** "#": submission order, then newest first; "Default metric": best first, then worst first. */
+  sortBy(sort) {
+    const order = this.rows.view.sort === sort && this.rows.view.order === "asc" ? "desc" : "asc";
+    this.scroller.scrollTop = 0;
+    this.rows.setView({ sort, order });
+    this.markSort();
+    this.draw();
   }
 
-  sortBy(key) {
-    this.sort = { key, descending: this.sort.key === key ? !this.sort.descending : false };
-    this.markSort();
-    this.order();
+  setFilter(status) {
+    this.scroller.scrollTop = 0;
+    this.rows.setView({ status });
+    this.draw();
   }
 
   markSort() {
+    const { sort, order } = this.rows.view;
+    this.table.dataset.sort = sort;
+    this.table.dataset.order = order;
     for (const th of this.head.cells) {
-      const sorted = th.dataset.column === this.sort.key;
-      if (sorted) th.setAttribute("aria-sort", this.sort.descending ? "descending" : "ascending");
+      const column = this.columns.find((c) => c.key === th.dataset.column);
+      if (column?.sort === sort) th.setAttribute("aria-sort", order === "asc" ? "ascending" : "descending");
       else th.removeAttribute("aria-sort");
     }
   }
 
-  setFilter(status) {
-    this.filter = status;
-    for (const row of this.rows.values()) row.tr.hidden = Boolean(status) && row.trial.status !== status;
-  }
-
-  /** Rows shown under the filter. */
-  shown() {
-    if (!this.filter) return this.rows.size;
-    let n = 0;
-    for (const row of this.rows.values()) if (row.trial.status === this.filter) n += 1;
-    return n;
+  /** Scroll so that the row at this position is on screen. */
+  scrollTo(position) {
+    this.scroller.scrollTop = position * ROW_HEIGHT;
+    this.draw();
   }
 
   select(id) {
-    this.rows.get(this.selected)?.tr.classList.remove("selected");
     this.selected = id;
-    this.rows.get(id)?.tr.classList.add("selected");
+    for (const row of this.pool) row.tr.classList.toggle("selected", row.trial?.id === id);
   }
 
-  /** Refresh the duration of running trials (their clock moves without events). */
+  /** Refresh the duration of running trials on screen (their clock moves without events). */
   tick() {
     const i = this.columns.findIndex((c) => c.key === "duration");
-    for (const row of this.rows.values()) {
-      if (row.trial.status !== "RUNNING") continue;
+    for (const row of this.pool) {
+      if (row.trial?.status !== "RUNNING") continue;
       const text = this.columns[i].text(row.trial);
       if (row.texts[i] !== text) {
         row.texts[i] = text;
