@@ -1,135 +1,29 @@
-"""The web UI service against a real nats-server: what it serves from the buckets and the
-METRICS stream, live updates, auth, 404s, secrets, and actions relayed to the dispatcher."""
+"""The web UI service against a real nats-server: what it serves from the buckets, live updates,
+auth, 404s, secrets, and actions relayed to the dispatcher (its tables and curves at size:
+``test_webui_data.py``)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
-from typing import Any
 
-import httpx
 import orjson
-import pytest
 
-from contracts import MetricRecord, MetricType, TrialStatus, sealing, streams, subjects
-from contracts.base import utcnow
-from services.common.bus import Bus, bootstrap, connect
-from services.common.settings import ServiceSettings
-from services.webui.service import WebuiService
-from services.webui.settings import WebuiSettings
+from contracts import TrialStatus, subjects
+from services.common.bus import Bus
+from tests.fixtures.webui import (  # noqa: F401 - fixtures: bus, webui
+    READ_TOKEN,
+    TOKEN,
+    Webui,
+    bus_fixture,
+    eventually,
+    ok,
+    running,
+    webui_fixture,
+)
 from tests.unit.test_webui_model import PAI_TOKEN, START, experiment, local_config, openpai_config, trial
-
-TOKEN = "webui-test-token-5d1e"
-READ_TOKEN = "webui-read-only-token-77a0"
-
-
-@pytest.fixture
-async def bus(nats_server) -> AsyncIterator[Bus]:
-    bus = await connect(ServiceSettings(nats_url=nats_server.url), "webui-test")
-    await bootstrap(bus)
-    yield bus
-    await bus.close()
-
-
-def as_the_dispatcher_writes(state: Any) -> bytes:
-    """``state`` as the bucket holds it: platform secrets sealed, with a key this web UI lacks."""
-    sealing.install(sealing.generate_key())
-    try:
-        return state.encode()
-    finally:
-        sealing.install(None)
-
-
-class Webui:
-    """A web UI service in this process, an HTTP client for it, and writers of its inputs."""
-
-    def __init__(self, service: WebuiService, bus: Bus) -> None:
-        self.service, self.bus = service, bus
-        self.url = f"http://127.0.0.1:{service.port}"
-        self.http = httpx.AsyncClient(base_url=self.url, timeout=10)
-
-    async def put(self, *states: Any) -> None:
-        for state in states:
-            bucket = streams.TRIALS_BUCKET if state.kind == "trial.state" else streams.EXPERIMENTS_BUCKET
-            await (await self.bus.kv(bucket.bucket)).put(state.id, as_the_dispatcher_writes(state))
-
-    async def metric(
-        self, trial_id: str, sequence: int, value: Any, kind: str = "PERIODICAL", attempt: int = 0
-    ) -> None:
-        """A record as the gateway publishes it (with its ``Nats-Msg-Id``)."""
-        record = MetricRecord(experiment_id="exp1", trial_id=trial_id, type=MetricType(kind), sequence=sequence,
-                              attempt=attempt, value=json.dumps(value), timestamp=utcnow())  # fmt: skip
-        msg_id = subjects.metric_id(trial_id, kind, sequence, attempt)
-        await self.bus.js.publish(subjects.metrics("exp1", trial_id), record.encode(), headers={"Nats-Msg-Id": msg_id})
-
-    @contextlib.asynccontextmanager
-    async def events(self, path: str, **kwargs: Any) -> AsyncIterator[Events]:
-        async with self.http.stream("GET", path, **kwargs) as response:
-            assert response.status_code == 200, (await response.aread()).decode()
-            assert response.headers["content-type"].startswith("text/event-stream")
-            yield Events(response)
-
-
-class Events:
-    """Server-sent events read one at a time: ``(event, data)``."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self.lines = response.aiter_lines()
-        self.raw: list[str] = []
-
-    async def next(self, timeout: float = 5.0) -> tuple[str, Any]:
-        event, data = "", []
-        async with asyncio.timeout(timeout):
-            while True:
-                line = await anext(self.lines)
-                self.raw.append(line)
-                if line.startswith("event: "):
-                    event = line.removeprefix("event: ")
-                elif line.startswith("data: "):
-                    data.append(line.removeprefix("data: "))
-                elif line == "" and data:
-                    return event, json.loads("".join(data))
-
-    async def until(self, check: Callable[[str, Any], bool], timeout: float = 5.0) -> list[tuple[str, Any]]:
-        """Every event up to and including the first that passes ``check``."""
-        seen = []
-        async with asyncio.timeout(timeout):
-            while True:
-                seen.append(await self.next(timeout))
-                if check(*seen[-1]):
-                    return seen
-
-
-@contextlib.asynccontextmanager
-async def running(bus: Bus, nats_url: str, **settings: Any) -> AsyncIterator[Webui]:
-    config = WebuiSettings(nats_url=nats_url, webui_port=0, webui_batch_interval=0.05, webui_request_timeout=2,
-                           webui_platform_interval=0.5,
-                           **{"api_auth": "token" if settings.get("api_token") else "none", **settings})  # fmt: skip
-    service = WebuiService(config)
-    await service.start(bus)
-    webui = Webui(service, bus)
-    try:
-        yield webui
-    finally:
-        await webui.http.aclose()
-        await service.stop()
-
-
-@pytest.fixture
-async def webui(bus: Bus, nats_server) -> AsyncIterator[Webui]:
-    async with running(bus, nats_server.url) as webui:
-        yield webui
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
-    async with asyncio.timeout(timeout):
-        while not (value := await check()):
-            await asyncio.sleep(0.02)
-    return value
 
 
 async def test_the_overview_and_rows_come_from_the_buckets(bus: Bus, nats_server) -> None:
@@ -157,52 +51,9 @@ async def test_the_overview_and_rows_come_from_the_buckets(bus: Bus, nats_server
         assert (await webui.http.get("/api/trials/T3")).json()["status"] == "RUNNING"
 
 
-async def test_the_table_reads_any_window_sorted_and_filtered_on_the_server(webui: Webui) -> None:
-    # Given 300 trials: every third succeeded with a metric, the others are running
-    await webui.put(experiment(), *(
-        trial(f"T{i:03d}", i, status=TrialStatus.SUCCEEDED, final_metric=(i * 7) % 100) if i % 3 == 0
-        else trial(f"T{i:03d}", i, status=TrialStatus.RUNNING) for i in range(300)))  # fmt: skip
-    await eventually(lambda: _json_if(webui, "/api/experiments/exp1", lambda b: b["trialCount"] == 300), timeout=30)
-
-    async def window(**params: Any) -> dict:
-        answer = await webui.http.get("/api/experiments/exp1/trials", params=params)
-        assert answer.status_code == 200, answer.text
-        return answer.json()
-
-    # When a table asks for its last rows, newest first, best first, or one status
-    last = await window(offset=290, limit=50)
-    newest = await window(order="desc", limit=2)
-    best = await window(sort="metric", limit=3)
-    worst = await window(sort="metric", order="desc", limit=1)
-    running = await window(status="RUNNING", offset=195, limit=10)
-    # Then each is that slice, with the number of rows under its filter
-    assert [r["id"] for r in last["trials"]] == [f"T{i}" for i in range(290, 300)] and last["total"] == 300
-    assert [r["id"] for r in newest["trials"]] == ["T299", "T298"]
-    assert [r["default"] for r in best["trials"]] == [99, 98, 97] and worst["trials"][0]["default"] == 0
-    assert [r["id"] for r in running["trials"]] == ["T293", "T295", "T296", "T298", "T299"] and running["total"] == 200
-    # and a paging user sees every trial once
-    pages = [await window(sort="metric", offset=offset, limit=64) for offset in range(0, 300, 64)]
-    seen = [r["id"] for page in pages for r in page["trials"]]
-    assert sorted(seen) == sorted(f"T{i:03d}" for i in range(300))
-    for bad in ({"sort": "name"}, {"order": "up"}, {"status": "DONE"}, {"limit": "0"}, {"offset": "-1"}):
-        refused = await webui.http.get("/api/experiments/exp1/trials", params=bad)
-        assert refused.status_code == 400 and next(iter(bad)) in refused.json()["error"], bad
-
-    # and the overview chart holds at most the points asked for, the best and worst among them
-    chart = (await webui.http.get("/api/experiments/exp1/chart", params={"points": 20})).json()
-    values = [v for _, v in chart["points"]]
-    assert len(values) <= 20 and max(values) == 99 and min(values) == 0 and chart["count"] == 100
-    assert chart["best"][-1][1] == 99, "maximize: the best so far ends at the highest"
-
-
-async def _json_if(webui: Webui, path: str, check: Callable[[Any], bool]) -> Any:
-    answer = await webui.http.get(path)
-    return answer.json() if answer.status_code == 200 and check(answer.json()) else None
-
-
 async def test_secrets_never_leave_the_web_ui(webui: Webui) -> None:
     await webui.put(experiment(config=openpai_config()), trial("T1", 0))
-    await eventually(lambda: _ok(webui, "/api/trials/T1"))
+    await eventually(lambda: ok(webui, "/api/trials/T1"))
     answers = [await webui.http.get(path) for path in
                ("/", "/experiments/exp1", "/api/experiments", "/api/experiments/exp1", "/api/experiments/exp1/trials",
                 "/api/trials/T1", "/static/app.js")]  # fmt: skip
@@ -212,10 +63,6 @@ async def test_secrets_never_leave_the_web_ui(webui: Webui) -> None:
     assert all(a.status_code == 200 for a in answers)
     assert PAI_TOKEN not in shown and "sealed:v1:" not in shown
     assert snapshot["experiment"]["config"]["trainingService"]["token"] == "**********"
-
-
-async def _ok(webui: Webui, path: str) -> bool:
-    return (await webui.http.get(path)).status_code == 200
 
 
 async def test_unknown_ids_get_404s_that_name_them(webui: Webui) -> None:
@@ -260,101 +107,6 @@ async def test_changes_reach_browsers_in_batches(webui: Webui) -> None:
         await webui.put(trial("T7", 7, status=TrialStatus.RUNNING))
         _, update = (await events.until(lambda e, d: e == "update" and d["trials"]))[-1]
         assert update["trials"][0]["status"] == "RUNNING" and update["experiment"]["trialCounts"]["RUNNING"] == 1
-
-
-async def test_a_trials_curve_streams_its_history_then_new_records(webui: Webui) -> None:
-    await webui.put(experiment(), trial("T1", 0, status=TrialStatus.RUNNING))
-    await eventually(lambda: _ok(webui, "/api/trials/T1"))
-    for sequence in range(3):
-        await webui.metric("T1", sequence, sequence / 10)
-    await webui.metric("T1", 1, 0.1)  # a resend: shown once
-    async with webui.events("/api/trials/T1/metrics/stream") as events:
-        _, history = await events.next()
-        assert [(p["sequence"], p["default"]) for p in history] == [(0, 0.0), (1, 0.1), (2, 0.2)]
-        await webui.metric("T1", 3, {"default": 0.3, "loss": 2})
-        await webui.metric("T1", 0, {"default": 0.9}, kind="FINAL")
-        points = []
-        while len(points) < 2:
-            points += (await events.next())[1]
-        assert [(p["type"], p["default"]) for p in points] == [("PERIODICAL", 0.3), ("FINAL", 0.9)]
-    listed = (await webui.http.get("/api/trials/T1/metrics")).json()
-    assert len(listed) == 5 and listed[3]["value"] == {"default": 0.3, "loss": 2}
-
-
-async def test_a_long_curve_is_cut_down_to_the_points_asked_for_with_its_extremes(webui: Webui) -> None:
-    # Given a trial that reported 400 results, one spike and one dip among them, and its final
-    await webui.put(experiment(), trial("T1", 0, status=TrialStatus.RUNNING))
-    await eventually(lambda: _ok(webui, "/api/trials/T1"))
-    values = {s: 5.0 + (s % 7) / 10 for s in range(400)} | {123: 99.0, 321: -42.0}
-    await asyncio.gather(*(webui.metric("T1", s, v) for s, v in values.items()))
-    await webui.metric("T1", 0, 6.0, kind="FINAL")
-
-    # When a chart asks for 40 points
-    listed = (await webui.http.get("/api/trials/T1/metrics", params={"points": 40})).json()
-    async with webui.events("/api/trials/T1/metrics/stream?points=40") as events:
-        # (history first: the records that came before a frame's time are sent as they are, then the cut curve)
-        _, streamed = (await events.until(lambda e, d: e == "curve" and any(p["sequence"] == 399 for p in d)))[-1]
-        # and more results come while it is open
-        await webui.metric("T1", 400, 150.0)
-        _, later = (await events.until(lambda e, d: e == "curve" and any(p["default"] == 150.0 for p in d)))[-1]
-
-    # Then it gets at most 40 intermediate results, in order, the first, last, spike and dip among them
-    for records in (listed, streamed, later):
-        line = [(p["sequence"], p["default"]) for p in records if p["type"] == "PERIODICAL"]
-        assert len(line) <= 40 and line == sorted(line) and line[0] == (0, 5.0)
-        assert (123, 99.0) in line and (321, -42.0) in line
-        assert [p["default"] for p in records if p["type"] == "FINAL"] == [6.0]
-    assert later[-2]["sequence"] == 400, "the newest result is kept, before the final"
-    everything = (await webui.http.get("/api/trials/T1/metrics")).json()
-    assert len(everything) == 402, "without points: every record"
-    assert (await webui.http.get("/api/trials/T1/metrics", params={"points": "3"})).status_code == 400
-
-
-async def test_a_retried_trials_curve_keeps_each_attempts_records(webui: Webui) -> None:
-    # Given a trial whose first attempt reported 3 results and failed, and whose second reports its own from 0
-    await webui.put(experiment(), trial("T1", 0, status=TrialStatus.RUNNING, attempt=1))
-    await eventually(lambda: _ok(webui, "/api/trials/T1"))
-    for sequence in range(3):
-        await webui.metric("T1", sequence, sequence / 10)
-    await webui.metric("T1", 0, 5.0, attempt=1)
-
-    # When a browser opens the trial's curve
-    async with webui.events("/api/trials/T1/metrics/stream") as events:
-        _, history = await events.next()
-        # then it gets both attempts' records, each with its attempt: a retry's sequence 0 is not a resend
-        assert [(p["attempt"], p["sequence"], p["default"]) for p in history] == [
-            (0, 0, 0.0), (0, 1, 0.1), (0, 2, 0.2), (1, 0, 5.0)]
-        # and the second attempt's records as they come
-        await webui.metric("T1", 1, 6.0, attempt=1)
-        await webui.metric("T1", 0, 7.0, kind="FINAL", attempt=1)
-        points = []
-        while len(points) < 2:
-            points += (await events.next())[1]
-        assert [(p["attempt"], p["type"], p["sequence"], p["default"]) for p in points] == [
-            (1, "PERIODICAL", 1, 6.0), (1, "FINAL", 0, 7.0)]
-    listed = (await webui.http.get("/api/trials/T1/metrics")).json()
-    assert [(p["attempt"], p["sequence"]) for p in listed if p["type"] == "PERIODICAL"] == [
-        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
-
-
-async def test_a_trials_row_shows_its_attempts(webui: Webui) -> None:
-    ended = {"attempt": 0, "platform": "local-gpu", "replica": "host-a", "startTime": START.isoformat(),
-             "endTime": (START + timedelta(seconds=3)).isoformat(), "status": "FAILED", "exitCode": 1,
-             "failure": "trial", "message": "exited with code 1"}  # fmt: skip
-    retry_at = START + timedelta(seconds=30)
-    await webui.put(experiment(), trial("T1", 0, attempt=1, attempts=[ended], retry_at=retry_at,
-                                        message="attempt 0 failed; attempt 1 starts in 30s"))  # fmt: skip
-    row = await eventually(lambda: _json(webui, "/api/trials/T1"))
-    assert (row["attempt"], row["status"], row["retryAt"]) == (1, "WAITING", "2026-01-01T00:00:30Z")
-    assert row["attempts"] == [{**ended, "startTime": "2026-01-01T00:00:00Z", "endTime": "2026-01-01T00:00:03Z"}]
-    async with webui.events("/api/events?experiment=exp1") as events:
-        _, snapshot = await events.next()
-    assert snapshot["trials"][0]["attempts"][0]["failure"] == "trial" and snapshot["total"] == 1
-
-
-async def _json(webui: Webui, path: str) -> Any:
-    answer = await webui.http.get(path)
-    return answer.json() if answer.status_code == 200 else None
 
 
 async def test_actions_relay_the_dispatchers_answers(webui: Webui, bus: Bus) -> None:
@@ -504,7 +256,7 @@ async def test_a_read_only_session_sees_everything_and_changes_nothing(bus: Bus,
 async def test_unreadable_entries_are_skipped_without_showing_their_values(webui: Webui, bus: Bus, caplog) -> None:
     await (await bus.kv("experiments")).put("broken", b'{"id": "broken", "password": "hunter2-secret"}')
     await webui.put(experiment())
-    await eventually(lambda: _ok(webui, "/api/experiments/exp1"))
+    await eventually(lambda: ok(webui, "/api/experiments/exp1"))
     assert "skipping unreadable experiments entry broken" in caplog.text
     assert "hunter2-secret" not in caplog.text
     assert (await webui.http.get("/api/experiments/broken")).status_code == 404
