@@ -258,10 +258,10 @@ def create_app(
              responses=doc.refusals(*READ, *RELAYED))
     async def trial_log(trial_id: str, request: Request) -> Response:
         raw = request.query_params.get("maxBytes", str(64 * 1024))
-        if not raw.isdigit() or not 0 < int(raw) <= MAX_LOG_BYTES:
+        if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) <= MAX_LOG_BYTES:
             raise Refused(400, f"maxBytes must be a whole number of bytes from 1 to {MAX_LOG_BYTES}, not {raw!r}")
         attempt = request.query_params.get("attempt")
-        if attempt is not None and not attempt.isdigit():
+        if attempt is not None and not (attempt.isascii() and attempt.isdigit()):
             raise Refused(400, f"attempt must be a whole number, 0 or more (the first attempt is 0), not {attempt!r}")
         text = await dispatcher.trial_log(trial_id, int(raw), None if attempt is None else int(attempt))
         return json_response({"id": trial_id, "text": text})

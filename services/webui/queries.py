@@ -43,7 +43,7 @@ def _whole(params: dict[str, str], name: str, default: int, low: int, high: int)
     raw = params.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
         raise Refused(400, f"{name} must be a whole number from {low} to {high}, not {raw!r}")
     return int(raw)
 

@@ -132,8 +132,11 @@ async def test_actions_relay_the_dispatchers_answers(webui: Webui, bus: Bus) -> 
     for action in ("cancel", "retry"):
         foreign = await webui.http.post(f"/api/trials/T9/{action}", headers={"Origin": "http://evil.example"})
         assert foreign.status_code == 403 and "cross-site" in foreign.json()["error"], action
-    bad = await webui.http.get("/api/trials/T9/log", params={"maxBytes": "lots"})
-    assert bad.status_code == 400 and "maxBytes" in bad.json()["error"]
+    for lots in ("lots", "²"):  # "²" is a digit to str.isdigit, not to int()
+        bad = await webui.http.get("/api/trials/T9/log", params={"maxBytes": lots})
+        assert bad.status_code == 400 and "maxBytes" in bad.json()["error"]
+    bad = await webui.http.get("/api/trials/T9/log", params={"attempt": "³"})
+    assert bad.status_code == 400 and "attempt" in bad.json()["error"]
     assert len(asked) == 2, "refused requests change nothing"
     nobody = await webui.http.get("/api/trials/T9/log")  # no dispatcher answers trial.log here
     assert nobody.status_code == 503 and "no dispatcher is running" in nobody.json()["error"]

@@ -48,7 +48,8 @@ async def test_the_table_reads_any_window_sorted_and_filtered_on_the_server(webu
     pages = [await window(sort="metric", offset=offset, limit=64) for offset in range(0, 300, 64)]
     seen = [r["id"] for page in pages for r in page["trials"]]
     assert sorted(seen) == sorted(f"T{i:03d}" for i in range(300))
-    for bad in ({"sort": "name"}, {"order": "up"}, {"status": "DONE"}, {"limit": "0"}, {"offset": "-1"}):
+    for bad in ({"sort": "name"}, {"order": "up"}, {"status": "DONE"}, {"limit": "0"}, {"offset": "-1"},
+                {"limit": "²"}, {"offset": "٣"}):  # digits to str.isdigit, not to int()
         refused = await webui.http.get("/api/experiments/exp1/trials", params=bad)
         assert refused.status_code == 400 and next(iter(bad)) in refused.json()["error"], bad
 
