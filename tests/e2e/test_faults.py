@@ -8,6 +8,8 @@ from collections import Counter
 
 import nats
 
+from contracts import subjects
+from contracts.metrics import records_of
 from tests.e2e.conftest import config, runs
 from tests.e2e.helpers import wait_until
 
@@ -28,12 +30,19 @@ def submit(stack, experiment: str, parameters: dict) -> str:
     return stack.rest("POST", f"/experiments/{experiment}/trials", json={"parameters": parameters}).json()["id"]
 
 
-async def stream_counts(url: str, stream: str, experiment: str) -> Counter:
-    """How many messages the stream holds per trial of the experiment."""
+async def stored_records(url: str, experiment: str) -> Counter:
+    """How many metric records the METRICS stream holds per trial of the experiment (a message is
+    one record or a keeper's batch); a record stored twice counts twice."""
     nc = await nats.connect(url)
     try:
-        info = await nc.jetstream().stream_info(stream, subjects_filter=f"{stream.lower()}.{experiment}.*")
-        return Counter({subject.split(".")[-1]: n for subject, n in (info.state.subjects or {}).items()})
+        js = nc.jetstream()
+        subject = subjects.metrics(experiment, "*")
+        total = sum(((await js.stream_info("METRICS", subjects_filter=subject)).state.subjects or {}).values())
+        sub = await js.subscribe(subject, stream="METRICS", ordered_consumer=True)
+        records = [r for _ in range(total) for r in records_of((await sub.next_msg(timeout=10)).data)]
+        await sub.unsubscribe()
+        assert len({(r.trial_id, r.attempt, r.type, r.sequence) for r in records}) == len(records), "a record twice"
+        return Counter(r.trial_id for r in records)
     finally:
         await nc.close()
 
@@ -73,8 +82,7 @@ def test_gateway_killed_while_trials_report(stack, code_dir):
         assert trial["status"] == "SUCCEEDED"
         assert trial["intermediateCount"] == 20
         assert trial["finalMetric"] is not None
-    counts = asyncio.run(stream_counts(stack.nats.url, "METRICS", experiment))
-    assert counts == Counter({i: 21 for i in ids})
+    assert asyncio.run(stored_records(stack.nats.url, experiment)) == Counter({i: 21 for i in ids})
 
 
 def test_broker_restart_mid_experiment(stack, code_dir, run_log):
@@ -91,5 +99,4 @@ def test_broker_restart_mid_experiment(stack, code_dir, run_log):
     assert [t["status"] for t in final] == ["SUCCEEDED"] * 9
     assert all(t["intermediateCount"] == 5 for t in final)
     assert sorted(runs(run_log)) == sorted(ids)
-    counts = asyncio.run(stream_counts(stack.nats.url, "METRICS", experiment))
-    assert counts == Counter({i: 6 for i in ids})
+    assert asyncio.run(stored_records(stack.nats.url, experiment)) == Counter({i: 6 for i in ids})
