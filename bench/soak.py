@@ -234,9 +234,8 @@ async def _stream_records(up: Up, experiment: str) -> list[MetricRecord]:
         total = sum((info.state.subjects or {}).values())
         sub = await js.subscribe(subject, stream="METRICS", ordered_consumer=True)
         records = []
-        while len(records) < total:
-            msg = await sub.next_msg(timeout=10)
-            records.extend(records_of(msg.data))  # one record, or a keeper's batch
+        for _ in range(total):  # messages: each one record, or a keeper's batch
+            records.extend(records_of((await sub.next_msg(timeout=10)).data))
         await sub.unsubscribe()
         return records
     finally:

@@ -48,7 +48,8 @@ def test_a_deleted_experiment_leaves_nothing_on_the_bus_and_the_others_untouched
     for trial_id in [*doomed_trials, kept_trial]:
         ended(stack, trial_id)
     held = asyncio.run(bus_holds(stack.nats.url, doomed, doomed_trials))
-    assert held["EVENTS"] >= 6 and held["METRICS"] == 9 and held["trials"] == 3 and held["experiments"] == 1
+    # (a METRICS message is a keeper's batch: at least one per trial for its 3 records)
+    assert held["EVENTS"] >= 6 and held["METRICS"] >= 3 and held["trials"] == 3 and held["experiments"] == 1
     # A running experiment is not deleted: the answer says what to do
     refused = stack.rest("POST", f"/experiments/{doomed}/delete")
     assert refused.status_code == 409 and f"stop it first (trialbus experiment stop {doomed})" in refused.text
