@@ -26,6 +26,7 @@ import optuna
 import psutil
 
 from bench.trials import percentile
+from bench.tuner import SPACE  # the tuner service bench's 5-parameter NNI space
 from contracts import TrialStatus
 from services.tuner.algorithms import tuner
 from services.tuner.protocol import TrialEnd
@@ -33,13 +34,6 @@ from services.tuner.space import parse_search_space
 
 #: p95 ask targets (issue 23), milliseconds.
 TARGET_MS = {"Random": 50.0, "GridSearch": 50.0, "Hyperband": 50.0, "TPE": 500.0}
-SPACE = {
-    "lr": {"_type": "loguniform", "_value": [1e-5, 0.1]},
-    "batch": {"_type": "choice", "_value": [16, 32, 64, 128]},
-    "dropout": {"_type": "uniform", "_value": [0, 0.5]},
-    "units": {"_type": "quniform", "_value": [32, 512, 32]},
-    "layers": {"_type": "randint", "_value": [1, 6]},
-}
 #: 1,000,000 points: GridSearch never runs out within the trials.
 GRID = {f"p{i}": {"_type": "choice", "_value": list(range(10))} for i in range(6)}
 MEASURED = 1000  # asks at the end whose latency is reported

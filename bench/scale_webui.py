@@ -22,18 +22,18 @@ The machine's other work shows in these figures: take the p50 of several loads.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from tests.fixtures.webui import put_states
 
 TARGET_MS = 1000.0
 
@@ -128,24 +128,6 @@ def measure_webui(webui_url: str, experiment_id: str, token: str | None = None, 
     return figures
 
 
-def _write(url: str, states: list) -> None:
-    async def write() -> None:
-        import nats
-
-        nc = await nats.connect(url)
-        try:
-            js = nc.jetstream()
-            buckets = {"trial.state": await js.key_value("trials"),
-                       "experiment.state": await js.key_value("experiments")}  # fmt: skip
-            for start in range(0, len(states), 500):
-                await asyncio.gather(*(buckets[s.kind].put(s.id, s.encode()) for s in states[start:start + 500]))
-        finally:
-            await nc.drain()
-
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(asyncio.run, write()).result()
-
-
 def main() -> None:
     from contracts import ExperimentConfig, ExperimentState, TrialState, TrialStatus
     from tests.fixtures.nats import NatsServer
@@ -172,7 +154,7 @@ def main() -> None:
             final_metric=((i * 7919) % 100_003) / 1000 if i % 3 == 0 else None,
         ) for i in range(args.trials)]  # fmt: skip
         began = time.perf_counter()
-        _write(nats.url, states)
+        put_states(nats.url, states)
         print(f"{args.trials:,} trials written in {time.perf_counter() - began:.0f} s; work dir {root}")
         with __import__("httpx").Client(headers=stack.auth, timeout=30) as http:
             while http.get(f"{stack.webui}/api/experiments/scale001").json().get("trialCount") != args.trials:

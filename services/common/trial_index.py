@@ -89,11 +89,7 @@ class ExperimentTrials:
         if old is not None:
             if old.status == trial.status and old.rank == rank:
                 return
-            self._sequence[old.status].remove(old.sequence)
-            self._ranked[old.status].remove(old.rank)
-            if self._all is not None:
-                self._all["sequence"].remove(old.sequence)
-                self._all["metric"].remove(old.rank)
+            self._unsort(old)
         self._entries[trial.id] = _Entry(trial.status, trial.sequence_id, rank)
         self._by_sequence[trial.sequence_id] = trial.id
         self._sequence[trial.status].add(trial.sequence_id)
@@ -110,13 +106,17 @@ class ExperimentTrials:
         """The trial is gone (its experiment deleted): O(log n)."""
         if (old := self._entries.pop(trial_id, None)) is None:
             return
+        self._unsort(old)
+        self._by_sequence.pop(old.sequence, None)
+        self.unfinished.pop(trial_id, None)
+
+    def _unsort(self, old: _Entry) -> None:
+        """Take an entry out of the sorted lists it is in: O(log n)."""
         self._sequence[old.status].remove(old.sequence)
         self._ranked[old.status].remove(old.rank)
         if self._all is not None:
             self._all["sequence"].remove(old.sequence)
             self._all["metric"].remove(old.rank)
-        self._by_sequence.pop(old.sequence, None)
-        self.unfinished.pop(trial_id, None)
 
     def __len__(self) -> int:
         return len(self._entries)

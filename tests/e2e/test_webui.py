@@ -3,19 +3,16 @@ playwright), pages that update live while they stay open."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import os
 import shutil
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
-import nats
 import pytest
 
 from contracts import ExperimentConfig, ExperimentState, TrialState, TrialStatus
@@ -24,6 +21,7 @@ from tests.e2e.conftest import config
 from tests.e2e.helpers import create, ended, submit, trial
 from tests.fixtures.nats import require_binary
 from tests.fixtures.stack import Stack
+from tests.fixtures.webui import put_states
 
 try:
     playwright = importlib.import_module("playwright.sync_api")
@@ -298,25 +296,6 @@ def test_secrets_in_a_config_never_reach_the_page(ui: Stack, page, code_dir: Pat
         assert secret not in page.content()
         shown = httpx.get(f"{ui.webui}/api/experiments/{experiment}", headers=ui.auth)
         assert shown.status_code == 200 and secret not in shown.text
-
-
-def put_states(url: str, states: list) -> None:
-    """Write states straight into the KV buckets (as the dispatcher would), from another thread:
-    playwright's sync API owns this thread's event loop."""
-
-    async def write() -> None:
-        nc = await nats.connect(url)
-        try:
-            js = nc.jetstream()
-            buckets = {"trial.state": await js.key_value("trials"),
-                       "experiment.state": await js.key_value("experiments")}  # fmt: skip
-            for start in range(0, len(states), 200):
-                await asyncio.gather(*(buckets[s.kind].put(s.id, s.encode()) for s in states[start:start + 200]))
-        finally:
-            await nc.drain()
-
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(asyncio.run, write()).result()
 
 
 def thousand_trials(experiment_id: str, start: datetime) -> list[TrialState]:

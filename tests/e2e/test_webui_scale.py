@@ -23,9 +23,10 @@ import pytest
 
 from contracts import ExperimentConfig, ExperimentState, MetricRecord, MetricType, TrialState, TrialStatus, subjects
 from tests.e2e.conftest import config
-from tests.e2e.test_webui import artifacts, browser, login, page, put_states, row  # noqa: F401 - fixtures
+from tests.e2e.test_webui import artifacts, browser, login, page, row  # noqa: F401 - fixtures
 from tests.fixtures.nats import NatsServer
 from tests.fixtures.stack import Stack
+from tests.fixtures.webui import put_states
 
 TRIALS = 3000
 EXPERIMENT = "scale001"

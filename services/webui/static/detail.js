@@ -19,7 +19,8 @@
 
 import { drawChart } from "./chart.js";
 import {
-  ACTIVE, api, defaultMetric, formatDuration, formatMetric, formatNumber, formatTime, h, secondsBetween, toast,
+  ACTIVE, api, defaultMetric, formatDuration, formatMetric, formatNumber, formatTime, h, oncePerFrame, secondsBetween,
+  toast,
 } from "./util.js";
 
 const LOG_EVERY_MS = 5000;
@@ -39,7 +40,7 @@ export class TrialDetail {
     this.experimentRunning = true;
     this.attemptsKey = null;
     this.source = null;
-    this.drawPending = false;
+    this.scheduleDraw = oncePerFrame(() => this.draw());
     this.logTimer = 0;
     this.canvas = panel.querySelector("#trial-curve");
     this.retryButton = panel.querySelector("#detail-retry");
@@ -202,15 +203,6 @@ export class TrialDetail {
     }
     for (const curve of touched) curve.points.sort((a, b) => a[0] - b[0]);
     this.scheduleDraw();
-  }
-
-  scheduleDraw() {
-    if (this.drawPending) return;
-    this.drawPending = true;
-    requestAnimationFrame(() => {
-      this.drawPending = false;
-      this.draw();
-    });
   }
 
   draw() {

@@ -14,7 +14,7 @@
 // Hooks for tests: <tr data-trial-id data-status data-position>, <td data-column>, button.cancel,
 // #trials[data-total] (rows under the filter), #trials[data-sort], #trials[data-order].
 
-import { ACTIVE, formatDuration, formatNumber, formatParameter, h, secondsBetween } from "./util.js";
+import { ACTIVE, formatDuration, formatNumber, formatParameter, h, oncePerFrame, secondsBetween } from "./util.js";
 
 export const ROW_HEIGHT = 27; // px, as style.css sets
 const OVERSCAN = 10;
@@ -55,7 +55,8 @@ export class TrialTable {
     this.parameterKeys = [];
     this.selected = null;
     this.columns = [];
-    this.drawPending = false;
+    /** Draw once per animation frame, however many times asked. */
+    this.schedule = oncePerFrame(() => this.draw());
     this.buildColumns();
     this.body.addEventListener("click", (event) => this.clicked(event));
     this.scroller.addEventListener("scroll", () => this.schedule(), { passive: true });
@@ -89,16 +90,6 @@ export class TrialTable {
     this.parameterKeys = [];
     this.buildColumns();
     this.draw();
-  }
-
-  /** Draw once per animation frame, however many times asked. */
-  schedule() {
-    if (this.drawPending) return;
-    this.drawPending = true;
-    requestAnimationFrame(() => {
-      this.drawPending = false;
-      this.draw();
-    });
   }
 
   /** Place the pool's rows at the positions on screen and fill them from the rows held. */

@@ -114,3 +114,16 @@ export function toast(message, isError = false) {
   clearTimeout(toastTimer);
   toastTimer = setTimeout(() => { element.hidden = true; }, isError ? 8000 : 3000);
 }
+
+/** ``draw`` run at most once per animation frame, however many times the returned function is called. */
+export function oncePerFrame(draw) {
+  let pending = false;
+  return () => {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(() => {
+      pending = false;
+      draw();
+    });
+  };
+}
