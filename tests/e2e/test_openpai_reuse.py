@@ -134,5 +134,5 @@ def test_a_two_role_environment_runs_each_trial_in_both_roles(reuse_stack, pai, 
     assert [t["finalMetric"] for t in finals] == [{"default": i, "role": "worker"} for i in range(2)], finals
     code = next((share[0] / "trialbus" / "code").iterdir())
     # The ps tasks were stopped when the worker reported (their `sleep 30` never finished).
-    wait_until(lambda: (code / "ps-trials.txt").read_text().split() == ids, 10, "ps ran both trials")
+    wait_until(lambda: (code / "ps-trials.txt").read_text().split() == ids, 30, "ps ran both trials")
     assert len(jobs_of(pai)) == 1
