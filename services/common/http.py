@@ -45,9 +45,9 @@ class _Server(uvicorn.Server):
 
 
 class HttpServer:
-    """Runs a FastAPI app in the service's event loop; ``stop`` finishes open requests."""
+    """Runs a FastAPI app (or any ASGI app) in the service's event loop; ``stop`` finishes open requests."""
 
-    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+    def __init__(self, app: FastAPI | Callable, host: str, port: int) -> None:
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
         self._server = _Server(config)
         self._task: asyncio.Task | None = None

@@ -102,6 +102,8 @@ class DispatcherService(Service):
     async def _on_events(self, msgs: list[Msg]) -> None:
         events = []  # each with its subject: it names the publisher (the trial's owner or not)
         for msg in msgs:
+            if subjects.source_from_subject(msg.subject) == subjects.DISPATCHER:
+                continue  # its own decisions, for the history: their state is the cache's already
             try:
                 events.append((msg.subject, TrialEvent.decode(msg.data)))
             except ContractError as exc:

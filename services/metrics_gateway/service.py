@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 
 import orjson
+from fastapi import FastAPI
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -20,7 +21,7 @@ from nats.aio.subscription import Subscription
 from services.common.bus import Bus
 from services.common.http import HttpServer
 from services.common.lifecycle import Service
-from services.metrics_gateway.app import PublishError, create_app
+from services.metrics_gateway.app import MetricsRoute, PublishError, create_app
 from services.metrics_gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -110,13 +111,14 @@ class GatewayService(Service):
         self.bus: Bus | None = None
         self.publisher: BatchPublisher | None = None
         self.http: HttpServer | None = None
+        self.app: FastAPI | None = None  # served through MetricsRoute
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
         self.publisher = BatchPublisher(bus.nc)
         await self.publisher.start()
-        app = create_app(self.settings, lambda: self.bus, self.publisher.publish)
-        self.http = HttpServer(app, self.settings.gateway_host, self.settings.gateway_port)
+        self.app = create_app(self.settings, lambda: self.bus, self.publisher.publish)
+        self.http = HttpServer(MetricsRoute(self.app), self.settings.gateway_host, self.settings.gateway_port)
         await self.http.start()
         log.info("metrics gateway on http://%s:%d/api/v1/trials/{trialId}/metrics", self.settings.gateway_host,
                  self.http.port)

@@ -34,6 +34,8 @@ At its exit, a warm trial lists the modules it imported that the template had no
 import os
 import posix
 import sys
+import time
+from stat import S_ISREG
 
 #: Interpreter options a warm trial may carry (the template must be started with the same);
 #: ``-X`` and ``-W`` take a value. Others (``-c``, ``-i``, ``-``…) start cold.
@@ -178,23 +180,55 @@ def open_fds():
 
 
 def serve(requests, answers):
-    """Fork a keeper per request until EOF, as the keeper's zygote does."""
+    """Fork a keeper per request until EOF, as the keeper's zygote does; before the first fork for
+    a trial command, read its script ahead (``warm_trial.read_ahead``: compiled once, not per trial)."""
     import _signal
 
     _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # keepers are reaped by the kernel
+    read = {}  # trial command → when to read it ahead (again): never once done
     while True:
         head = keeper_module.read_exact(requests, 8)
         if not head:
             return 0
-        environ = dict(
-            item.split(b"=", 1) for item in keeper_module.read_exact(requests, int(head)).split(b"\0") if item
-        )
+        payload = keeper_module.read_exact(requests, int(head))  # parsed by the keeper, after the fork
+        command = setting(payload, b"TRIALBUS_TRIAL_COMMAND") or b""
+        if read.get(command, 0.0) <= time.monotonic():
+            cwd = posix.getcwd().encode("utf-8", "surrogateescape")  # the code directory, the trial's too
+            plan = parse_command(command, setting(payload, b"PATH"), cwd)
+            done = plan is None or trial_module.read_ahead(plan)
+            read[command] = float("inf") if done else time.monotonic() + 0.1
         try:
-            pid = keeper_module.fork_keeper(environ, close_fds=(requests, answers))
+            pid = keeper_module.fork_keeper(payload, close_fds=(requests, answers))
         except OSError as exc:
             posix.write(answers, b"error %s\n" % str(exc).encode("utf-8", "replace"))
             continue
         posix.write(answers, b"%d\n" % pid)
+
+
+def trim():
+    """Give the C heap's free memory back to the system (what imports and compiles left): every
+    fork copies, and every exit unmaps, what the template holds. glibc only; elsewhere a no-op."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass
+
+
+def setting(payload, name):
+    """The value of ``name`` in a request (``KEY=VALUE`` items separated by NUL), the rest left
+    unparsed; None when it is not there."""
+    key = name + b"="
+    if payload.startswith(key):
+        start = len(key)
+    else:
+        found = payload.find(b"\0" + key)
+        if found < 0:
+            return None
+        start = found + 1 + len(key)
+    end = payload.find(b"\0", start)
+    return payload[start:] if end < 0 else payload[start:end]
 
 
 def load(name, path):
@@ -233,10 +267,13 @@ def start_template(keeper_path, spec_path):
         posix.write(answers, b"unsafe %s\n" % unsafe.encode())
         return 3
     library_fds = tuple(sorted(open_fds() - before))
+    trial_module.ARG_AREA = trial_module.arg_area()
+    trial_module.TEMPLATE_MODULES = frozenset(sys.modules).difference(("_trialbus_keeper",))  # as a trial has them
     sys.stdout.flush()
     sys.stderr.flush()
     gc.collect()
     gc.freeze()  # a trial's collections leave the template's objects (and their pages) alone
+    trim()
     posix.write(answers, b"ready %d %d\n" % (loaded, failed))
     return serve(requests, answers)
 
@@ -244,16 +281,21 @@ def start_template(keeper_path, spec_path):
 # -- a trial -------------------------------------------------------------------------------
 
 
-def fork_trial(keeper, out_w):
-    """``Keeper.fork_trial``: fork the trial from this process (a keeper forked from the
-    template); the child's pid, or 0 when the command cannot start warm (the keeper then
-    spawns it cold). In the child this never returns: it raises :class:`StartTrial`."""
-    env = keeper.trial_env()
+def fork_trial(keeper, out_w, env):
+    """``Keeper.fork_trial``: fork the trial (environment ``env``) from this process (a keeper
+    forked from the template); the child's pid, or 0 when the command cannot start warm (the
+    keeper then spawns it cold). In the child this never returns: it raises :class:`StartTrial`."""
     plan = parse_command(keeper.command, env.get(b"PATH"), keeper.code_dir.encode("utf-8", "surrogateescape"))
     if plan is None or plan["python"] != spec["python"] or plan["flags"] != spec["flags"]:
         return 0
-    if "script" in plan and not os.path.isfile(plan["script"]):
-        return 0  # a directory or zip to run, or nothing there: as cold Python says
+    if "script" in plan:
+        try:
+            stat = posix.stat(plan["script"])
+        except OSError:
+            return 0  # nothing there: as cold Python says
+        if not S_ISREG(stat.st_mode):
+            return 0  # a directory or zip to run
+        plan = dict(plan, stat=stat)  # which file the trial runs (what the template read ahead may be)
     stderr = keeper.path("stderr")
     pid = posix.fork()
     if pid:

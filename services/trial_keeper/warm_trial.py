@@ -13,6 +13,18 @@ import time
 from importlib.machinery import SourceFileLoader
 from types import ModuleType
 
+#: What the template read ahead for its trials (:func:`read_ahead`): path → (the file's identity
+#: then, what was read). A trial uses an entry only while its file is still that file.
+READ_AHEAD = {}
+#: Nanoseconds: a file changed this recently is not read ahead. A change within the same clock
+#: tick as the template's read would leave its change time as it was; changes after this
+#: margin always move it on.
+RACY = 50_000_000
+#: (start, end) of this process's argument area, the same in every forked child: set by the template.
+ARG_AREA = None
+#: The modules the template has loaded (set by it, once): what a trial imports beyond them is learned.
+TEMPLATE_MODULES = None
+
 
 def become_trial(plan, env, out_w, stderr, trial_dir, library_fds):
     """In the trial child: the process a cold start would have made, short of the script."""
@@ -44,11 +56,11 @@ def become_trial(plan, env, out_w, stderr, trial_dir, library_fds):
         sys.argv, path0 = ["-m", *plan["args"]], cwd
         sys.orig_argv = [plan["python"], *plan["flags"], "-m", plan["module"], *plan["args"]]
     else:
-        sys.argv, path0 = [plan["script"], *plan["args"]], os.path.dirname(os.path.realpath(plan["script"]))
+        sys.argv, path0 = [plan["script"], *plan["args"]], script(script_path(plan), plan["stat"])[1]
         sys.orig_argv = [plan["python"], *plan["flags"], *sys.argv]
     if not (sys.flags.isolated or getattr(sys.flags, "safe_path", False)):
-        names = {n[:-3] if n.endswith(".py") else n for n in posix.listdir(path0) if not n.startswith("__")}
-        shadowed = names.intersection(sys.modules)
+        modules = sys.modules  # looked up name by name: iterating it would touch (copy) every entry's page
+        shadowed = [name for name in module_names(path0) if name in modules]
         if shadowed:  # the trial's own module of that name would win over the loaded one: cold
             raise ImportError("%s/ shadows the loaded module %s" % (path0, sorted(shadowed)[0]))
         sys.path.insert(0, path0)
@@ -62,7 +74,14 @@ def become_trial(plan, env, out_w, stderr, trial_dir, library_fds):
     torch = sys.modules.get("torch")
     if getattr(torch, "default_generator", None) is not None:
         torch.default_generator.seed()
-    record_imports(trial_dir, frozenset(sys.modules))
+    record_imports(trial_dir, TEMPLATE_MODULES or frozenset(sys.modules))
+
+
+def arg_area():
+    """(start, end) of this process's original argument area, from ``/proc/self/stat``."""
+    with open("/proc/self/stat", "rb") as file:
+        fields = file.read().rpartition(b")")[2].split()
+    return int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
 
 
 def set_cmdline(argv):
@@ -70,11 +89,75 @@ def set_cmdline(argv):
     written over the process's original argument area, as setproctitle does; cut to its size."""
     import ctypes
 
-    with open("/proc/self/stat", "rb") as file:
-        fields = file.read().rpartition(b")")[2].split()
-    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
+    start, end = ARG_AREA or arg_area()
     data = b"\0".join(argv)[: end - start - 1]
     ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
+
+
+# -- read ahead in the template -------------------------------------------------------------
+
+
+def identity(stat):
+    """Which file this is, as of which change: its change time (which no one can set back,
+    unlike the modification time), size and inode."""
+    return stat.st_ctime_ns, stat.st_size, stat.st_ino, stat.st_dev
+
+
+def recall(path, stat):
+    """What the template read of ``path`` (stat ``stat`` now), or None: never read, or changed since."""
+    found = READ_AHEAD.get(path)
+    return found[1] if found is not None and found[0] == identity(stat) else None
+
+
+def remember(path, stat, value):
+    """Keep ``value`` read from ``path`` (stat ``stat`` before the read) for the trials; False
+    when the file changed too recently to tell a later change from this one by its change time."""
+    if stat.st_ctime_ns > time.time_ns() - RACY:
+        return False
+    READ_AHEAD[path] = (identity(stat), value)
+    return True
+
+
+def module_names(folder):
+    """The names importable from ``folder`` as top-level modules or packages (a superset)."""
+    stat = posix.stat(folder)
+    names = recall(folder, stat)
+    if names is None:
+        names = frozenset(n[:-3] if n.endswith(".py") else n for n in posix.listdir(folder) if not n.startswith("__"))
+        remember(folder, stat, names)
+    return names
+
+
+def script_path(plan):
+    """The absolute path of the plan's script (relative to the working directory, the code's)."""
+    return plan["script"] if plan["script"].startswith("/") else posix.getcwd() + "/" + plan["script"]
+
+
+def script(filename, stat):
+    """``(code, folder)``: the script ``filename`` (whose stat is ``stat``) compiled as ``python
+    X.py`` compiles it, and the folder of its real path (``sys.path[0]``); read ahead by the
+    template while the file is unchanged."""
+    found = recall(filename, stat)
+    if found is None:
+        with open(filename, "rb") as file:
+            source = file.read()
+        found = compile(source, filename, "exec", dont_inherit=True), os.path.dirname(os.path.realpath(filename))
+        remember(filename, stat, found)
+    return found
+
+
+def read_ahead(plan):
+    """In the template, before its first trial of ``plan`` forks: compile the script and list its
+    folder once for all of them. False when some of it changed too recently to keep (try later)."""
+    if "script" not in plan:
+        return True
+    filename = script_path(plan)
+    try:
+        folder = script(filename, posix.stat(filename))[1]
+        module_names(folder)
+        return all(recall(path, posix.stat(path)) is not None for path in (filename, folder))
+    except (OSError, SyntaxError, ValueError):
+        return True  # each trial reads it and fails as cold Python would
 
 
 def cold(plan, env, exc, trial_dir):
@@ -99,6 +182,8 @@ def record_imports(trial_dir, before):
     """At exit, list in ``.trialbus/imports`` what this trial imported beyond the template,
     minus its own code: what the next template may preload."""
     def write():
+        if len(sys.modules) <= len(before):
+            return  # nothing new (or so little that missing it costs a later trial a few imports)
         code = os.path.realpath(posix.getcwd()) + "/"
         names = []
         for name in set(sys.modules) - before:
@@ -115,25 +200,25 @@ def record_imports(trial_dir, before):
 
 def run_trial(plan):
     """Run the trial's script or module as ``__main__``, as ``python X.py`` / ``python -m``
-    would; an uncaught exception is printed as cold Python prints it (without this frame)."""
+    would; an uncaught exception is printed as cold Python prints it (without this file's frames)."""
     try:
         if "module" in plan:
             import runpy
 
             runpy._run_module_as_main(plan["module"], alter_argv=True)
         else:
-            path = plan["script"]
-            filename = path if path.startswith("/") else posix.getcwd() + "/" + path
+            filename = script_path(plan)
             main = sys.modules["__main__"] = ModuleType("__main__")
             main.__file__, main.__cached__ = filename, None
             main.__loader__ = SourceFileLoader("__main__", filename)
-            with open(filename, "rb") as file:
-                source = file.read()
-            exec(compile(source, filename, "exec", dont_inherit=True), main.__dict__)  # noqa: S102
+            exec(script(filename, plan.get("stat") or posix.stat(filename))[0], main.__dict__)  # noqa: S102
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001
-        exc.with_traceback(exc.__traceback__.tb_next)
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next  # as cold Python prints it: no frame of this file
+        exc.with_traceback(tb)
         sys.excepthook(type(exc), exc, exc.__traceback__)
         if isinstance(exc, KeyboardInterrupt):  # as cold Python: die of SIGINT
             import _signal

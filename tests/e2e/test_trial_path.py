@@ -10,7 +10,9 @@ from pathlib import Path
 
 from contracts.messages import MetricType
 from tests.e2e.conftest import config, runs
-from tests.e2e.helpers import await_until, wait_until
+from tests.e2e.helpers import await_until, create, ended, submit, wait_until
+from tests.e2e.helpers import trial as trial_state
+from tests.fixtures.stack import Stack
 from trialbus.client import AsyncClient
 
 
@@ -134,3 +136,21 @@ async def test_a_submit_sent_again_with_its_parameter_id_is_the_same_trial(stack
         stack.kill("dispatcher")
         stack.start("dispatcher")
         assert (await client.submit_trial(experiment, {"x": 2}, parameter_id=8)).id == other.id
+
+
+def test_a_dispatched_trial_says_so_until_an_adapter_starts_it(stacks, nats_server, tmp_path, code_dir, run_log):
+    # Given a stack whose local adapter is not up yet
+    stack = Stack(root=tmp_path, nats=nats_server, extra_env={"RUN_LOG": str(run_log)})
+    stacks.append(stack.start("dispatcher", "gateway"))
+    experiment = create(stack, config(code_dir))
+    trial_id = submit(stack, experiment, {"x": 1})
+    dispatched = "dispatched to local-gpu; waiting for an adapter replica to start it"
+    wait_until(lambda: trial_state(stack, trial_id)["message"] == dispatched, 10, "the trial dispatched")
+    # When the dispatcher has read back its own WAITING event (published at the submit, with the
+    # submit's message), the trial still says where it is, not what it waited for before
+    time.sleep(1.5)
+    waiting = trial_state(stack, trial_id)
+    assert (waiting["status"], waiting["message"]) == ("WAITING", dispatched)
+    # Then it runs once the adapter is up
+    stack.start("adapter")
+    assert ended(stack, trial_id)["status"] == "SUCCEEDED"

@@ -191,6 +191,32 @@ async def test_oversized_requests_are_413(gateway):
     assert (await gateway.post([record(sequence=i) for i in range(3)])).status_code == 200
 
 
+async def test_the_served_route_answers_as_the_fastapi_route_would(gateway):
+    # The gateway serves POSTs to the metrics route straight from its intake (MetricsRoute); its
+    # FastAPI route, which the OpenAPI document describes, must give the very same answers.
+    route = httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway.service.app), base_url="http://gateway")
+    path = f"/api/v1/trials/{TRIAL}/metrics"
+    cases = [
+        {"json": {"experimentId": EXP, "records": [record(sequence=0), record("FINAL")]}, "headers": headers()},
+        {"json": {"experimentId": EXP, "records": []}, "headers": headers(version=None)},
+        {"json": {"experimentId": EXP, "records": []}, "headers": headers(version="9.9.0")},
+        {"json": {"experimentId": EXP, "records": [record()]}, "headers": headers("0" * 64)},
+        {"json": {"experimentId": EXP, "records": [record(), record(sequence=-1)]}, "headers": headers()},
+        {"content": b"{", "headers": headers()},
+        {"json": {"experimentId": EXP, "records": []}, "headers": {}},
+    ]
+    try:
+        for case in cases:
+            served, routed = await gateway.http.post(path, **case), await route.post(path, **case)
+            assert (served.status_code, served.json()) == (routed.status_code, routed.json()), case
+            assert served.headers["content-type"] == routed.headers["content-type"] == "application/json"
+        for method, other in (("GET", path), ("POST", path + "/"), ("POST", "/api/v1/trials/a/b/metrics")):
+            served, routed = await gateway.http.request(method, other), await route.request(method, other)
+            assert served.status_code == routed.status_code and served.status_code in (404, 405, 307), (method, other)
+    finally:
+        await route.aclose()
+
+
 async def test_503_while_nats_is_down_then_accepted_once_it_is_back(gateway, nats_server):
     # Given NATS goes away
     nats_server.stop()
