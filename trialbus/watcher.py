@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import orjson
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
@@ -43,6 +44,19 @@ log = logging.getLogger(__name__)
 #: Seconds between questions to the dispatcher while it has not yet decided on a retry.
 CONFIRM_DELAYS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 _NO_FINAL = object()
+
+
+#: The statuses of a trial that has not ended, as events carry them.
+_GOING_ON = frozenset(status.value for status in TrialStatus if not status.terminal)
+
+
+def _status_of(data: bytes) -> object:
+    """The ``status`` an event's JSON carries, without validating the rest; None if unreadable."""
+    try:
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return event.get("status") if isinstance(event, dict) else None
 
 
 class TrialOutcome(NamedTuple):
@@ -153,14 +167,14 @@ class ExperimentWatcher:
 
     def _on_metric(self, msg: Msg) -> None:
         self._metrics_seq = max(self._metrics_seq, msg.metadata.sequence.stream)
-        try:
-            records = records_of(msg.data)  # one record, or a keeper's batch
+        try:  # one record, or a keeper's batch: only its FINAL matters here
+            records = records_of(msg.data, only=MetricType.FINAL)
         except ContractError as exc:
             log.warning("skipping a metric: %s", exc)
             records = []
         for record in records:
             trial = self._trials.setdefault(record.trial_id, _Trial())
-            if record.type is MetricType.FINAL and trial.final is _NO_FINAL:
+            if trial.final is _NO_FINAL:
                 try:
                     trial.final = record.decoded()
                 except ValueError:
@@ -176,6 +190,8 @@ class ExperimentWatcher:
         self._barriers = still
 
     def _on_event(self, msg: Msg) -> None:
+        if _status_of(msg.data) in _GOING_ON:
+            return  # only an end matters here: most events are not, and need no validation
         try:
             event = TrialEvent.decode(msg.data)
         except ContractError as exc:

@@ -39,6 +39,23 @@ def test_a_single_record_message_still_reads():
     assert raw_records_of(alone.encode())[0]["sequence"] == 4
 
 
+def test_a_reader_may_take_only_the_records_of_one_type():
+    message = batch(("PERIODICAL", 0), ("FINAL", 0), ("PERIODICAL", 1)).encode()
+    assert records_of(message, only=MetricType.FINAL) == [records_of(message)[1]]
+    assert [r.sequence for r in records_of(message, only=MetricType.PERIODICAL)] == [0, 1]
+    alone = MetricRecord(experiment_id="e1", trial_id="t1", type=MetricType.PERIODICAL, sequence=4, value="1",
+                         timestamp=NOW)  # fmt: skip
+    assert records_of(alone.encode(), only=MetricType.FINAL) == []
+    assert records_of(alone.encode(), only=MetricType.PERIODICAL) == [alone]
+    # the records of another type are not validated; those of the type asked for are
+    head = b'{"kind": "trial.metrics", "v": 1,"experimentId": "e1", "trialId": "t1", "timestamp": "2026-11-26T12:00Z", '
+    bad = b'"records": [{"type": "%s", "sequence": -1, "value": "1"}]}'
+    periodical, final = (head + bad % kind for kind in (b"PERIODICAL", b"FINAL"))
+    assert records_of(periodical, only=MetricType.FINAL) == []
+    with pytest.raises(ContractError):
+        records_of(final, only=MetricType.FINAL)
+
+
 @pytest.mark.parametrize("bad", [b"[]", b'{"kind": "trial.metrics", "v": 1, "records": [{"type": "X"}]}', b"nope"])
 def test_a_malformed_message_is_a_contract_error(bad):
     with pytest.raises(ContractError):
