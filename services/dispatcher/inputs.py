@@ -90,18 +90,14 @@ class Inputs:
                 await self._attempt_ended(trial, event.status, failure, event.message, sends=sends,
                                           exit_code=event.exit_code, when=event.time, publish=False)  # fmt: skip
 
-    async def on_metrics(
-        self: Dispatcher, records: list[MetricFold], stream_seq: int = 0, behind: bool = False
-    ) -> None:
+    async def on_metrics(self: Dispatcher, records: list[MetricFold], stream_seq: int = 0) -> None:
         """Fold a batch of metric records into trial state (final metric, intermediate count).
 
         Each record is folded into its trial's :class:`MetricFold` first, so a batch costs
         one state copy and one KV write per trial, not per record (records arrive by the
-        thousand); the write happens outside the experiment lock, ``metrics_write_delay``
-        later (an event's write meanwhile takes it along) unless the reader is ``behind`` (its
-        batch was full: no wait then). Returns once the folds are in KV (then ack).
-        ``stream_seq`` is the METRICS sequence of the batch's last record: once applied,
-        terminal events waiting in ``metrics.caught_up`` may proceed.
+        thousand); the write happens outside the experiment lock. Returns once the folds
+        are in KV (then ack). ``stream_seq`` is the METRICS sequence of the batch's last
+        record: once applied, terminal events waiting in ``metrics.caught_up`` may proceed.
         """
         by_experiment: dict[str, list[MetricFold]] = defaultdict(list)
         for fold in records:
@@ -122,9 +118,4 @@ class Inputs:
                             update["final_metric"] = fold.final
                     self.store.defer(trial.model_copy(update=update))
         self.metrics.applied(stream_seq)  # in the cache: an end waiting for them may go on
-        trial_ids = [fold.trial_id for folds in by_experiment.values() for fold in folds]
-        if not behind and any(t in self.store.dirty for t in trial_ids):
-            # Group commit: a trial's FINAL comes a moment before its end, whose write then carries
-            # both (one KV write per trial, not two); the records are acked once it is written.
-            await asyncio.sleep(self.settings.metrics_write_delay)
-        await self.store.flush(trial_ids)
+        await self.store.flush(fold.trial_id for folds in by_experiment.values() for fold in folds)

@@ -33,8 +33,6 @@ from services.dispatcher.store import StateStore
 
 log = logging.getLogger(__name__)
 
-METRICS_BATCH = 1000  # METRICS messages applied at once, at most
-
 
 class DispatcherService(Service):
     name = "dispatcher"
@@ -59,7 +57,7 @@ class DispatcherService(Service):
         inbox = bus.nc.new_inbox().rpartition(".")[0]
         self._readers = [
             StreamReader(bus.js, "EVENTS", self._on_events, batch=64, inbox_prefix=inbox),
-            StreamReader(bus.js, "METRICS", self._on_metrics, batch=METRICS_BATCH, on_floor=self.core.metrics.applied,
+            StreamReader(bus.js, "METRICS", self._on_metrics, batch=1000, on_floor=self.core.metrics.applied,
                          inbox_prefix=inbox),  # fmt: skip
         ]
         self._tasks = [
@@ -128,7 +126,7 @@ class DispatcherService(Service):
         except (KeyError, TypeError) as exc:
             log.error("dropping a batch of metrics with a malformed record: %s", exc)
             folds = []
-        await self.core.on_metrics(folds, msgs[-1].metadata.sequence.stream, behind=len(msgs) >= METRICS_BATCH)
+        await self.core.on_metrics(folds, msgs[-1].metadata.sequence.stream)
         await msgs[-1].ack()  # cumulative, once the state they produced is in KV
 
     async def _watch_platforms(self) -> None:

@@ -46,10 +46,6 @@ class DispatcherSettings(AccessSettings):
     metrics_max_age: float = Field(default=30 * 86400.0, ge=0)
     events_max_bytes: int | None = Field(default=None, gt=0)
     metrics_max_bytes: int | None = Field(default=None, gt=0)
-    #: Seconds the trial state that metric records changed waits before it is written to KV
-    #: (group commit): an event's write meanwhile takes it along. Most trials end within it of
-    #: their FINAL, and their end and final metric are then one write, not two.
-    metrics_write_delay: float = Field(default=0.05, ge=0, le=5)
 
     _ages = field_validator("events_max_age", "metrics_max_age", mode="before")(parse_seconds_setting)
 

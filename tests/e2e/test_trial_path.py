@@ -8,10 +8,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import nats
-
 from contracts.messages import MetricType
-from contracts.state import TrialState
 from tests.e2e.conftest import config, runs
 from tests.e2e.helpers import await_until, create, ended, submit, wait_until
 from tests.e2e.helpers import trial as trial_state
@@ -157,28 +154,3 @@ def test_a_dispatched_trial_says_so_until_an_adapter_starts_it(stacks, nats_serv
     # Then it runs once the adapter is up
     stack.start("adapter")
     assert ended(stack, trial_id)["status"] == "SUCCEEDED"
-
-
-async def test_a_final_metric_and_the_end_that_follows_it_are_one_write(stacks, nats_server, tmp_path, code_dir,
-                                                                         run_log):  # fmt: skip
-    # Given a dispatcher that holds a trial's metric folds 1 s before it writes them (group commit)
-    stack = Stack(root=tmp_path, nats=nats_server, extra_env={"RUN_LOG": str(run_log)},
-                  service_env={"dispatcher": {"TRIALBUS_METRICS_WRITE_DELAY": "1"}})  # fmt: skip
-    stacks.append(stack.start())
-    experiment = create(stack, config(code_dir))
-    # When one trial reports its FINAL and exits, and another reports it and runs on
-    quick = submit(stack, experiment, {"x": 1})
-    slow = submit(stack, experiment, {"x": 2, "intermediate": 1, "pause": 0, "sleep": 4})
-    assert ended(stack, quick)["finalMetric"] == {"default": 1, "seq": 0}
-    # Then the quick one was written three times: dispatched, RUNNING, and its end with its metric
-    nc = await nats.connect(nats_server.url)
-    try:
-        history = await (await nc.jetstream().key_value("trials")).history(quick)
-        states = [TrialState.decode(entry.value) for entry in history]
-        assert [(s.status.value, s.final_metric) for s in states] == [
-            ("WAITING", None), ("RUNNING", None), ("SUCCEEDED", {"default": 1, "seq": 0})]
-    finally:
-        await nc.close()
-    # and the one still running shows its intermediate result once the delay is over, before its end
-    running = wait_until(lambda: (t := trial_state(stack, slow))["intermediateCount"] == 1 and t, 10, "a fold")
-    assert running["status"] == "RUNNING"
