@@ -52,6 +52,7 @@ keeper_module = None  # trial_keeper, loaded by path at start
 trial_module = None  # warm_trial: what a trial child does, loaded by path at start
 spec = {}
 library_fds = ()  # descriptors the preloaded modules hold: every trial keeps them
+plans = {}  # (command, PATH, code directory) → parse_command's answer, found once by the template
 
 
 class StartTrial(BaseException):
@@ -194,7 +195,8 @@ def serve(requests, answers):
         command = setting(payload, b"TRIALBUS_TRIAL_COMMAND") or b""
         if read.get(command, 0.0) <= time.monotonic():
             cwd = posix.getcwd().encode("utf-8", "surrogateescape")  # the code directory, the trial's too
-            plan = parse_command(command, setting(payload, b"PATH"), cwd)
+            path = setting(payload, b"PATH")
+            plan = plans[command, path, cwd] = parse_command(command, path, cwd)
             done = plan is None or trial_module.read_ahead(plan)
             read[command] = float("inf") if done else time.monotonic() + 0.1
         try:
@@ -285,7 +287,8 @@ def fork_trial(keeper, out_w, env):
     """``Keeper.fork_trial``: fork the trial (environment ``env``) from this process (a keeper
     forked from the template); the child's pid, or 0 when the command cannot start warm (the
     keeper then spawns it cold). In the child this never returns: it raises :class:`StartTrial`."""
-    plan = parse_command(keeper.command, env.get(b"PATH"), keeper.code_dir.encode("utf-8", "surrogateescape"))
+    key = (keeper.command, env.get(b"PATH"), keeper.code_dir.encode("utf-8", "surrogateescape"))
+    plan = plans[key] if key in plans else parse_command(*key)
     if plan is None or plan["python"] != spec["python"] or plan["flags"] != spec["flags"]:
         return 0
     if "script" in plan:

@@ -45,11 +45,15 @@ def become_trial(plan, env, out_w, stderr, trial_dir, library_fds):
         high = keep[i + 1] if i + 1 < len(keep) else posix.sysconf("SC_OPEN_MAX")
         if high > low + 1:
             posix.closerange(low + 1, high)  # the keeper's and the template's: none reaches the trial
-    current = os.environb  # the template's: the trial's but for a few per-trial values
+    # The template's environment is the trial's but for a few per-trial values (and what its
+    # imports set). os.environ and os.environb share this dict of bytes; changed as they change it.
+    current = os.environ._data
     for name in [name for name in current if name not in env]:
+        posix.unsetenv(name)
         del current[name]
     for name, value in env.items():
         if current.get(name) != value:
+            posix.putenv(name, value)
             current[name] = value
     cwd = posix.getcwd()
     if "module" in plan:
