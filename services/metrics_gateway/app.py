@@ -50,9 +50,9 @@ NOT_IN_SUBJECTS = frozenset(".*> \t\r\n")
 RECORDS = Counter("trialbus_gateway_records", "Metric records accepted, by outcome", ["outcome"])
 BATCHES = Counter("trialbus_gateway_batches", "Batches answered 200")
 REJECTIONS = Counter("trialbus_gateway_rejections", "Requests refused, by reason", ["reason"])
-#: Documents the trial's token in the OpenAPI schema; :meth:`Intake.accept` checks it.
 METRICS_PATH = "/api/v1/trials/{trial_id}/metrics"
 _METRICS_ROUTE = re.compile(r"/api/v1/trials/([^/]+)/metrics")  # as FastAPI matches METRICS_PATH
+#: Documents the trial's token in the OpenAPI schema; :meth:`Intake.accept` checks it.
 TRIAL_TOKEN = HTTPBearer(auto_error=False, description="the trial's token (TRIALBUS_TRIAL_TOKEN in its environment)")
 PUBLISH_SECONDS = Histogram("trialbus_gateway_publish_seconds", "Seconds from a batch's first publish to its last ack")
 

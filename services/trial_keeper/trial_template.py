@@ -194,10 +194,9 @@ def serve(requests, answers):
         payload = keeper_module.read_exact(requests, int(head))  # parsed by the keeper, after the fork
         command = setting(payload, b"TRIALBUS_TRIAL_COMMAND") or b""
         if read.get(command, 0.0) <= time.monotonic():
-            cwd = posix.getcwd().encode("utf-8", "surrogateescape")  # the code directory, the trial's too
-            path = setting(payload, b"PATH")
-            plan = plans[command, path, cwd] = parse_command(command, path, cwd)
-            done = plan is None or trial_module.read_ahead(plan)
+            key = (command, setting(payload, b"PATH"), setting(payload, b"TRIALBUS_CODE_DIR"))  # as fork_trial's
+            plan = plans[key] = parse_command(*key) if key[2] else None
+            done = plan is None or trial_module.read_ahead(plan)  # in the code directory: the trial's too
             read[command] = float("inf") if done else time.monotonic() + 0.1
         try:
             pid = keeper_module.fork_keeper(payload, close_fds=(requests, answers))
