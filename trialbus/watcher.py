@@ -50,13 +50,14 @@ _NO_FINAL = object()
 _GOING_ON = frozenset(status.value for status in TrialStatus if not status.terminal)
 
 
-def _status_of(data: bytes) -> object:
+def _status_of(data: bytes) -> str | None:
     """The ``status`` an event's JSON carries, without validating the rest; None if unreadable."""
     try:
         event = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
-    return event.get("status") if isinstance(event, dict) else None
+    status = event.get("status") if isinstance(event, dict) else None
+    return status if isinstance(status, str) else None
 
 
 class TrialOutcome(NamedTuple):
