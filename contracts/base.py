@@ -13,6 +13,7 @@ import os
 from datetime import UTC, datetime
 from typing import Annotated, Any, Self
 
+import orjson
 from pydantic import (
     AwareDatetime,
     BaseModel,
@@ -125,6 +126,17 @@ class Contract(BaseModel):
     def to_json(self) -> dict:
         """The JSON-ready dict the REST API answers with."""
         return self.model_dump(mode="json", by_alias=True)
+
+
+def peek(raw: bytes, field: str) -> str | None:
+    """The string ``field`` of a message's JSON object, read without validating the rest (a reader
+    that only routes or skips messages); None when unreadable or not a string."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    found = value.get(field) if isinstance(value, dict) else None
+    return found if isinstance(found, str) else None
 
 
 def utcnow() -> datetime:

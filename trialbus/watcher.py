@@ -28,14 +28,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import orjson
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from contracts import MetricType, TrialEvent, TrialState, TrialStatus, subjects
-from contracts.base import ContractError
+from contracts.base import ContractError, peek
 from contracts.metrics import records_of
 from contracts.streams import EVENTS, METRICS
 
@@ -52,12 +51,7 @@ _GOING_ON = frozenset(status.value for status in TrialStatus if not status.termi
 
 def _status_of(data: bytes) -> str | None:
     """The ``status`` an event's JSON carries, without validating the rest; None if unreadable."""
-    try:
-        event = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    status = event.get("status") if isinstance(event, dict) else None
-    return status if isinstance(status, str) else None
+    return peek(data, "status")
 
 
 class TrialOutcome(NamedTuple):

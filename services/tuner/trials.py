@@ -18,12 +18,11 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import orjson
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
 from contracts import TrialState
-from contracts.base import FROM_BUS
+from contracts.base import FROM_BUS, peek
 from services.common import kvwatch
 from services.common.api import ApiCallError, call
 from services.common.bus import Bus
@@ -39,12 +38,7 @@ _PREFIX = "$KV.trials."
 
 def experiment_of(raw: bytes) -> str | None:
     """The experiment id of a ``trials`` entry, without building a :class:`TrialState`; None if unreadable."""
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    found = value.get("experimentId") if isinstance(value, dict) else None
-    return found if isinstance(found, str) else None
+    return peek(raw, "experimentId")
 
 
 async def follow(bus: Bus, apply: Callable[[bytes], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
