@@ -31,6 +31,7 @@ At its exit, a warm trial lists the modules it imported that the template had no
 (``services/trial_keeper/warm_pool.py``). Stdlib only, like the keeper.
 """
 
+import gc
 import os
 import posix
 import sys
@@ -198,6 +199,7 @@ def serve(requests, answers):
             plan = plans[key] = parse_command(*key) if key[2] else None
             done = plan is None or trial_module.read_ahead(plan)  # in the code directory: the trial's too
             read[command] = float("inf") if done else time.monotonic() + 0.1
+        gc.freeze()  # this request's objects: a keeper's collections never visit them (nor copy their pages)
         try:
             pid = keeper_module.fork_keeper(payload, close_fds=(requests, answers))
         except OSError as exc:
@@ -246,7 +248,6 @@ def load(name, path):
 def start_template(keeper_path, spec_path):
     """Load the keeper, move the channels, preload, answer; then serve. The exit status."""
     global keeper_module, trial_module, spec, library_fds
-    import gc
     import json
 
     here = os.path.dirname(os.path.realpath(__file__))
@@ -299,6 +300,7 @@ def fork_trial(keeper, out_w, env):
             return 0  # a directory or zip to run
         plan = dict(plan, stat=stat)  # which file the trial runs (what the template read ahead may be)
     stderr = keeper.path("stderr")
+    gc.freeze()  # what the keeper made so far: the trial's collections never visit it (nor copy its pages)
     pid = posix.fork()
     if pid:
         return pid

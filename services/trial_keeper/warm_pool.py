@@ -39,9 +39,10 @@ except ImportError:  # on a remote machine, shipped flat beside the agent
 
 TEMPLATE_PATH = Path(trial_template.__file__)
 #: Keeper settings that differ per trial: left out of the environment that keys a template.
-_PER_TRIAL = ("TRIALBUS_TRIAL_DIR", "TRIALBUS_TRIAL_ID", "TRIALBUS_SEQUENCE_ID", "TRIALBUS_ATTEMPT",
-              "TRIALBUS_PARAMETERS", "TRIALBUS_TRIAL_TOKEN", "TRIALBUS_GPUS", "TRIALBUS_CHECKPOINT_DIR")  # fmt: skip
+_PER_TRIAL = frozenset(("TRIALBUS_TRIAL_DIR", "TRIALBUS_TRIAL_ID", "TRIALBUS_SEQUENCE_ID", "TRIALBUS_ATTEMPT",
+              "TRIALBUS_PARAMETERS", "TRIALBUS_TRIAL_TOKEN", "TRIALBUS_GPUS", "TRIALBUS_CHECKPOINT_DIR"))  # fmt: skip
 ANSWER_TIMEOUT = 5.0  # seconds a ready template may take to answer a fork
+KEYS_KEPT = 256  # (command, environment) → key found; forgotten all at once past this many
 
 
 class Template:
@@ -166,13 +167,25 @@ class WarmPool:
         self.unsafe: dict[str, set[str]] = {}  # key → top-level packages that touched a GPU
         self.broken: dict[str, int] = {}  # key → templates that died before they were ready
         self.retired: list[Template] = []  # closed, not yet reaped
+        self._keys: dict[tuple, tuple[str, dict, dict[bytes, bytes]] | None] = {}  # key_of's answers
         self._serial = 0
 
     # -- keys --------------------------------------------------------------------------------
 
     def key_of(self, command: str, environ: Mapping[str, str]) -> tuple[str, dict, dict[bytes, bytes]] | None:
         """(key, plan, template environment) for a trial the keeper would start with ``environ``;
-        None when its command cannot start warm (not ``python X.py`` / ``python -m mod``)."""
+        None when its command cannot start warm (not ``python X.py`` / ``python -m mod``). Found
+        once per command and environment (what differs per trial left out): each launch asks
+        twice, and every trial of an experiment asks the same."""
+        memo = (command, *(item for item in environ.items() if item[0] not in _PER_TRIAL))
+        found = self._keys.get(memo, self._keys)
+        if found is self._keys:
+            if len(self._keys) >= KEYS_KEPT:
+                self._keys.clear()
+            found = self._keys[memo] = self._find_key(command, environ)
+        return found
+
+    def _find_key(self, command: str, environ: Mapping[str, str]) -> tuple[str, dict, dict[bytes, bytes]] | None:
         settings = {k.encode("utf-8", "surrogateescape"): v.encode("utf-8", "surrogateescape")
                     for k, v in environ.items() if k not in _PER_TRIAL}  # fmt: skip
         settings.update({b"TRIALBUS_TRIAL_DIR": b"/", b"TRIALBUS_TRIAL_COMMAND": command.encode()})

@@ -64,6 +64,16 @@ def test_a_different_interpreter_or_environment_gets_its_own_template(host, code
     assert c.probe()["env"]["USER_SETTING"] == "1" and d.probe()["env"]["CUDA_VISIBLE_DEVICES"] == "0"
 
 
+def test_a_key_is_found_once_per_command_and_environment(host, code):
+    command = f"{PYTHON} probe.py"
+    (_, first), (_, second) = host.environ(command), host.environ(command)  # two trials: ids, dirs, parameters
+    assert first["TRIALBUS_TRIAL_ID"] != second["TRIALBUS_TRIAL_ID"]
+    assert host.pool.key_of(command, first) is host.pool.key_of(command, second)  # found once, for both
+    _, other = host.environ(command, USER_SETTING="1")
+    assert host.pool.key_of(command, other)[0] != host.pool.key_of(command, first)[0]
+    assert host.pool.key_of(f"{PYTHON} -u probe.py", first)[0] != host.pool.key_of(command, first)[0]
+
+
 def test_an_import_that_opens_a_gpu_is_never_preloaded(host, code, tmp_path):
     if os.geteuid() != 0:  # /dev is root's: a stand-in device file cannot be made otherwise
         if os.environ.get("CI") == "true":
