@@ -18,15 +18,20 @@ Handlers are idempotent, so reading a message twice changes nothing.
 A push consumer: the server sends as fast as the dispatcher acks (flow control), and
 messages are collected by a callback. nats-py's pull ``fetch`` awaits every message on its
 own, which cost the dispatcher ~60 µs per metric record.
+
+A reader may write and ack its batches a little after it applied them (:class:`GroupCommit`,
+METRICS): a trial's final metric is then mostly written with its end, one KV write instead of two.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -55,8 +60,64 @@ def first_gap(msgs: list[Msg], last: int | None) -> int | None:
     return None
 
 
+class GroupCommit:
+    """Writes and acks batches a while after they were applied to the cache, several at a time.
+
+    ``add`` takes an applied batch: the keys it left to write (``write`` writes them) and its
+    last message. Each batch waits ``delay`` seconds (a key changed again meanwhile, or written
+    by someone else, is written once); then the batches due are written together and the last
+    of them acked. One commit runs at a time and batches are due in the order they came, so
+    acks go out in stream order and an ack never passes a batch not yet written. A failed
+    write acks nothing (nor any batch after it): the next ``add`` raises it, and the reader
+    reads again from the ack floor (the states stay dirty in the cache until written).
+    ``settle`` commits every batch at once and returns when nothing is in flight: before the
+    reader subscribes again (no ack of the old subscription may reach the consumer made
+    again) and at stop. Per batch O(its keys).
+    """
+
+    def __init__(self, write: Callable[[set[str]], Awaitable[None]], delay: float) -> None:
+        self.write, self.delay = write, delay
+        self._waiting: collections.deque[tuple[float, Iterable[str], Msg]] = collections.deque()
+        self._task: asyncio.Task | None = None
+        self._now = asyncio.Event()
+        self._failure: Exception | None = None
+
+    def add(self, keys: Iterable[str], last: Msg) -> None:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+        self._waiting.append((time.monotonic() + self.delay, keys, last))
+        if self._task is None:
+            self._task = asyncio.create_task(self._commit())
+
+    async def settle(self) -> None:
+        if self._task is not None:
+            self._now.set()
+            await asyncio.shield(self._task)  # a stop that cancels the reader lets the commit finish
+        self._now.clear()
+
+    async def _commit(self) -> None:
+        waiting = self._waiting
+        try:
+            while waiting:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._now.wait(), waiting[0][0] - time.monotonic())
+                now, due = time.monotonic(), []
+                while waiting and (waiting[0][0] <= now or self._now.is_set()):
+                    due.append(waiting.popleft())
+                if due:  # (a timer may fire a hair early)
+                    await self.write(set().union(*(keys for _, keys, _ in due)))
+                    await due[-1][2].ack()  # cumulative: this batch and every one before it
+        except Exception as exc:  # noqa: BLE001 - said by the reader, at its next batch
+            self._failure = exc
+            waiting.clear()
+        finally:
+            self._task = None
+
+
 class StreamReader:
-    """Applies ``stream`` through ``handle`` (which acks each batch it applied) until ``stopping``."""
+    """Applies ``stream`` through ``handle`` (which acks each batch it applied, or leaves it to a
+    :class:`GroupCommit` whose ``settle`` is given) until ``stopping``."""
 
     def __init__(
         self,
@@ -66,8 +127,11 @@ class StreamReader:
         batch: int,
         on_floor: Callable[[int], None] = lambda seq: None,
         inbox_prefix: str = "_INBOX",
+        settle: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.js = js
+        #: Waits for the acks ``handle`` left for later (:meth:`GroupCommit.settle`).
+        self.settle = settle
         #: Where this connection may receive (``_INBOX_<user>`` under users): a consumer that
         #: delivers elsewhere (made by a run with another user, or none) is made again.
         self.inbox_prefix = inbox_prefix
@@ -92,6 +156,8 @@ class StreamReader:
             try:
                 await self._apply(inbox, ready, stopping)
             finally:
+                if self.settle is not None:
+                    await self.settle()  # acked (or not) before the consumer is looked at again
                 await self.close()
 
     async def close(self) -> None:

@@ -90,14 +90,16 @@ class Inputs:
                 await self._attempt_ended(trial, event.status, failure, event.message, sends=sends,
                                           exit_code=event.exit_code, when=event.time, publish=False)  # fmt: skip
 
-    async def on_metrics(self: Dispatcher, records: list[MetricFold], stream_seq: int = 0) -> None:
-        """Fold a batch of metric records into trial state (final metric, intermediate count).
+    async def on_metrics(self: Dispatcher, records: list[MetricFold], stream_seq: int = 0) -> set[str]:
+        """Fold a batch of metric records into trial state (final metric, intermediate count) in
+        the cache; the trials left to write (``store.flush``, then ack: the service writes them
+        a little later, with its next batches, :class:`~services.dispatcher.consumer.GroupCommit`;
+        a trial that ends meanwhile is written once, with its end).
 
         Each record is folded into its trial's :class:`MetricFold` first, so a batch costs
-        one state copy and one KV write per trial, not per record (records arrive by the
-        thousand); the write happens outside the experiment lock. Returns once the folds
-        are in KV (then ack). ``stream_seq`` is the METRICS sequence of the batch's last
-        record: once applied, terminal events waiting in ``metrics.caught_up`` may proceed.
+        one state copy and at most one KV write per trial, not per record (records arrive by
+        the thousand). ``stream_seq`` is the METRICS sequence of the batch's last record: once
+        applied, terminal events waiting in ``metrics.caught_up`` may proceed.
         """
         by_experiment: dict[str, list[MetricFold]] = defaultdict(list)
         for fold in records:
@@ -118,4 +120,4 @@ class Inputs:
                             update["final_metric"] = fold.final
                     self.store.defer(trial.model_copy(update=update))
         self.metrics.applied(stream_seq)  # in the cache: an end waiting for them may go on
-        await self.store.flush(fold.trial_id for folds in by_experiment.values() for fold in folds)
+        return {fold.trial_id for folds in by_experiment.values() for fold in folds}

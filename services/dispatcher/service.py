@@ -25,7 +25,7 @@ from services.common.http import HttpServer
 from services.common.lifecycle import Service
 from services.dispatcher import bus_api
 from services.dispatcher.api import create_app
-from services.dispatcher.consumer import StreamReader
+from services.dispatcher.consumer import GroupCommit, StreamReader
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.folds import MetricFold
 from services.dispatcher.settings import DispatcherSettings
@@ -46,6 +46,7 @@ class DispatcherService(Service):
         self._heartbeats: Subscription | None = None
         self._tasks: list[asyncio.Task] = []
         self._readers: list[StreamReader] = []
+        self._metrics_commit: GroupCommit | None = None
         self._stopping = asyncio.Event()
 
     async def start(self, bus: Bus) -> None:
@@ -55,10 +56,11 @@ class DispatcherService(Service):
         self.core = Dispatcher(self.settings, bus, store)
         self.core.rebuild()
         inbox = bus.nc.new_inbox().rpartition(".")[0]
+        self._metrics_commit = GroupCommit(store.flush, self.settings.metrics_write_delay)
         self._readers = [
             StreamReader(bus.js, "EVENTS", self._on_events, batch=64, inbox_prefix=inbox),
             StreamReader(bus.js, "METRICS", self._on_metrics, batch=1000, on_floor=self.core.metrics.applied,
-                         inbox_prefix=inbox),  # fmt: skip
+                         inbox_prefix=inbox, settle=self._metrics_commit.settle),  # fmt: skip
         ]
         self._tasks = [
             *(asyncio.create_task(reader.run(self._stopping)) for reader in self._readers),
@@ -126,8 +128,8 @@ class DispatcherService(Service):
         except (KeyError, TypeError) as exc:
             log.error("dropping a batch of metrics with a malformed record: %s", exc)
             folds = []
-        await self.core.on_metrics(folds, msgs[-1].metadata.sequence.stream)
-        await msgs[-1].ack()  # cumulative, once the state they produced is in KV
+        written = await self.core.on_metrics(folds, msgs[-1].metadata.sequence.stream)
+        self._metrics_commit.add(written, msgs[-1])  # in KV, then acked (cumulative), a little later
 
     async def _watch_platforms(self) -> None:
         """Keep the adapters' statuses (the ``platforms`` bucket) for hybrid placement; a broken

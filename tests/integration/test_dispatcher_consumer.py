@@ -11,7 +11,7 @@ from nats.aio.msg import Msg
 
 from contracts import streams, subjects
 from services.common.bus import bootstrap
-from services.dispatcher.consumer import StreamReader, first_gap
+from services.dispatcher.consumer import GroupCommit, StreamReader, first_gap
 from tests.fixtures.nats import NatsServer
 
 
@@ -147,3 +147,77 @@ async def test_a_consumer_made_for_another_inbox_is_made_again_from_its_ack_floo
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await nc.close()
+
+
+class Committed:
+    """A handler as the dispatcher's METRICS: apply now, leave the write and the ack to a GroupCommit."""
+
+    def __init__(self, delay: float, fail_writes: int = 0) -> None:
+        self.applied: list[int] = []
+        self.writes: list[set[str]] = []
+        self.fail_writes = fail_writes
+        self.commit = GroupCommit(self.write, delay)
+
+    async def write(self, keys: set[str]) -> None:
+        if self.fail_writes:
+            self.fail_writes -= 1
+            raise ConnectionError("KV write failed")
+        self.writes.append(keys)
+
+    async def __call__(self, msgs: list[Msg]) -> None:
+        seqs = [m.metadata.sequence.stream for m in msgs]
+        self.applied += seqs
+        self.commit.add({f"t{s}" for s in seqs}, msgs[-1])
+
+
+async def stop(reader: StreamReader, task: asyncio.Task, stopping: asyncio.Event) -> None:
+    stopping.set()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await reader.close()
+
+
+async def test_a_group_commit_writes_batches_after_their_delay_and_acks_them_after_the_write(js):
+    handler, stopping = Committed(delay=1.0), asyncio.Event()
+    reader = StreamReader(js, "EVENTS", handler, batch=2, settle=handler.commit.settle)
+    task = asyncio.create_task(reader.run(stopping))
+    await publish(js, 1, 6)
+    await applied_through(handler, 6)  # three batches, applied at once
+    assert handler.writes == [] and await floor(js) == (0, 6), "neither written nor acked before the delay"
+    async with asyncio.timeout(5):
+        while not handler.writes:
+            await asyncio.sleep(0.02)
+    async with asyncio.timeout(5):
+        while set().union(*handler.writes) != {f"t{i}" for i in range(1, 7)}:
+            await asyncio.sleep(0.02)
+    assert await floor(js) == (6, 0)
+    await stop(reader, task, stopping)
+
+
+async def test_a_group_write_that_fails_acks_nothing_and_its_batches_are_read_again(js):
+    handler, stopping = Committed(delay=0.1, fail_writes=1), asyncio.Event()
+    reader = StreamReader(js, "EVENTS", handler, batch=2, settle=handler.commit.settle)
+    task = asyncio.create_task(reader.run(stopping))
+    await publish(js, 1, 4)
+    await applied_through(handler, 4)
+    await asyncio.sleep(0.3)  # the write failed
+    assert handler.writes == [] and (await floor(js))[0] == 0
+    await publish(js, 5, 5)  # the next batch says so: the reader reads again from the ack floor
+    async with asyncio.timeout(10):
+        while not handler.writes or (await floor(js))[0] < 5:
+            await asyncio.sleep(0.05)
+    assert handler.applied[:4] == [1, 2, 3, 4] and sorted(set(handler.applied)) == [1, 2, 3, 4, 5]
+    assert handler.applied.count(1) == 2, "read again after the failed write"
+    assert set().union(*handler.writes) == {f"t{i}" for i in range(1, 6)}
+    await stop(reader, task, stopping)
+
+
+async def test_a_stop_writes_and_acks_what_waits_for_its_group_commit(js):
+    handler, stopping = Committed(delay=30.0), asyncio.Event()
+    reader = StreamReader(js, "EVENTS", handler, batch=64, settle=handler.commit.settle)
+    task = asyncio.create_task(reader.run(stopping))
+    await publish(js, 1, 3)
+    await applied_through(handler, 3)
+    await stop(reader, task, stopping)  # long before the delay is over
+    assert handler.writes == [{"t1", "t2", "t3"}]
+    assert await floor(js) == (3, 0)
