@@ -27,6 +27,7 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -42,6 +43,8 @@ TEMPLATE_PATH = Path(trial_template.__file__)
 _PER_TRIAL = frozenset(("TRIALBUS_TRIAL_DIR", "TRIALBUS_TRIAL_ID", "TRIALBUS_SEQUENCE_ID", "TRIALBUS_ATTEMPT",
               "TRIALBUS_PARAMETERS", "TRIALBUS_TRIAL_TOKEN", "TRIALBUS_GPUS", "TRIALBUS_CHECKPOINT_DIR"))  # fmt: skip
 ANSWER_TIMEOUT = 5.0  # seconds a ready template may take to answer a fork
+#: Top-level packages of the standard library (Python 3.10+; on older ones, none is known).
+STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
 KEYS_KEPT = 256  # (command, environment) → key found; forgotten all at once past this many
 
 
@@ -241,14 +244,23 @@ class WarmPool:
         return template
 
     def waiting(self, command: str, environ: Mapping[str, str], preload: Iterable[str] = ()) -> Template | None:
-        """A template for this trial still starting (its first, or a fuller one on its way), which
-        is worth waiting for before :meth:`fork`: it costs less CPU than the trial's own imports.
-        None when there is none to wait for. Starts the key's templates where needed."""
+        """A template for this trial still starting, which is worth waiting for before :meth:`fork`:
+        the key's first, or a fuller one on its way that brings packages the ready one lacks
+        (importing them would cost each trial about what the template's start costs: seconds for
+        scikit-learn or torch). A fuller one that adds only submodules of what the ready one
+        has, or of the standard library (what a trial imported lazily: milliseconds), is not
+        waited for: the trial forks at once. None when there is none to wait for. Starts the
+        key's templates where needed."""
         template = self.template_for(command, environ, preload)
         if template is None:
             return None
+        if template.poll() == "starting":
+            return template
         fuller = self.next.get(template.key)
-        return next((t for t in (template, fuller) if t is not None and t.poll() == "starting"), None)
+        if fuller is None or fuller.poll() != "starting":
+            return None
+        has = {name.partition(".")[0] for name in template.preload} | STDLIB
+        return fuller if any(name.partition(".")[0] not in has for name in fuller.preload) else None
 
     def fork(self, environ: Mapping[str, str], preload: Iterable[str] = (), wait: float = 0.0
              ) -> tuple[int, str] | None:  # fmt: skip

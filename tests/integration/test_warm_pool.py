@@ -31,6 +31,41 @@ def test_the_template_learns_what_trials_import(host, code, tmp_path):
     assert not (second.dir / ".trialbus/imports").exists()  # nothing new to learn
 
 
+def test_a_fuller_template_is_waited_for_only_when_it_brings_packages_the_ready_one_lacks(host, code, tmp_path):
+    # A site with a package the template preloads, a submodule of it a trial imported lazily, and
+    # a package of its own; the last two slow to import, so the fuller templates are still starting.
+    site = tmp_path / "site"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "__init__.py").write_text("")
+    (site / "pkg" / "lazy.py").write_text("import time\ntime.sleep(2)\n")
+    (site / "other.py").write_text("import time\ntime.sleep(2)\n")
+    host.env["PYTHONPATH"] = str(site)
+    command = f"{PYTHON} probe.py"
+    first = host.warm(command, preload=["pkg"])
+    assert first.wait()["exitCode"] == 0
+    _, environ = host.environ(command)
+    guessed = host.pool.next.get(first.template)  # from the script's own imports, at the first trial
+    assert guessed is None or guessed.wait_ready(30)
+    host.pool.template_for(command, environ, ["pkg"])  # swapped in: nothing on its way
+    assert first.template not in host.pool.next
+
+    def learned(*names: str) -> None:
+        trial_dir = tmp_path / f"learned-{len(names)}"
+        (trial_dir / ".trialbus").mkdir(parents=True)
+        (trial_dir / ".trialbus" / "imports").write_text("\n".join(names) + "\n")
+        host.pool.learn(first.template, str(trial_dir))
+
+    learned("pkg.lazy", "importlib.readers")  # milliseconds for a trial to import: fork at once
+    assert host.pool.next[first.template].poll() == "starting"
+    assert host.pool.waiting(command, environ, ["pkg"]) is None
+    assert host.pool.fork(environ, ["pkg"]) is not None
+    host.pool.next.pop(first.template).close()  # (what a finished start would have swapped in)
+
+    learned("pkg.lazy", "importlib.readers", "other")  # a package the ready template lacks: worth waiting for
+    fuller = host.pool.next[first.template]
+    assert host.pool.waiting(command, environ, ["pkg"]) is fuller
+
+
 def test_a_template_that_dies_is_replaced_and_said(host, code):
     first = host.warm(f"{PYTHON} probe.py")
     first.wait()
