@@ -156,9 +156,11 @@ class StreamReader:
             try:
                 await self._apply(inbox, ready, stopping)
             finally:
-                if self.settle is not None:
-                    await self.settle()  # acked (or not) before the consumer is looked at again
-                await self.close()
+                try:
+                    if self.settle is not None:
+                        await self.settle()  # acked (or not) before the consumer is looked at again
+                finally:
+                    await self.close()
 
     async def close(self) -> None:
         sub, self._sub = self._sub, None

@@ -128,8 +128,8 @@ class DispatcherService(Service):
         except (KeyError, TypeError) as exc:
             log.error("dropping a batch of metrics with a malformed record: %s", exc)
             folds = []
-        written = await self.core.on_metrics(folds, msgs[-1].metadata.sequence.stream)
-        self._metrics_commit.add(written, msgs[-1])  # in KV, then acked (cumulative), a little later
+        changed = await self.core.on_metrics(folds, msgs[-1].metadata.sequence.stream)
+        self._metrics_commit.add(changed, msgs[-1])  # in KV, then acked (cumulative), a little later
 
     async def _watch_platforms(self) -> None:
         """Keep the adapters' statuses (the ``platforms`` bucket) for hybrid placement; a broken
