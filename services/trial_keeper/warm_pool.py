@@ -45,7 +45,8 @@ _PER_TRIAL = frozenset(("TRIALBUS_TRIAL_DIR", "TRIALBUS_TRIAL_ID", "TRIALBUS_SEQ
 ANSWER_TIMEOUT = 5.0  # seconds a ready template may take to answer a fork
 #: Top-level packages of the standard library (Python 3.10+; on older ones, none is known).
 STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
-KEYS_KEPT = 256  # (command, environment) → key found; forgotten all at once past this many
+KEYS_KEPT = 256  # (command, environment) → key found; forgotten all at once past this many,
+KEYS_FOR = 10.0  # and every this many seconds (the interpreter a PATH finds may change)
 
 
 class Template:
@@ -171,6 +172,7 @@ class WarmPool:
         self.broken: dict[str, int] = {}  # key → templates that died before they were ready
         self.retired: list[Template] = []  # closed, not yet reaped
         self._keys: dict[tuple, tuple[str, dict, dict[bytes, bytes]] | None] = {}  # key_of's answers
+        self._keys_until = 0.0
         self._serial = 0
 
     # -- keys --------------------------------------------------------------------------------
@@ -178,9 +180,13 @@ class WarmPool:
     def key_of(self, command: str, environ: Mapping[str, str]) -> tuple[str, dict, dict[bytes, bytes]] | None:
         """(key, plan, template environment) for a trial the keeper would start with ``environ``;
         None when its command cannot start warm (not ``python X.py`` / ``python -m mod``). Found
-        once per command and environment (what differs per trial left out): each launch asks
-        twice, and every trial of an experiment asks the same."""
+        once per command and environment (what differs per trial left out) for ``KEYS_FOR``
+        seconds: each launch asks twice, and every trial of an experiment asks the same (the
+        interpreter is looked up on PATH again after that, in case it changed)."""
         memo = (command, *(item for item in environ.items() if item[0] not in _PER_TRIAL))
+        if time.monotonic() > self._keys_until:
+            self._keys.clear()
+            self._keys_until = time.monotonic() + KEYS_FOR
         found = self._keys.get(memo, self._keys)
         if found is self._keys:
             if len(self._keys) >= KEYS_KEPT:
