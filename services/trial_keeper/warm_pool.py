@@ -34,9 +34,11 @@ from pathlib import Path
 
 try:
     from services.trial_keeper import trial_keeper, trial_template
+    from services.trial_keeper.script_imports import script_imports
 except ImportError:  # on a remote machine, shipped flat beside the agent
     import trial_keeper
     import trial_template
+    from script_imports import script_imports
 
 TEMPLATE_PATH = Path(trial_template.__file__)
 #: Keeper settings that differ per trial: left out of the environment that keys a template.
@@ -370,41 +372,3 @@ class WarmPool:
         if fuller is not None:
             fuller.close()
             self.retired.append(fuller)
-
-
-def script_imports(code_dir: str, plan: dict, limit: int = 20) -> set[str]:
-    """The modules a trial's script imports outside its functions and classes, read from its
-    source without running it, and those of the code directory's own modules it imports (up to
-    ``limit`` files): the first guess of what its template preloads, before any trial has run.
-    ``from a.b import c`` names ``a.b`` and ``a.b.c`` (a submodule or not: a name that is no
-    module just fails to preload)."""
-    import ast
-
-    target = plan.get("script") or plan["module"].replace(".", "/") + ".py"
-    queue, seen, found = [os.path.join(code_dir, target)], set(), set()
-    while queue and len(seen) < limit:
-        path = queue.pop()
-        if path in seen:
-            continue
-        seen.add(path)
-        try:
-            body = ast.parse(Path(path).read_bytes()).body
-        except (OSError, SyntaxError, ValueError):
-            continue
-        while body:
-            node = body.pop()
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*")]
-            else:
-                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    body += [n for n in ast.iter_child_nodes(node) if isinstance(n, ast.stmt)]
-                continue
-            for name in names:
-                local = os.path.join(code_dir, *name.split("."))
-                for candidate in (local + ".py", os.path.join(local, "__init__.py")):
-                    if os.path.isfile(candidate):
-                        queue.append(candidate)  # the trial's own module: read it, never preload it
-                found.add(name)
-    return found
