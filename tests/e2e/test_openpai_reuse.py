@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 import httpx
@@ -125,7 +126,17 @@ def test_a_two_role_environment_runs_each_trial_in_both_roles(reuse_stack, pai, 
                    "commands": ["echo $NNI_TRIAL_JOB_ID >> ps-trials.txt", "sleep 30"]},
         },
     }  # fmt: skip
-    config = openpai_config(write_code(tmp_path, TRIAL), pai, share, reuseMode=True, openpaiConfig=job,
+    # The worker reports once the ps task of its trial has written its line: the ps tasks are
+    # stopped when the worker reports, which a fast worker could otherwise do before ps ran at all.
+    worker = TRIAL.replace("params = nni.get_next_parameter()\n", textwrap.dedent("""\
+        params = nni.get_next_parameter()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (not os.path.exists("ps-trials.txt")
+                                               or nni.get_trial_id() not in open("ps-trials.txt").read().split()):
+            time.sleep(0.05)
+    """))
+    assert worker != TRIAL
+    config = openpai_config(write_code(tmp_path, worker), pai, share, reuseMode=True, openpaiConfig=job,
                             reportingTaskRole="worker")  # fmt: skip
     config["trialConcurrency"] = 1
     experiment = create(reuse_stack, config)
