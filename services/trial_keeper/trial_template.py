@@ -199,7 +199,9 @@ def serve(requests, answers):
             plan = plans[key] = parse_command(*key) if key[2] else None
             done = plan is None or trial_module.read_ahead(plan)  # in the code directory: the trial's too
             read[command] = float("inf") if done else time.monotonic() + 0.1
-        gc.freeze()  # this request's objects: a keeper's collections never visit them (nor copy their pages)
+        # This request's objects: a keeper's collections never visit them (nor copy their pages).
+        # Frozen objects are never collected here, which costs nothing: a request leaves no cycles.
+        gc.freeze()
         try:
             pid = keeper_module.fork_keeper(payload, close_fds=(requests, answers))
         except OSError as exc:

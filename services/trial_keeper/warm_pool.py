@@ -186,13 +186,11 @@ class WarmPool:
         seconds: each launch asks twice, and every trial of an experiment asks the same (the
         interpreter is looked up on PATH again after that, in case it changed)."""
         memo = (command, *(item for item in environ.items() if item[0] not in _PER_TRIAL))
-        if time.monotonic() > self._keys_until:
+        if (now := time.monotonic()) > self._keys_until or len(self._keys) >= KEYS_KEPT:
             self._keys.clear()
-            self._keys_until = time.monotonic() + KEYS_FOR
+            self._keys_until = now + KEYS_FOR
         found = self._keys.get(memo, self._keys)
         if found is self._keys:
-            if len(self._keys) >= KEYS_KEPT:
-                self._keys.clear()
             found = self._keys[memo] = self._find_key(command, environ)
         return found
 
