@@ -26,20 +26,26 @@ log = logging.getLogger(__name__)
 class Inputs:
     """The bus inputs of the dispatcher (the module's docstring)."""
 
-    async def on_events(self: Dispatcher, events: list[tuple[str, TrialEvent]]) -> None:
-        """Apply a batch of adapters' events, each with the subject it came on; returns once
-        their effect is in KV (then ack).
+    async def on_events(self: Dispatcher, events: list[tuple[str, TrialEvent]]) -> set[str]:
+        """Apply a batch of adapters' events, each with the subject it came on; the trials whose
+        state is left to write (``store.flush``, then ack: the service writes them a little
+        later, with its next batches, :class:`~services.dispatcher.consumer.GroupCommit`).
 
         Idempotent: replays and duplicates change nothing. An event from anyone but its
-        trial's adapter (or the dispatcher) is refused (:mod:`.ownership`). The trials' new
-        states are written together at the end (one write per trial, however many of its
-        events the batch holds), together with the requests of the trials that took the freed slots.
+        trial's adapter (or the dispatcher) is refused (:mod:`.ownership`). Ends are written
+        before this returns (one write per trial, however many of its events the batch holds),
+        together with the requests of the trials that took the freed slots: readers of the
+        ``trials`` bucket (the tuner service, the web UI) act on ends. A RUNNING waits for the
+        group commit, so a trial that ends within it is written once, start and end together.
         """
         sends: list[TrialState] = []
         for subject, event in events:
             await self.on_event(subject, event, sends)
-        flush = self.store.flush(event.trial_id for _, event in events)
-        await asyncio.gather(flush, *(self.slots.send(t) for t in sends))
+        changed = {event.trial_id for _, event in events}
+        dirty = self.store.dirty
+        ended = [t for t in changed if t in dirty and dirty[t].status.terminal]
+        await asyncio.gather(self.store.flush(ended), *(self.slots.send(t) for t in sends))
+        return changed
 
     async def on_event(self: Dispatcher, subject: str, event: TrialEvent, sends: list[TrialState]) -> None:
         """Apply one event to the cache. Its trial's state is left for :meth:`on_events` to

@@ -46,6 +46,7 @@ class DispatcherService(Service):
         self._heartbeats: Subscription | None = None
         self._tasks: list[asyncio.Task] = []
         self._readers: list[StreamReader] = []
+        self._events_commit: GroupCommit | None = None
         self._metrics_commit: GroupCommit | None = None
         self._stopping = asyncio.Event()
 
@@ -56,9 +57,11 @@ class DispatcherService(Service):
         self.core = Dispatcher(self.settings, bus, store)
         self.core.rebuild()
         inbox = bus.nc.new_inbox().rpartition(".")[0]
-        self._metrics_commit = GroupCommit(store.flush, self.settings.metrics_write_delay)
+        self._events_commit = GroupCommit(store.flush, self.settings.state_write_delay)
+        self._metrics_commit = GroupCommit(store.flush, self.settings.state_write_delay)
         self._readers = [
-            StreamReader(bus.js, "EVENTS", self._on_events, batch=64, inbox_prefix=inbox),
+            StreamReader(bus.js, "EVENTS", self._on_events, batch=64, inbox_prefix=inbox,
+                         settle=self._events_commit.settle),
             StreamReader(bus.js, "METRICS", self._on_metrics, batch=1000, on_floor=self.core.metrics.applied,
                          inbox_prefix=inbox, settle=self._metrics_commit.settle),  # fmt: skip
         ]
@@ -110,8 +113,8 @@ class DispatcherService(Service):
                 events.append((msg.subject, TrialEvent.decode(msg.data)))
             except ContractError as exc:
                 log.error("dropping malformed event on %s: %s", msg.subject, exc)
-        await self.core.on_events(events)
-        await msgs[-1].ack()  # cumulative: the whole batch is applied and in KV
+        changed = await self.core.on_events(events)
+        self._events_commit.add(changed, msgs[-1])  # in KV, then acked (cumulative), a little later
 
     async def _on_metrics(self, msgs: list[Msg]) -> None:
         # The gateway validated every record; here only the fields that change trial state

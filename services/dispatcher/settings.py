@@ -39,11 +39,12 @@ class DispatcherSettings(AccessSettings):
     #: Seconds after its replicas' last status a platform counts as down (hybrid experiments
     #: then send their trials elsewhere); adapters publish their status every 5 s.
     platform_stale_after: float = Field(default=15.0, gt=0)
-    #: Seconds the trials' states a batch of metrics changed wait before they are written to KV
-    #: (and the batch acked), with the batches that come meanwhile: a trial that ends within
-    #: it is written once, with its end. The dispatcher's own answers (REST, bus API) have them
-    #: at once; readers of the ``trials`` bucket (the web UI) up to this much later.
-    metrics_write_delay: float = Field(default=0.05, ge=0, le=5)
+    #: Seconds a trial's state changed by a metric or by an event other than its end (RUNNING, a
+    #: message) waits before it is written to KV (and its batch acked), with the batches that
+    #: come meanwhile: a trial that ends within it is written once, with its end. The
+    #: dispatcher's own answers (REST, bus API) have it at once; readers of the ``trials``
+    #: bucket (the web UI) up to this much later. Ends are written at once.
+    state_write_delay: float = Field(default=0.1, ge=0, le=5)
     #: How long the EVENTS and METRICS streams keep a message (``30d``, ``12h``, seconds; 0:
     #: forever) and how much they keep (``50gb``; unset: no limit): the oldest go first.
     #: Applied to the streams at every start of the dispatcher (docs/retention.md).

@@ -41,6 +41,8 @@ class StateStore:
         self.trials_of: dict[str, list[str]] = defaultdict(list)
         #: trial id → its cached state that is not (known to be) in KV yet
         self.dirty: dict[str, TrialState] = {}
+        #: A write of deferred states failed since the sweep last wrote them all (it then does).
+        self.write_failed = False
         self.index = TrialIndex()
         self._experiments_kv: KeyValue | None = None
         self._trials_kv: KeyValue | None = None
@@ -113,6 +115,7 @@ class StateStore:
             elif self.dirty.get(state.id) is state:  # not deferred again meanwhile
                 del self.dirty[state.id]
         if failure is not None:
+            self.write_failed = True
             raise failure
 
     async def purge(self, experiment_id: str, at_once: int = 256) -> int:

@@ -32,7 +32,10 @@ class Sweep:
         """Once a second: limits that depend on time, cancels not yet honoured, finished experiments."""
         now = utcnow()
         loop_time = asyncio.get_running_loop().time()
-        if self.store.dirty:  # deferred states whose write failed: KV catches up
+        # Deferred states whose write failed: KV catches up. (Not every deferred state: most wait
+        # for their group commit, which writes each a moment later with what changes meanwhile.)
+        if self.store.write_failed and self.store.dirty:
+            self.store.write_failed = False
             try:
                 await self.store.flush(list(self.store.dirty))
             except Exception as exc:
