@@ -8,8 +8,9 @@ differs per trial), in the trial's code directory::
     <python> [flags] trial_template.py <trial_keeper.py> <spec.json>
 
 ``spec.json``: ``{"python": path, "flags": [option, …], "preload": [module, …], "code_dir":
-path, "shim": folder}`` (the interpreter and options it was started with, as
-:func:`parse_command` gives them; the ``nni`` shim's folder). Channels: requests on stdin
+path, "shim": folder, "unset": [variable, …]}`` (the interpreter and options it was started
+with, as :func:`parse_command` gives them; the ``nni`` shim's folder; variables the pool set for
+the template alone, which it removes from its environment as it starts). Channels: requests on stdin
 and answers on stdout, as the keeper's zygote has them (``%08d`` length, then the keeper's
 ``KEY=VALUE`` settings separated by NUL; the answer is the keeper's pid and a newline). The
 template first moves both channels off fds 0 and 1 (stdin becomes /dev/null, stdout the log
@@ -262,6 +263,8 @@ def start_template(keeper_path, spec_path):
     posix.dup2(2, 1)  # an import's prints go to the template's log
     with open(spec_path, encoding="utf-8") as file:
         spec = json.load(file)
+    for name in spec.get("unset", ()):  # set by the pool for this process only (LD_BIND_NOW)
+        os.environ.pop(name, None)
     keeper_module = load("_trialbus_keeper", keeper_path)
     trial_module = load("_trialbus_warm_trial", os.path.join(here, "warm_trial.py"))
     keeper_module.Keeper.fork_trial = fork_trial

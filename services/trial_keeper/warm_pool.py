@@ -68,13 +68,20 @@ class Template:
 
     def start(self, template_path: Path, keeper_path: str, shim: str | None) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
+        # The template binds every symbol of its libraries as it starts (glibc's dynamic linker
+        # binds each on its first call otherwise): a child's first call of a function would write
+        # the binding into a page it then copies, ~60 page copies a trial. The template drops the
+        # variable from its environment at once (``unset``): trials and their children never see it.
+        env, unset = self.env, []
+        if b"LD_BIND_NOW" not in env:
+            env, unset = {**env, b"LD_BIND_NOW": b"1"}, ["LD_BIND_NOW"]
         spec = self.folder / "spec.json"
         spec.write_text(json.dumps({"python": self.plan["python"], "flags": self.plan["flags"], "preload": self.preload,
-                                    "code_dir": self.code_dir, "shim": shim}))  # fmt: skip
+                                    "code_dir": self.code_dir, "shim": shim, "unset": unset}))  # fmt: skip
         with open(self.folder / "template.log", "ab") as log:
             self.process = subprocess.Popen(
                 [self.plan["python"], *self.plan["flags"], str(template_path), keeper_path, str(spec)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=self.code_dir, env=self.env,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=self.code_dir, env=env,
                 start_new_session=True,
             )  # fmt: skip
         os.set_blocking(self.process.stdout.fileno(), False)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.nni import nni_sdk
-from tests.fixtures.warm import PYTHON, code, host  # noqa: F401 - fixtures
+from tests.fixtures.warm import PYTHON, Host, code, host  # noqa: F401 - fixtures
 
 
 def comparable(probe: dict) -> dict:
@@ -92,6 +92,39 @@ def test_global_state_of_one_trial_never_reaches_the_next(host, code):
     first, second = host.warm(f"{PYTHON} dirty.py"), host.warm(f"{PYTHON} dirty.py")
     assert first.wait()["exitCode"] == second.wait()["exitCode"] == 0
     assert json.loads(first.out()) == json.loads(second.out()) == [False, None, False]
+
+
+ENV_DUMP = "import json, os\nprint(json.dumps(dict(os.environ), sort_keys=True))\n"
+
+
+@pytest.mark.parametrize("import_sets_env", [False, True])
+def test_a_warm_trial_has_the_whole_environment_of_a_cold_one(code, tmp_path, import_sets_env):
+    # Whatever a preloaded import did to the environment is undone in each trial, and what the pool
+    # sets for the template alone (LD_BIND_NOW) never reaches one.
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "envmod.py").write_text("import os\nos.environ['SET_BY_IMPORT'] = '1'\nos.environ.pop('USER_GONE', None)\n"
+                                   "os.environ['USER_KEPT'] = 'changed'\n" if import_sets_env else "")  # fmt: skip
+    (code / "env.py").write_text(ENV_DUMP)
+    host = Host(tmp_path / "envhost", code, env={"PYTHONPATH": str(lib), "USER_GONE": "here", "USER_KEPT": "kept"})
+    try:
+        command = f"{PYTHON} env.py"
+        cold = host.cold(command, TRIALBUS_GPUS="1", TRIALBUS_ATTEMPT="2")
+        first = host.warm(command, preload=["envmod"], TRIALBUS_GPUS="1", TRIALBUS_ATTEMPT="2")
+        second = host.warm(command, preload=["envmod"])  # no GPU, no attempt: none of the first's
+        for trial in (cold, first, second):
+            assert trial.wait()["exitCode"] == 0, trial.err()
+        assert first.state()["warm"] is True and second.state()["warm"] is True
+        per_trial = ("NNI_TRIAL_JOB_ID", "NNI_SYS_DIR", "NNI_OUTPUT_DIR", "NNI_TRIAL_SEQ_ID")
+        envs = [{k: v for k, v in json.loads(t.out()).items() if k not in per_trial} for t in (cold, first, second)]
+        assert envs[1] == envs[0]
+        assert envs[0]["CUDA_VISIBLE_DEVICES"] == "1" and envs[0]["TRIALBUS_ATTEMPT"] == "2"
+        assert envs[0]["USER_GONE"] == "here" and envs[0]["USER_KEPT"] == "kept" and "SET_BY_IMPORT" not in envs[0]
+        without = {k: v for k, v in envs[0].items() if k not in ("CUDA_VISIBLE_DEVICES", "TRIALBUS_ATTEMPT")}
+        assert envs[2] == without
+        assert json.loads(second.out())["NNI_SYS_DIR"] == str(second.dir)
+    finally:
+        host.pool.close()
 
 
 def test_a_code_change_between_trials_runs_the_new_code(host, code):
