@@ -140,8 +140,9 @@ def print_serial(console: Console, runs: dict[str, Run]) -> None:
 def print_wide(console: Console, figures: WarmFigures, sizes: Sizes) -> None:
     cold, warm, spawn = figures.wide["cold"], figures.wide["warm"], figures.spawn_only
     console.print(
-        f"no-op trials at concurrency {sizes.wide}, {sizes.wide_trials} each: warm [bold]{warm.rate:.1f}[/] "
-        f"trials/s ({warm.forked} forked{_failed(warm)}), cold {cold.rate:.1f} trials/s{_failed(cold)}, spawn-only "
+        f"no-op trials at concurrency {sizes.wide}, {sizes.wide_trials} each timed after {sizes.wide_warmup} of the "
+        f"same experiment: warm [bold]{warm.rate:.1f}[/] trials/s ({warm.forked} of {len(warm.trials)} forked"
+        f"{_failed(warm)}), cold {cold.rate:.1f} trials/s{_failed(cold)}, spawn-only "
         f"{spawn:.1f}/s: warm / spawn-only [bold]{warm.rate / spawn:.2f}×[/] (target ≥ 2×), "
         f"cold / spawn-only {cold.rate / spawn:.2f}×",
         soft_wrap=True,

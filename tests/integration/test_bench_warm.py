@@ -35,7 +35,7 @@ def test_the_warm_bench_runs_every_trial_and_prints_its_figures(
     try:
         # When: the bench's warm part runs with 4 sklearn trials two at a time, and a few no-op ones
         services = {part.name: part.proc.pid for part in stack.parts if part.proc is not None}
-        sizes = Sizes(sklearn_trials=4, sklearn_concurrency=2, serial_trials=3, wide=4, wide_trials=8)
+        sizes = Sizes(sklearn_trials=4, sklearn_concurrency=2, serial_trials=3, wide=4, wide_trials=8, wide_warmup=4)
         figures = warm_start(console, options.nats_url, stack.data_dir, tmp_path / "warm", sizes, sdk, services)
     finally:
         stack.stop()
@@ -47,7 +47,7 @@ def test_the_warm_bench_runs_every_trial_and_prints_its_figures(
         assert not run.failed and len(run.times) == len(run.trials), text
     assert [len(r.trials) for r in figures.sklearn.values()] == [4, 4, 4]
     assert [len(r.trials) for r in figures.serial.values()] == [3, 3]
-    assert [len(r.trials) for r in figures.wide.values()] == [8, 8]
+    assert [len(r.trials) for r in figures.wide.values()] == [12, 12]  # 4 of each before the 8 timed
     # … a cold run forks nothing; a warm one forks its trials
     assert [figures.sklearn["cold"].forked, figures.serial["cold"].forked, figures.wide["cold"].forked] == [0, 0, 0]
     assert figures.sklearn["warm"].forked > 0 and figures.wide["warm"].forked > 0, text
