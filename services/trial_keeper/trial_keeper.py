@@ -537,11 +537,38 @@ class Keeper:
         self.killpg(_signal.SIGTERM)
         self.kill_at = time.monotonic() + self.kill_grace
 
+    #: Set by a trial template that keeps its keepers for trial after trial: a stop signal is
+    #: then this keeper's trial's only once the adapter wrote ``.trialbus/cancel`` (it writes
+    #: the file before it signals), so a signal meant for the trial the keeper kept before,
+    #: which may come late, stops nothing.
+    reusable = False
+
+    def stop_asked(self):
+        """Whether the stop signals received are for this trial."""
+        return not self.reusable or posix.access(self.path(".trialbus/cancel"), posix.F_OK)
+
+    def close(self):
+        """Close what keeping this trial opened, and stop handling signals (a keeper kept for
+        another trial; any other keeper simply exits)."""
+        wake_w = _signal.set_wakeup_fd(-1)
+        for fd in (wake_w, self.wake_r, self.out_r, self.pidfd, self.metrics_fd, self.nni_fd):
+            if fd >= 0:
+                posix.close(fd)
+        self.wake_r = self.out_r = self.pidfd = self.metrics_fd = self.nni_fd = -1
+        for file in (getattr(self, "out", None), self.log_file):
+            if file is not None:
+                file.close()
+        for signum in (_signal.SIGTERM, _signal.SIGINT):  # a stop between trials ends the keeper
+            _signal.signal(signum, _signal.SIG_DFL)
+        _signal.signal(_signal.SIGIO, _signal.SIG_IGN)
+
     def control(self):
         """Act on the signals received and on the kill deadline."""
         if self.signals != self.signals_seen:
             self.signals_seen = self.signals
-            if not self.pid:
+            if not self.stop_asked():
+                self.log("a stop signal without .trialbus/cancel: for the trial kept before; ignored")
+            elif not self.pid:
                 self.abandon = True  # the trial is over already: stop flushing, exit
             elif not self.canceled:
                 self.canceled, self.stopped_at = True, time.monotonic()
@@ -639,7 +666,7 @@ class Keeper:
 
     def run(self):
         self.prepare()
-        if self.signals:  # stopped before the trial started
+        if self.signals and self.stop_asked():  # stopped before the trial started
             self.canceled = True
         else:
             try:
@@ -677,10 +704,15 @@ class Keeper:
             pass
 
 
+last_keeper = None  # the Keeper of the last run_keeper (a keeper kept for more trials closes it)
+
+
 def run_keeper(environ):
     """Run one trial with the settings in ``environ`` (bytes → bytes); the exit status."""
+    global last_keeper
+    last_keeper = None
     try:
-        keeper = Keeper(environ)
+        keeper = last_keeper = Keeper(environ)
     except (KeyError, ValueError) as exc:
         sys.stderr.write("trial_keeper: bad configuration (missing or invalid %s)\n" % exc)
         return 2
@@ -725,37 +757,41 @@ def zygote():
         posix.write(1, b"%d\n" % fork_keeper(read_exact(0, int(head))))
 
 
-def fork_keeper(environ, close_fds=()):
+def fork_keeper(environ, close_fds=(), next_trial=None):
     """Fork a keeper for ``environ`` in its own session, as if started on its own: stdin
     /dev/null, stdout and stderr on ``.trialbus/keeper.out`` (which must exist); the pid.
     ``environ``: a dict, or a request's bytes as a zygote reads them (:func:`parse_settings`),
     parsed in the child: after a fork, each page the parent writes is copied, so a zygote or
     template does as little as it can per keeper. ``close_fds``: the caller's descriptors the
-    keeper must not hold (used by the remote agent)."""
+    keeper must not hold (used by the remote agent). ``next_trial(status)``, called in the
+    keeper once its trial is over: the next trial's settings (bytes) for the same keeper, or
+    None to exit (used by a trial template that keeps its keepers)."""
     pid = posix.fork()
     if pid:
         return pid
     me = posix.getpid()
     try:
-        if isinstance(environ, bytes):
-            environ = parse_settings(environ)
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the keeper waits for its trial
         posix.setsid()
         for fd in close_fds:
             posix.close(fd)
-        if b"PATH" in environ:  # the trial's command is looked up on the keeper's own PATH
-            posix.putenv(b"PATH", environ[b"PATH"])
-        out = posix.open(environ[b"TRIALBUS_TRIAL_DIR"] + b"/.trialbus/keeper.out",
-                         posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND, 0o644)
         null = posix.open(b"/dev/null", posix.O_RDONLY)
         posix.dup2(null, 0)
-        posix.dup2(out, 1)
-        posix.dup2(out, 2)
         posix.close(null)
-        posix.close(out)
-        status = run_keeper(environ)
-        sys.stdout.flush()
-        sys.stderr.flush()
+        while environ:
+            if isinstance(environ, bytes):
+                environ = parse_settings(environ)
+            if b"PATH" in environ:  # the trial's command is looked up on the keeper's own PATH
+                posix.putenv(b"PATH", environ[b"PATH"])
+            out = posix.open(environ[b"TRIALBUS_TRIAL_DIR"] + b"/.trialbus/keeper.out",
+                             posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND, 0o644)
+            posix.dup2(out, 1)
+            posix.dup2(out, 2)
+            posix.close(out)
+            status = run_keeper(environ)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            environ = next_trial and next_trial(status)
     except BaseException:  # noqa: BLE001 - never return into the caller's loop in the child
         if posix.getpid() != me:  # a trial forked from a template (trial_template.py)
             raise

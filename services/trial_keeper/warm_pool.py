@@ -55,8 +55,9 @@ class Template:
     """One template process and its pipes."""
 
     def __init__(self, key: str, plan: dict, env: dict[bytes, bytes], code_dir: str, preload: list[str],
-                 folder: Path) -> None:  # fmt: skip
+                 folder: Path, reuse: bool = False) -> None:  # fmt: skip
         self.key, self.plan, self.env, self.code_dir, self.preload = key, plan, env, code_dir, preload
+        self.reuse = reuse  # its keepers outlive their trial (trial_template.Kept)
         self.folder = folder
         self.process: subprocess.Popen | None = None
         self.state = "new"  # new → starting → ready → closed, or dead (unsafe / failed)
@@ -77,7 +78,8 @@ class Template:
             env, unset = {**env, b"LD_BIND_NOW": b"1"}, ["LD_BIND_NOW"]
         spec = self.folder / "spec.json"
         spec.write_text(json.dumps({"python": self.plan["python"], "flags": self.plan["flags"], "preload": self.preload,
-                                    "code_dir": self.code_dir, "shim": shim, "unset": unset}))  # fmt: skip
+                                    "code_dir": self.code_dir, "shim": shim, "unset": unset,
+                                    "reuse": self.reuse}))  # fmt: skip
         with open(self.folder / "template.log", "ab") as log:
             self.process = subprocess.Popen(
                 [self.plan["python"], *self.plan["flags"], str(template_path), keeper_path, str(spec)],
@@ -171,8 +173,12 @@ class WarmPool:
     finished trial's imports; ``sweep`` retires idle ones; ``close`` ends them all."""
 
     def __init__(self, folder: Path, keeper_path: str, log: Callable[[str], None], shim: str | None = None,
-                 max_templates: int = 8, idle: float = 900.0) -> None:  # fmt: skip
+                 max_templates: int = 8, idle: float = 900.0, reuse_keepers: bool = False) -> None:  # fmt: skip
         self.folder, self.keeper_path, self.log, self.shim = folder, keeper_path, log, shim
+        #: Keepers outlive their trial and keep the next (``trial_template.Kept``): only for a caller
+        #: that learns a trial's end from the keepers' notices (``TRIALBUS_DONE_SOCKET``) and writes
+        #: ``.trialbus/cancel`` before it signals a keeper to stop a trial.
+        self.reuse_keepers = reuse_keepers
         self.max_templates, self.idle = max_templates, idle
         self.current: dict[str, Template] = {}  # key → the template trials fork from
         self.next: dict[str, Template] = {}  # key → a fuller one, starting
@@ -338,7 +344,8 @@ class WarmPool:
     def _start(self, key: str, plan: dict, env: dict[bytes, bytes], code_dir: str, preload: list[str]) -> Template:
         self._serial += 1
         preload = [n for n in preload if n.partition(".")[0] not in self.unsafe.get(key, ())]
-        template = Template(key, plan, env, code_dir, preload, self.folder / f"{key}-{self._serial}")
+        template = Template(key, plan, env, code_dir, preload, self.folder / f"{key}-{self._serial}",
+                            self.reuse_keepers)  # fmt: skip
         while len(self.current) >= self.max_templates and key not in self.current:
             oldest = min(self.current, key=lambda k: self.current[k].used)
             self._forget(oldest, self.current[oldest])

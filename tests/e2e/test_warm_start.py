@@ -120,6 +120,57 @@ def test_a_code_change_between_trials_runs_the_new_code(stack, code_dir):
     assert warm_of(stack, after, changed) and warm_of(stack, before, unchanged)
 
 
+def state_of(stack, experiment: str, trial_id: str) -> dict:
+    return json.loads((trial_dir(stack, experiment, trial_id) / ".trialbus/state.json").read_text())
+
+
+def trial_pid(stack, experiment: str, trial_id: str) -> int | None:
+    """The trial's pid once its keeper started it (None before: no directory or state yet)."""
+    found = list((stack.root / "data").glob(f"local-gpu/*/trials/{experiment}/{trial_id}-0/.trialbus/state.json"))
+    with contextlib.suppress(OSError, ValueError):
+        return found and json.loads(found[0].read_text()).get("trialPid") or None
+    return None
+
+
+def test_a_keeper_keeps_trial_after_trial_and_a_late_stop_reaches_none_of_its_next(stack, code_dir, run_log):
+    experiment = create(stack, config(code_dir, trialConcurrency=1))
+    # Given trials one after the other, each with its own outcome: once their template settled
+    # (a fuller one replaces the first after the first trial, with the keepers it forks), one
+    # keeper keeps trial after trial
+    def keeper_of(trial_id: str) -> int:
+        return state_of(stack, experiment, trial_id)["keeperPid"]
+
+    ids: list[str] = []
+    for x in range(1, 9):
+        ids.append(submit(stack, experiment, {"x": x}))
+        assert ended(stack, ids[-1])["finalMetric"]["default"] == x and warm_of(stack, experiment, ids[-1])
+        if len(ids) >= 3 and keeper_of(ids[-1]) == keeper_of(ids[-2]) == keeper_of(ids[-3]):
+            break
+    assert keeper_of(ids[-1]) == keeper_of(ids[-2]) == keeper_of(ids[-3]), [keeper_of(t) for t in ids]
+    keeper = keeper_of(ids[-1])
+    fds = len(os.listdir(f"/proc/{keeper}/fd"))  # (the keeper waits for its next trial)
+    # When its next trial runs and a stop signal meant for one it kept before comes late (no
+    # .trialbus/cancel in the running trial's directory, which the adapter writes before it signals)
+    running = submit(stack, experiment, {"x": 40, "sleep": 2})
+    wait_until(lambda: trial_pid(stack, experiment, running), 30, "the next trial to run")
+    assert state_of(stack, experiment, running)["keeperPid"] == keeper
+    os.kill(keeper, signal.SIGTERM)
+    # Then that trial runs on to its end, and the keeper holds no more descriptors than before it
+    assert ended(stack, running, 30)["finalMetric"]["default"] == 40
+    wait_until(lambda: len(os.listdir(f"/proc/{keeper}/fd")) == fds, 5, "the keeper to close what the trial used")
+    # When a trial it keeps is cancelled
+    canceled = submit(stack, experiment, {"x": 50, "sleep": 300})
+    wait_until(lambda: trial_pid(stack, experiment, canceled), 30, "the trial to run")
+    assert stack.rest("POST", f"/trials/{canceled}/cancel").status_code == 202
+    # Then it stops, and its keeper ends with it: a stop's second signal could come late
+    assert ended(stack, canceled, 20)["status"] == "USER_CANCELED"
+    wait_until(lambda: not psutil.pid_exists(keeper) or psutil.Process(keeper).status() == psutil.STATUS_ZOMBIE, 10,
+               "the keeper of a cancelled trial to end")  # fmt: skip
+    after = submit(stack, experiment, {"x": 60})
+    assert ended(stack, after)["finalMetric"]["default"] == 60
+    assert state_of(stack, experiment, after)["keeperPid"] != keeper
+
+
 def test_warm_start_is_refused_with_a_clear_error_when_misconfigured(stack, code_dir):
     reply = stack.rest("POST", "/experiments", json=config(code_dir, warmStart={"preload": ["not a module"]}))
     assert reply.status_code == 422 and "not a Python module name: 'not a module'" in reply.text

@@ -43,6 +43,7 @@ from services.adapters.errors import PermanentError
 from services.adapters.gpu.scheduler import GpuScheduler, Holding
 from services.adapters.keeper import outcome_of
 from services.adapters.local_gpu import client
+from services.adapters.local_gpu.ends import KeeperEnds
 from services.adapters.local_gpu.launch import Launching
 from services.adapters.local_gpu.restarts import Restarts
 from services.adapters.local_gpu.retention import Retention, remove_expired, remove_stale
@@ -78,6 +79,7 @@ class LocalGpuAdapter(Launching, Watching, Restarts, Retention, PlatformAdapter)
         self._bus: Bus | None = None
         self._zygote: client.KeeperZygote | None = None
         self._warm: WarmPool | None = None
+        self._ends: KeeperEnds | None = None  # where kept keepers say their trial ended
         self.gpus = GpuScheduler(settings, self.name, self._holdings, self.capacity_freed)
         self._retention: asyncio.Task | None = None
 
@@ -116,9 +118,15 @@ class LocalGpuAdapter(Launching, Watching, Restarts, Retention, PlatformAdapter)
         if shim:
             env["TRIALBUS_PYTHONPATH_PREPEND"] = self.shim_path
         if self.settings.warm_start:
+            ends = KeeperEnds(self._kept_trial_ended)
+            try:  # a template's keepers then keep trial after trial (Linux: the abstract namespace)
+                ends.start()
+                self._ends, env["TRIALBUS_DONE_SOCKET"] = ends, ends.address
+            except OSError as exc:
+                log.warning("each warm trial gets a keeper of its own: no socket for their notices (%s)", exc)
             self._warm = WarmPool(self.work_dir / "templates", keeper_source, log.warning,
                                   shim=self.shim_path if shim else None, max_templates=self.settings.warm_templates,
-                                  idle=self.settings.warm_idle)  # fmt: skip
+                                  idle=self.settings.warm_idle, reuse_keepers=self._ends is not None)  # fmt: skip
         log.info("work dir %s; nni shim %s; warm start %s", self.work_dir, "on" if shim else "off",
                  "on" if self._warm else "off")  # fmt: skip
         self._env = env
@@ -135,6 +143,8 @@ class LocalGpuAdapter(Launching, Watching, Restarts, Retention, PlatformAdapter)
             self._zygote.close()
         if self._warm is not None:
             self._warm.close()
+        if self._ends is not None:
+            self._ends.close()
         for trial in self.trials.values():  # stop watching; the trials run on
             if trial.kill is not None:
                 trial.kill.cancel()
@@ -169,6 +179,14 @@ class LocalGpuAdapter(Launching, Watching, Restarts, Retention, PlatformAdapter)
         trial = self.trials[(trial_id, attempt)] = Trial(handle, trial_dir, keeper)
         self._watch(trial)
         return trial
+
+    def _kept_trial_ended(self, trial_dir: str) -> None:
+        """A kept keeper's notice (:mod:`.ends`): poll the trial of ``<…>/<trial>-<attempt>`` now. O(1)."""
+        trial_id, _, attempt = os.path.basename(trial_dir).rpartition("-")
+        trial = self.trials.get((trial_id, int(attempt))) if attempt.isdigit() else None
+        if trial is not None and trial.dir == trial_dir:
+            trial.ended_notice = True
+            self.notify(trial.handle)
 
     def _find(self, handle: TrialHandle) -> Trial:
         """The trial of a handle, from memory or, for one this instance never saw, from its directory."""

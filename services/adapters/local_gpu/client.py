@@ -24,6 +24,7 @@ from pathlib import Path
 #: Files of a trial directory the adapter reads or writes (the keeper writes the others).
 STATE = ".trialbus/state.json"
 KEEPER_OUT = ".trialbus/keeper.out"
+CANCEL = ".trialbus/cancel"  # written before a stop signal: a kept keeper stops its trial only with it
 REPORTED = ".trialbus/reported"
 
 

@@ -37,6 +37,7 @@ class Trial:
     sid: int | None = None  # its session: processes on a GPU in it are ours
     template: str | None = None  # the key of the warm template it was forked from
     grace: float | None = None  # its seconds from SIGTERM to SIGKILL (None: the adapter's kill_grace)
+    ended_notice: bool = False  # its keeper, kept for more trials, said this one ended (.ends)
 
     @property
     def running(self) -> bool:

@@ -14,6 +14,7 @@ state it uses.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -43,8 +44,8 @@ class Watching:
             if time.time() - os.path.getmtime(trial.dir) < UNBORN_GRACE:
                 return None
             return self._ended(trial)
-        if trial.keeper.check():
-            return None
+        if trial.keeper.check() and not (trial.ended_notice and client.read_state(trial.dir).get("done")):
+            return None  # running (a kept keeper lives on after its trial: its notice says the trial ended)
         return self._ended(trial)
 
     def _ended(self: LocalGpuAdapter, trial: Trial) -> TrialOutcome:
@@ -56,6 +57,8 @@ class Watching:
         if state.get("pgid") and "exitCode" not in state:  # the keeper died first: leave no orphans
             client.kill_group(state["pgid"], signal.SIGKILL)
         status = trial.keeper.status if trial.keeper else None
+        if trial.keeper is not None:
+            trial.keeper.close()  # stop watching it (a kept keeper lives on)
         if not state and trial.keeper is not None:
             client.record_early_death(trial.dir, trial.keeper.pid, status)
         status = status if status is not None else state.get("keeperExit")
@@ -70,6 +73,10 @@ class Watching:
             return
         if trial.keeper is None and not self._find_keeper(trial):
             raise TransientError("the trial keeper has not started yet", delay=0.2)
+        # First the file, then the signal: a keeper kept for trial after trial stops its trial
+        # only when the file is there (a late signal meant for a trial it kept before stops none).
+        with contextlib.suppress(OSError):
+            open(f"{trial.dir}/{client.CANCEL}", "wb").close()
         trial.keeper.signal(signal.SIGTERM)
         if trial.kill is None:
             loop = asyncio.get_running_loop()
@@ -86,7 +93,7 @@ class Watching:
         return trial.keeper is not None
 
     def _force_stop(self: LocalGpuAdapter, trial: Trial) -> None:
-        if trial.running and trial.keeper is not None:
+        if trial.running and trial.keeper is not None and not client.read_state(trial.dir).get("done"):
             grace = self._grace(trial) + 1
             log.warning("trial %s still running %.1fs after cancel: SIGKILL", trial.handle.trial_id, grace)
             if pgid := client.read_state(trial.dir).get("pgid"):
