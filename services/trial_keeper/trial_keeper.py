@@ -262,6 +262,11 @@ class Keeper:
         self.state_written = False
         self.tick, self.taken = TICK, 0
         self.pid = self.pgid = 0
+        #: Set by ``fork_trial`` when a trial template forked the trial on this keeper's request (so
+        #: it is the template's child, not ours): ``fileno()`` is readable once the trial exited,
+        #: ``exit_code()`` its code then (None before), ``lost`` true when the template is gone
+        #: (the code is lost with it), ``reap()`` lets the template reap it.
+        self.relay = None
         self.pidfd = self.out_r = self.metrics_fd = self.wake_r = self.nni_fd = -1
         self.armed = False  # the kernel will signal (SIGIO) the trial's next write in .nni
         self.exit_code, self.exited_at, self.kill_at = None, 0.0, 0.0
@@ -400,8 +405,8 @@ class Keeper:
             )
         posix.close(out_w)
         self.pgid, self.out_r, self.out = self.pid, out_r, open(out, "wb", buffering=0)  # noqa: SIM115
-        try:  # a pidfd wakes select the moment the trial exits (Linux >= 5.3)
-            self.pidfd = posix.pidfd_open(self.pid)
+        try:  # a pidfd wakes select the moment the trial exits (Linux >= 5.3); a relay's channel does
+            self.pidfd = -1 if self.relay is not None else posix.pidfd_open(self.pid)
         except (AttributeError, OSError):
             self.pidfd = -1
         self.watch_metrics()
@@ -426,7 +431,8 @@ class Keeper:
             else:
                 return
             # an exited trial whose group has its grace period (``reap``) is looked at every tick instead
-            fds = [fd for fd in (self.wake_r, self.out_r, -1 if self.lingering else self.pidfd) if fd >= 0]
+            exited = self.pidfd if self.relay is None else self.relay.fileno()
+            fds = [fd for fd in (self.wake_r, self.out_r, -1 if self.lingering else exited) if fd >= 0]
             ready = select(fds, [], [], max(timeout, 0))[0]
             if self.wake_r in ready:
                 posix.read(self.wake_r, 512)
@@ -484,7 +490,10 @@ class Keeper:
     def reap(self):
         # Peek (WNOWAIT) before reaping: while the trial is an unreaped zombie its pid, the
         # group's id, cannot be reused, so the killpg cannot reach an unrelated group.
-        if posix.waitid(posix.P_PID, self.pid, posix.WEXITED | posix.WNOHANG | posix.WNOWAIT) is None:
+        if self.relay is not None:  # its parent, the template, reaps it when told
+            if self.relay.exit_code() is None:
+                return
+        elif posix.waitid(posix.P_PID, self.pid, posix.WEXITED | posix.WNOHANG | posix.WNOWAIT) is None:
             return
         # Being stopped (SIGTERM sent, grace running): a shell that ran the trial's program dies at
         # once, its child may still be saving a checkpoint. The group keeps its grace period, then
@@ -492,9 +501,17 @@ class Keeper:
         self.lingering = bool(self.kill_at) and time.monotonic() < self.kill_at and self.group_lives()
         if self.lingering:
             return
-        self.killpg(_signal.SIGKILL)  # whatever the trial left behind in its group
-        status = posix.waitpid(self.pid, 0)[1]
-        self.exit_code, self.pid, self.exited_at = posix.waitstatus_to_exitcode(status), 0, time.monotonic()
+        if self.relay is None:
+            self.killpg(_signal.SIGKILL)  # whatever the trial left behind in its group
+            code = posix.waitstatus_to_exitcode(posix.waitpid(self.pid, 0)[1])
+        else:
+            if not self.relay.lost:  # (else the trial was reaped by init: its id may be anyone's now)
+                self.killpg(_signal.SIGKILL)
+            code = self.relay.exit_code()
+            self.relay.reap()
+            if self.relay.lost:
+                self.log("the trial template ended before the trial: its exit status is the one it wrote (1 if none)")
+        self.exit_code, self.pid, self.exited_at = code, 0, time.monotonic()
         if self.pidfd >= 0:
             posix.close(self.pidfd)
             self.pidfd = -1
@@ -555,6 +572,7 @@ class Keeper:
             if fd >= 0:
                 posix.close(fd)
         self.wake_r = self.out_r = self.pidfd = self.metrics_fd = self.nni_fd = -1
+        self.relay = None
         for file in (getattr(self, "out", None), self.log_file):
             if file is not None:
                 file.close()

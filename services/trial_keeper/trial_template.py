@@ -32,13 +32,11 @@ At its exit, a warm trial lists the modules it imported that the template had no
 (``services/trial_keeper/warm_pool.py``). Stdlib only, like the keeper.
 """
 
-import _socket
 import gc
 import os
 import posix
 import sys
 import time
-from select import select
 from stat import S_ISREG
 
 #: Interpreter options a warm trial may carry (the template must be started with the same);
@@ -54,6 +52,7 @@ PER_TRIAL = (b"NNI_TRIAL_JOB_ID", b"NNI_SYS_DIR", b"NNI_OUTPUT_DIR", b"NNI_TRIAL
 
 keeper_module = None  # trial_keeper, loaded by path at start
 trial_module = None  # warm_trial: what a trial child does, loaded by path at start
+kept_module = None  # kept.py, loaded by path at start when the spec says "reuse": kept keepers
 spec = {}
 library_fds = ()  # descriptors the preloaded modules hold: every trial keeps them
 plans = {}  # (command, PATH, code directory) → parse_command's answer, found once by the template
@@ -192,12 +191,14 @@ def serve(requests, answers):
 
     _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # keepers are reaped by the kernel
     read = {}  # trial command → when to read it ahead (again): never once done
-    kept = Kept(requests, answers) if spec.get("reuse") else None
+    kept = kept_module.Kept(requests, answers) if kept_module is not None else None
     while True:
         if kept is not None and not kept.wait():
             continue  # only keepers said something
         head = keeper_module.read_exact(requests, 8)
         if not head:
+            if kept is not None:
+                kept.drain()
             return 0
         payload = keeper_module.read_exact(requests, int(head))  # parsed by the keeper, after the fork
         command = setting(payload, b"TRIALBUS_TRIAL_COMMAND") or b""
@@ -218,105 +219,6 @@ def serve(requests, answers):
             posix.write(answers, b"error %s\n" % str(exc).encode("utf-8", "replace"))
             continue
         posix.write(answers, b"%d\n" % pid)
-
-
-class Kept:
-    """The template's keepers that outlive their trial, each with a channel (a UNIX stream socket):
-    the template writes a request on it (``%08d`` length, then the settings), the keeper answers
-    ``f`` once its trial is over and it waits for the next. A keeper reused this way is never
-    forked nor ended per trial, and the pages it writes are its own already. It ends after
-    ``TRIALS`` trials, after a trial that was stopped (its next stop signal could be late), when
-    it cannot tell the adapter its trial's end (:func:`next_trial`), or at EOF on its channel:
-    when the template ends. Per request O(1); per wake-up O(keepers)."""
-
-    TRIALS = 200  # trials a keeper keeps at most
-    IDLE = 64  # keepers waiting for a trial at most: one more ends
-
-    def __init__(self, requests, answers):
-        self.requests, self.answers = requests, answers
-        self.pids = {}  # channel → keeper pid
-        self.idle = []  # channels of keepers waiting for a trial
-
-    def wait(self):
-        """Block until a request comes (True) or a keeper said something (False: handled)."""
-        if not self.pids:
-            return True
-        ready = select([self.requests, *self.pids], [], [])[0]
-        for channel in ready:
-            if channel != self.requests:
-                self.heard(channel)
-        return self.requests in ready
-
-    def heard(self, channel):
-        try:
-            said = posix.read(channel, 64)
-        except OSError:
-            said = b""
-        if said.endswith(b"f") and channel not in self.idle and len(self.idle) < self.IDLE:
-            self.idle.append(channel)
-        else:  # gone (EOF), or one idle keeper too many: its channel closed, it ends
-            self.drop(channel)
-
-    def drop(self, channel):
-        posix.close(channel)
-        del self.pids[channel]
-        if channel in self.idle:
-            self.idle.remove(channel)
-
-    def hand(self, payload):
-        """Give the request to an idle keeper: its pid, or 0 when there is none."""
-        while self.idle:
-            channel = self.idle.pop()
-            try:
-                posix.write(channel, b"%08d" % len(payload) + payload)  # blocking: it reads all
-            except OSError:
-                self.drop(channel)
-                continue
-            return self.pids[channel]
-        return 0
-
-    def fork(self, payload):
-        """Fork a keeper for the request, kept for more; its pid."""
-        ours, theirs = (s.detach() for s in _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM))
-        try:
-            pid = keeper_module.fork_keeper(payload, (self.requests, self.answers, ours, *self.pids),
-                                            lambda status: next_trial(theirs))  # fmt: skip
-        except OSError:  # no fork (no finally: a trial forked by the keeper unwinds through here)
-            posix.close(ours)
-            posix.close(theirs)
-            raise
-        posix.close(theirs)
-        self.pids[ours] = pid
-        return pid
-
-
-served = 0  # in a kept keeper: the trials it kept
-
-
-def next_trial(channel):
-    """In a kept keeper, its trial over: tell the adapter (the trial's ``TRIALBUS_DONE_SOCKET``, a
-    UNIX datagram socket, ``@`` for the abstract namespace) and the template, then wait for the next
-    request on ``channel``; its settings (bytes), or None to end."""
-    global served
-    keeper, served = keeper_module.last_keeper, served + 1
-    if keeper is None or keeper.canceled or keeper.error or served >= Kept.TRIALS:
-        return None
-    keeper.close()
-    address = keeper.environ.get(b"TRIALBUS_DONE_SOCKET")
-    if not address:
-        return None  # the adapter learns a trial's end from its keeper's exit only
-    try:
-        notice = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
-        try:
-            notice.sendto(keeper.dir.encode("utf-8", "surrogateescape"), _socket.MSG_DONTWAIT,
-                          b"\0" + address[1:] if address.startswith(b"@") else address)  # fmt: skip
-        finally:
-            notice.close()
-        posix.write(channel, b"f")
-        head = keeper_module.read_exact(channel, 8)
-        return head and keeper_module.read_exact(channel, int(head)) or None
-    except OSError:  # the adapter or the template is gone: end (the adapter sees this keeper exit)
-        return None
 
 
 def trim():
@@ -358,7 +260,7 @@ def load(name, path):
 
 def start_template(keeper_path, spec_path):
     """Load the keeper, move the channels, preload, answer; then serve. The exit status."""
-    global keeper_module, trial_module, spec, library_fds
+    global keeper_module, trial_module, kept_module, spec, library_fds
     import json
 
     here = os.path.dirname(os.path.realpath(__file__))
@@ -376,7 +278,10 @@ def start_template(keeper_path, spec_path):
     keeper_module = load("_trialbus_keeper", keeper_path)
     trial_module = load("_trialbus_warm_trial", os.path.join(here, "warm_trial.py"))
     keeper_module.Keeper.fork_trial = fork_trial
-    keeper_module.Keeper.reusable = bool(spec.get("reuse"))
+    if spec.get("reuse"):  # keepers kept for trial after trial, which ask this process to fork their trials
+        kept_module = load("_trialbus_kept", os.path.join(here, "kept.py"))
+        kept_module.template = sys.modules[__name__]
+        keeper_module.Keeper.reusable = True
     before = open_fds()
     loaded, failed, unsafe = preload(spec.get("preload", ()), spec["code_dir"], spec.get("shim"))
     if unsafe:
@@ -413,6 +318,8 @@ def fork_trial(keeper, out_w, env):
         if not S_ISREG(stat.st_mode):
             return 0  # a directory or zip to run
         plan = dict(plan, stat=stat)  # which file the trial runs (what the template read ahead may be)
+    if kept_module is not None and kept_module.channel is not None:  # a kept keeper: the template forks it
+        return kept_module.request(keeper, out_w, env)
     stderr = keeper.path("stderr")
     gc.freeze()  # what the keeper made so far: the trial's collections never visit it (nor copy its pages)
     pid = posix.fork()

@@ -150,7 +150,8 @@ class Template:
 
     def close(self) -> None:
         """End the template (EOF on its stdin; SIGKILL if it is not ready: an import may hang).
-        Keepers and trials it forked run on: each is in its own session."""
+        Keepers and trials it forked run on: each is in its own session (a template that forked
+        trials for its kept keepers ends once they ended, passing their exits on till then)."""
         if self.process is None:
             return
         if self.state != "dead" or self.process.poll() is None:
@@ -333,8 +334,8 @@ class WarmPool:
     def close(self) -> None:
         for key, template in list(self.current.items()):
             self._forget(key, template)
-        for template in self.retired:
-            if template.process is not None:
+        for template in self.retired:  # (one that relays its kept keepers' trials lives on until they end)
+            if template.process is not None and not template.reuse:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     template.process.wait(2)
         self.retired = []

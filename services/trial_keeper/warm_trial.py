@@ -24,12 +24,19 @@ RACY = 50_000_000
 ARG_AREA = None
 #: The modules the template has loaded (set by it, once): what a trial imports beyond them is learned.
 TEMPLATE_MODULES = None
+#: In a trial: its parent as it started (the template, or its keeper) and its directory. Its parent
+#: gone at its end, the trial writes its exit status in ``.trialbus/exit`` (``finish``): a
+#: template that forked the trial for a kept keeper passes the status on, and took it along.
+PARENT = 0
+TRIAL_DIR = None
 
 
 def become_trial(plan, env, out_w, stderr, trial_dir, library_fds):
     """In the trial child: the process a cold start would have made, short of the script."""
     import _signal
+    global PARENT, TRIAL_DIR
 
+    PARENT, TRIAL_DIR = posix.getppid(), trial_dir
     _signal.set_wakeup_fd(-1)
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)
     _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
@@ -264,5 +271,12 @@ def finish(status):
         try:
             stream.flush()
         except (OSError, ValueError, AttributeError):
+            pass
+    if TRIAL_DIR and posix.getppid() != PARENT:  # its parent is gone: say the status where the keeper looks
+        try:
+            fd = posix.open(TRIAL_DIR + "/.trialbus/exit", posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o644)
+            posix.write(fd, b"%d\n" % (status & 0xFF))
+            posix.close(fd)
+        except OSError:
             pass
     posix._exit(status & 0xFF)

@@ -103,6 +103,24 @@ def test_a_template_killed_mid_experiment_costs_no_trial(stack, code_dir):
     assert warm_of(stack, experiment, after[-1])  # a new template took over
 
 
+def test_a_template_killed_while_its_trials_run_loses_none_of_their_outcomes(stack, code_dir, run_log):
+    # Given two warm trials running, forked by their template for the keepers it keeps
+    experiment = create(stack, config(code_dir, trialConcurrency=2))
+    first = submit(stack, experiment, {"x": 1})
+    assert ended(stack, first)["status"] == "SUCCEEDED"  # (the template started: the next ones fork)
+    ok, failing = submit(stack, experiment, {"x": 2, "sleep": 2}), submit(stack, experiment, {"x": 3, "sleep": 2,
+                                                                                             "exit": 3})
+    wait_until(lambda: trial_pid(stack, experiment, ok) and trial_pid(stack, experiment, failing), 30, "both to run")
+    parents = {psutil.Process(trial_pid(stack, experiment, t)).ppid() for t in (ok, failing)}
+    assert parents <= set(templates(stack)), "a kept keeper's trial is its template's child"
+    # When the templates are killed while they run
+    for pid in templates(stack):
+        os.kill(pid, signal.SIGKILL)
+    # Then each trial ends as it would have: its exit status is not lost with its parent
+    assert (ended(stack, ok)["status"], ended(stack, ok)["finalMetric"]["default"]) == ("SUCCEEDED", 2)
+    assert (ended(stack, failing)["status"], ended(stack, failing)["exitCode"]) == ("FAILED", 3)
+
+
 def test_a_code_change_between_trials_runs_the_new_code(stack, code_dir):
     # The code is snapshotted when an experiment is created: changed code is a new snapshot, whose
     # trials fork from a template of their own, while the first experiment's trials keep theirs.
