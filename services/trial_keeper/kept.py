@@ -90,8 +90,14 @@ class Kept:
             self.idle.append(fd)
         elif said == b"t" and ancillary:
             out_w = int.from_bytes(ancillary[0][2][:4], sys.byteorder, signed=True)
-            payload = template.keeper_module.read_exact(fd, int(template.keeper_module.read_exact(fd, 8)))
-            self.fork_trial(fd, payload, out_w)
+            read_exact = template.keeper_module.read_exact
+            head = read_exact(fd, 8)
+            payload = head.isdigit() and read_exact(fd, int(head))
+            if payload:
+                self.fork_trial(fd, payload, out_w)
+            else:  # it died saying it
+                posix.close(out_w)
+                self.drop(fd)
         elif said == b"r":
             self.reap(self.keepers[fd][2])
             self.keepers[fd][2] = 0
@@ -129,11 +135,12 @@ class Kept:
             pid = template.keeper_module.fork_keeper(
                 payload, (self.requests, self.answers, ours.fileno(), *self.fds, *self.keepers), next_trial
             )
-        except OSError:  # no fork (no finally: a trial forked by the keeper unwinds through here)
+        except OSError:  # no fork
             ours.close()
+            theirs.close()
             raise
         finally:
-            channel = None
+            channel = None  # (in this process: the keeper never returns here)
         theirs.close()
         self.keepers[ours.fileno()] = [ours, pid, 0]
         return pid

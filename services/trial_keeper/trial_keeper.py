@@ -265,7 +265,7 @@ class Keeper:
         #: Set by ``fork_trial`` when a trial template forked the trial on this keeper's request (so
         #: it is the template's child, not ours): ``fileno()`` is readable once the trial exited,
         #: ``exit_code()`` its code then (None before), ``lost`` true when the template is gone
-        #: (the code is lost with it), ``reap()`` lets the template reap it.
+        #: (the code is then the one the trial wrote as it ended), ``reap()`` lets the template reap it.
         self.relay = None
         self.pidfd = self.out_r = self.metrics_fd = self.wake_r = self.nni_fd = -1
         self.armed = False  # the kernel will signal (SIGIO) the trial's next write in .nni
@@ -787,7 +787,7 @@ def fork_keeper(environ, close_fds=(), next_trial=None):
     pid = posix.fork()
     if pid:
         return pid
-    me = posix.getpid()
+    me, status = posix.getpid(), 2  # (2: no settings at all, as a bad configuration)
     try:
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the keeper waits for its trial
         posix.setsid()

@@ -186,7 +186,7 @@ def open_fds():
 def serve(requests, answers):
     """Start a keeper per request until EOF, as the keeper's zygote does; before the first fork for
     a trial command, read its script ahead (``warm_trial.read_ahead``: compiled once, not per trial).
-    With ``spec["reuse"]``, a keeper whose trial is over takes the next request (:class:`Kept`)."""
+    With ``spec["reuse"]``, a keeper whose trial is over takes the next request (``kept.Kept``)."""
     import _signal
 
     _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # keepers are reaped by the kernel

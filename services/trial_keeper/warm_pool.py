@@ -57,7 +57,7 @@ class Template:
     def __init__(self, key: str, plan: dict, env: dict[bytes, bytes], code_dir: str, preload: list[str],
                  folder: Path, reuse: bool = False) -> None:  # fmt: skip
         self.key, self.plan, self.env, self.code_dir, self.preload = key, plan, env, code_dir, preload
-        self.reuse = reuse  # its keepers outlive their trial (trial_template.Kept)
+        self.reuse = reuse  # its keepers outlive their trial, and it forks their trials (kept.Kept)
         self.folder = folder
         self.process: subprocess.Popen | None = None
         self.state = "new"  # new → starting → ready → closed, or dead (unsafe / failed)
@@ -176,7 +176,7 @@ class WarmPool:
     def __init__(self, folder: Path, keeper_path: str, log: Callable[[str], None], shim: str | None = None,
                  max_templates: int = 8, idle: float = 900.0, reuse_keepers: bool = False) -> None:  # fmt: skip
         self.folder, self.keeper_path, self.log, self.shim = folder, keeper_path, log, shim
-        #: Keepers outlive their trial and keep the next (``trial_template.Kept``): only for a caller
+        #: Keepers outlive their trial and keep the next (``kept.Kept``): only for a caller
         #: that learns a trial's end from the keepers' notices (``TRIALBUS_DONE_SOCKET``) and writes
         #: ``.trialbus/cancel`` before it signals a keeper to stop a trial.
         self.reuse_keepers = reuse_keepers

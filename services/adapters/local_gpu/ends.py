@@ -1,5 +1,5 @@
 """The ends of trials whose keeper outlives them: a warm template keeps its keepers for trial after
-trial (``trial_template.Kept``), so a trial's end is no keeper's exit. Each such keeper, once its
+trial (``services/trial_keeper/kept.py``), so a trial's end is no keeper's exit. Each such keeper, once its
 trial's ``state.json`` says ``done``, sends the trial's directory to this socket (a UNIX datagram
 socket in the abstract namespace, named in the keepers' ``TRIALBUS_DONE_SOCKET``); the adapter then
 polls that trial at once. A notice only makes the adapter read the trial's ``state.json``: one that
