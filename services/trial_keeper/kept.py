@@ -233,7 +233,12 @@ class Relayed:
         self.trial_dir = trial_dir
 
     def fileno(self):
+        """Readable once the trial exited; -1 once reaped (nothing more to wait for)."""
+        if self.reaped:
+            return -1
         return self.pidfd if self.lost else self.sock.fileno()
+
+    reaped = False
 
     def exit_code(self):
         if self.code is None and not self.lost:
@@ -261,8 +266,10 @@ class Relayed:
         return self.code
 
     def reap(self):
+        self.reaped = True
         if self.pidfd >= 0:
             posix.close(self.pidfd)
+            self.pidfd = -1
         if not self.lost:
             try:
                 self.sock.send(b"r")
