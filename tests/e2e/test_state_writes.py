@@ -52,12 +52,17 @@ async def history(stack: Stack, trial_id: str) -> list[TrialState]:
         await nc.close()
 
 
-def test_a_running_trial_is_written_after_the_delay_and_its_end_at_once(stacks, nats_server, tmp_path: Path):
+def delayed_stack(stacks, nats_server, tmp_path: Path) -> Stack:
+    """A stack whose dispatcher holds non-final writes back ``DELAY`` seconds, and ``trial.py`` in ``code``."""
     stack = Stack(root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_STATE_WRITE_DELAY": str(DELAY)})
     stacks.append(stack)
     stack.start()
-    code = write_code(tmp_path, TRIAL)
-    release = tmp_path / "release"
+    write_code(tmp_path, TRIAL)
+    return stack
+
+
+def test_a_running_trial_is_written_after_the_delay_and_its_end_at_once(stacks, nats_server, tmp_path: Path):
+    stack, code, release = delayed_stack(stacks, nats_server, tmp_path), tmp_path / "code", tmp_path / "release"
     experiment = create(stack, config(code, trialConcurrency=1))
 
     # Given a trial that runs: the dispatcher's API says so at once,
@@ -83,11 +88,7 @@ def test_a_running_trial_is_written_after_the_delay_and_its_end_at_once(stacks, 
 
 
 def test_a_short_trial_is_written_once_from_its_dispatch_to_its_end(stacks, nats_server, tmp_path: Path):
-    stack = Stack(root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_STATE_WRITE_DELAY": str(DELAY)})
-    stacks.append(stack)
-    stack.start()
-    code = write_code(tmp_path, TRIAL)
-    release = tmp_path / "release"
+    stack, code, release = delayed_stack(stacks, nats_server, tmp_path), tmp_path / "code", tmp_path / "release"
     release.touch()  # it ends as soon as it reported
     experiment = create(stack, config(code, trialConcurrency=1))
 
