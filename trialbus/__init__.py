@@ -6,12 +6,14 @@ drive NNI from Python import: :class:`trialbus.Experiment` (NNI's ``nni.experime
 
 from typing import Any
 
-from contracts import VERSION as __version__
-
 __all__ = ["AsyncClient", "Client", "Experiment", "__version__"]
 
 
-def __getattr__(name: str) -> Any:  # imported on first use: the CLI starts without Optuna
+def __getattr__(name: str) -> Any:  # imported on first use: the CLI starts without Optuna, pydantic or NATS
+    if name == "__version__":
+        from contracts import VERSION
+
+        return VERSION
     if name == "Experiment":
         from trialbus.experiment import Experiment
 

@@ -7,6 +7,11 @@ a wrong argument prints the usage and exits 2, as click does.
 The commands live by subject in :mod:`trialbus.commands`; this module assembles them, nnictl's
 names among them (``create``, ``stop``, ``resume``, ``view``, ``top``, ``trial ls``, ``trial kill``,
 ``log trial``) so that an NNI user's habits work.
+
+Importing this module must stay cheap (``trialbus --help`` within ten times a bare interpreter's
+start; the bench shows it): the command modules import what the commands need (NATS, pydantic,
+the contracts, the code packer, the adapters) inside the commands, and
+``tests/unit/test_cli_imports.py`` fails when one of those loads with the CLI.
 """
 
 from __future__ import annotations
@@ -16,18 +21,16 @@ from typing import Annotated
 
 import typer
 
-from trialbus import __version__
-from trialbus.api import DEFAULT_NATS_URL
 from trialbus.commands import experiments, platforms, top, trials, watch
 from trialbus.commands.common import Options
 from trialbus.commands.common import webui_url as _webui_url
-from trialbus.configs import as_config
 from trialbus.output import fail
-from trialbus.render import NoJob
-from trialbus.render import render as render_job
 from trialbus.stack.commands import down_command, status_command, up
 
 __all__ = ["_webui_url", "app"]  # _webui_url: where it was before the commands moved out
+
+#: :data:`trialbus.api.DEFAULT_NATS_URL`, which a test checks: that module loads pydantic and the contracts.
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 app = typer.Typer(
     name="trialbus",
@@ -35,6 +38,10 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # click's plain help and usage errors, for every subcommand too: typer's rich help alone costs
+    # 100-150 ms at start (rich, markdown-it), more than every command's imports; plain help also
+    # wraps the docstrings' paragraphs instead of keeping their line breaks.
+    rich_markup_mode=None,
 )
 
 
@@ -59,12 +66,18 @@ def main(
 @app.command()
 def version() -> None:
     """Print the Trialbus version."""
+    from trialbus import __version__
+
     print(__version__)
 
 
 @app.command()
 def render(config: Annotated[Path, typer.Option("--config", "-f", help="NNI v2 experiment config (YAML).")]) -> None:
     """Print the OpenPAI job YAML the openpai adapter would submit for a trial; secrets masked, nothing contacted."""
+    from trialbus.configs import as_config
+    from trialbus.render import NoJob
+    from trialbus.render import render as render_job
+
     try:
         text = render_job(as_config(config))
     except NoJob as exc:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 
 def fail(message: str, code: int = 1, log_tail: str = "") -> typer.Exit:
     """Print the error (after ``log_tail``, dimmed, when there is one); the Exit to raise."""
+    from rich.console import Console  # here: every command imports this module, and --help needs no rich
+    from rich.markup import escape
+
     console = Console(stderr=True, highlight=False)
     if log_tail:
         console.print(f"[dim]{escape(log_tail)}[/]")

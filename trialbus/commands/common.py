@@ -3,24 +3,22 @@ meant when none is named, and how statuses, metrics and times are shown."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
-from contracts import ExperimentStatus
-from services.common.code import PackingError
 from trialbus import local
-from trialbus.api import TrialbusError
-from trialbus.client import AsyncClient
 from trialbus.output import fail
+
+if TYPE_CHECKING:  # rich, and the client with NATS and pydantic, load when a command runs (trialbus.cli)
+    from rich.console import Console
+
+    from trialbus.client import AsyncClient
 
 T = TypeVar("T")
 
@@ -44,11 +42,19 @@ class Options:
 
 
 def console() -> Console:
+    from rich.console import Console
+
     return Console(highlight=False)
 
 
 def with_client(ctx: typer.Context, work: Callable[[AsyncClient], Awaitable[T]]) -> T:
     """Connect, run ``work``, close; known failures become one line and exit 1."""
+    import asyncio
+
+    from services.common.code import PackingError
+    from trialbus.api import TrialbusError
+    from trialbus.client import AsyncClient
+
     options: Options = ctx.obj
 
     async def main() -> T:
@@ -65,6 +71,9 @@ def with_client(ctx: typer.Context, work: Callable[[AsyncClient], Awaitable[T]])
 async def the_experiment(client: AsyncClient, given: str | None) -> str:
     """``given``, else the one RUNNING experiment (nnictl's habit: the ID may be left out when
     one experiment runs); none or several running is an error that says what to type."""
+    from contracts import ExperimentStatus
+    from trialbus.api import TrialbusError
+
     if given:
         return given
     running = [e.id for e in await client.list_experiments() if e.status == ExperimentStatus.RUNNING]
@@ -90,6 +99,8 @@ def status(value: str) -> str:
 
 
 def metric(value: Any) -> str:
+    from rich.markup import escape
+
     if isinstance(value, dict) and "default" in value:
         value = value["default"]
     if value is None:

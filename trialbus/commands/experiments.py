@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.live import Live
-from rich.table import Table
 
-from contracts import ExperimentStatus, MetricType
-from services.common.code import PackingError
-from trialbus import export
-from trialbus.api import ExperimentView, TrialbusError
-from trialbus.client import AsyncClient
 from trialbus.commands.common import Options, console, moment, status, the_experiment, webui_url, with_client
-from trialbus.configs import as_config
 from trialbus.output import fail
+
+if TYPE_CHECKING:  # what the commands use loads when they run, not with the CLI (trialbus.cli)
+    from trialbus.api import ExperimentView
+    from trialbus.client import AsyncClient
 
 app = typer.Typer(help="Create, run, list, show, stop, resume and export experiments.", no_args_is_help=True)
 
@@ -34,6 +29,8 @@ def experiment_create(
     config: Annotated[Path, typer.Option("--config", "-f", help="NNI v2 experiment config (YAML).")],
 ) -> None:
     """Create an experiment from a config file; its code directory is packed and uploaded."""
+    from trialbus.configs import as_config
+
     try:
         loaded = as_config(config)  # config errors show before any connection is tried
     except ValueError as exc:
@@ -55,6 +52,12 @@ def experiment_run(
     it keeps running (watch it with `trialbus watch ID` or the web UI, stop it with
     `trialbus experiment stop ID`).
     """
+    from rich.live import Live
+
+    from contracts import ExperimentStatus
+    from services.common.code import PackingError
+    from trialbus.api import TrialbusError
+    from trialbus.configs import as_config
     from trialbus.experiment import Experiment, check_tuner  # Optuna loads only for this command
     from trialbus.progress import RunView, summary
 
@@ -107,6 +110,8 @@ def experiment_list(
     every: Annotated[bool, typer.Option("--all", "-a", hidden=True, help="nnictl's; all are listed anyway.")] = False,
 ) -> None:
     """List experiments, newest first, whatever their status."""
+    from rich.table import Table
+
     experiments = with_client(ctx, lambda c: c.list_experiments())
     table = Table("id", "name", "status", "trials", "started", box=None)
     for e in experiments:
@@ -130,6 +135,7 @@ def stop(
     every: Annotated[bool, typer.Option("--all", "-a", help="Stop every running experiment.")] = False,
 ) -> None:
     """Stop an experiment: no new trials, running ones are canceled (USER_CANCELED)."""
+    from contracts import ExperimentStatus
 
     async def work(client: AsyncClient) -> list[ExperimentView]:
         if every:
@@ -186,6 +192,10 @@ def experiment_export(
                                                                             "results.")] = False,  # fmt: skip
 ) -> None:
     """Export the trials' parameters, final results and statuses as nnictl experiment export does."""
+    import asyncio
+
+    from contracts import MetricType
+    from trialbus import export
 
     async def work(client: AsyncClient) -> list[dict]:
         trials = await client.list_trials(await the_experiment(client, experiment_id))

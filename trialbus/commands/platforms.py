@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from trialbus.commands.common import console, with_client
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 app = typer.Typer(help="The adapter replicas that run trials, with their GPUs; drain one.", no_args_is_help=True)
 Adapter = Annotated[str, typer.Argument(metavar="ADAPTER", help="local-gpu, remote, openpai or frameworkcontroller.")]
@@ -33,6 +35,8 @@ def platform_undrain(ctx: typer.Context, adapter: Adapter, replica: Replica) -> 
 @app.command("list")
 def platform_list(ctx: typer.Context) -> None:
     """List adapter replicas: running and waiting trials, and each GPU with its load."""
+    from rich.table import Table
+
     replicas = with_client(ctx, lambda c: c.list_platforms())
     if not replicas:
         console().print("no adapter replica is running")

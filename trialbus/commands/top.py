@@ -7,26 +7,27 @@ One row per experiment, newest first: its status, platform, its trials by state 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.live import Live
-from rich.markup import escape
-from rich.table import Table
 
-from contracts import ExperimentStatus, TrialState, TrialStatus
-from contracts.state import default_metric
-from trialbus.api import ExperimentView
-from trialbus.client import AsyncClient
 from trialbus.commands.common import console, duration, metric, moment, status, with_client
+
+if TYPE_CHECKING:  # what the command uses loads when it runs, not with the CLI (trialbus.cli)
+    from rich.console import Console
+    from rich.table import Table
+
+    from contracts import TrialState
+    from trialbus.api import ExperimentView
+    from trialbus.client import AsyncClient
 
 
 async def _rows(client: AsyncClient, limit: int | None) -> list[tuple[ExperimentView, TrialState | None]]:
     """The newest ``limit`` experiments, each with its best trial."""
+    import asyncio
+
     experiments = (await client.list_experiments())[:limit]
     best = await asyncio.gather(*(_best(client, e) for e in experiments))
     return list(zip(experiments, best, strict=True))
@@ -34,12 +35,20 @@ async def _rows(client: AsyncClient, limit: int | None) -> list[tuple[Experiment
 
 async def _best(client: AsyncClient, experiment: ExperimentView) -> TrialState | None:
     """The SUCCEEDED trial with the best default metric (``optimize_mode`` aware): one small page."""
+    from contracts import TrialStatus
+    from contracts.state import default_metric
+
     page = await client.trial_page(experiment.id, limit=1, status=TrialStatus.SUCCEEDED, sort="metric")
     found = page.trials[0] if page.trials else None
     return found if found is not None and default_metric(found.final_metric) is not None else None
 
 
 def table(rows: list[tuple[ExperimentView, TrialState | None]], every: float | None) -> Table:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from contracts import ExperimentStatus, TrialStatus
+
     running = sum(e.status == ExperimentStatus.RUNNING for e, _ in rows)
     when = f"refreshed {time.strftime('%H:%M:%S')} every {every:g}s, Ctrl-C to quit" if every else ""
     title = f"{len(rows)} experiment{'' if len(rows) == 1 else 's'}, {running} running"
@@ -59,6 +68,10 @@ def table(rows: list[tuple[ExperimentView, TrialState | None]], every: float | N
 
 
 async def _live(client: AsyncClient, out: Console, every: float) -> None:
+    import asyncio
+
+    from rich.live import Live
+
     limit = max(3, out.size.height - 6)
     with Live(table(await _rows(client, limit), every), console=out, auto_refresh=False) as live:
         while True:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
-from contracts import TrialState
-from contracts.state import default_metric
-from trialbus.api import TrialbusError
-from trialbus.client import AsyncClient
 from trialbus.commands.common import console, duration, metric, status, the_experiment, with_client
+
+if TYPE_CHECKING:  # what the commands use loads when they run, not with the CLI (trialbus.cli)
+    from contracts import TrialState
+    from trialbus.client import AsyncClient
 
 app = typer.Typer(help="List, show, cancel, retry trials and read their logs.", no_args_is_help=True)
 log_app = typer.Typer(help="Read logs (nnictl log): `trialbus log trial ID`.", no_args_is_help=True)
@@ -34,6 +33,10 @@ Limit = Annotated[int | None, typer.Option("--limit", min=1, max=5000, show_defa
 
 def _table(ctx: typer.Context, experiment_id: str | None, head: int | None, tail: int | None,
            only: str | None = None, sort: str = "sequence", limit: int | None = None) -> None:  # fmt: skip
+    from rich.table import Table
+
+    from contracts.state import default_metric
+
     if sort not in ("sequence", "metric"):
         raise typer.BadParameter(f"{sort!r}: sort by sequence or metric", param_hint="--sort")
 
@@ -149,6 +152,8 @@ def _named(first: str | None, trial_id: str | None) -> None:
 
 async def _the_trial(client: AsyncClient, first: str | None, trial_id: str | None) -> str:
     """nnictl's ``[EXP] -T TRIAL`` (the trial must be the experiment's), or a trial named alone."""
+    from trialbus.api import TrialbusError
+
     if trial_id is None:
         return str(first)
     if first is not None and (trial := await client.get_trial(trial_id)).experiment_id != first:

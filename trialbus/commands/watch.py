@@ -2,28 +2,27 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.live import Live
-from rich.markup import escape
-from rich.table import Table
 
-from contracts import ExperimentStatus, MetricType, TrialStatus
-from trialbus.client import AsyncClient
 from trialbus.commands.common import console, duration, metric, status, with_client
+
+if TYPE_CHECKING:  # rich and the client load when the command runs, not with the CLI (trialbus.cli)
+    from rich.console import Console
+    from rich.table import Table
+
+    from trialbus.client import AsyncClient
 
 
 @dataclass
 class Row:
     id: str
     seq: int | None = None
-    status: str = TrialStatus.WAITING.value
+    status: str = "WAITING"  # TrialStatus.WAITING: the contracts load when the command runs
     intermediate: int = 0
     latest: Any = None
     final: Any = None
@@ -45,6 +44,9 @@ class WatchView:
         return self.rows.setdefault(trial_id, Row(trial_id))
 
     def __rich__(self) -> Table:
+        from rich.markup import escape
+        from rich.table import Table
+
         rows = sorted(self.rows.values(), key=lambda r: (r.seq is None, r.seq or 0, r.id))
         shown = rows[-self.max_rows :]
         counts: dict[str, int] = {}
@@ -64,6 +66,12 @@ class WatchView:
 
 
 async def _watch(client: AsyncClient, experiment_id: str, out: Console) -> None:
+    import asyncio
+
+    from rich.live import Live
+
+    from contracts import ExperimentStatus, MetricType, TrialStatus
+
     view = WatchView(experiment_id, max_rows=max(5, out.size.height - 10))
 
     async def refresh() -> None:

@@ -14,16 +14,28 @@
 - :mod:`.probes`: whether a part is ready (its port, its ``/healthz``).
 - :mod:`.control`: ``status`` and ``down`` from another terminal.
 - :mod:`.commands`: the three commands of the CLI.
+
+The names below load on first use: the CLI imports :mod:`.commands` for every command, and must
+not read compose.yaml or load the services' code to print its help.
 """
 
-from trialbus.stack.compose import LOCAL, SERVICES, ServiceDef, compose_services
-from trialbus.stack.errors import StackError
-from trialbus.stack.options import StackOptions, nats_server_binary
-from trialbus.stack.parts import Stack
-from trialbus.stack.policy import RestartPolicy
-from trialbus.stack.supervisor import run
+from importlib import import_module
+from typing import Any
+
+#: Each exported name and the module that defines it.
+_WHERE = {
+    "LOCAL": "compose", "SERVICES": "compose", "ServiceDef": "compose", "compose_services": "compose",
+    "StackError": "errors", "StackOptions": "options", "nats_server_binary": "options", "Stack": "parts",
+    "RestartPolicy": "policy", "run": "supervisor",
+}  # fmt: skip
 
 __all__ = [
     "LOCAL", "SERVICES", "RestartPolicy", "ServiceDef", "Stack", "StackError", "StackOptions", "compose_services",
     "nats_server_binary", "run",
 ]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'trialbus.stack' has no attribute {name!r}")
+    return getattr(import_module(f"trialbus.stack.{_WHERE[name]}"), name)

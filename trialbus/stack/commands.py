@@ -7,18 +7,15 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from trialbus.output import fail
-from trialbus.stack.control import StackStatus, down, stack_status
 from trialbus.stack.errors import StackError
-from trialbus.stack.nats import check_size
-from trialbus.stack.options import StackOptions
-from trialbus.stack.supervisor import run
+
+if TYPE_CHECKING:  # rich and the stack's code load when a command runs, not with the CLI (trialbus.cli)
+    from trialbus.stack.control import StackStatus
 
 DataDir = Annotated[Path, typer.Option(envvar="TRIALBUS_DATA_DIR", help="Where the stack keeps its data and logs.")]
 STATE_STYLE = {"running": "green", "starting": "cyan", "restarting": "yellow", "stopping": "yellow", "exited": "red"}
@@ -54,6 +51,8 @@ class _Unbreakable(io.TextIOBase):
 
 def _cluster_size(size: int) -> int:
     """``--cluster``: 1, 3 or 5, else a usage error saying why."""
+    from trialbus.stack.nats import check_size
+
     try:
         check_size(size)
     except StackError as exc:
@@ -94,6 +93,11 @@ def up(
     With `--cluster 3` NATS is a JetStream cluster of three nats-servers, as Kubernetes runs it: one
     can die (the stack restarts it) while trials, metrics and every service go on.
     """
+    from rich.console import Console
+
+    from trialbus.stack.options import StackOptions
+    from trialbus.stack.supervisor import run
+
     options = StackOptions(data_dir=data_dir, nats_port=nats_port, api_port=api_port, gateway_port=gateway_port,
                            webui_port=webui_port, keep_trials=keep_trials, stop_timeout=stop_timeout,
                            cluster=cluster)  # fmt: skip
@@ -113,6 +117,10 @@ def down_command(
     timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for an ordered stop, then kill.")] = 40.0,
 ) -> None:
     """Stop the stack `trialbus up` runs on this data dir (from another terminal), or what a killed one left."""
+    from rich.console import Console
+
+    from trialbus.stack.control import down
+
     console = Console(stderr=True, highlight=False)
     try:
         said = down(data_dir.expanduser().resolve(), console, keep_trials, timeout)
@@ -126,6 +134,8 @@ def status_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Each part of the stack on this data dir: pid, state, uptime, restarts, health. Exit 0 while it runs."""
+    from trialbus.stack.control import stack_status
+
     found = stack_status(data_dir.expanduser().resolve())
     if as_json:
         print(json.dumps(found.as_json() if found else None, indent=1))
@@ -135,6 +145,9 @@ def status_command(
 
 
 def _print_status(found: StackStatus | None, data_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console(highlight=False)
     if found is None:
         console.print(f"no stack has run on {data_dir} (`trialbus up --data-dir {data_dir}` starts one)")
