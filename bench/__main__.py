@@ -10,7 +10,8 @@ second over two machines); and the openpai adapter against the OpenPAI emulator 
 second, one job each, and in reuse mode); and the frameworkcontroller adapter against the
 Kubernetes emulator (trials per second, one Framework each); and the tuner service driving
 no-op experiments (trials per second, trial end → next submit); and warm-started trials beside
-cold ones and NNI 3.0 (``bench.warm``: NNI's scikit-learn example, start overhead, no-op rate).
+cold ones and NNI 3.0 (``bench.warm``: NNI's scikit-learn example, start overhead, no-op rate);
+and first, before the stack starts, ``trialbus --help`` next to a bare interpreter (``bench.cli``).
 Spawn-only is measured right before and right after each concurrency's trials (the host's speed
 drifts), and the ratio uses their mean.
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bench.cli import report, start_times
 from bench.frameworkcontroller import kubernetes_cluster
 from bench.gpus import gpu_handoff, use_fake_gpu
 from bench.metrics import metric_rate
@@ -40,11 +42,16 @@ from trialbus.stack.processes import free_port
 
 COUNTS = {1: 40, 4: 80, 16: 160}
 #: What ``python -m bench [part…]`` can measure; all of them without arguments.
-PARTS = ("trials", "metrics", "gpus", "remote", "openpai", "frameworkcontroller", "tuner", "warm")
+PARTS = ("cli", "trials", "metrics", "gpus", "remote", "openpai", "frameworkcontroller", "tuner", "warm")
 
 
 def main() -> None:
     console = Console()
+    parts = set(sys.argv[1:]) or set(PARTS)
+    if "cli" in parts:  # before the stack starts: its processes would slow both commands
+        console.print(report(start_times()))
+        if parts == {"cli"}:
+            return
     root = Path(tempfile.mkdtemp(prefix="trialbus-bench-"))
     options = StackOptions(
         data_dir=root / "data", nats_port=free_port(), api_port=free_port(), gateway_port=free_port(),
