@@ -71,6 +71,9 @@ class WarmStart(NniModel):
         return value
 
 
+#: ``failFast``'s default: the first 3 ended trials failing the same way stop the experiment.
+FAIL_FAST = 3
+
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -111,6 +114,12 @@ class ExperimentConfig(NniModel):
     #: SIGKILL, whoever stops it (a cancel, an assessor, ``maxTrialDuration``, a drain); default:
     #: the adapter's ``killGrace`` (5 s). NNI unit strings accepted.
     trial_grace_period: float | None = Field(default=None, ge=0, le=86400)
+    #: Trialbus extension: stop the experiment when its first this many ended trials all FAILED with
+    #: the same last stderr line (a missing module, a typo in the command): it says why at once instead
+    #: of running ``maxTrialNumber`` trials that fail alike. Default :data:`FAIL_FAST`; ``0`` or
+    #: ``false`` turns it off (NNI's behaviour); a trial that succeeds turns it off for the experiment.
+    #: docs/fail-fast.md.
+    fail_fast: int | None = Field(default=None, ge=0, le=1000)
     # Accepted for NNI compatibility; the manager-side settings have no effect here (useAnnotation
     # and sharedStorage only unset: what they ask for is refused).
     nni_manager_ip: str | None = None
@@ -126,6 +135,18 @@ class ExperimentConfig(NniModel):
                                  mode="before")(
         lambda v: None if v is None else parse_seconds(v)
     )
+
+    @field_validator("fail_fast", mode="before")
+    @classmethod
+    def _fail_fast(cls, value: object) -> object:
+        if isinstance(value, bool):  # ``false`` turns it off, ``true`` is the default
+            return None if value else 0
+        return value
+
+    @property
+    def fail_fast_trials(self) -> int:
+        """How many first ended trials failing alike stop the experiment (0: never)."""
+        return FAIL_FAST if self.fail_fast is None else self.fail_fast
 
     @field_validator("use_annotation")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -71,6 +72,33 @@ class TrialEvent(Contract):
     replica: str | None = None
     #: Why the attempt failed, for the retry policy (:data:`contracts.retries.Failure`).
     failure: Failure | None = None
+    #: A FAILED attempt's last non-empty stderr line (e.g. ``ModuleNotFoundError: No module named
+    #: 'sklearn'``), where its adapter can read it (the keeper's platforms: local, remote, openpai,
+    #: frameworkcontroller); None elsewhere. One line, control characters replaced, at most
+    #: :data:`ERROR_LINE_MAX` characters. The trial's own output, shown to its experiment's users.
+    last_error: str | None = None
+
+    _line = field_validator("last_error", mode="before")(lambda v: error_line(v))
+
+
+#: The longest ``last_error`` kept, in characters (longer ones keep their end: the error is there).
+ERROR_LINE_MAX = 200
+#: A terminal's colour and cursor sequences (CSI), dropped from a ``last_error``.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+
+def error_line(text: object) -> str | None:
+    """``text`` as a ``last_error``: its last non-empty line, control characters (a terminal's
+    escape sequences) replaced by spaces, stripped, at most :data:`ERROR_LINE_MAX` characters
+    (the tail, with ``…`` before it); None for nothing or no string. Whoever writes it, a reader
+    gets one bounded, printable line."""
+    if not isinstance(text, str):
+        return None
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return None
+    line = "".join(c if c.isprintable() else " " for c in _ANSI.sub("", lines[-1])).strip()
+    return line if len(line) <= ERROR_LINE_MAX else "…" + line[-(ERROR_LINE_MAX - 1):]
 
 
 class MetricType(StrEnum):

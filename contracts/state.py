@@ -95,6 +95,8 @@ class TrialState(Contract):
     cancel_status: TrialStatus | None = None
     #: The adapter replica that owns the trial (from its RUNNING event).
     replica: str | None = None
+    #: Its FAILED end's last stderr line, where the platform can read it (``TrialEvent.last_error``).
+    last_error: str | None = None
 
     def view(self) -> dict[str, Any]:
         """The REST shape of ``GET /api/v1/trials/{id}``."""
@@ -121,6 +123,7 @@ class TrialState(Contract):
                 "attempts",
                 "failure",
                 "retry_at",
+                "last_error",
             },
         )
 

@@ -103,6 +103,8 @@ class TrialOutcome:
     failure: Failure | None = None
     #: When it ended on the platform (now when unknown).
     end_time: datetime | None = None
+    #: A failed trial's last stderr line (the keeper's ``lastError``), where the platform can read it.
+    last_error: str | None = None
 
     @classmethod
     def exited(cls, exit_code: int, end_time: datetime | None = None, note: str | None = None) -> TrialOutcome:

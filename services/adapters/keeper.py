@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -62,7 +63,15 @@ async def fetch_checked_code(bus: Bus, digest: str) -> bytes:
 
 
 def outcome_of(state: dict, keeper_status: int | None, keeper_out: str | None = None) -> TrialOutcome:
-    """How a trial ended, from the keeper's ``state.json`` once the keeper is gone (§1)."""
+    """How a trial ended, from the keeper's ``state.json`` once the keeper is gone (§1), with the
+    failed trial's last stderr line (``lastError``, bounded and made printable by the event)."""
+    outcome = _outcome_of(state, keeper_status, keeper_out)
+    if outcome.status is TrialStatus.FAILED and isinstance(last := state.get("lastError"), str):
+        return replace(outcome, last_error=last)
+    return outcome
+
+
+def _outcome_of(state: dict, keeper_status: int | None, keeper_out: str | None) -> TrialOutcome:
     end = datetime.fromtimestamp(state["endTime"], UTC) if state.get("endTime") else None
     exit_code = state.get("exitCode")
     if state.get("error"):  # the keeper could not run the command, or the gateway refused it: as again

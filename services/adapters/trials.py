@@ -201,9 +201,10 @@ class OwnedTrials:
         if owned.cancel is not None:
             status, message = owned.cancel.status, owned.cancel.message or message
             failure = "preempted" if owned.cancel.preempt else None  # a preemption runs again
+        last_error = outcome.last_error if status is TrialStatus.FAILED else None
         await self.publish(
             owned, status, time=outcome.end_time or utcnow(), exit_code=outcome.exit_code, message=message,
-            failure=failure,
+            failure=failure, last_error=last_error,
         )
         self._ended_count.labels(self.adapter.name, status.value).inc()
         self.trial_ended.set()

@@ -30,8 +30,10 @@ class Attempts:
     async def _attempt_ended(
         self: Dispatcher, trial: TrialState, status: TrialStatus, failure: str | None, message: str | None, *,
         sends: list[TrialState] | None = None, exit_code: int | None = None, when=None, publish: bool,
+        last_error: str | None = None,
     ) -> None:  # fmt: skip
-        """The trial's current attempt ended so: run it again if the retry policy says so, else end it."""
+        """The trial's current attempt ended so: run it again if the retry policy says so, else end it
+        (with its last stderr line, ``last_error``)."""
         state = self.store.experiments[trial.experiment_id]
         retry = retries.decide(trial, status, failure, state.config.retry_policy, when=when or utcnow(),
                                exit_code=exit_code, message=message, hybrid=state.config.hybrid)  # fmt: skip
@@ -39,7 +41,7 @@ class Attempts:
             await self._again(trial, retry.trial, sends)
         else:
             await self._end(trial, status, message, exit_code=exit_code, when=when, publish=publish, sends=sends,
-                            failure=failure)  # fmt: skip
+                            failure=failure, last_error=last_error)  # fmt: skip
 
     async def _silence(self: Dispatcher, trial: TrialState, timeout: float) -> None:
         """Sweep: a running trial silent past ``timeout`` is stopped, to run again once it ended;

@@ -35,6 +35,7 @@ from services.common.bus import Bus
 from services.dispatcher import history, snapshots
 from services.dispatcher.attempts import Attempts
 from services.dispatcher.errors import ApiError
+from services.dispatcher.failfast import FailFast
 from services.dispatcher.folds import MetricsProgress
 from services.dispatcher.inputs import Inputs
 from services.dispatcher.liveness import Liveness
@@ -71,6 +72,8 @@ class Dispatcher(Queries, Inputs, Attempts, Sweep, Retention):
         self.slots = Slots(settings, bus, store)
         #: when each running trial was last heard from, and which were declared lost (:mod:`.liveness`)
         self.liveness = Liveness()
+        #: whether each experiment's first trials failed alike (:mod:`.failfast`)
+        self.fail_fast = FailFast(self.stop_experiment)
 
     # ------------------------------------------------------------------ start
 
@@ -87,6 +90,8 @@ class Dispatcher(Queries, Inputs, Attempts, Sweep, Retention):
             self.slots.load(trial)
             if trial.status == TrialStatus.RUNNING and trial.failure == "lost":  # being stopped for its silence
                 self.liveness.declare_lost(trial.id)
+            if trial.status.terminal and (state := self.store.experiments.get(trial.experiment_id)):
+                self.fail_fast.load(trial, state.config.fail_fast_trials)
 
     # ------------------------------------------------------------- experiments
 
@@ -308,8 +313,10 @@ class Dispatcher(Queries, Inputs, Attempts, Sweep, Retention):
         publish: bool = True,
         sends: list[TrialState] | None = None,
         failure: str | None = None,
+        last_error: str | None = None,
     ) -> TrialState:
-        """End a trial: free its slot, dispatch what waits, maybe finish the experiment.
+        """End a trial: free its slot, dispatch what waits, maybe finish the experiment, or stop it
+        when its first trials all failed alike (:mod:`.failfast`).
 
         With ``sends``, the new state goes to the cache only, for the caller to ``flush``,
         and the trials that take the slot are added to ``sends`` for the caller to send.
@@ -322,6 +329,7 @@ class Dispatcher(Queries, Inputs, Attempts, Sweep, Retention):
                 "exit_code": exit_code if exit_code is not None else trial.exit_code,
                 "failure": failure,
                 "retry_at": None,
+                "last_error": last_error,
             }
         )
         self.slots.free(trial)
@@ -340,6 +348,7 @@ class Dispatcher(Queries, Inputs, Attempts, Sweep, Retention):
             await self._publish_event(trial, status)
         log.info("trial %s %s%s", trial.id, status.value, f": {message}" if message else "")
         await self._finish_if_done(trial.experiment_id)
+        self.fail_fast.ended(trial, self.store.experiments[trial.experiment_id])
         return trial
 
     async def _finish_if_done(self, experiment_id: str) -> None:
@@ -365,6 +374,7 @@ class Dispatcher(Queries, Inputs, Attempts, Sweep, Retention):
             message=trial.message,
             platform=trial.platform,
             exit_code=trial.exit_code,
+            last_error=trial.last_error,
         )
         await self.bus.js.publish(
             subjects.events(trial.experiment_id, trial.id, subjects.DISPATCHER),

@@ -94,7 +94,8 @@ class Inputs:
                     return
                 failure = event.failure or (None if event.status != TrialStatus.FAILED else "trial")
                 await self._attempt_ended(trial, event.status, failure, event.message, sends=sends,
-                                          exit_code=event.exit_code, when=event.time, publish=False)  # fmt: skip
+                                          exit_code=event.exit_code, when=event.time, publish=False,
+                                          last_error=event.last_error)  # fmt: skip
 
     async def on_metrics(self: Dispatcher, records: list[MetricFold], stream_seq: int = 0) -> set[str]:
         """Fold a batch of metric records into trial state (final metric, intermediate count) in

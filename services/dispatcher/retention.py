@@ -44,6 +44,7 @@ class Retention:
                 self._cancel_sent.pop(trial_id, None)
             trials = await self.store.purge(experiment_id)
             self._by_parameter.pop(experiment_id, None)
+            self.fail_fast.forget(experiment_id)
             for table in (self.slots.queue, self.slots.later, self.slots.active):
                 table.pop(experiment_id, None)
         self._locks.pop(experiment_id, None)

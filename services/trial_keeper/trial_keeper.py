@@ -141,6 +141,24 @@ def read_file(path):
         return file.read()
 
 
+def last_line(path, size=4096):
+    """The last non-empty line of the file's last ``size`` bytes, at most 200 characters (its
+    end), or None: a failed trial's last words (``lastError`` in ``state.json``)."""
+    try:
+        fd = posix.open(path, posix.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        posix.lseek(fd, max(0, posix.fstat(fd).st_size - size), 0)
+        tail = posix.read(fd, size)
+    finally:
+        posix.close(fd)
+    for line in reversed(tail.decode("utf-8", "replace").splitlines()):
+        if line.strip():
+            return line.strip()[-200:]
+    return None
+
+
 def mkdir(path):
     """``mkdir -p``; another keeper making the same directories at the same time is no error."""
     try:
@@ -517,6 +535,8 @@ class Keeper:
             self.pidfd = -1
         now = time.time()
         self.state.update(exitCode=self.exit_code, endTime=now)
+        if self.exit_code:  # a failure: its last stderr line says why to whoever watches (§1)
+            self.state["lastError"] = last_line(self.path("stderr"))
         self.exit_unrecorded = True
         try:
             write_file(self.path(".nni/state"), b"%d %d\n" % (self.exit_code, int(now * 1000)))
@@ -693,7 +713,7 @@ class Keeper:
                 self.error = "cannot start the trial: %s" % exc
                 self.log(self.error)
                 self.exit_code = 127  # what /bin/sh answers for a command it cannot run
-                self.state.update(exitCode=127, endTime=time.time())
+                self.state.update(exitCode=127, endTime=time.time(), lastError=self.error)
             else:
                 self.loop()
         if self.queue:  # keep unsent records on disk, where an operator can find them

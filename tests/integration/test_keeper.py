@@ -38,6 +38,7 @@ def test_file_channel_trial_reports_through_the_gateway(tmp_path, code_dir, gate
            "'NNI_TRIAL_JOB_ID', 'NNI_TRIAL_SEQ_ID']" in out
     assert f"cwd {code_dir}" in out
     assert trial.read("stderr") == "to stderr\n"
+    assert "lastError" not in state  # a trial that succeeded has nothing to explain
     assert trial.read("parameter.cfg") == PARAMETERS
     exit_code, millis = trial.read(".nni/state").split()
     assert exit_code == "0" and abs(int(millis) / 1000 - state["endTime"]) < 1
@@ -84,6 +85,18 @@ def test_an_unknown_program_fails_127_with_the_shells_message(tmp_path, code_dir
     assert trial.wait() == 127
     assert "no-such-program-x1" in trial.read("stderr") and "not found" in trial.read("stderr")
     assert trial.state["exitCode"] == 127
+    assert "no-such-program-x1" in trial.state["lastError"] and "not found" in trial.state["lastError"]
+
+
+def test_a_failed_trial_records_its_last_stderr_line(tmp_path, code_dir, gateway):
+    missing = Trial(tmp_path, code_dir, gateway.url, "Timport", command=f"{shlex.quote(sys.executable)} -c "
+                    "'import no_such_module_xyz'")  # fmt: skip
+    long = Trial(tmp_path, code_dir, gateway.url, "Tlong", command="for i in 1 2 3; do echo line $i >&2; done; "
+                 "printf '%0300d\\n\\n  \\n' 7 >&2; exit 2")  # fmt: skip
+    assert missing.wait() == 1 and long.wait() == 2
+    assert missing.state["lastError"] == "ModuleNotFoundError: No module named 'no_such_module_xyz'"
+    assert missing.state["lastError"] == missing.read("stderr").strip().splitlines()[-1]
+    assert long.state["lastError"] == "0" * 199 + "7"  # the last non-empty line's end, 200 characters
 
 
 def test_what_the_trial_leaves_behind_is_killed(tmp_path, code_dir, gateway):

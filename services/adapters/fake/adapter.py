@@ -1,7 +1,8 @@
 """An in-memory platform and its adapter: the worked example of a :class:`PlatformAdapter`.
 
 A trial "runs" for ``duration`` seconds and "exits" with ``exitCode``, both read from its
-parameters (``{"duration": 0.1, "exitCode": 3}``; defaults 0 and 0). :class:`FakePlatform`
+parameters (``{"duration": 0.1, "exitCode": 3}``; defaults 0 and 0); a failed one's last stderr
+line is its ``stderr`` parameter, if any. :class:`FakePlatform`
 plays the compute platform: it outlives any one adapter, so a restart can be tested by
 making a second :class:`FakeAdapter` on the same platform. It reports no metrics.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from contracts import TrialRequest
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
@@ -26,6 +27,7 @@ class FakeRun:
     handle: TrialHandle
     ends_at: float  # monotonic seconds
     exit_code: int
+    stderr: str | None = None
     canceled: bool = False
     reported: bool = False
 
@@ -66,7 +68,9 @@ class FakeAdapter(PlatformAdapter):
         parameters = record.get("parameters", record)
         duration = float(parameters.get("duration", 0.0))
         handle = TrialHandle(request.experiment_id, request.trial_id, request.attempt, ref=key)
-        run = FakeRun(handle, time.monotonic() + duration, int(parameters.get("exitCode", 0)))
+        stderr = parameters.get("stderr")
+        run = FakeRun(handle, time.monotonic() + duration, int(parameters.get("exitCode", 0)),
+                      stderr if isinstance(stderr, str) else None)
         self.platform.runs[key] = self.platform.live[key] = run
         self.platform.starts[request.trial_id] = self.platform.starts.get(request.trial_id, 0) + 1
         asyncio.get_running_loop().call_later(duration, self.notify, handle)  # the platform's "it exited" callback
@@ -78,7 +82,8 @@ class FakeAdapter(PlatformAdapter):
             return TrialOutcome.exited(-15)
         if time.monotonic() < run.ends_at:
             return None
-        return TrialOutcome.exited(run.exit_code)
+        outcome = TrialOutcome.exited(run.exit_code)
+        return replace(outcome, last_error=run.stderr) if run.exit_code else outcome
 
     async def cancel(self, handle: TrialHandle) -> None:
         run = self.platform.runs[handle.ref]

@@ -171,7 +171,8 @@ def outcome_of(framework: dict, keeper: dict, canceled: bool) -> TrialOutcome:
     diagnostics = str(trigger or completion.get("diagnostics") or "").strip()
     if diagnostics:
         message += f": {diagnostics.splitlines()[0][:300]}"
-    return TrialOutcome(TrialStatus.FAILED, exit_code, message, failure, end)
+    last = keeper.get("lastError")  # the reporting task's keeper, on the share
+    return TrialOutcome(TrialStatus.FAILED, exit_code, message, failure, end, last if isinstance(last, str) else None)
 
 
 def parse_time(value: Any) -> datetime | None:

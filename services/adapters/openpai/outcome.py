@@ -53,7 +53,9 @@ def outcome_of(job: Job) -> TrialOutcome:
         message += f"; the trial command exited with {exit_code}"
     if diagnostics := str(status.get("appExitDiagnostics") or "").strip():
         message += f": {diagnostics.splitlines()[0][:200]}"
-    return TrialOutcome(TrialStatus.FAILED, exit_code, message, failure_of(spec), end_time)
+    last = keeper.get("lastError")
+    return TrialOutcome(TrialStatus.FAILED, exit_code, message, failure_of(spec), end_time,
+                        last if isinstance(last, str) else None)  # fmt: skip
 
 
 def failure_of(spec: dict) -> str:
