@@ -4,9 +4,10 @@ Kubernetes ``Framework`` the frameworkcontroller adapter would create), offline.
 The job is built by the adapter's own code (:mod:`services.adapters.openpai.jobs`), with the
 paths and the keeper bundle ``OpenpaiAdapter.launch`` uses, so what is printed is what the
 cluster would receive, except for three things: the ids are placeholders (the dispatcher
-assigns the real ones when the experiment and the trial are created), the job's ``secrets``
-and registry passwords are masked as OpenPAI itself shows them (``******``), and nothing is
-contacted: neither the cluster nor the share.
+assigns the real ones when the experiment and the trial are created), the values of the job's
+``secrets`` and its registry passwords are masked as OpenPAI itself shows them (``******``; the
+job keeps its shape and passes the server's schema), and nothing is contacted: neither the
+cluster nor the share.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from services.adapters.openpai.adapter import bundle
 
 #: Placeholder ids: valid in a job name, and plainly not real ones.
 EXPERIMENT_ID, TRIAL_ID, ENVIRONMENT_ID, REPLICA = "EXPERIMENT", "TRIAL", "ENV", "REPLICA"
+#: A secret's value as OpenPAI itself shows it.
+MASK = "******"
 #: How the platforms that run no job run their trials, for the refusal.
 RUNS_AS = {"local": "runs trials as processes", "remote": "runs trials as processes on SSH machines"}
 
@@ -33,9 +36,14 @@ class NoJob(ValueError):
 
 
 def masked(service: OpenpaiConfig, job: dict[str, Any]) -> dict[str, Any]:
-    """``job`` with its secrets masked by the config's own serializer (the one API answers use)."""
+    """``job`` with its secrets masked by the config's own serializer (the one API answers use),
+    in the protocol's shape: ``secrets`` keeps its keys, each value masked (``{apikey: "******"}``),
+    so that the job printed still passes the rest-server's schema, which wants an object there."""
     shown = service.model_copy(update={"openpai_config": job}).model_dump(mode="json", include={"openpai_config"})
-    return shown["openpai_config"]
+    shown = shown["openpai_config"]
+    if isinstance(job.get("secrets"), dict):
+        shown["secrets"] = {key: MASK for key in job["secrets"]}
+    return shown
 
 
 def render(config: ExperimentConfig) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
+from functools import cache
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -28,6 +31,19 @@ JOB = {
                              "commands": ["python3 train.py --lr <% $parameters.lr %> --key <% $secrets.apikey %>"]}},
     "extras": {"gangAllocation": False},
 }  # fmt: skip
+
+
+@cache
+def published_schema() -> jsonschema.Draft7Validator:
+    """The rest-server's job protocol as published (a copy of ``specs/openpai/rest-server-protocol.schema.json``)."""
+    path = Path(__file__).parents[1] / "emulators" / "openpai" / "rest-server-protocol.schema.json"
+    return jsonschema.Draft7Validator(json.loads(path.read_text()))
+
+
+def protocol_errors(job: dict) -> list[str]:
+    """Empty when ``job`` passes both the published schema and the emulator's (the server's) checks."""
+    found = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in published_schema().iter_errors(job)]
+    return found + [str(e) for e in schema_errors(job)] + [str(e) for e in [semantic_error(job)] if e is not None]
 
 
 @pytest.fixture
@@ -67,7 +83,9 @@ def test_the_user_s_job_file_is_rendered_as_submitted_with_its_secrets_masked(cl
 
     assert text.startswith("# ") and "EXPERIMENT" in text.splitlines()[0], "the placeholder ids are said first"
     assert re.fullmatch(r"trialbus_EXPERIMENT_TRIAL", job["name"])
-    assert job["secrets"] == "******" and job["prerequisites"][0]["auth"]["password"] == "******"
+    assert job["secrets"] == {"apikey": "******"}, "each secret masked in its place: the job keeps its shape"
+    assert job["prerequisites"][0]["auth"]["password"] == "******"
+    assert protocol_errors(job) == [], "what is printed is a job the server accepts"
     for secret in (SECRET, REGISTRY_PASSWORD, TOKEN):
         assert secret not in text
     assert (job["parameters"], job["jobRetryCount"], job["extras"]) == (JOB["parameters"], 1, JOB["extras"])
@@ -83,7 +101,7 @@ def test_the_user_s_job_file_is_rendered_as_submitted_with_its_secrets_masked(cl
     assert "report.env" in commands[-1], "the only task role reports"
 
     clear = {**job, "secrets": JOB["secrets"], "prerequisites": JOB["prerequisites"]}
-    assert schema_errors(clear) == [] and semantic_error(clear) is None, "the rest-server's checks accept it"
+    assert protocol_errors(clear) == [], "the rest-server's checks accept it"
     service = load_experiment_config(config).training_service
     assert clear == jobs.trial_job(service, "EXPERIMENT", "TRIAL", 0, "python3 trial.py --epochs 3", 1, bundle)[2], (
         "only the secrets differ from what the adapter submits"
@@ -96,7 +114,7 @@ def test_without_openpai_config_nni_s_job_wraps_the_trial_command(cli: CliRunner
     assert role["commands"][1:3] == ["trap 'exit 143' TERM", "python3 trial.py --epochs 3"]
     assert role["resourcePerInstance"] == {"gpu": 1, "cpu": 2, "memoryMB": 4096}
     assert job["defaults"] == {"virtualCluster": "gpu"} and job["extras"]["storages"] == [{"name": "confignfs"}]
-    assert schema_errors(job) == [] and semantic_error(job) is None
+    assert protocol_errors(job) == []
     assert TOKEN not in text, "the token is never part of a job"
 
 
@@ -157,3 +175,26 @@ def test_reuse_mode_shows_the_environment_job(cli: CliRunner, tmp_path: Path):
     assert commands[-1].startswith(f"{runner} --env /mnt/share/trialbus/envs/EXPERIMENT/ENV --poll 0.1 --orphan 600")
     assert commands[-1].endswith("--reports")
     assert schema_errors(job) == [] and semantic_error(job) is None
+
+
+def test_the_virtual_cluster_goes_into_the_user_s_job_unless_it_names_its_own(cli: CliRunner, tmp_path: Path):
+    text, job = rendered(cli, write_config(tmp_path, virtualCluster="gpu", openpaiConfig=JOB))
+    assert job["defaults"] == {"virtualCluster": "gpu"}, "trainingService.virtualCluster, openpaiConfig or not"
+    assert job["secrets"] == {"apikey": "******"} and SECRET not in text
+    assert protocol_errors(job) == []
+
+    own = {**JOB, "defaults": {"virtualCluster": "research", "deployment": "share"},
+           "deployments": [{"name": "share", "taskRoles": {"worker": {"preCommands": ["echo ready"]}}}]}  # fmt: skip
+    _, job = rendered(cli, write_config(tmp_path, virtualCluster="gpu", openpaiConfig=own))
+    assert job["defaults"] == {"virtualCluster": "research", "deployment": "share"}, "the job's own is kept"
+    assert protocol_errors(job) == []
+
+    _, job = rendered(cli, write_config(tmp_path, openpaiConfig=JOB))  # none named: the cluster's default
+    assert "defaults" not in job
+
+
+def test_the_masked_shape_is_what_the_schema_checks(cli: CliRunner, tmp_path: Path):
+    """The check above can fail: the server's schema refuses ``secrets`` masked as one string."""
+    _, job = rendered(cli, write_config(tmp_path, openpaiConfig=JOB))
+    assert protocol_errors(job) == []
+    assert any(error.startswith("secrets: ") for error in protocol_errors({**job, "secrets": "******"}))

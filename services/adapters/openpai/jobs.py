@@ -4,7 +4,10 @@ The job starts from the user's ``openpaiConfig`` (every field the protocol allow
 the cluster as written) or, without one, from the job NNI generates: one task role
 ``taskrole``, one instance, ``trialCpuNumber`` / ``trialMemorySize`` / ``trialGpuNumber``,
 ``dockerImage``, the ``storageConfigName`` storage and ``virtualCluster``. Trialbus changes
-only what the trial needs: the job's ``name``, and each task role's ``commands``, which
+only what the trial needs: the job's ``name``, ``defaults.virtualCluster`` when the
+trainingService names one and the user's job does not (NNI drops ``virtualCluster`` once there
+is an ``openpaiConfig``: the job then went to the cluster's ``default``, which the adapter's
+check had not looked at), and each task role's ``commands``, which
 are kept (so OpenPAI still renders ``<% $parameters.x %>`` and ``<% $secrets.x %>`` in
 them) but written by the task into a script that the trial keeper then runs::
 
@@ -131,6 +134,9 @@ def _job(service: OpenpaiConfig, name: str, trial_command: str, gpus: int,
     else:
         job = default_job(service, trial_command, gpus)
     job["name"] = name
+    defaults = job.get("defaults") or {}
+    if service.virtual_cluster and isinstance(defaults, dict):  # not a mapping: the server says what is wrong
+        job["defaults"] = {"virtualCluster": service.virtual_cluster, **defaults}  # the job's own wins
     job.setdefault("protocolVersion", 2)
     job.setdefault("type", "job")
     roles = job.get("taskRoles") or {}
@@ -163,9 +169,7 @@ def default_job(service: OpenpaiConfig, trial_command: str, gpus: int) -> dict[s
         },
         "extras": {"storages": [{"name": service.storage_config_name}], "submitFrom": "trialbus"},
     }  # fmt: skip
-    if service.virtual_cluster:
-        job["defaults"] = {"virtualCluster": service.virtual_cluster}
-    return job
+    return job  # defaults.virtualCluster: added by _job, as to the user's job
 
 
 def wrap(commands: list[str], reports: bool, trial_dir: str, keeper: str) -> list[str]:
