@@ -17,6 +17,7 @@ from contracts import ExperimentConfig, TrialState, TrialStatus
 from contracts.state import default_metric
 from trialbus.client import ExperimentView
 from trialbus.experiment import best_trial
+from trialbus.failures import failure_line, first_failures
 
 #: Seconds without a trial after which the view asks whether a tuner service is running.
 NO_TUNER_AFTER = 10.0
@@ -41,6 +42,8 @@ class RunView:
         self.task = self.progress.add_task(f"experiment [bold]{experiment_id}[/]{name}", total=config.max_trial_number)
         self.counts: dict[str, int] = {}
         self.best: TrialState | None = None
+        #: While no trial succeeded: the first failure, and why (the fix is often one line away).
+        self.failed: TrialState | None = None
         self.trials: list[TrialState] = []
         self.view: ExperimentView | None = None
         self.started = time.monotonic()
@@ -52,6 +55,10 @@ class RunView:
         total = self.config.max_trial_number or (len(trials) if view.no_more_trials else None)
         self.progress.update(self.task, completed=ended, total=total)
         self.best = best_trial(trials, self.config)
+        if self.counts.get("FAILED") and not self.counts.get("SUCCEEDED"):
+            self.failed = next(iter(first_failures(trials, 1)), None)
+        else:
+            self.failed = None
 
     def __rich__(self) -> RenderableType:
         counts = "  ".join(f"[{STATUSES.get(s, 'white')}]{s.lower()}[/] {self.counts[s]}"
@@ -59,6 +66,8 @@ class RunView:
         lines: list[RenderableType] = [self.progress, Text.from_markup(f"  {counts}")]
         if self.best is not None:
             lines.append(Text.from_markup(f"  best {_best_line(self.best)}"))
+        if self.failed is not None:
+            lines.append(Text.from_markup(f"  {failure_line(self.failed)}"))
         return Group(*lines)
 
 
@@ -79,7 +88,8 @@ def _number(value: float | None) -> str:
 
 
 def summary(view: ExperimentView, trials: list[TrialState], config: ExperimentConfig) -> RenderableType:
-    """The end: status and duration, counts, the best trial with its parameters, and the next five."""
+    """The end: status and duration, counts, why it stopped (and how to resume it), the first
+    failures (:mod:`trialbus.failures`), the best trial with its parameters, and the next five."""
     end = view.end_time or datetime.now(UTC)
     seconds = int((end - view.start_time).total_seconds())
     status = "green" if view.status.value == "DONE" else "yellow"
@@ -87,6 +97,9 @@ def summary(view: ExperimentView, trials: list[TrialState], config: ExperimentCo
         f"experiment [bold]{view.id}[/] [{status}]{view.status.value}[/] after {seconds // 60}m{seconds % 60:02d}s: "
         + ", ".join(f"{n} {s.lower()}" for s, n in view.trial_counts.items() if n)
         + (f"\n[yellow]{escape(view.message)}[/]" if view.message else "")
+        + (f"\nto run it again: [bold]trialbus resume {view.id}[/]" if view.message and view.status.value == "STOPPED"
+           else "")
+        + "".join(f"\n{failure_line(t)}" for t in first_failures(trials))
     )
     ranked = sorted(
         (t for t in trials if t.status == TrialStatus.SUCCEEDED and default_metric(t.final_metric) is not None),

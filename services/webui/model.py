@@ -32,6 +32,8 @@ from services.common.trial_index import Order, TrialIndex
 from services.webui.finals import Finals
 
 MINIMIZE = "minimize"
+#: How many first failures an experiment's overview shows (distinct last stderr lines).
+FAILURES = 3
 
 
 def platform_link(config: ExperimentConfig, trial: TrialState) -> str | None:
@@ -82,6 +84,8 @@ class Model:
         self.indexes = TrialIndex()
         #: experiment id → its final default metrics by trial number (the overview chart)
         self.finals: dict[str, Finals] = {}
+        #: experiment id → its first failed trials, one per last stderr line (at most :data:`FAILURES`)
+        self.failures: dict[str, list[str]] = {}
         self._changes = Changes()
 
     # -- applying KV entries ----------------------------------------------------------------
@@ -100,6 +104,7 @@ class Model:
     def delete_experiment(self, experiment_id: str) -> None:
         self.indexes.experiments.pop(experiment_id, None)
         self.finals.pop(experiment_id, None)
+        self.failures.pop(experiment_id, None)
         if self.experiments.pop(experiment_id, None) is not None:
             self._changes.experiments.add(experiment_id)
             self._changes.experiments_list = True
@@ -109,7 +114,18 @@ class Model:
         self.experiment_of[trial.id] = trial.experiment_id
         self._index(trial)
         self.finals.setdefault(trial.experiment_id, Finals()).set(trial.sequence_id, default_metric(trial.final_metric))
+        if trial.status == TrialStatus.FAILED and trial.last_error:
+            self._note_failure(trial)
         self._changes.trials.setdefault(trial.experiment_id, set()).add(trial.id)
+
+    def _note_failure(self, trial: TrialState) -> None:
+        """Keep the experiment's first failures, one per line: O(:data:`FAILURES`) per failed trial."""
+        first = self.failures.setdefault(trial.experiment_id, [])
+        trials = self.trials_of[trial.experiment_id]
+        if len(first) < FAILURES and all(t != trial.id and trials[t].last_error != trial.last_error
+                                         for t in first if t in trials):  # fmt: skip
+            first.append(trial.id)
+            self._changes.experiments.add(trial.experiment_id)  # its overview shows them
 
     def _index(self, trial: TrialState) -> None:
         state = self.experiments.get(trial.experiment_id)
@@ -177,8 +193,17 @@ class Model:
             best=None if best is None else {
                 "value": default_metric(best.final_metric), "trialId": best.id, "sequenceId": best.sequence_id,
             },
+            failures=self._failures(experiment_id),
         )  # fmt: skip
         return body
+
+    def _failures(self, experiment_id: str) -> list[dict[str, Any]]:
+        """The first failures, each with its last stderr line (the trial's own text: the page shows it as
+        text, never markup) and the command that prints its log."""
+        trials = self.trials_of.get(experiment_id, {})
+        failed = [trials[t] for t in self.failures.get(experiment_id, []) if t in trials]
+        return [{"trialId": t.id, "sequenceId": t.sequence_id, "exitCode": t.exit_code, "lastError": t.last_error,
+                 "log": f"trialbus log trial {t.id}"} for t in failed if t.status == TrialStatus.FAILED]  # fmt: skip
 
     def row(self, trial: TrialState) -> dict[str, Any]:
         """A trial's view with what the table and detail panel show beside it."""

@@ -279,6 +279,27 @@ def test_retry_a_failed_trial_from_its_panel(ui: Stack, page, code_dir: Path) ->
     assert "resume" in page.get_attribute("#detail-retry", "title")
 
 
+def test_the_summary_says_why_trials_failed_as_text_and_why_the_experiment_stopped(ui: Stack, page,
+                                                                                   code_dir: Path) -> None:
+    # Given an experiment on the page whose trials fail alike, printing markup as their last stderr line
+    line = "<img src=x onerror=alert(1)>ImportError: <b>no</b> module named x"
+    experiment = create(ui, config(code_dir, trialConcurrency=1, maxTrialNumber=10))
+    page.goto(f"{ui.webui}/experiments/{experiment}")
+    page.wait_for_function("id => document.querySelector('#exp-id').textContent === id", arg=experiment)
+    failed = [ended(ui, submit(ui, experiment, {"x": n, "exit": 1, "stderr": line}))["id"] for n in range(3)]
+
+    # Then the summary shows the first failure's line, as text, with the command for its log, and the stop
+    item = f"#exp-failures li[data-trial='{failed[0]}']"
+    page.wait_for_selector(item)
+    assert page.text_content(f"{item} .last-error") == line
+    assert page.locator("#exp-failures img, #exp-failures b").count() == 0
+    shown = page.text_content(item)
+    assert "failed (exit 1)" in shown and f"trialbus log trial {failed[0]}" in shown
+    assert page.locator("#exp-failures li").count() == 1  # one per distinct line
+    page.wait_for_function("() => document.querySelector('#exp-status').textContent === 'STOPPED'")
+    assert "failFast: its first 3 trials failed the same way" in page.text_content("#exp-message")
+
+
 def test_secrets_in_a_config_never_reach_the_page(ui: Stack, page, code_dir: Path) -> None:
     # No remote or openpai adapter runs: the dispatcher takes the experiments (trials would wait).
     remote = create(ui, config(code_dir, trainingService={

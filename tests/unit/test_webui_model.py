@@ -228,3 +228,21 @@ def test_a_deleted_trial_leaves_the_counts_and_the_best():
     assert (model.counts("exp1")["SUCCEEDED"], model.counts("exp1")["RUNNING"]) == (0, 1)
     model.delete_experiment("exp1")
     assert model.counts("exp1")["RUNNING"] == 0
+
+
+def test_the_overview_shows_the_first_failures_one_per_line_with_the_log_command():
+    missing, other = "ModuleNotFoundError: No module named 'sklearn'", "<script>alert(1)</script>"
+    model = model_with(experiment(), trial("t0", 0, status=TrialStatus.RUNNING))
+    assert model.overview("exp1")["failures"] == []
+    failed = [trial("t0", 0, status=TrialStatus.FAILED, exit_code=1, last_error=missing),
+              trial("t1", 1, status=TrialStatus.FAILED, exit_code=1, last_error=missing),
+              trial("t2", 2, status=TrialStatus.FAILED, exit_code=1),  # no line: nothing to show
+              trial("t3", 3, status=TrialStatus.FAILED, exit_code=2, last_error=other)]  # fmt: skip
+    for t in failed:
+        model.put_trial(t)
+    assert model.overview("exp1")["failures"] == [
+        {"trialId": "t0", "sequenceId": 0, "exitCode": 1, "lastError": missing, "log": "trialbus log trial t0"},
+        {"trialId": "t3", "sequenceId": 3, "exitCode": 2, "lastError": other, "log": "trialbus log trial t3"},
+    ]  # the page writes lastError as text (util.js h(): textContent), so the markup stays text
+    model.put_trial(trial("t0", 0, status=TrialStatus.WAITING, attempt=1))  # retried: no longer a failure
+    assert [f["trialId"] for f in model.overview("exp1")["failures"]] == ["t3"]

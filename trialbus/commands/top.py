@@ -24,13 +24,16 @@ if TYPE_CHECKING:  # what the command uses loads when it runs, not with the CLI 
     from trialbus.client import AsyncClient
 
 
-async def _rows(client: AsyncClient, limit: int | None) -> list[tuple[ExperimentView, TrialState | None]]:
-    """The newest ``limit`` experiments, each with its best trial."""
+async def _rows(client: AsyncClient, limit: int | None) -> list[tuple[ExperimentView, TrialState | None, list[str]]]:
+    """The newest ``limit`` experiments, each with its best trial and why it failed, if it did."""
     import asyncio
 
     experiments = (await client.list_experiments())[:limit]
+    from trialbus.failures import why_lines
+
     best = await asyncio.gather(*(_best(client, e) for e in experiments))
-    return list(zip(experiments, best, strict=True))
+    why = await asyncio.gather(*(why_lines(client, e) for e in experiments))  # trialbus.failures
+    return list(zip(experiments, best, why, strict=True))
 
 
 async def _best(client: AsyncClient, experiment: ExperimentView) -> TrialState | None:
@@ -43,18 +46,20 @@ async def _best(client: AsyncClient, experiment: ExperimentView) -> TrialState |
     return found if found is not None and default_metric(found.final_metric) is not None else None
 
 
-def table(rows: list[tuple[ExperimentView, TrialState | None]], every: float | None) -> Table:
+def table(rows: list[tuple[ExperimentView, TrialState | None, list[str]]], every: float | None) -> Table:
     from rich.markup import escape
     from rich.table import Table
 
     from contracts import ExperimentStatus, TrialStatus
 
-    running = sum(e.status == ExperimentStatus.RUNNING for e, _ in rows)
+    running = sum(e.status == ExperimentStatus.RUNNING for e, *_ in rows)
     when = f"refreshed {time.strftime('%H:%M:%S')} every {every:g}s, Ctrl-C to quit" if every else ""
     title = f"{len(rows)} experiment{'' if len(rows) == 1 else 's'}, {running} running"
     shown = Table("experiment", "name", "status", "platform", "running", "waiting", "ended", "best", "trial",
                   "duration", "started", title=title, caption=when, box=None)  # fmt: skip
-    for e, best in rows:
+    shown.caption = "\n".join(filter(None, [*(line for *_, why in rows for line in why), when]))  # why they failed
+    shown.caption_justify = "left"
+    for e, best, _ in rows:
         counts = e.trial_counts
         ended = sum(n for s, n in counts.items() if s not in (TrialStatus.WAITING, TrialStatus.RUNNING))
         limit = e.config.max_trial_number

@@ -8,6 +8,7 @@
 // from /api/experiments/<id>/chart, cut down to its width, at most once per CHART_EVERY_MS.
 //
 // Hooks for tests: #exp-id, #exp-status, #exp-best, #exp-trial-count, #exp-counts li[data-status],
+// #exp-failures li[data-trial] .last-error,
 // #exp-config, #overview-chart[data-points], #empty, #connection[data-state], body[data-experiment];
 // the performance mark "trialbus:rows" (the first rows of the table drawn: time to interactive).
 
@@ -185,6 +186,7 @@ function renderOverview() {
   const ending = experiment.noMoreTrials && experiment.status === "RUNNING"
     ? "The tuner has no more trials to propose: the experiment is done when the running ones end." : "";
   set("#exp-message", experiment.message ?? ending);
+  renderFailures(experiment.failures ?? []);
   set("#exp-started", new Date(experiment.startTime).toLocaleString());
   renderDuration();
   const counts = $("#exp-counts");
@@ -200,6 +202,17 @@ function renderOverview() {
   set("#exp-config", config);
   $("#stop-experiment").disabled = experiment.status !== "RUNNING";
   detail.setExperimentRunning(experiment.status === "RUNNING");
+}
+
+/** The first failures: why each trial failed (its last stderr line, as text) and the command for its log. */
+function renderFailures(failures) {
+  const list = $("#exp-failures");
+  const key = JSON.stringify(failures);
+  if (list.dataset.key === key) return;
+  list.dataset.key = key;
+  list.replaceChildren(...failures.map((f) => h("li", { dataset: { trial: f.trialId } },
+    `trial ${f.trialId} (#${f.sequenceId}) failed${f.exitCode === null ? "" : ` (exit ${f.exitCode})`}: `,
+    h("span", { class: "last-error" }, f.lastError), "; whole log: ", h("code", {}, f.log))));
 }
 
 function renderDuration() {
