@@ -11,6 +11,7 @@ import pytest
 from contracts.experiment import ExperimentConfig
 from contracts.messages import ERROR_LINE_MAX, TrialEvent, error_line
 from contracts.state import ExperimentState, ExperimentStatus, TrialState, TrialStatus
+from services.adapters.keeper import outcome_of
 from services.dispatcher.failfast import FailFast
 
 MISSING = "ModuleNotFoundError: No module named 'sklearn'"
@@ -121,3 +122,15 @@ def test_the_line_on_the_wire_is_one_bounded_printable_line():
     assert len(long) == ERROR_LINE_MAX and long.endswith("END") and long.startswith("…")
     event = TrialEvent(experiment_id="e", trial_id="t", status=TrialStatus.FAILED, time=NOW, last_error="a\x07b\nc\td")
     assert TrialEvent.decode(event.encode()).last_error == "c d"
+
+
+@pytest.mark.parametrize(
+    ("state", "last_error"),
+    [({"exitCode": 1, "done": True, "endTime": 1.0, "lastError": "boom"}, "boom"),
+     ({"exitCode": 127, "done": True, "error": "cannot start the trial: [Errno 2]", "lastError": "cannot start"},
+      "cannot start"),
+     ({"exitCode": 0, "done": True, "lastError": "a warning"}, None),  # succeeded: nothing to explain
+     ({"exitCode": 1, "done": True, "lastError": ["not", "a", "line"]}, None)],  # a trial wrote it: checked
+)  # fmt: skip
+def test_the_keeper_s_last_stderr_line_goes_with_a_failure_only(state: dict, last_error: str | None):
+    assert outcome_of(state, 0).last_error == last_error

@@ -255,3 +255,11 @@ def test_trialbus_render_prints_the_framework(tmp_path: Path):
     assert body["kind"] == "Framework" and body["metadata"]["namespace"] == "default"
     command = body["spec"]["taskRoles"][0]["task"]["pod"]["spec"]["containers"][0]["command"][2]
     assert "/mnt/nni/trialbus/trials/EXPERIMENT/TRIAL-0" in command
+
+
+def test_a_failed_framework_carries_its_keeper_s_last_stderr_line():
+    keeper = {"exitCode": 1, "lastError": "ModuleNotFoundError: No module named 'sklearn'"}
+    failed = frameworks.outcome_of(completed(1, "Failed", None), keeper, False)
+    assert (failed.status, failed.last_error) == (TrialStatus.FAILED, keeper["lastError"])
+    fine = frameworks.outcome_of(completed(0, "Succeeded", []), {**keeper, "exitCode": 0}, False)
+    assert fine.last_error is None

@@ -4,6 +4,7 @@ an ended job reads as the trial's outcome (services/adapters/openpai/outcome.py)
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import subprocess
@@ -268,3 +269,13 @@ def test_a_failed_job_s_outcome_says_its_exit_spec_and_failure_class(client, tmp
     assert (outcome.status, outcome.failure) == (TrialStatus.FAILED, "preempted")
     assert "exit code -1003 (PodPreemptedForCriticalPod, transient): Pod failed: x" in outcome.message
     assert outcome.end_time is not None and outcome.end_time.year == 2026
+
+
+def test_a_failed_job_carries_its_reporting_task_s_last_stderr_line(client, tmp_path: Path):
+    job = ended_job(client, tmp_path, "FAILED", {"appExitCode": 1, "appExitSpec": exitspec.record(1)})
+    state = tmp_path / f"{job.report}-0" / ".trialbus" / "state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"exitCode": 1, "done": True, "lastError": "KeyError: 'lr'"}))
+    outcome = adapter.outcome_of(job)
+    assert (outcome.status, outcome.exit_code, outcome.last_error) == (TrialStatus.FAILED, 1, "KeyError: 'lr'")
+
