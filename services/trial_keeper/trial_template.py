@@ -46,9 +46,12 @@ FLAGS_WITH_VALUE = frozenset((b"-X", b"-W"))
 #: Open files of these start with a GPU driver initialised (NVIDIA, AMD, DRM render nodes).
 GPU_DEVICES = ("/dev/nvidia", "/dev/kfd", "/dev/dri/")
 SHELL_BYTES = frozenset(b"|&;<>()$`\\\"'*?[]#~=%{}!\n\r\v\f")  # as the keeper's: these go through /bin/sh
-#: Variables that differ from trial to trial: never part of a template's environment.
-PER_TRIAL = (b"NNI_TRIAL_JOB_ID", b"NNI_SYS_DIR", b"NNI_OUTPUT_DIR", b"NNI_TRIAL_SEQ_ID", b"TRIALBUS_ATTEMPT",
-             b"TRIALBUS_CHECKPOINT_DIR", b"CUDA_VISIBLE_DEVICES", b"CUDA_DEVICE_ORDER")  # the last two: GPU placement
+#: Variables that differ from trial to trial, or from experiment to experiment (``NNI_EXP_ID``: a
+#: template serves every experiment of the same code, interpreter and environment), never part of
+#: a template's environment. Each trial gets its own values.
+PER_TRIAL = (b"NNI_TRIAL_JOB_ID", b"NNI_SYS_DIR", b"NNI_OUTPUT_DIR", b"NNI_TRIAL_SEQ_ID", b"NNI_EXP_ID",
+             b"TRIALBUS_ATTEMPT", b"TRIALBUS_CHECKPOINT_DIR",
+             b"CUDA_VISIBLE_DEVICES", b"CUDA_DEVICE_ORDER")  # the last two: GPU placement
 
 keeper_module = None  # trial_keeper, loaded by path at start
 trial_module = None  # warm_trial: what a trial child does, loaded by path at start

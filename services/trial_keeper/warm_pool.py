@@ -4,8 +4,11 @@ started, replaced or retired (``trial_template.py`` is the process itself).
 Used by every adapter that starts keepers on a host it controls (local-gpu in its own process,
 the remote agent on each machine, shipped there beside it); stdlib only (Python ≥ 3.9),
 synchronous and never blocking for long, so an event loop can call it. A template is kept per
-*key*: the trial's interpreter and options, its code directory, and its environment without
-what differs per trial (so per experiment, as the environment names the experiment). The first
+*key*: the trial's interpreter and options, its code directory (a snapshot named by the hash of
+its content), and its environment without what differs per trial or per experiment
+(``trial_template.PER_TRIAL``). So experiments of the same code, interpreter and environment
+share their templates, and what the first learned: a second one forks from the first's templates
+at once, while they live (``idle`` seconds unused; at most ``max_templates``). The first
 trial of a key starts a bare template (the modules asked for in ``warmStart.preload``, and the
 ``nni`` shim); each warm trial lists, at its exit, what it imported beyond its template
 (``.trialbus/imports``), and when that adds modules the pool starts a fuller template in the
@@ -49,6 +52,7 @@ ANSWER_TIMEOUT = 5.0  # seconds a ready template may take to answer a fork
 STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
 KEYS_KEPT = 256  # (command, environment) → key found; forgotten all at once past this many,
 KEYS_FOR = 10.0  # and every this many seconds (the interpreter a PATH finds may change)
+PROGRESS_EVERY = 0.1  # seconds between two reads of a starting template's CPU (Template.stalled)
 
 
 class Template:
@@ -66,6 +70,7 @@ class Template:
         self.started_at = 0.0
         self.was_ready = False
         self._answer = b""
+        self._cpu, self._progress_at, self._progress_read = -1, 0.0, 0.0  # for stalled()
 
     def start(self, template_path: Path, keeper_path: str, shim: str | None) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -88,6 +93,7 @@ class Template:
             )  # fmt: skip
         os.set_blocking(self.process.stdout.fileno(), False)
         self.state, self.started_at = "starting", time.monotonic()
+        self._progress_at = self.started_at
 
     def poll(self) -> str:
         """Advance ``state`` without blocking: read the ready line once it is there."""
@@ -117,6 +123,26 @@ class Template:
     def _died(self) -> None:
         self.state = "dead"
         self.close()
+
+    def stalled(self, stall: float) -> bool:
+        """Whether this starting template used no CPU in the last ``stall`` seconds (an import that
+        hangs: waiting for it gains nothing). One that imports is waited for however busy the
+        host, since a trial that gave up would import the same modules beside it. Reads
+        ``/proc/<pid>/stat`` at most every ``PROGRESS_EVERY`` seconds; without ``/proc`` never
+        stalled (the caller's deadline bounds the wait)."""
+        now = time.monotonic()
+        if now - self._progress_read < PROGRESS_EVERY:
+            return now - self._progress_at > stall
+        self._progress_read = now
+        try:
+            with open(f"/proc/{self.process.pid}/stat", "rb") as stat:
+                fields = stat.read().rpartition(b")")[2].split()
+            cpu = int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+        except (OSError, IndexError, ValueError, AttributeError):
+            return False
+        if cpu != self._cpu:
+            self._cpu, self._progress_at = cpu, now
+        return now - self._progress_at > stall
 
     def wait_ready(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds for the template to be ready (for callers without a loop)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,37 @@ def test_an_import_that_initialises_torch_cuda_is_never_preloaded(host, code, tm
     assert not template.wait_ready(30) and template.unsafe == "cuda_user"
     trial = host.warm(f"{PYTHON} plain.py")
     assert trial.wait()["exitCode"] == 0 and trial.out() == "False\n"
+
+
+def test_experiments_of_the_same_code_and_environment_share_a_template_and_no_other(host, code, tmp_path):
+    other_code = tmp_path / "other-code"
+    other_code.mkdir()
+    (other_code / "probe.py").write_text((code / "probe.py").read_text())
+    command = f"{PYTHON} probe.py"
+    first = host.warm(command)
+    second = host.warm(command, TRIALBUS_EXPERIMENT_ID="exp2")  # another experiment of the same code
+    setting = host.warm(command, TRIALBUS_EXPERIMENT_ID="exp3", USER_SETTING="1")
+    moved = host.warm(command, TRIALBUS_EXPERIMENT_ID="exp4", TRIALBUS_CODE_DIR=str(other_code))
+    assert all(t.wait()["exitCode"] == 0 for t in (first, second, setting, moved))
+    assert first.template == second.template
+    assert len({first.template, setting.template, moved.template}) == 3
+    # Each trial sees its own experiment, never the one whose trial started the template
+    assert [t.probe()["env"]["NNI_EXP_ID"] for t in (first, second)] == ["exp1", "exp2"]
+
+
+def test_a_starting_template_is_stalled_only_while_it_uses_no_cpu(host, code, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "busy.py").write_text("import time\nend = time.process_time() + 4\nwhile time.process_time() < end: pass\n")
+    (site / "hung.py").write_text("import time\ntime.sleep(60)\n")
+    host.env["PYTHONPATH"] = str(site)
+    command = f"{PYTHON} probe.py"
+    busy = host.pool.template_for(command, host.environ(command)[1], ["busy"])
+    hung = host.pool.template_for(command, host.environ(command, USER_SETTING="1")[1], ["hung"])
+    stalled = {"busy": False, "hung": False}
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:  # (busy imports for 4 s of CPU: it is still starting)
+        assert busy.poll() == hung.poll() == "starting"
+        stalled = {"busy": stalled["busy"] or busy.stalled(1.0), "hung": hung.stalled(1.0)}
+        time.sleep(0.02)
+    assert stalled == {"busy": False, "hung": True}

@@ -53,6 +53,8 @@ from services.adapters.local_gpu.watch import Watching
 from services.common.bus import Bus
 from services.trial_keeper.warm_pool import WarmPool
 
+TEMPLATE_SWEEP = 1.0  # seconds between two sweeps of the warm templates (reaped, idle ones ended)
+
 # Public names of this module, some defined in its parts (tests import ``outcome_of`` from here).
 __all__ = ["GPUS_FILE", "UNBORN_GRACE", "LocalGpuAdapter", "Trial", "outcome_of", "remove_expired", "remove_stale"]
 
@@ -82,6 +84,7 @@ class LocalGpuAdapter(Launching, Watching, Restarts, Retention, PlatformAdapter)
         self._ends: KeeperEnds | None = None  # where kept keepers say their trial ended
         self.gpus = GpuScheduler(settings, self.name, self._holdings, self.capacity_freed)
         self._retention: asyncio.Task | None = None
+        self._sweeps: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -133,11 +136,24 @@ class LocalGpuAdapter(Launching, Watching, Restarts, Retention, PlatformAdapter)
         self.gpus.bus = bus
         await self.gpus.start()
         self._retention = asyncio.create_task(self._retention_loop())
+        if self._warm is not None:
+            self._sweeps = asyncio.create_task(self._sweep_templates())
+
+    async def _sweep_templates(self) -> None:
+        """Reap the templates that exited and end those idle for ``warm_idle``, every
+        ``TEMPLATE_SWEEP`` seconds, whether trials start or not: a template the pool closed (the
+        bare one a fuller one replaced, as an experiment's first trial starts) exits once its
+        keepers' trials did, and stays a zombie child of this process until it is waited for.
+        O(templates) a sweep."""
+        while True:
+            await asyncio.sleep(TEMPLATE_SWEEP)
+            self._warm.sweep()
 
     async def stop(self) -> None:
-        if self._retention is not None:
-            self._retention.cancel()
-            await asyncio.gather(self._retention, return_exceptions=True)
+        for task in (self._retention, self._sweeps):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self.gpus.stop()
         if self._zygote is not None:
             self._zygote.close()

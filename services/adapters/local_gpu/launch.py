@@ -119,16 +119,22 @@ class Launching:
         return trial.handle
 
     async def _warm_wait(self: LocalGpuAdapter, request: TrialRequest, code_dir: str | None) -> None:
-        """Wait, up to ``warm_wait`` seconds, while the trial's warm template is still starting
-        (an experiment's first, ~50 ms bare; a fuller one learned from the trials): the launch
-        then forks from what is ready, or starts the trial cold."""
+        """Wait while the trial's warm template is still starting (an experiment's first, ~50 ms
+        bare, seconds with the script's imports read ahead; a fuller one learned from the trials
+        that brings a package the ready one lacks): as long as it makes progress, since a trial
+        that started cold beside it would pay the same imports on the same cores. The launch
+        then forks from what is ready, or starts the trial cold: when the template died, used no
+        CPU for ``warm_stall`` seconds (an import that hangs), or after ``warm_wait`` seconds."""
         if self._warm is None or not request.warm_start:
             return
         env = dict(self._env, TRIALBUS_EXPERIMENT_ID=request.experiment_id)
         if code_dir is not None:
             env["TRIALBUS_CODE_DIR"] = code_dir
-        deadline = time.monotonic() + self.settings.warm_wait
-        while self._warm.waiting(request.trial_command, env, request.warm_preload) and time.monotonic() < deadline:
+        deadline, stall = time.monotonic() + self.settings.warm_wait, self.settings.warm_stall
+        while time.monotonic() < deadline:
+            starting = self._warm.waiting(request.trial_command, env, request.warm_preload)
+            if starting is None or starting.stalled(stall):
+                return
             await asyncio.sleep(0.005)
 
     def _unborn(self: LocalGpuAdapter, trial_dir: str) -> bool:

@@ -44,9 +44,13 @@ class LocalGpuSettings(GpuSettings):
     #: Fork Python trials from warm templates that have imported their modules (docs/warm-start.md);
     #: false starts every trial as a new interpreter. Experiments may turn it off (``warmStart: false``).
     warm_start: bool = True
-    #: Seconds a trial waits for its template to finish starting before it starts cold (default 2).
-    warm_wait: float = Field(default=2.0, ge=0)
-    #: Templates kept at once (default 8, one per experiment, interpreter and code); the least
+    #: Seconds a trial waits at most for its template to finish starting before it starts cold
+    #: (default 120): it waits as long as the template imports, which a cold start would repeat.
+    warm_wait: float = Field(default=120.0, ge=0)
+    #: Seconds a starting template may use no CPU (an import that hangs) before the trials waiting
+    #: for it start cold (default 5).
+    warm_stall: float = Field(default=5.0, gt=0)
+    #: Templates kept at once (default 8, one per code, interpreter and environment); the least
     #: recently used goes first.
     warm_templates: int = Field(default=8, gt=0)
     #: Seconds an unused template is kept (default 900).
