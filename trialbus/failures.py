@@ -25,8 +25,13 @@ def first_failures(trials: list[TrialState], limit: int = SHOWN) -> list[TrialSt
     """The first FAILED trials to end, one per distinct last stderr line, at most ``limit``."""
     from contracts import TrialStatus
 
-    failed = sorted((t for t in trials if t.status == TrialStatus.FAILED),
-                    key=lambda t: (t.end_time is None, t.end_time, t.sequence_id))  # fmt: skip
+    def ended(t: TrialState) -> tuple:
+        return t.end_time is None, t.end_time, t.sequence_id
+
+    failed = [t for t in trials if t.status == TrialStatus.FAILED]
+    if limit == 1:  # the live view, at every look: no sort
+        return [min(failed, key=ended)] if failed else []
+    failed.sort(key=ended)
     shown: dict[str | None, TrialState] = {}
     for trial in failed:
         shown.setdefault(trial.last_error, trial)
@@ -38,10 +43,14 @@ def first_failures(trials: list[TrialState], limit: int = SHOWN) -> list[TrialSt
 def failure_line(trial: TrialState) -> str:
     """``trial abc12 failed (exit 1): ModuleNotFoundError: …; whole log: `trialbus log trial abc12```
     (rich markup, the trial's output escaped)."""
-    code = f" (exit {trial.exit_code})" if trial.exit_code is not None else ""
-    why = trial.last_error or trial.message or "no reason recorded"
-    return (f"[red]trial {trial.id} failed{code}:[/] {escape(why)}; whole log: "
-            f"[bold]trialbus log trial {trial.id}[/]")  # fmt: skip
+    return said(trial.id, trial.exit_code, trial.last_error or trial.message)
+
+
+def said(trial_id: str, exit_code: int | None, why: str | None) -> str:
+    """:func:`failure_line` from its parts (a FAILED event's, in ``trialbus watch``)."""
+    code = f" (exit {exit_code})" if exit_code is not None else ""
+    return (f"[red]trial {trial_id} failed{code}:[/] {escape(why or 'no reason recorded')}; whole log: "
+            f"[bold]trialbus log trial {trial_id}[/]")  # fmt: skip
 
 
 async def first_failure(client: AsyncClient, experiment_id: str) -> TrialState | None:

@@ -83,6 +83,11 @@ def test_an_experiment_whose_first_trials_fail_alike_stops_and_says_why(tuned: S
     assert f"{experiment['id']}: trial {failed[0]['id']} failed (exit 1): {MISSING}" in top
     assert f"trialbus log trial {failed[0]['id']}" in top and "failFast" in top
 
+    # and `trialbus watch`
+    watched = said(run_cli(tuned, "watch", experiment["id"]))
+    assert f"trial {failed[0]['id']} failed (exit 1): {MISSING}; whole log: trialbus log trial {failed[0]['id']}" in \
+        watched  # fmt: skip
+
 
 def test_with_fail_fast_off_every_trial_runs(tuned: Stack, tmp_path: Path) -> None:
     done = run_cli(tuned, "experiment", "run", "-f", str(broken_config(tmp_path, failFast=0, maxTrialNumber=6,

@@ -39,6 +39,8 @@ class WatchView:
         self.status = "?"
         self.name = ""
         self.rows: dict[str, Row] = {}
+        #: The first failure with its last stderr line, as :func:`trialbus.failures.said` says it.
+        self.failure: str | None = None
 
     def row(self, trial_id: str) -> Row:
         return self.rows.setdefault(trial_id, Row(trial_id))
@@ -57,7 +59,7 @@ class WatchView:
         table = Table(
             "trial", "seq", "status", "intermediate", "latest", "final", "duration",
             title=f"experiment {self.experiment_id} {escape(self.name)} {status(self.status)}",
-            caption=summary + more,
+            caption=summary + more + (f"\n{self.failure}" if self.failure else ""),
         )
         for r in shown:
             table.add_row(r.id, "" if r.seq is None else str(r.seq), status(r.status), str(r.intermediate),
@@ -71,6 +73,7 @@ async def _watch(client: AsyncClient, experiment_id: str, out: Console) -> None:
     from rich.live import Live
 
     from contracts import ExperimentStatus, MetricType, TrialStatus
+    from trialbus.failures import failure_line, first_failures, said
 
     view = WatchView(experiment_id, max_rows=max(5, out.size.height - 10))
 
@@ -78,7 +81,10 @@ async def _watch(client: AsyncClient, experiment_id: str, out: Console) -> None:
         """Experiment status and sequence ids; the streams carry everything else."""
         experiment = await client.get_experiment(experiment_id)
         view.status, view.name = experiment.status.value, experiment.config.experiment_name or ""
-        for trial in await client.list_trials(experiment_id):
+        trials = await client.list_trials(experiment_id)
+        if view.failure is None and (first := first_failures(trials, 1)) and first[0].last_error:
+            view.failure = failure_line(first[0])  # (it ended before the events were read)
+        for trial in trials:
             row = view.row(trial.id)
             row.seq = trial.sequence_id
             row.start, row.end = row.start or trial.start_time, row.end or trial.end_time
@@ -93,6 +99,8 @@ async def _watch(client: AsyncClient, experiment_id: str, out: Console) -> None:
                 row.start, row.end = event.time, None
             elif event.status.terminal:
                 row.end = event.time
+            if event.status is TrialStatus.FAILED and event.last_error and view.failure is None:
+                view.failure = said(event.trial_id, event.exit_code, event.last_error)
 
     async def follow_metrics() -> None:
         async for record in client.metrics(experiment_id):
