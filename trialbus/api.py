@@ -13,9 +13,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from contracts import ExperimentState, MetricType, TrialState, TrialStatus
 from contracts.base import Contract
-
-#: ``trialbus up``'s NATS, by default.
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+from trialbus.local import DEFAULT_NATS_URL as DEFAULT_NATS_URL  # `trialbus up`'s, defined where the CLI reads it
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -61,20 +61,24 @@ class AsyncClient:
 
     ``url`` may list several servers, comma-separated. ``user``/``password`` or ``creds``
     (a ``.creds`` file) authenticate when the server requires it; given none, the client user of
-    a ``trialbus up`` on this machine at ``url`` is used (:mod:`trialbus.local`). ``request_timeout`` is in
+    this user's ``trialbus up`` at ``url`` is used, found from any directory (:mod:`trialbus.local`):
+    the one of ``data_dir`` (else ``TRIALBUS_DATA_DIR``) when one is named. Without ``url``, the
+    NATS of that data dir's stack, else :data:`DEFAULT_NATS_URL`. ``request_timeout`` is in
     seconds. After the first connection, a lost connection is retried forever.
     """
 
     def __init__(
         self,
-        url: str = DEFAULT_NATS_URL,
+        url: str | None = None,
         *,
         user: str | None = None,
         password: str | None = None,
         creds: str | Path | None = None,
         request_timeout: float = 10.0,
+        data_dir: str | Path | None = None,
     ) -> None:
-        self.url = url
+        self.url = local.nats_url(url, data_dir)
+        self.data_dir = data_dir
         self.request_timeout = request_timeout
         self._auth = {"user": user, "password": password, "creds": creds}
         self._nc: NatsClient | None = None
@@ -105,8 +109,9 @@ class AsyncClient:
             return self
         self.url = url or self.url
         auth = {**self._auth, **{k: v for k, v in {"user": user, "password": password, "creds": creds}.items() if v}}
-        if not auth["user"] and not auth["creds"] and (found := local.credentials_for(self.url)):
-            auth["user"], auth["password"] = found  # `trialbus up` on this machine: its client user
+        found = None if auth["user"] or auth["creds"] else local.credentials_for(self.url, self.data_dir)
+        if found:
+            auth["user"], auth["password"] = found  # this user's `trialbus up` at this URL: its client user
 
         async def quiet(*_: object) -> None:  # the default callbacks log every retry at ERROR
             pass
@@ -136,13 +141,34 @@ class AsyncClient:
             # refused attempt (a wrong password), and would go on trying them for ever
             self._nc = await asyncio.wait_for(nats.connect(**options), CONNECT_DEADLINE)
         except (OSError, TimeoutError, nats.errors.Error) as exc:
-            reason = str(refusals[-1] if refusals else exc) or type(exc).__name__
-            raise TrialbusError(
-                503, f"cannot connect to NATS at {self.url} ({reason}); is the stack running (`trialbus up`)?"
-            ) from None
+            # a refused password is the reason, even when a later attempt only saw the socket reset
+            denied = [r for r in refusals if _denied(str(r))]
+            reason = str(denied[-1] if denied else refusals[-1] if refusals else exc) or type(exc).__name__
+            how = "found" if found else "given" if auth["user"] or auth["creds"] else None
+            raise TrialbusError(503, self._refused(reason, how)) from None
         self._nc.options["max_reconnect_attempts"] = -1
         self._js = self._nc.jetstream()
         return self
+
+    def _refused(self, reason: str, credentials: str | None) -> str:
+        """Why no server took us, and what to do. When NATS wants credentials and none were
+        ``given`` nor ``found``: where they were looked for and what to set."""
+        said = f"cannot connect to NATS at {self.url} ({reason})"
+        if _denied(reason):
+            where = local.where_looked(self.data_dir)
+            if credentials == "given":
+                return f"{said}: it refused the credentials given (TRIALBUS_NATS_USER, TRIALBUS_NATS_PASSWORD)"
+            if credentials == "found":
+                return (f"{said}: it refused the client user found in {where}: another stack than that one may "
+                        f"run there now; name its data dir (--data-dir or TRIALBUS_DATA_DIR)")  # fmt: skip
+            return (f"{said}: it needs credentials; none were given, and none of this user's `trialbus up` with NATS "
+                    f"at {self.url} were found in {where}. Name its data dir (--data-dir or TRIALBUS_DATA_DIR), or "
+                    f"set TRIALBUS_NATS_USER and TRIALBUS_NATS_PASSWORD")  # fmt: skip
+        others = [f"{r.stack.nats_url} (data dir {r.data_dir})" for r in local.running()
+                  if r.stack.nats_url != self.url]  # fmt: skip
+        if others:
+            return f"{said}; this user's `trialbus up` runs with NATS at {', '.join(others)}: name it with --nats-url"
+        return f"{said}; is the stack running (`trialbus up`)?"
 
     async def close(self) -> None:
         """Stop the watchers, end the iterators, drain the connection. Safe to call twice."""
@@ -391,3 +417,8 @@ class AsyncClient:
     ) -> TrialOutcome:
         """Wait until the trial ended; its final status and FINAL metric."""
         return await self._await(trial_id, experiment_id, timeout, final=False)
+
+
+def _denied(reason: str) -> bool:
+    """Whether a NATS server refused the credentials (or their absence), as its error says."""
+    return any(word in reason.lower() for word in ("authorization", "authentication"))

@@ -18,6 +18,8 @@ The same script shape works::
 Ctrl-C. The tuner runs in the stack's tuner service, not in this process: ``start`` returns at once
 and the experiment goes on without this script (``Experiment.connect(id)`` finds it again).
 ``port`` and ``debug`` are accepted for NNI's signatures; the stack's web UI is already running.
+It connects to ``nats_url`` (else ``TRIALBUS_NATS_URL``, else the NATS of ``data_dir``'s stack), with
+the credentials of this user's ``trialbus up`` there, found from any directory (:mod:`trialbus.local`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 from contracts import ExperimentConfig, ExperimentStatus, TrialState, TrialStatus
 from contracts.state import default_metric
 from services.tuner import choose
-from trialbus.client import DEFAULT_NATS_URL, Client, ExperimentView, TrialMetric, as_config
+from trialbus.client import Client, ExperimentView, TrialMetric, as_config
 
 __all__ = ["Experiment", "best_trial", "check_tuner"]
 
@@ -98,6 +100,7 @@ class Experiment:
         user: str | None = None,
         password: str | None = None,
         request_timeout: float = 10.0,
+        data_dir: str | Path | None = None,
     ) -> None:
         if isinstance(config, str) and not config.endswith((".yml", ".yaml", ".json")) and not Path(config).exists():
             self.config: Any = _draft(config)  # a platform name, as Experiment("local") in NNI
@@ -107,16 +110,15 @@ class Experiment:
             self.config = as_config(config)
         self.id: str | None = None
         self._client = Client(
-            nats_url or os.environ.get("TRIALBUS_NATS_URL", DEFAULT_NATS_URL), user=user, password=password,
-            request_timeout=request_timeout,
+            nats_url or os.environ.get("TRIALBUS_NATS_URL"), user=user, password=password,
+            request_timeout=request_timeout, data_dir=data_dir,
         )  # fmt: skip
         self._connected = False
 
     @classmethod
     def connect(cls, experiment_id: str, **options: Any) -> Experiment:
         """An experiment already on the stack (NNI's ``Experiment.connect``), by id."""
-        client = Client(options.pop("nats_url", None) or os.environ.get("TRIALBUS_NATS_URL", DEFAULT_NATS_URL),
-                        **options)
+        client = Client(options.pop("nats_url", None) or os.environ.get("TRIALBUS_NATS_URL"), **options)
         client.connect()
         view = client.get_experiment(experiment_id)
         experiment = cls.__new__(cls)

@@ -1,22 +1,35 @@
-"""How a client on the same machine finds a running ``trialbus up``: ``<data>/client.json``.
+"""How a client on the same machine finds a running ``trialbus up``: ``<data>/client.json``, and
+the entry each running stack keeps in this user's runtime dir (:mod:`trialbus.runtime`).
 
-``trialbus up`` writes it (mode 0600: only its user reads it, as Jupyter's runtime files) with
-the NATS URL (every server of a cluster, comma-separated, so a client reaches the cluster
+``trialbus up`` writes both (mode 0600: only its user reads them, as Jupyter's runtime files)
+with the NATS URL (every server of a cluster, comma-separated, so a client reaches the cluster
 through any of them) and the ``client`` user's password, the API and web UI URLs and the API
-token. The CLI, :class:`~trialbus.client.AsyncClient` and ``trialbus.Experiment`` use it when
+token. The CLI, :class:`~trialbus.client.AsyncClient` and ``trialbus.Experiment`` use them when
 they are given no NATS credentials, and only for a NATS URL whose servers are all the stack's,
-so a password of this machine's stack is never sent to another server. The data dir is
-``TRIALBUS_DATA_DIR``, else ``.trialbus`` (``trialbus up``'s default) in the working directory.
+so a password of this machine's stack is never sent to another server.
+
+Which stack, from any directory: the one whose data dir is named (``--data-dir``,
+``TRIALBUS_DATA_DIR``); else the running stack whose servers the NATS URL names (``--nats-url``,
+``TRIALBUS_NATS_URL``, else the default ports' ``nats://127.0.0.1:4222``), or failing that the
+``.trialbus`` (``trialbus up``'s default) of the working directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trialbus import runtime
+
 CLIENT_FILE = "client.json"
+#: The NATS of ``trialbus up`` on its default ports.
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+#: ``trialbus up``'s data dir when none is named, relative to where it runs.
+DEFAULT_DATA_DIR = ".trialbus"
 
 
 @dataclass(frozen=True)
@@ -36,7 +49,13 @@ class LocalStack:
 
 
 def data_dir() -> Path:
-    return Path(os.environ.get("TRIALBUS_DATA_DIR") or ".trialbus")
+    return named_dir() or Path(DEFAULT_DATA_DIR)
+
+
+def named_dir(directory: str | Path | None = None) -> Path | None:
+    """``directory``, else ``TRIALBUS_DATA_DIR``; None when neither names a data dir."""
+    found = directory or os.environ.get("TRIALBUS_DATA_DIR")
+    return Path(found).expanduser() if found else None
 
 
 def find(directory: Path | None = None) -> LocalStack | None:
@@ -48,19 +67,76 @@ def find(directory: Path | None = None) -> LocalStack | None:
         return None
 
 
-def stack_for(url: str) -> LocalStack | None:
-    """The local stack when ``url`` names its servers (all, or some of a cluster's: the client
-    learns the others from them), else None."""
-    found, asked = find(), set(_servers(url))
-    if found is None or not asked or not asked <= set(_servers(found.nats_url)):
-        return None
+def stack_for(url: str, directory: str | Path | None = None) -> LocalStack | None:
+    """The stack of this user whose servers ``url`` names (all, or some of a cluster's: the client
+    learns the others from them), else None. Only the named data dir's (``directory``, else
+    ``TRIALBUS_DATA_DIR``) when one is named; else the running stacks', then ``./.trialbus``'s."""
+    return next((found for found in _candidates(directory) if found is not None and _serves(found, url)), None)
+
+
+def credentials_for(url: str, directory: str | Path | None = None) -> tuple[str, str] | None:
+    """The NATS user and password of this user's stack at ``url`` (:func:`stack_for`)."""
+    found = stack_for(url, directory)
+    return (found.nats_user, found.nats_password) if found else None
+
+
+def nats_url(given: str | None = None, directory: str | Path | None = None) -> str:
+    """The NATS URL to use: ``given``, else that of the stack of the named data dir
+    (``directory``, else ``TRIALBUS_DATA_DIR``), else the default ports'."""
+    if given:
+        return given
+    named = named_dir(directory)
+    found = find(named) if named is not None else None
+    return found.nats_url if found is not None else DEFAULT_NATS_URL
+
+
+def where_looked(directory: str | Path | None = None) -> str:
+    """Where :func:`stack_for` looks, in words, for an error that says what to set."""
+    named = named_dir(directory)
+    if named is not None:
+        return f"{named.resolve() / CLIENT_FILE} (the data dir named)"
+    return (f"the running stacks of this user ({runtime.runtime_dir()}) and "
+            f"{Path(DEFAULT_DATA_DIR).resolve() / CLIENT_FILE}")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Running:
+    """A running ``trialbus up`` of this user, as its runtime entry says."""
+
+    pid: int
+    data_dir: str
+    #: ISO 8601, UTC.
+    started_at: str
+    stack: LocalStack
+
+
+def running() -> list[Running]:
+    """Every running ``trialbus up`` of this user, oldest first (:mod:`trialbus.runtime`)."""
+    found = []
+    for entry in runtime.running():
+        with contextlib.suppress(TypeError):
+            found.append(Running(entry.pid, entry.data_dir, entry.started_at, LocalStack(**entry.client)))
     return found
 
 
-def credentials_for(url: str) -> tuple[str, str] | None:
-    """The local stack's NATS user and password when ``url`` names its servers."""
-    found = stack_for(url)
-    return (found.nats_user, found.nats_password) if found else None
+def running_at(url: str) -> Running | None:
+    """The running ``trialbus up`` of this user whose servers ``url`` names, else None."""
+    return next((each for each in running() if _serves(each.stack, url)), None)
+
+
+def _serves(stack: LocalStack, url: str) -> bool:
+    asked = set(_servers(url))
+    return bool(asked) and asked <= set(_servers(stack.nats_url))
+
+
+def _candidates(directory: str | Path | None) -> Iterator[LocalStack | None]:
+    named = named_dir(directory)
+    if named is not None:
+        yield find(named)
+        return
+    for each in running():
+        yield each.stack
+    yield find(Path(DEFAULT_DATA_DIR))
 
 
 def write(directory: Path, stack: LocalStack) -> Path:

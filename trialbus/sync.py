@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from contracts import ExperimentConfig, MetricRecord, PlatformStatus, TrialEvent, TrialState, TrialStatus
 from services.common.code import CodeUpload
-from trialbus.api import DEFAULT_NATS_URL, ExperimentView, SubmittedTrial, TrialMetric, TrialPage
+from trialbus.api import ExperimentView, SubmittedTrial, TrialMetric, TrialPage
 from trialbus.watcher import TrialOutcome
 
 T = TypeVar("T")
@@ -25,7 +25,7 @@ class Client:
     Calls run on an event loop in a daemon thread owned by this object; ``close`` stops it.
     """
 
-    def __init__(self, url: str = DEFAULT_NATS_URL, **options: Any) -> None:
+    def __init__(self, url: str | None = None, **options: Any) -> None:
         from trialbus.client import AsyncClient  # that module exports this class: imported when used
 
         self._loop = asyncio.new_event_loop()

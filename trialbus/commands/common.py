@@ -8,6 +8,7 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
@@ -39,6 +40,8 @@ class Options:
     timeout: float
     nats_user: str | None = None
     nats_password: str | None = None
+    #: ``--data-dir``: the stack whose credentials to use (:mod:`trialbus.local`); None: the one at ``nats_url``.
+    data_dir: Path | None = None
 
 
 def console() -> Console:
@@ -59,7 +62,7 @@ def with_client(ctx: typer.Context, work: Callable[[AsyncClient], Awaitable[T]])
 
     async def main() -> T:
         async with AsyncClient(options.nats_url, request_timeout=options.timeout, user=options.nats_user,
-                               password=options.nats_password) as client:  # fmt: skip
+                               password=options.nats_password, data_dir=options.data_dir) as client:  # fmt: skip
             return await work(client)
 
     try:

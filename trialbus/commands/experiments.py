@@ -69,7 +69,8 @@ def experiment_run(
         raise fail(str(exc)) from None
     out = console()
     experiment = Experiment(loaded, nats_url=options.nats_url, user=options.nats_user,
-                            password=options.nats_password, request_timeout=options.timeout)  # fmt: skip
+                            password=options.nats_password, request_timeout=options.timeout,
+                            data_dir=options.data_dir)  # fmt: skip
     try:
         experiment_id = experiment.start()
         url = f"{webui_url(options.nats_url)}/experiments/{experiment_id}"

@@ -11,13 +11,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from trialbus import local
 from trialbus.output import fail
 from trialbus.stack.errors import StackError
 
 if TYPE_CHECKING:  # rich and the stack's code load when a command runs, not with the CLI (trialbus.cli)
     from trialbus.stack.control import StackStatus
 
-DataDir = Annotated[Path, typer.Option(envvar="TRIALBUS_DATA_DIR", help="Where the stack keeps its data and logs.")]
+DataDir = Annotated[Path | None, typer.Option(envvar="TRIALBUS_DATA_DIR", show_default=False,
+                                               help="Where the stack keeps its data and logs [default: .trialbus].")]
 STATE_STYLE = {"running": "green", "starting": "cyan", "restarting": "yellow", "stopping": "yellow", "exited": "red"}
 
 
@@ -61,6 +63,7 @@ def _cluster_size(size: int) -> int:
 
 
 def up(
+    ctx: typer.Context,
     command: Annotated[
         list[str] | None, typer.Argument(help="After `--`: a command to run once the stack is ready.")
     ] = None,
@@ -68,7 +71,7 @@ def up(
     api_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the dispatcher's REST API.")] = 8080,
     gateway_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the metrics gateway.")] = 8081,
     webui_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the web UI.")] = 8082,
-    data_dir: DataDir = Path(".trialbus"),
+    data_dir: DataDir = None,
     keep_trials: Annotated[
         bool, typer.Option(help="On stop, leave running trials running; the next `trialbus up` adopts them.")
     ] = False,
@@ -98,6 +101,7 @@ def up(
     from trialbus.stack.options import StackOptions
     from trialbus.stack.supervisor import run
 
+    data_dir = data_dir or getattr(ctx.obj, "data_dir", None) or Path(local.DEFAULT_DATA_DIR)
     options = StackOptions(data_dir=data_dir, nats_port=nats_port, api_port=api_port, gateway_port=gateway_port,
                            webui_port=webui_port, keep_trials=keep_trials, stop_timeout=stop_timeout,
                            cluster=cluster)  # fmt: skip
@@ -110,32 +114,45 @@ def up(
 
 
 def down_command(
-    data_dir: DataDir = Path(".trialbus"),
+    ctx: typer.Context,
+    data_dir: DataDir = None,
     keep_trials: Annotated[
         bool, typer.Option(help="Leave running trials running; the next `trialbus up` adopts them.")
     ] = False,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for an ordered stop, then kill.")] = 40.0,
 ) -> None:
-    """Stop the stack `trialbus up` runs on this data dir (from another terminal), or what a killed one left."""
+    """Stop the stack `trialbus up` runs on this data dir (from another terminal), or what a killed one left.
+
+    Without --data-dir: ./.trialbus if a stack ran there, else this user's running stack at --nats-url."""
     from rich.console import Console
 
     from trialbus.stack.control import down
 
     console = Console(stderr=True, highlight=False)
     try:
-        said = down(data_dir.expanduser().resolve(), console, keep_trials, timeout)
+        said = down(_chosen(ctx, data_dir).expanduser().resolve(), console, keep_trials, timeout)
     except StackError as exc:
         raise fail(str(exc)) from None
     console.print(said)
 
 
 def status_command(
-    data_dir: DataDir = Path(".trialbus"),
+    ctx: typer.Context,
+    data_dir: DataDir = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    every: Annotated[
+        bool, typer.Option("--all", "-a", help="List every running `trialbus up` of this user instead: pid, data "
+                           "dir, URLs, since when.")
+    ] = False,
 ) -> None:
-    """Each part of the stack on this data dir: pid, state, uptime, restarts, health. Exit 0 while it runs."""
+    """Each part of the stack on this data dir: pid, state, uptime, restarts, health. Exit 0 while it runs.
+
+    Without --data-dir: ./.trialbus if a stack ran there, else this user's running stack at --nats-url."""
     from trialbus.stack.control import stack_status
 
+    if every:
+        _list_stacks(as_json)
+    data_dir = _chosen(ctx, data_dir)
     found = stack_status(data_dir.expanduser().resolve())
     if as_json:
         print(json.dumps(found.as_json() if found else None, indent=1))
@@ -144,13 +161,52 @@ def status_command(
     raise typer.Exit(0 if found is not None and found.state == "running" else 1)
 
 
+def _chosen(ctx: typer.Context, data_dir: Path | None) -> Path:
+    """The data dir named (the command's option, else ``trialbus --data-dir``); else ./.trialbus when
+    a stack ran there; else this user's running stack at the CLI's NATS URL (:mod:`trialbus.local`)."""
+    from trialbus.stack.state import STATE_FILE
+
+    named = data_dir or getattr(ctx.obj, "data_dir", None)
+    if named is not None:
+        return named
+    default = Path(local.DEFAULT_DATA_DIR)
+    if (default / STATE_FILE).exists():
+        return default
+    found = local.running_at(getattr(ctx.obj, "nats_url", None) or local.DEFAULT_NATS_URL)
+    return Path(found.data_dir) if found is not None else default
+
+
+def _list_stacks(as_json: bool) -> None:
+    """``status --all``: every running ``trialbus up`` of this user, no secret shown; exit 0 if any.
+    One stack a paragraph, as ``jupyter server list``: a data dir or a URL is never cut."""
+    from datetime import datetime
+
+    from rich.console import Console
+
+    from trialbus import runtime
+
+    found = [{"pid": r.pid, "data_dir": r.data_dir, "started_at": r.started_at, "nats_url": r.stack.nats_url,
+              "api_url": r.stack.api_url, "webui_url": r.stack.webui_url} for r in local.running()]  # fmt: skip
+    console = Console(highlight=False, soft_wrap=True)
+    if as_json:
+        print(json.dumps(found, indent=1))
+    elif not found:
+        console.print(f"no `trialbus up` of this user runs (none registered in {runtime.runtime_dir()})")
+    for each in [] if as_json else found:
+        since = datetime.fromisoformat(each["started_at"]).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        console.print(f"[bold]{each['data_dir']}[/]: `trialbus up` pid {each['pid']}, since {since}")
+        console.print(f"  NATS {each['nats_url']}  API {each['api_url']}  web UI {each['webui_url']}")
+    raise typer.Exit(0 if found else 1)
+
+
 def _print_status(found: StackStatus | None, data_dir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console(highlight=False)
     if found is None:
-        console.print(f"no stack has run on {data_dir} (`trialbus up --data-dir {data_dir}` starts one)")
+        console.print(f"no stack has run on {data_dir} (`trialbus up --data-dir {data_dir}` starts one; "
+                      "`trialbus status --all` lists this user's running stacks)")  # fmt: skip
         return
     headline = {
         "running": f"[green]running[/]: `trialbus up` pid {found.supervisor_pid}, since {found.started_at[:19]}",

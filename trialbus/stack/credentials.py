@@ -8,6 +8,8 @@ fills from ``.env``. Guarantees:
   data dir, mode 0600, created exclusively (two ``up`` never race to different values); a
   variable set in ``trialbus up``'s environment is used instead. Kept across runs, so trial
   tokens, sealed secrets and sessions stay valid after a restart.
+- ``<data>/api-token``, the file ``trialbus up`` points people to for the web UI, holds the token
+  in force: ``TRIALBUS_API_TOKEN``'s when that is set (written there, 0600), never an older one.
 - :attr:`Credentials.variables` are compose's names (``TRIALBUS_API_TOKEN``,
   ``NATS_PASSWORD_DISPATCHER``…): each service gets exactly the ones compose.yaml gives it.
 - Nothing here prints or logs a secret.
@@ -78,6 +80,9 @@ def load(data_dir: Path, environ: dict[str, str] | None = None) -> Credentials:
     def value(variable: str, make) -> str:
         return environ.get(variable) or secret_file(data_dir / FILES[variable], make)
 
+    if token := environ.get("TRIALBUS_API_TOKEN"):
+        keep_secret(data_dir / FILES["TRIALBUS_API_TOKEN"], token)
+
     passwords = json.loads(secret_file(data_dir / NATS_PASSWORDS, lambda: json.dumps(
         {user: nats_password() for user in users})))  # fmt: skip
     missing = [user for user in users if user not in passwords]
@@ -110,6 +115,16 @@ def secret_file(path: Path, make) -> str:
         if not secret:
             raise StackError(f"{path} is empty: delete it to have a new secret generated") from None
         return secret
+
+
+def keep_secret(path: Path, secret: str) -> None:
+    """``path`` holds ``secret`` (mode 0600), replaced atomically only when it held another."""
+    try:
+        if path.read_text().strip() == secret and not path.stat().st_mode & 0o077:
+            return
+    except OSError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    local.write_private(path, secret + "\n")
 
 
 def _create(path: Path, secret: str) -> str:

@@ -5,7 +5,9 @@ here wakes on them at once. While running, a part that exits is started again af
 as its compose ``restart:`` policy says (a nats-server on its same JetStream directory, at its
 same addresses: a cluster's node rejoins its cluster), and the console says which, why and
 when; a part that keeps dying (``crash_loop`` exits within ``crash_loop_window`` seconds)
-stops the stack with its log tail and exit code 1.
+stops the stack with its log tail and exit code 1. Once every part is ready it registers the
+stack in this user's runtime dir (:mod:`trialbus.runtime`), where clients in any directory and
+``trialbus status --all`` find it, until its stop begins.
 
 A stop (first SIGINT, SIGTERM or SIGHUP, ``trialbus down``, or CMD's end) goes in order
 within ``stop_timeout`` seconds: CMD is asked to stop; the running experiments are stopped so
@@ -22,12 +24,15 @@ import signal
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime
 
 from rich.console import Console
 from rich.markup import escape
 
+from trialbus import runtime
 from trialbus.stack.compose import NATS_RESTART, SERVICES, ServiceDef
+from trialbus.stack.credentials import FILES
 from trialbus.stack.errors import StackError
 from trialbus.stack.options import StackOptions
 from trialbus.stack.parts import Part, Stack, tail
@@ -46,6 +51,8 @@ from trialbus.stack.state import (
 )
 from trialbus.stack.trials import end_running_trials
 
+#: Where the API token in force is: the file ``up`` points people to for the web UI.
+API_TOKEN_FILE = FILES["TRIALBUS_API_TOKEN"]
 #: How a stop was asked for, as the trials' messages say it.
 HOW = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP: its terminal closed"}
 #: The share of ``stop_timeout`` that ending the running trials may take; the parts get the rest.
@@ -88,6 +95,7 @@ class Supervisor:
         #: Monotonic time each restarting part exited, to say how long it was away.
         self._exited_at: dict[str, float] = {}
         self._late: set[str] = set()
+        self._registration: runtime.Registration | None = None
         self._me = ProcessId.of(os.getpid()) or ProcessId(os.getpid(), 0.0)
 
     # -- the whole life ------------------------------------------------------------------------
@@ -103,6 +111,7 @@ class Supervisor:
             try:
                 self.stack.start()
                 self._up = True
+                self._register()
                 self._banner()
                 if command:
                     self.child = self._run_command(command)
@@ -115,6 +124,17 @@ class Supervisor:
         finally:
             self._lock.release()
 
+    def _register(self) -> None:
+        """Say in this user's runtime dir that the stack runs (:mod:`trialbus.runtime`): clients in
+        any directory find it there. A runtime dir that cannot be used costs only that."""
+        found = self.stack.local_stack()
+        try:
+            self._registration = runtime.register(self._me.pid, str(self.stack.data_dir),
+                                                  self.started_at.isoformat(), asdict(found))  # fmt: skip
+        except OSError as exc:
+            self.console.print(f"[yellow]could not register the stack in {runtime.runtime_dir()} ({exc}): clients "
+                               f"in other directories find it only with TRIALBUS_DATA_DIR={self.stack.data_dir}[/]")
+
     def _banner(self) -> None:
         o = self.options
         found = self.stack.local_stack()
@@ -125,13 +145,14 @@ class Supervisor:
             f"[bold green]Trialbus is up[/]: {nats}, API {o.api_url}, "
             f"gateway http://{o.host}:{o.gateway_port}; logs in {self.stack.log_dir}"
         )
-        if self.console.is_terminal:  # the login link holds the token: a terminal's, never a log's
+        if self.console.is_terminal or not found.api_token:  # the login link holds the token: never in a log
             self.console.print(f"Web UI: {escape(found.login_url)}", soft_wrap=True)
         else:
             self.console.print(f"Web UI: {found.webui_url} (log in with {found.webui_url}/login?token=<the token in "
-                               f"{self.stack.data_dir / 'api-token'}>)", soft_wrap=True)  # fmt: skip
-        self.console.print(f"[dim]Credentials (mode 0600) in {self.stack.data_dir}: the CLI and the Python client "
-                           f"find them there from this directory or with TRIALBUS_DATA_DIR={self.stack.data_dir}[/]")
+                               f"{self.stack.data_dir / API_TOKEN_FILE}>)", soft_wrap=True)  # fmt: skip
+        where = f" and {self._registration.path}" if self._registration else ""
+        self.console.print(f"[dim]Credentials (mode 0600) in {self.stack.data_dir}{where}: the CLI and the Python "
+                           f"client find them from any directory (`trialbus status --all` lists the stacks)[/]")
         if not self.command:
             trials = "leaves running trials to the next `trialbus up`" if o.keep_trials else "cancels running trials"
             self.console.print(f"Press Ctrl-C to stop ({trials}; twice to kill at once). "
@@ -213,6 +234,8 @@ class Supervisor:
 
     def _shutdown(self, code: int) -> int:
         """Stop CMD, end the running trials (a user's stop), stop every part; the exit code."""
+        if self._registration is not None:  # a stopping stack is no client's to find
+            self._registration.close()
         o = self.options
         deadline = time.monotonic() + o.stop_timeout
         request = take_stop_request(self.stack.data_dir)
