@@ -168,6 +168,30 @@ def test_two_stacks_are_told_apart_by_data_dir_and_by_url(two: tuple[World, Up, 
     assert mixed.returncode == 1
     assert "Authorization Violation" in mixed.stderr and f"{a.data_dir.resolve()}/client.json" in mixed.stderr
 
+    # and `down` naming neither stops neither, but says how to
+    neither = world.cli("down")
+    assert neither.returncode == 0 and "no stack is running" in neither.stderr
+    assert "`trialbus status --all` lists this user's running stacks" in neither.stderr
+    assert a.proc.poll() is None and b.proc.poll() is None
+
+    # The Python client and trialbus.Experiment choose the same way, by URL or by data dir
+    script = textwrap.dedent("""
+        import sys
+        from trialbus import Client, Experiment
+        with Client(sys.argv[1]) as client:
+            print("by url:", len(client.list_experiments()))
+        experiment = Experiment("config.yml", data_dir=sys.argv[2])
+        print("created:", experiment.start())
+        experiment.close()
+    """)
+    python = subprocess.run([sys.executable, "-c", script, a.nats_url, str(b.data_dir)], cwd=world.elsewhere,
+                            env=world.env(), capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert python.returncode == 0, python.stderr
+    created = python.stdout.split("created: ")[1].strip()
+    on_b = world.cli("--data-dir", str(b.data_dir), "experiment", "list").stdout
+    on_a = world.cli("--nats-url", a.nats_url, "experiment", "list").stdout
+    assert created in on_b and created not in on_a
+
     # And `status --all` lists both, the older first
     every = world.cli("status", "--all").stdout
     assert every.index(str(a.data_dir.resolve())) < every.index(str(b.data_dir.resolve()))

@@ -133,6 +133,8 @@ def down_command(
         said = down(_chosen(ctx, data_dir).expanduser().resolve(), console, keep_trials, timeout)
     except StackError as exc:
         raise fail(str(exc)) from None
+    if said.startswith("no stack is running") and local.running():
+        said += " (`trialbus status --all` lists this user's running stacks: name one with --data-dir)"
     console.print(said)
 
 
