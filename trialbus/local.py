@@ -95,8 +95,11 @@ def where_looked(directory: str | Path | None = None) -> str:
     named = named_dir(directory)
     if named is not None:
         return f"{named.resolve() / CLIENT_FILE} (the data dir named)"
-    return (f"the running stacks of this user ({runtime.runtime_dir()}) and "
-            f"{Path(DEFAULT_DATA_DIR).resolve() / CLIENT_FILE}")  # fmt: skip
+    try:
+        registry = f"the running stacks of this user ({runtime.runtime_dir()})"
+    except runtime.RuntimeDirError as exc:
+        registry = f"no running stack ({exc})"
+    return f"{registry} and {Path(DEFAULT_DATA_DIR).resolve() / CLIENT_FILE}"
 
 
 @dataclass(frozen=True)

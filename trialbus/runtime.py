@@ -40,14 +40,18 @@ class RuntimeDirError(OSError):
 
 def runtime_dir() -> Path:
     """``$XDG_RUNTIME_DIR/trialbus`` where that is set and belongs to this user, else
-    ``$XDG_DATA_HOME/trialbus/runtime`` (``~/.local/share/trialbus/runtime``)."""
+    ``$XDG_DATA_HOME/trialbus/runtime`` (``~/.local/share/trialbus/runtime``);
+    :class:`RuntimeDirError` when there is no home to put it in."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg and os.path.isabs(xdg):
         with contextlib.suppress(OSError):
             if os.stat(xdg).st_uid == os.getuid():  # `su` keeps another user's XDG_RUNTIME_DIR
                 return Path(xdg) / "trialbus"
     data = os.environ.get("XDG_DATA_HOME")
-    base = Path(data) if data and os.path.isabs(data) else Path.home() / ".local" / "share"
+    try:
+        base = Path(data) if data and os.path.isabs(data) else Path.home() / ".local" / "share"
+    except RuntimeError:  # no HOME, and no passwd entry to find one
+        raise RuntimeDirError("no runtime dir: set XDG_RUNTIME_DIR (or HOME)") from None
     return base / "trialbus" / "runtime"
 
 

@@ -193,7 +193,11 @@ def _list_stacks(as_json: bool) -> None:
     if as_json:
         print(json.dumps(found, indent=1))
     elif not found:
-        console.print(f"no `trialbus up` of this user runs (none registered in {runtime.runtime_dir()})")
+        try:
+            where = f"none registered in {runtime.runtime_dir()}"
+        except runtime.RuntimeDirError as exc:
+            where = str(exc)
+        console.print(f"no `trialbus up` of this user runs ({where})")
     for each in [] if as_json else found:
         since = datetime.fromisoformat(each["started_at"]).astimezone().strftime("%Y-%m-%d %H:%M:%S")
         console.print(f"[bold]{each['data_dir']}[/]: `trialbus up` pid {each['pid']}, since {since}")

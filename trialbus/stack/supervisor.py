@@ -131,9 +131,9 @@ class Supervisor:
         try:
             self._registration = runtime.register(self._me.pid, str(self.stack.data_dir),
                                                   self.started_at.isoformat(), asdict(found))  # fmt: skip
-        except OSError as exc:
-            self.console.print(f"[yellow]could not register the stack in {runtime.runtime_dir()} ({exc}): clients "
-                               f"in other directories find it only with TRIALBUS_DATA_DIR={self.stack.data_dir}[/]")
+        except OSError as exc:  # RuntimeDirError included
+            self.console.print(f"[yellow]could not register the stack for clients in other directories ({exc}): "
+                               f"they find it with TRIALBUS_DATA_DIR={self.stack.data_dir}[/]")  # fmt: skip
 
     def _banner(self) -> None:
         o = self.options
