@@ -142,33 +142,13 @@ class AsyncClient:
             self._nc = await asyncio.wait_for(nats.connect(**options), CONNECT_DEADLINE)
         except (OSError, TimeoutError, nats.errors.Error) as exc:
             # a refused password is the reason, even when a later attempt only saw the socket reset
-            denied = [r for r in refusals if _denied(str(r))]
+            denied = [r for r in refusals if local.denied(str(r))]
             reason = str(denied[-1] if denied else refusals[-1] if refusals else exc) or type(exc).__name__
             how = "found" if found else "given" if auth["user"] or auth["creds"] else None
-            raise TrialbusError(503, self._refused(reason, how)) from None
+            raise TrialbusError(503, local.refused(self.url, reason, how, self.data_dir)) from None
         self._nc.options["max_reconnect_attempts"] = -1
         self._js = self._nc.jetstream()
         return self
-
-    def _refused(self, reason: str, credentials: str | None) -> str:
-        """Why no server took us, and what to do. When NATS wants credentials and none were
-        ``given`` nor ``found``: where they were looked for and what to set."""
-        said = f"cannot connect to NATS at {self.url} ({reason})"
-        if _denied(reason):
-            where = local.where_looked(self.data_dir)
-            if credentials == "given":
-                return f"{said}: it refused the credentials given (TRIALBUS_NATS_USER, TRIALBUS_NATS_PASSWORD)"
-            if credentials == "found":
-                return (f"{said}: it refused the client user found in {where}: another stack than that one may "
-                        f"run there now; name its data dir (--data-dir or TRIALBUS_DATA_DIR)")  # fmt: skip
-            return (f"{said}: it needs credentials; none were given, and none of this user's `trialbus up` with NATS "
-                    f"at {self.url} were found in {where}. Name its data dir (--data-dir or TRIALBUS_DATA_DIR), or "
-                    f"set TRIALBUS_NATS_USER and TRIALBUS_NATS_PASSWORD")  # fmt: skip
-        others = [f"{r.stack.nats_url} (data dir {r.data_dir})" for r in local.running()
-                  if r.stack.nats_url != self.url]  # fmt: skip
-        if others:
-            return f"{said}; this user's `trialbus up` runs with NATS at {', '.join(others)}: name it with --nats-url"
-        return f"{said}; is the stack running (`trialbus up`)?"
 
     async def close(self) -> None:
         """Stop the watchers, end the iterators, drain the connection. Safe to call twice."""
@@ -417,8 +397,3 @@ class AsyncClient:
     ) -> TrialOutcome:
         """Wait until the trial ended; its final status and FINAL metric."""
         return await self._await(trial_id, experiment_id, timeout, final=False)
-
-
-def _denied(reason: str) -> bool:
-    """Whether a NATS server refused the credentials (or their absence), as its error says."""
-    return any(word in reason.lower() for word in ("authorization", "authentication"))

@@ -11,7 +11,8 @@ so a password of this machine's stack is never sent to another server.
 Which stack, from any directory: the one whose data dir is named (``--data-dir``,
 ``TRIALBUS_DATA_DIR``); else the running stack whose servers the NATS URL names (``--nats-url``,
 ``TRIALBUS_NATS_URL``, else the default ports' ``nats://127.0.0.1:4222``), or failing that the
-``.trialbus`` (``trialbus up``'s default) of the working directory.
+``.trialbus`` (``trialbus up``'s default) of the working directory. A client NATS refused says
+where it looked and what to set (:func:`refused`).
 """
 
 from __future__ import annotations
@@ -100,6 +101,33 @@ def where_looked(directory: str | Path | None = None) -> str:
     except runtime.RuntimeDirError as exc:
         registry = f"no running stack ({exc})"
     return f"{registry} and {Path(DEFAULT_DATA_DIR).resolve() / CLIENT_FILE}"
+
+
+def refused(url: str, reason: str, credentials: str | None, directory: str | Path | None = None) -> str:
+    """What a client says when no NATS server at ``url`` took it, for ``reason``, with credentials
+    ``"given"``, ``"found"`` here, or none (None). Refused for its credentials: where they were
+    looked for and what to set, never that the stack is down; else the stacks of this user that
+    run elsewhere, if any."""
+    said = f"cannot connect to NATS at {url} ({reason})"
+    if denied(reason):
+        where = where_looked(directory)
+        if credentials == "given":
+            return f"{said}: it refused the credentials given (TRIALBUS_NATS_USER, TRIALBUS_NATS_PASSWORD)"
+        if credentials == "found":
+            return (f"{said}: it refused the client user found in {where}: another stack than that one may run "
+                    f"there now; name its data dir (--data-dir or TRIALBUS_DATA_DIR)")  # fmt: skip
+        return (f"{said}: it needs credentials; none were given, and none of this user's `trialbus up` with NATS "
+                f"at {url} were found in {where}. Name its data dir (--data-dir or TRIALBUS_DATA_DIR), or set "
+                f"TRIALBUS_NATS_USER and TRIALBUS_NATS_PASSWORD")  # fmt: skip
+    others = [f"{r.stack.nats_url} (data dir {r.data_dir})" for r in running() if r.stack.nats_url != url]
+    if others:
+        return f"{said}; this user's `trialbus up` runs with NATS at {', '.join(others)}: name it with --nats-url"
+    return f"{said}; is the stack running (`trialbus up`)?"
+
+
+def denied(reason: str) -> bool:
+    """Whether a NATS server refused a client's credentials (or their absence), as its error says."""
+    return any(word in reason.lower() for word in ("authorization", "authentication"))
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ needs them), on free ports."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -23,6 +24,7 @@ import yaml
 
 from tests.fixtures.nats import nats_server_binary, require_binary
 from tests.fixtures.up import TRIALBUS, Up, new_ports, processes
+from trialbus import local
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {
@@ -72,9 +74,9 @@ class World:
         up.wait_for("Trialbus is up")
         return up
 
-    def cli(self, *args: str, **env: str) -> subprocess.CompletedProcess:
-        """The CLI as a user runs it in ``elsewhere``."""
-        return subprocess.run([TRIALBUS, *args], cwd=self.elsewhere, env=self.env(**env), capture_output=True,
+    def cli(self, *args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+        """The CLI as a user runs it in ``elsewhere`` (or ``cwd``)."""
+        return subprocess.run([TRIALBUS, *args], cwd=cwd or self.elsewhere, env=self.env(**env), capture_output=True,
                               text=True, timeout=60)  # fmt: skip
 
     def cleanup(self) -> None:
@@ -217,6 +219,27 @@ def test_without_credentials_the_error_says_where_it_looked_and_what_to_set(two:
     assert a.local.nats_password not in error
 
 
+def test_a_running_stack_wins_over_a_stale_client_json_here(two: tuple[World, Up, Up]) -> None:
+    # Given a directory whose .trialbus/client.json names A's URL with a password A no longer has
+    world, a, _ = two
+    here = world.root / "stale-here"
+    (here / ".trialbus").mkdir(parents=True, exist_ok=True)
+    local.write(here / ".trialbus", dataclasses.replace(a.local, nats_password="p-a-password-of-old"))
+
+    # When the CLI runs there, it uses the running stack's entry, which comes first
+    found = world.cli("--nats-url", a.nats_url, "experiment", "list", cwd=here)
+    assert found.returncode == 0, found.stderr
+
+    # and without that entry, the refusal names the stale file and what to set, not a stack that is down
+    empty = world.root / "no-entries"
+    empty.mkdir(mode=0o700, exist_ok=True)
+    refused = world.cli("--nats-url", a.nats_url, "experiment", "list", cwd=here, XDG_RUNTIME_DIR=str(empty))
+    assert refused.returncode == 1
+    assert "refused the client user found in" in refused.stderr
+    assert str(here / ".trialbus" / "client.json") in refused.stderr and "--data-dir" in refused.stderr
+    assert "p-a-password-of-old" not in refused.stderr
+
+
 def test_the_api_token_file_holds_the_token_in_force(world: World) -> None:
     # Given a data dir whose api-token holds an older, generated token, and a token in the environment
     data = world.root / "token" / "stackdir"
@@ -278,7 +301,7 @@ def test_an_entry_whose_stack_is_gone_is_ignored_and_deleted(world: World) -> No
 
 
 def test_given_no_url_nor_data_dir_a_client_uses_the_stack_on_the_default_ports(tmp_path: Path, monkeypatch) -> None:
-    from trialbus import local, runtime
+    from trialbus import runtime
     from trialbus.client import AsyncClient
 
     # Given two stacks of this user registered (as `trialbus up` does), one on the default ports

@@ -150,9 +150,13 @@ class Supervisor:
         else:
             self.console.print(f"Web UI: {found.webui_url} (log in with {found.webui_url}/login?token=<the token in "
                                f"{self.stack.data_dir / API_TOKEN_FILE}>)", soft_wrap=True)  # fmt: skip
-        where = f" and {self._registration.path}" if self._registration else ""
-        self.console.print(f"[dim]Credentials (mode 0600) in {self.stack.data_dir}{where}: the CLI and the Python "
-                           f"client find them from any directory (`trialbus status --all` lists the stacks)[/]")
+        if self._registration is not None:
+            self.console.print(f"[dim]Credentials (mode 0600) in {self.stack.data_dir} and {self._registration.path}: "
+                               "the CLI and the Python client find them from any directory (`trialbus status --all` "
+                               "lists the stacks)[/]")  # fmt: skip
+        else:
+            self.console.print(f"[dim]Credentials (mode 0600) in {self.stack.data_dir}: the CLI and the Python client "
+                               f"find them from this directory or with TRIALBUS_DATA_DIR={self.stack.data_dir}[/]")
         if not self.command:
             trials = "leaves running trials to the next `trialbus up`" if o.keep_trials else "cancels running trials"
             self.console.print(f"Press Ctrl-C to stop ({trials}; twice to kill at once). "
