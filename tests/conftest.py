@@ -1,9 +1,16 @@
 """Suite-wide setup: strict contracts, the real nats-server fixture."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # Readers forbid unknown fields in tests (STYLE.md); set before contracts is imported.
 os.environ["TRIALBUS_CONTRACTS_STRICT"] = "1"
+# Every `trialbus up` a test starts registers in the runtime dir (trialbus/runtime.py): the suite's own, so that no
+# test finds, cleans or is found by a stack of the person running it. mkdtemp's dir is 0700, as the registry needs.
+os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="trialbus-tests-runtime-")
+atexit.register(shutil.rmtree, os.environ["XDG_RUNTIME_DIR"], ignore_errors=True)
 
 import pytest  # noqa: E402
 
