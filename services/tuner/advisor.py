@@ -113,6 +113,9 @@ class NniAdvisor:
     """A user's NNI advisor as a :class:`~services.tuner.protocol.TunerLike`."""
 
     judge = "advisor"
+    #: Asked in turn with every other call, ``multiThread`` or not: an advisor sends trials when it likes (on a
+    #: later call, as Hyperband does), and its ``n`` requests of one run together on its pool.
+    proposers = 0
 
     def __init__(self, instance: Any, search_space: Mapping[str, Any], calls: Calls) -> None:
         self.instance = instance

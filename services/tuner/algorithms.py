@@ -74,6 +74,7 @@ class Tuner:
     """
 
     judge = "assessor"
+    proposers = 0  # asked in turn with every other call
 
     def __init__(self, study: optuna.Study, space: SearchSpace, points: Grid | None = None) -> None:
         self.study = study

@@ -16,12 +16,17 @@ Memory is bounded by the trials running, not by the experiment: a trial that end
 :attr:`Driver.trials` for one bit (by its sequence id) that keeps a late or repeated change of it from counting
 as a new trial; the trials it starts from are read a page at a time.
 
-Everything happens in one task, in arrival order, so the driver never calls the tuner twice at once
-(a user's class with ``multiThread`` runs the calls of one batch on several threads: the trials wanted
-at once, the ends seen together). Tuner calls run off the event loop: a slow tuner holds up its own
-experiment only. A user's class that raises stops the experiment with its traceback as the message
-(:class:`~services.tuner.protocol.ClassFailed`); a built-in tuner's error ends the driver, which the
-service restarts.
+Everything happens in one task, in arrival order, so the driver never calls the tuner twice at once, but for a
+``multiThread`` tuner's proposals (:attr:`~services.tuner.protocol.TunerLike.proposers`): each trial wanted is then a
+``propose(1)`` in a task of its own, counted as a trial in flight until it returns, and the driver goes on telling
+results and ends meanwhile, as NNI 2.x's dispatcher runs every command on its pool (a proposal that waits for a
+result gets it); the tuner's "no more trials" closes the experiment once no proposal is in progress.
+
+Tuner calls run on the driver's daemon threads (:mod:`services.tuner.threads`), off the event loop: a slow tuner
+holds up its own experiment only, and one that never returns holds up neither :meth:`Driver.stop` (bounded by
+:data:`DRAIN_GRACE` and :data:`CLOSE_GRACE`) nor the process's exit. A user's class that raises stops the experiment
+with its traceback as the message (:class:`~services.tuner.protocol.ClassFailed`); a built-in tuner's error ends the
+driver, which the service restarts.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from services.common.api import ApiCallError, call
 from services.common.bus import Bus
 from services.common.logs import bind
 from services.tuner.protocol import ClassFailed, ParameterId, Proposal, TrialEnd, TunerLike
+from services.tuner.threads import DaemonPool, spawn
 from services.tuner.trials import Ended
 
 log = logging.getLogger(__name__)
@@ -113,6 +119,10 @@ class Driver:
         self._task: asyncio.Task | None = None
         self._metrics_sub: Any = None
         self._retry_at = 0.0
+        #: ``propose(1)`` calls in progress (a ``multiThread`` tuner's), handled as "proposed" once they return.
+        self._proposing: set[asyncio.Task[Proposal]] = set()
+        #: The threads tuner calls are made from: one call of the driver's at a time, and its proposals.
+        self._threads = DaemonPool(1 + tuner.proposers, "tuner-driver")
 
     @property
     def experiment_id(self) -> str:
@@ -140,10 +150,16 @@ class Driver:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        for task in self._proposing:  # a proposal still waiting is let be: its thread ends when the tuner returns
+            task.cancel()
+        await asyncio.gather(*self._proposing, return_exceptions=True)
+        self._threads.shutdown()
         if self._metrics_sub is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._metrics_sub.unsubscribe()
-        closing = asyncio.to_thread(self.tuner.close, ended=ended, failed=self.failure is not None)
+        # On a thread of its own: the driver's may all be held by calls that do not return.
+        closing = asyncio.wrap_future(spawn("tuner-close", self.tuner.close, ended=ended,
+                                            failed=self.failure is not None))  # fmt: skip
         try:
             await asyncio.wait_for(closing, CLOSE_GRACE)
         except TimeoutError:
@@ -160,8 +176,8 @@ class Driver:
     # -------------------------------------------------------------------- loop
 
     async def _call(self, method: Any, *args: Any, **kwargs: Any) -> Any:
-        """A tuner call, off the event loop."""
-        return await asyncio.to_thread(method, *args, **kwargs)
+        """A tuner call, off the event loop on the driver's threads."""
+        return await asyncio.wrap_future(self._threads.submit(method, *args, **kwargs))
 
     async def _run(self) -> None:
         with bind(experiment=self.experiment_id):
@@ -203,6 +219,8 @@ class Driver:
         elif kind == "experiment":
             self.state = item
             self.no_more = self.no_more or item.no_more_trials
+        elif kind == "proposed":
+            await self._proposed(item)
         elif kind == "ended":
             self._ending = self.no_more = True
 
@@ -338,10 +356,11 @@ class Driver:
         if self.state.status != ExperimentStatus.RUNNING or self.no_more or not self.replayed:
             return 0
         config = self.state.config
-        in_flight = sum(not t.status.terminal for t in self.trials.values()) + len(self.pending)
+        asked = len(self.pending) + len(self._proposing)
+        in_flight = sum(not t.status.terminal for t in self.trials.values()) + asked
         room = config.trial_concurrency - in_flight
         if config.max_trial_number is not None:
-            room = min(room, config.max_trial_number - len(self.trials) - self.ended.count - len(self.pending))
+            room = min(room, config.max_trial_number - len(self.trials) - self.ended.count - asked)
         return max(room, 0)
 
     async def _step(self) -> None:
@@ -350,12 +369,30 @@ class Driver:
             for number in sorted(self._unsent, key=str):
                 await self._submit(number, self.pending[number])
         room = self._room()
-        if room > 0:
+        if room > 0 and self.tuner.proposers:
+            for _ in range(min(room, self.tuner.proposers - len(self._proposing))):
+                self._propose_one()
+        elif room > 0:
             for number, params in self._follow(await self._call(self.tuner.propose, room)):
                 self.pending[number] = params
                 await self._submit(number, params)
-        if self.no_more and self._closing is not None:
+        if self.no_more and self._closing is not None and not self._proposing:
             await self._close(self._closing)
+
+    def _propose_one(self) -> None:
+        """One trial asked for in a task of its own (``multiThread``): "proposed" reaches the inbox when it returns."""
+        task = asyncio.create_task(self._call(self.tuner.propose, 1), name=f"propose-{self.experiment_id}")
+        self._proposing.add(task)
+        task.add_done_callback(lambda done: self._inbox.put_nowait(("proposed", done)))
+
+    async def _proposed(self, task: asyncio.Task[Proposal]) -> None:
+        """A proposal of :meth:`_propose_one` returned: its trial is submitted (what the tuner raised, raised)."""
+        self._proposing.discard(task)
+        if task.cancelled():
+            return
+        for number, params in self._follow(task.result()):
+            self.pending[number] = params
+            await self._submit(number, params)
 
     def _follow(self, proposal: Proposal) -> list[tuple[ParameterId, dict[str, Any]]]:
         """Take in what the tuner answered (trials to stop, whether it has more); the trials to submit."""

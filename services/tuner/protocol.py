@@ -5,11 +5,12 @@ Three kinds implement :class:`TunerLike`: NNI's built-in names on Optuna
 (:mod:`services.tuner.nni_classes`), and a user's NNI advisor (:mod:`services.tuner.advisor`).
 The types they share live here so that none of them imports another.
 
-Call order, per experiment, all from one driver task (never two calls at once; a class may still
-run its own calls on several threads, see ``multiThread`` in :mod:`services.tuner.calls`):
-:meth:`TunerLike.adopt` for the trials already on the bus, then any mix of :meth:`TunerLike.propose`,
-:meth:`TunerLike.report`, :meth:`TunerLike.should_prune`, :meth:`TunerLike.finish` (each trial once)
-and :meth:`TunerLike.forget`, and :meth:`TunerLike.close` last.
+Call order, per experiment, all from one driver task (never two calls at once, but for the :meth:`TunerLike.propose`
+calls of a tuner with :attr:`TunerLike.proposers`; a class may still run its own calls on several threads, see
+``multiThread`` in :mod:`services.tuner.calls`): :meth:`TunerLike.adopt` for the trials already on the bus, then any
+mix of :meth:`TunerLike.propose`, :meth:`TunerLike.report`, :meth:`TunerLike.should_prune`, :meth:`TunerLike.finish`
+(each trial once) and :meth:`TunerLike.forget`, and :meth:`TunerLike.close` last, once no call is in progress (or
+after a grace period, for a call that does not return).
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ class TunerLike(Protocol):
 
     #: Who stops trials early, as messages name it: "assessor", or "advisor" for an NNI advisor.
     judge: str
+    #: 0: :meth:`propose` is called in turn with the other calls. n > 0 (NNI's ``multiThread``): up to n
+    #: ``propose(1)`` calls may run at once, each on a thread of its own, beside the other calls (one at a time):
+    #: a proposal that waits for a result (:meth:`finish`) gets it meanwhile.
+    proposers: int
 
     def propose(self, count: int) -> Proposal:
         """``count`` (>= 0) more trials are wanted now: the trials to submit (at most ``count`` for a tuner; an
