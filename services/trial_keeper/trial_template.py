@@ -17,7 +17,9 @@ template first moves both channels off fds 0 and 1 (stdin becomes /dev/null, std
 on stderr), so whatever an import prints cannot corrupt them, then preloads the modules one
 top-level package at a time and answers ``ready <loaded> <failed>`` — or ``unsafe <module>``
 and exits 3 when an import initialised a GPU (see :func:`gpu_touched`): a fork after CUDA is
-initialised breaks the child, so such a module must never be preloaded.
+initialised breaks the child, so such a module must never be preloaded. A request of
+:data:`MORE` and module names is the pool's learning: the template imports them beside the
+others and answers ``ready …`` (or ``unsafe …``) again, as at its start.
 
 Each request forks a keeper (``trial_keeper.fork_keeper``: its own session, as if started on
 its own) whose ``Keeper.fork_trial`` hook forks the trial instead of spawning an interpreter,
@@ -59,6 +61,9 @@ kept_module = None  # kept.py, loaded by path at start when the spec says "reuse
 spec = {}
 library_fds = ()  # descriptors the preloaded modules hold: every trial keeps them
 plans = {}  # (command, PATH, code directory) → parse_command's answer, found once by the template
+#: A request that starts with this is no trial: the names after it (NUL-separated) are modules to
+#: import beside the loaded ones (:func:`import_more`); a keeper's settings never start with NUL.
+MORE = b"\0preload\0"
 
 
 class StartTrial(BaseException):
@@ -204,6 +209,12 @@ def serve(requests, answers):
                 kept.drain()
             return 0
         payload = keeper_module.read_exact(requests, int(head))  # parsed by the keeper, after the fork
+        if payload.startswith(MORE):  # not a trial: modules to import beside the loaded ones
+            if not import_more(payload[len(MORE):].split(b"\0"), answers):
+                if kept is not None:
+                    kept.drain()  # its trials' exits are relayed; none forks from it again
+                return 3
+            continue
         command = setting(payload, b"TRIALBUS_TRIAL_COMMAND") or b""
         if read.get(command, 0.0) <= time.monotonic():
             key = (command, setting(payload, b"PATH"), setting(payload, b"TRIALBUS_CODE_DIR"))  # as fork_trial's
@@ -222,6 +233,29 @@ def serve(requests, answers):
             posix.write(answers, b"error %s\n" % str(exc).encode("utf-8", "replace"))
             continue
         posix.write(answers, b"%d\n" % pid)
+
+
+def import_more(names, answers):
+    """Import ``names`` (bytes) beside the loaded modules, as at the start (:func:`preload`), and
+    answer ``ready <loaded> <failed>`` again: what the trials of this template imported beyond
+    it (the pool's learning), at the cost of those modules alone, where a new template would
+    import everything again. False, having answered ``unsafe <package>``, when an import touched a
+    GPU: no trial may fork from this process any more."""
+    global library_fds
+    before = open_fds()
+    loaded, failed, unsafe = preload([os.fsdecode(n) for n in names if n], spec["code_dir"], spec.get("shim"))
+    if unsafe:
+        posix.write(answers, b"unsafe %s\n" % unsafe.encode())
+        return False
+    library_fds = tuple(sorted(set(library_fds) | (open_fds() - before)))
+    trial_module.TEMPLATE_MODULES = frozenset(sys.modules).difference(("_trialbus_keeper",))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.collect()
+    gc.freeze()
+    trim()
+    posix.write(answers, b"ready %d %d\n" % (loaded, failed))
+    return True
 
 
 def trim():

@@ -10,9 +10,10 @@ its content), and its environment without what differs per trial or per experime
 share their templates, and what the first learned: a second one forks from the first's templates
 at once, while they live (``idle`` seconds unused; at most ``max_templates``). The first
 trial of a key starts a bare template (the modules asked for in ``warmStart.preload``, and the
-``nni`` shim); each warm trial lists, at its exit, what it imported beyond its template
-(``.trialbus/imports``), and when that adds modules the pool starts a fuller template in the
-background and swaps it in once ready. A module whose import touches a GPU is never preloaded
+``nni`` shim) and, beside it, a fuller one with what the script's source imports, swapped in once
+ready; each warm trial lists, at its exit, what it imported beyond its template
+(``.trialbus/imports``), and when that adds modules the ready template imports them in place
+(:meth:`Template.add`). A module whose import touches a GPU is never preloaded
 again for that key. A template that dies, or fails to answer, costs nothing but a log line: the
 trial starts cold (the caller's fallback).
 
@@ -123,6 +124,21 @@ class Template:
     def _died(self) -> None:
         self.state = "dead"
         self.close()
+
+    def add(self, names: list[str]) -> None:
+        """Have this ready template import ``names`` too, in place (``trial_template.import_more``):
+        it is ``starting`` again until it answers, as at its start, and is then ready with them,
+        or dead (an import touched a GPU: ``unsafe``). No fork meanwhile."""
+        payload = trial_template.MORE + "\0".join(names).encode("utf-8", "surrogateescape")
+        try:
+            os.write(self.process.stdin.fileno(), b"%08d" % len(payload) + payload)
+        except OSError:
+            self._died()
+            return
+        self.preload = [*self.preload, *names]
+        os.set_blocking(self.process.stdout.fileno(), False)
+        self._answer, self.state = b"", "starting"
+        self._cpu, self._progress_at = -1, time.monotonic()
 
     def stalled(self, stall: float) -> bool:
         """Whether this starting template used no CPU in the last ``stall`` seconds (an import that
@@ -291,7 +307,8 @@ class WarmPool:
 
     def waiting(self, command: str, environ: Mapping[str, str], preload: Iterable[str] = ()) -> Template | None:
         """A template for this trial still starting, which is worth waiting for before :meth:`fork`:
-        the key's first, or a fuller one on its way that brings packages the ready one lacks
+        the key's first (or the one importing what trials taught it, in place), or a fuller one
+        on its way that brings packages the ready one lacks
         (importing them would cost each trial about what the template's start costs: seconds for
         scikit-learn or torch). A fuller one that adds only submodules of what the ready one
         has, or of the standard library (what a trial imported lazily: milliseconds), is not
@@ -329,8 +346,10 @@ class WarmPool:
             return None
 
     def learn(self, key: str, trial_dir: str) -> None:
-        """Take what a finished warm trial imported beyond its template; start a fuller template
-        when that is new (at most one starting per key)."""
+        """Take what a finished warm trial imported beyond its template; when that is new, the
+        key's ready template imports it too, in place (:meth:`Template.add`: the cost of those
+        modules alone, where a new template would import everything again). One still starting
+        takes them when the next template of the key starts."""
         try:
             names = Path(trial_dir, ".trialbus", "imports").read_text(encoding="utf-8").split()
         except OSError:
@@ -342,9 +361,10 @@ class WarmPool:
             return
         known.update(new)
         current = self.current.get(key)
-        if current is None or key in self.next:
-            return  # the next template (started on the next trial) takes them
-        self.next[key] = self._start(key, current.plan, current.env, current.code_dir, sorted(known))
+        if current is None or key in self.next or current.poll() != "ready":
+            return
+        has = set(current.preload)
+        current.add(sorted(n for n in known if n not in has and n.partition(".")[0] not in unsafe))
 
     def sweep(self) -> None:
         """Retire templates idle for ``idle`` seconds, and reap retired ones."""

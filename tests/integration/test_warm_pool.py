@@ -18,28 +18,31 @@ def test_the_template_learns_what_trials_import(host, code, tmp_path):
     site.mkdir()
     (site / "heavy.py").write_text("import time\ntime.sleep(0.3)  # an import worth preloading\n")
     host.env["PYTHONPATH"] = str(site)
-    (code / "uses_heavy.py").write_text("import sys\nprint('heavy' in sys.modules)\nimport heavy\n")
+    # (an import the script's source does not show: learned, never read ahead)
+    (code / "uses_heavy.py").write_text("import sys\nprint('heavy' in sys.modules)\n__import__('heavy')\n")
     first = host.warm(f"{PYTHON} uses_heavy.py")
     first.wait()
     assert first.out() == "False\n"
     assert "heavy" in (first.dir / ".trialbus/imports").read_text().split()
+    guessed = host.pool.next.get(first.template)  # (what the script's source shows: sys)
+    assert guessed is None or guessed.wait_ready(30)
+    template = host.pool.template_for(f"{PYTHON} uses_heavy.py", host.environ(f"{PYTHON} uses_heavy.py")[1])
     host.pool.learn(first.template, str(first.dir))
-    fuller = host.pool.next[first.template]
-    assert fuller.wait_ready(30), host.template_log(fuller)
-    second = host.warm(f"{PYTHON} uses_heavy.py")  # swapped in: the first template is retired
+    assert template.wait_ready(30), host.template_log(template)
+    second = host.warm(f"{PYTHON} uses_heavy.py")
     second.wait()
     assert second.out() == "True\n"
     assert not (second.dir / ".trialbus/imports").exists()  # nothing new to learn
+    assert host.pool.current[first.template] is template and template.process.poll() is None  # learned in place
 
 
-def test_a_fuller_template_is_waited_for_only_when_it_brings_packages_the_ready_one_lacks(host, code, tmp_path):
-    # A site with a package the template preloads, a submodule of it a trial imported lazily, and
-    # a package of its own; the last two slow to import, so the fuller templates are still starting.
+def test_a_template_learns_in_place_and_trials_wait_while_it_imports(host, code, tmp_path):
+    # A site with a package the template preloads, and a submodule of it a trial imported lazily,
+    # slow to import: the template is still importing it when the next trial comes.
     site = tmp_path / "site"
     (site / "pkg").mkdir(parents=True)
     (site / "pkg" / "__init__.py").write_text("")
-    (site / "pkg" / "lazy.py").write_text("import time\ntime.sleep(2)\n")
-    (site / "other.py").write_text("import time\ntime.sleep(2)\n")
+    (site / "pkg" / "lazy.py").write_text("import time\ntime.sleep(1)\n")
     host.env["PYTHONPATH"] = str(site)
     command = f"{PYTHON} probe.py"
     first = host.warm(command, preload=["pkg"])
@@ -47,24 +50,21 @@ def test_a_fuller_template_is_waited_for_only_when_it_brings_packages_the_ready_
     _, environ = host.environ(command)
     guessed = host.pool.next.get(first.template)  # from the script's own imports, at the first trial
     assert guessed is None or guessed.wait_ready(30)
-    host.pool.template_for(command, environ, ["pkg"])  # swapped in: nothing on its way
-    assert first.template not in host.pool.next
+    template = host.pool.template_for(command, environ, ["pkg"])  # swapped in: nothing on its way
+    assert first.template not in host.pool.next and template.poll() == "ready"
+    pid, loaded = template.process.pid, len(template.preload)
 
-    def learned(*names: str) -> None:
-        trial_dir = tmp_path / f"learned-{len(names)}"
-        (trial_dir / ".trialbus").mkdir(parents=True)
-        (trial_dir / ".trialbus" / "imports").write_text("\n".join(names) + "\n")
-        host.pool.learn(first.template, str(trial_dir))
-
-    learned("pkg.lazy", "importlib.readers")  # milliseconds for a trial to import: fork at once
-    assert host.pool.next[first.template].poll() == "starting"
-    assert host.pool.waiting(command, environ, ["pkg"]) is None
-    assert host.pool.fork(environ, ["pkg"]) is not None
-    host.pool.next.pop(first.template).close()  # (what a finished start would have swapped in)
-
-    learned("pkg.lazy", "importlib.readers", "other")  # a package the ready template lacks: worth waiting for
-    fuller = host.pool.next[first.template]
-    assert host.pool.waiting(command, environ, ["pkg"]) is fuller
+    trial_dir = tmp_path / "learned"
+    (trial_dir / ".trialbus").mkdir(parents=True)
+    (trial_dir / ".trialbus" / "imports").write_text("pkg.lazy\nimportlib.readers\n")
+    host.pool.learn(first.template, str(trial_dir))
+    assert host.pool.waiting(command, environ, ["pkg"]) is template  # importing: trials wait for it
+    assert template.wait_ready(30), host.template_log(template)
+    assert template.process.pid == pid and template.preload[loaded:] == ["importlib.readers", "pkg.lazy"]
+    assert host.pool.waiting(command, environ, ["pkg"]) is None and first.template not in host.pool.next
+    (code / "lazy.py").write_text("import sys\nprint('pkg.lazy' in sys.modules)\n")
+    after = host.warm(f"{PYTHON} lazy.py", preload=["pkg"])  # (the script is not part of the key)
+    assert after.wait()["exitCode"] == 0 and after.template == first.template and after.out() == "True\n"
 
 
 def test_a_template_that_dies_is_replaced_and_said(host, code):
@@ -129,6 +129,37 @@ def test_an_import_that_opens_a_gpu_is_never_preloaded(host, code, tmp_path):
         trial = host.warm(f"{PYTHON} uses_gpu.py")  # the next template leaves it out
         assert trial.wait()["exitCode"] == 0 and trial.out() == "False\n"
         assert any("gpu_init" in line for line in host.logs)
+    finally:
+        device.unlink()
+
+
+def test_a_learned_import_that_opens_a_gpu_ends_its_template_and_is_never_preloaded(host, code, tmp_path):
+    if os.geteuid() != 0:  # as above
+        if os.environ.get("CI") == "true":
+            pytest.fail("this test makes a stand-in GPU device file under /dev: run it as root")
+        pytest.skip("making a stand-in GPU device file under /dev needs root")
+    device = Path(f"/dev/nvidia-trialbus-learn-{os.getpid()}")
+    device.write_bytes(b"")
+    try:
+        site = tmp_path / "site"
+        site.mkdir()
+        (site / "gpu_init.py").write_text(f"HANDLE = open({str(device)!r})  # as cuInit opens /dev/nvidiactl\n")
+        host.env["PYTHONPATH"] = str(site)
+        command = f"{PYTHON} lazy_gpu.py"  # (imported lazily: learned from the trial, not read ahead)
+        (code / "lazy_gpu.py").write_text("import sys\nprint('gpu_init' in sys.modules)\n__import__('gpu_init')\n")
+        first = host.warm(command)
+        assert first.wait()["exitCode"] == 0 and first.out() == "False\n"
+        guessed = host.pool.next.get(first.template)
+        assert guessed is None or guessed.wait_ready(30)
+        template = host.pool.template_for(command, host.environ(command)[1])
+        host.pool.learn(first.template, str(first.dir))
+        assert not template.wait_ready(30) and template.unsafe == "gpu_init"
+        template.process.wait(10)  # gone: no trial forks from it any more (the pool ends it if it has not)
+        assert template.state == "dead"
+        trial = host.warm(command)  # a new template, without it
+        assert trial.wait()["exitCode"] == 0 and trial.out() == "False\n"
+        assert host.pool.current[first.template] is not template
+        assert any("gpu_init touched a GPU" in line for line in host.logs), host.logs
     finally:
         device.unlink()
 
