@@ -11,7 +11,9 @@ second, one job each, and in reuse mode); and the frameworkcontroller adapter ag
 Kubernetes emulator (trials per second, one Framework each); and the tuner service driving
 no-op experiments (trials per second, trial end → next submit); and warm-started trials beside
 cold ones and NNI 3.0 (``bench.warm``: NNI's scikit-learn example, start overhead, no-op rate);
-and first, before the stack starts, ``trialbus --help`` next to a bare interpreter (``bench.cli``).
+and first, before the stack starts, ``trialbus --help`` next to a bare interpreter (``bench.cli``),
+then NNI's scikit-learn example as a user times ``trialbus experiment run`` on a fresh stack of
+its own, first and second experiment, beside NNI 3.0 (``bench.sklearn``).
 Spawn-only is measured right before and right after each concurrency's trials (the host's speed
 drifts), and the ratio uses their mean.
 """
@@ -33,6 +35,7 @@ from bench.gpus import gpu_handoff, use_fake_gpu
 from bench.metrics import metric_rate
 from bench.openpai import openpai_service
 from bench.remote import ssh_machines
+from bench.sklearn import sklearn_figure
 from bench.trials import percentile, spawn_rate, trial_rate, write_noop
 from bench.tuner import tuner_rate
 from bench.warm import warm_start
@@ -42,7 +45,7 @@ from trialbus.stack.processes import free_port
 
 COUNTS = {1: 40, 4: 80, 16: 160}
 #: What ``python -m bench [part…]`` can measure; all of them without arguments.
-PARTS = ("cli", "trials", "metrics", "gpus", "remote", "openpai", "frameworkcontroller", "tuner", "warm")
+PARTS = ("cli", "trials", "metrics", "gpus", "remote", "openpai", "frameworkcontroller", "tuner", "warm", "sklearn")
 
 
 def main() -> None:
@@ -51,6 +54,10 @@ def main() -> None:
     if "cli" in parts:  # before the stack starts: its processes would slow both commands
         console.print(report(start_times()))
         if parts == {"cli"}:
+            return
+    if "sklearn" in parts:  # on a fresh stack of its own (bench.sklearn), before the bench's starts
+        sklearn_figure(console, Path(tempfile.mkdtemp(prefix="trialbus-bench-sklearn-")))
+        if not parts - {"cli", "sklearn"}:
             return
     root = Path(tempfile.mkdtemp(prefix="trialbus-bench-"))
     options = StackOptions(

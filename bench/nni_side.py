@@ -109,8 +109,9 @@ _DRIVER = textwrap.dedent(
     config.trial_command = settings["command"]
     config.trial_code_directory = settings["code_dir"]
     config.search_space = settings["search_space"]
-    config.tuner.name = "TPE"
-    config.tuner.class_args = {"optimize_mode": "maximize"}
+    config.tuner.name = settings["tuner"]
+    if settings["tuner"] == "TPE":
+        config.tuner.class_args = {"optimize_mode": "maximize"}
     config.trial_concurrency = settings["concurrency"]
     config.max_trial_number = settings["trials"]
     config.experiment_working_directory = settings["experiments_dir"]
@@ -169,6 +170,7 @@ class NniFigures:
     failure: str = ""  # the tail of the first failed trial's stderr, where one failed
     trials: list[TrialTimes] = field(default_factory=list)  # the succeeded ones
     crashed: int = 0  # runs before this one lost to a crash of NNI's tuner (TunerCrashed)
+    command_wall: float = 0.0  # seconds from its driver's start (a Python importing NNI's API) to the last trial's end
 
 
 def trial_python(root: Path, sdk: Path = SDK) -> Path:
@@ -206,24 +208,26 @@ class TunerCrashed(RuntimeError):
 
 def nni_wall_time(
     code_dir: Path, work_dir: Path, python: Path, trials: int = 40, concurrency: int = 4, timeout: float = 900,
-    attempts: int = 3,
+    attempts: int = 3, tuner: str = "TPE", text: str = SKLEARN_TRIAL, space: dict | None = None,
 ) -> NniFigures:  # fmt: skip
     """Run NNI 3.0 (TPE, local) on the sklearn trial in ``code_dir``, ``concurrency`` at a time, until
-    ``trials`` have ended; ``python`` (:func:`trial_python`) runs NNI and the trials; NNI's state and
-    logs go under ``work_dir``, nothing to ``~``. A run whose tuner crashed is run again, up to
+    ``trials`` have ended (``tuner``: NNI's name for it; ``text``: the trial, ``space``: its search
+    space, NNI's example's by default); ``python`` (:func:`trial_python`) runs NNI and the trials;
+    NNI's state and logs go under ``work_dir``, nothing to ``~``. A run whose tuner crashed is run again, up to
     ``attempts`` runs in all; :attr:`NniFigures.crashed` counts them.
 
     Raises RuntimeError, with the tail of NNI's logs, when NNI itself fails, does not finish within
     ``timeout`` seconds, or records fewer trials than asked. Failed trials are counted, not raised.
     """
-    command = write_trial(code_dir, python)
+    command = write_trial(code_dir, python, text)
     # A `timeout` or kill must not leave NNI's node and tuner behind (they have their own sessions).
     term = signal.signal(signal.SIGTERM, _exit) if threading.current_thread() is threading.main_thread() else None
     try:
         attempt = 0
         while True:
             try:
-                figures = _run_nni(command, code_dir, work_dir / f"run-{attempt}", python, trials, concurrency, timeout)
+                figures = _run_nni(command, code_dir, work_dir / f"run-{attempt}", python, trials, concurrency, timeout,
+                                   tuner, space or SKLEARN_SEARCH_SPACE)  # fmt: skip
             except TunerCrashed:
                 attempt += 1
                 if attempt == attempts:
@@ -241,20 +245,22 @@ def _exit(signum: int, frame: object) -> None:
 
 
 def _run_nni(
-    command: str, code_dir: Path, work_dir: Path, python: Path, trials: int, concurrency: int, timeout: float
-) -> NniFigures:
+    command: str, code_dir: Path, work_dir: Path, python: Path, trials: int, concurrency: int, timeout: float,
+    tuner: str = "TPE", space: dict | None = None,
+) -> NniFigures:  # fmt: skip
     experiments_dir, home = work_dir / "nni-experiments", work_dir / "nni-home"
     home.mkdir(parents=True, exist_ok=True)
     result, log = work_dir / "nni-result.json", work_dir / "nni-driver.log"
     settings = {
-        "command": command, "code_dir": str(code_dir.resolve()), "search_space": SKLEARN_SEARCH_SPACE,
-        "concurrency": concurrency, "trials": trials, "experiments_dir": str(experiments_dir.resolve()),
+        "command": command, "code_dir": str(code_dir.resolve()), "search_space": space or SKLEARN_SEARCH_SPACE,
+        "tuner": tuner, "concurrency": concurrency, "trials": trials, "experiments_dir": str(experiments_dir.resolve()),
         "port": free_port(), "timeout": timeout, "result": str(result),
     }  # fmt: skip
     # HOME and NNI_CONFIG_DIR: NNI keeps its experiment lists in ~/nni-experiments (manager) and
     # the config dir (the Python side, else inside the venv); both go under work_dir instead.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nni comes from the venv's .pth
     env.update(HOME=str(home), NNI_CONFIG_DIR=str(home / "config"))
+    launched = time.time()
     with log.open("wb") as out:
         driver = subprocess.Popen(
             [str(python), "-c", _DRIVER, json.dumps(settings)],
@@ -285,6 +291,7 @@ def _run_nni(
         failed=len(failed),
         failure=_tail(next(experiments_dir.glob(f"**/trials/{failed[0]}/trial.stderr"), None)) if failed else "",
         trials=[t for t in times if t is not None],
+        command_wall=max(t[3] for t in ended) / 1000 - launched,
     )
 
 
