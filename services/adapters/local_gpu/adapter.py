@@ -147,7 +147,10 @@ class LocalGpuAdapter(Launching, Watching, Restarts, Retention, PlatformAdapter)
         O(templates) a sweep."""
         while True:
             await asyncio.sleep(TEMPLATE_SWEEP)
-            self._warm.sweep()
+            try:
+                self._warm.sweep()
+            except Exception:  # noqa: BLE001 - the next sweep tries again; trials start cold if need be
+                log.exception("sweeping the warm templates failed")
 
     async def stop(self) -> None:
         for task in (self._retention, self._sweeps):
