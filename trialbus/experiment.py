@@ -32,12 +32,15 @@ from typing import Any
 
 from contracts import ExperimentConfig, ExperimentStatus, TrialState, TrialStatus
 from contracts.state import default_metric
-from services.tuner import choose
+from services.tuner import checks
 from trialbus.client import Client, ExperimentView, TrialMetric, as_config
 
 __all__ = ["Experiment", "best_trial", "check_tuner"]
 
-#: Seconds between two looks at the experiment while waiting for it.
+#: Seconds between two looks at the experiment's status while waiting for it (one small answer, O(1) at the
+#: dispatcher): how late ``wait`` returns after its end at most.
+LOOK = 0.1
+#: Seconds between two listings of its trials for ``wait``'s ``progress`` (a listing costs O(trials)).
 POLL = 0.5
 
 
@@ -51,7 +54,7 @@ def check_tuner(config: ExperimentConfig) -> None:
     if not (config.tuner or config.advisor):
         raise ValueError("the config has no tuner: add one, e.g. `tuner: {name: TPE, classArgs: {optimize_mode: "
                          "maximize}}` (or submit trials yourself with trialbus.Client)")
-    choose.check(config)
+    checks.check(config)
 
 
 def best_trial(trials: list[TrialState], config: ExperimentConfig) -> TrialState | None:
@@ -174,15 +177,20 @@ class Experiment:
             raise
 
     def wait(self, progress: Callable[[ExperimentView, list[TrialState]], None] | None = None,
-             poll: float = POLL) -> ExperimentStatus:
-        """Block until the experiment is DONE or STOPPED; ``progress`` sees it and its trials at each look."""
+             poll: float = POLL, look: float = LOOK) -> ExperimentStatus:
+        """Block until the experiment is DONE or STOPPED, at most ``look`` seconds after it ended; ``progress``
+        sees it and its trials every ``poll`` seconds, and once more at the end."""
+        listed = None
         while True:
             view = self.get_experiment_profile()
-            if progress is not None:
+            over = view.status != ExperimentStatus.RUNNING
+            now = time.monotonic()
+            if progress is not None and (over or listed is None or now - listed >= poll):
                 progress(view, self.list_trial_jobs())
-            if view.status != ExperimentStatus.RUNNING:
+                listed = now
+            if over:
                 return view.status
-            time.sleep(poll)
+            time.sleep(min(look, poll))
 
     def stop(self) -> None:
         """Stop it: no new trials, running ones canceled."""

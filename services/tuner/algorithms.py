@@ -1,9 +1,8 @@
 """NNI's built-in tuners and assessors, by name and ``classArgs``, on Optuna.
 
 :func:`tuner` turns an experiment's ``tuner: {name, classArgs}`` into a :class:`Tuner` over one in-memory
-:class:`optuna.Study`; :func:`assessor` turns ``assessor: {name, classArgs}`` into an Optuna pruner. Config keys
-match case-insensitively (``name`` or NNI v1's ``builtinTunerName``/``builtinAssessorName``), and so do names;
-``classArgs`` keys are spelled as NNI spells them, and one NNI does not take (or we do not map) is a ValueError.
+:class:`optuna.Study`; :func:`assessor` turns ``assessor: {name, classArgs}`` into an Optuna pruner. The sections
+are read and checked by :mod:`services.tuner.builtins` (without Optuna, for the CLI), and built here.
 
 ============  ====================================================  ==========================================
 NNI name      Optuna                                                classArgs mapped
@@ -53,11 +52,12 @@ from optuna.samplers import BaseSampler, NSGAIISampler, RandomSampler, TPESample
 from optuna.trial import Trial, TrialState
 
 from contracts import TrialStatus
+from services.tuner import builtins
 from services.tuner.history import DEFAULT_KEEP_LAST, History
 from services.tuner.protocol import Metric, NoMoreTrials, ParameterId, Proposal, TrialEnd
 from services.tuner.space import Grid, Parameters, SearchSpace, grid, locate, suggest
 
-__all__ = ["DEFAULT_KEEP_LAST", "NoMoreTrials", "Tuner", "assessor", "name_and_args", "tuner"]
+__all__ = ["DEFAULT_KEEP_LAST", "NoMoreTrials", "Tuner", "assessor", "build", "tuner"]
 
 log = logging.getLogger(__name__)
 
@@ -202,71 +202,36 @@ def _number(value: Metric) -> float:
     return float(value)
 
 
-# --- configuration ------------------------------------------------------------------------------
+# --- building ----------------------------------------------------------------------------------
+# What a config names is read, and checked, by services.tuner.builtins; here it is built on Optuna.
+
+_Build = Callable[[dict[str, Any], int | None], tuple[BaseSampler, BasePruner | None]]
 
 
-def name_and_args(config: Mapping[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
-    """A built-in ``{name, classArgs}`` section's name and classArgs (v1's ``builtin<Kind>Name`` too)."""
-    keys = {str(k).lower(): v for k, v in config.items()}
-    name = keys.get("name", keys.get(f"builtin{kind}name"))
-    if not isinstance(name, str):
-        raise ValueError(f"the {kind} config needs a name (a built-in {kind}), got {dict(config)!r}")
-    args = keys.get("classargs") or {}
-    if not isinstance(args, Mapping):
-        raise ValueError(f"{kind} {name}: classArgs must be an object, got {args!r}")
-    return name, dict(args)
-
-
-def _lookup(name: str, table: Mapping[str, Any], kind: str) -> tuple[str, Any]:
-    for known, entry in table.items():
-        if known.lower() == name.lower():
-            return known, entry
-    raise ValueError(f"unknown {kind} {name!r}; the known {kind}s are {', '.join(table)}")
-
-
-def _check_args(name: str, args: Mapping[str, Any], accepted: set[str]) -> None:
-    if unknown := sorted(set(args) - accepted):
-        raise ValueError(f"{name} does not take classArgs {unknown}; it takes {sorted(accepted)}")
-
-
-def _direction(name: str, args: Mapping[str, Any]) -> str:
-    mode = args.get("optimize_mode", "maximize")
-    if mode not in ("maximize", "minimize"):
-        raise ValueError(f'{name}: optimize_mode is "maximize" or "minimize", got {mode!r}')
-    return mode
-
-
-# Each built-in: the classArgs it takes, and (args, seed) -> (sampler, pruner or None, walks the grid).
-_Build = Callable[[dict[str, Any], int | None], tuple[BaseSampler, BasePruner | None, bool]]
-
-
-def _tpe(args: dict[str, Any], seed: int | None) -> tuple[BaseSampler, BasePruner | None, bool]:
+def _tpe(args: dict[str, Any], seed: int | None) -> tuple[BaseSampler, BasePruner | None]:
     tpe_args = dict(args.get("tpe_args") or {})
-    _check_args("TPE's tpe_args", tpe_args, {"n_startup_jobs", "n_ei_candidates"})
     startup = tpe_args.get("n_startup_jobs", args.get("n_startup_jobs", 20))  # NNI's default is 20
     kwargs = {"n_ei_candidates": tpe_args["n_ei_candidates"]} if "n_ei_candidates" in tpe_args else {}
-    return TPESampler(n_startup_trials=startup, seed=seed, **kwargs), None, False
+    return TPESampler(n_startup_trials=startup, seed=seed, **kwargs), None
 
 
-def _bohb(args: dict[str, Any], seed: int | None) -> tuple[BaseSampler, BasePruner | None, bool]:
+def _bohb(args: dict[str, Any], seed: int | None) -> tuple[BaseSampler, BasePruner | None]:
     pruner = HyperbandPruner(min_resource=args.get("min_budget", 1), max_resource=args.get("max_budget", 3),
                              reduction_factor=args.get("eta", 3))
-    return TPESampler(n_startup_trials=args.get("min_points_in_model", 10), seed=seed), pruner, False
+    return TPESampler(n_startup_trials=args.get("min_points_in_model", 10), seed=seed), pruner
 
 
-_TUNERS: dict[str, tuple[set[str], _Build]] = {
-    "Random": (set(), lambda a, seed: (RandomSampler(seed=seed), None, False)),
-    "TPE": ({"tpe_args", "n_startup_jobs"}, _tpe),
-    "GridSearch": (set(), lambda a, seed: (RandomSampler(seed=seed), None, True)),
-    "Anneal": (set(), lambda a, seed: (TPESampler(n_startup_trials=5, seed=seed), None, False)),
-    "Evolution": ({"population_size"},
-                  lambda a, seed: (NSGAIISampler(population_size=a.get("population_size", 32), seed=seed), None,
-                                   False)),
-    "Hyperband": ({"R", "eta", "exec_mode"},
-                  lambda a, seed: (RandomSampler(seed=seed),
-                                   HyperbandPruner(max_resource=a.get("R", 60), reduction_factor=a.get("eta", 3)),
-                                   False)),
-    "BOHB": ({"min_budget", "max_budget", "eta", "min_points_in_model"}, _bohb),
+#: Each built-in tuner of builtins.TUNERS: (classArgs, seed) -> (sampler, its own pruner or None). A tuner has a
+#: pruner of its own exactly when it is in builtins.PRUNE_THEMSELVES (a test holds the two to it).
+_TUNERS: dict[str, _Build] = {
+    "Random": lambda a, seed: (RandomSampler(seed=seed), None),
+    "TPE": _tpe,
+    "GridSearch": lambda a, seed: (RandomSampler(seed=seed), None),
+    "Anneal": lambda a, seed: (TPESampler(n_startup_trials=5, seed=seed), None),
+    "Evolution": lambda a, seed: (NSGAIISampler(population_size=a.get("population_size", 32), seed=seed), None),
+    "Hyperband": lambda a, seed: (RandomSampler(seed=seed),
+                                  HyperbandPruner(max_resource=a.get("R", 60), reduction_factor=a.get("eta", 3))),
+    "BOHB": _bohb,
 }
 
 
@@ -277,26 +242,20 @@ def tuner(config: Mapping[str, Any] | None, space: SearchSpace, seed: int | None
     ``None`` means NNI's default, TPE. ``seed`` seeds the sampler; a ``seed`` in classArgs wins. The study
     keeps the last ``history`` finished trials and the best ones (:class:`~services.tuner.history.History`;
     ``None``: all); Evolution keeps at least two populations, the parents and the generation being built.
-    :raises ValueError: an unknown name or classArg, a bad optimize_mode, an assessor whose optimize_mode
-        disagrees, or an assessor beside Hyperband/BOHB (which prune by themselves).
+    :raises ValueError: what :func:`services.tuner.builtins.choose` refuses, or a value Optuna refuses.
     :raises SearchSpaceError: GridSearch over a space it cannot enumerate.
     """
-    name, args = name_and_args(config or {"name": "TPE"}, "tuner")
-    name, (accepted, build) = _lookup(name, _TUNERS, "tuner")
-    _check_args(name, args, accepted | {"optimize_mode", "seed"})
-    direction = _direction(name, args)
-    seed = args.get("seed", seed)
-    sampler, pruner, walks_grid = build(args, seed)
-    if pruner is not None and assessor_config is not None:
-        raise ValueError(f"{name} stops trials by itself and takes no assessor")
+    return build(builtins.choose(config, assessor_config), space, seed, history=history)
+
+
+def build(choice: builtins.Choice, space: SearchSpace, seed: int | None = None, *,
+          history: int | None = DEFAULT_KEEP_LAST) -> Tuner:
+    """The :class:`Tuner` of ``choice`` over ``space`` (:func:`tuner` says the rest)."""
+    seed = choice.args.get("seed", seed)
+    sampler, pruner = _TUNERS[choice.tuner](choice.args, seed)
     if pruner is None:
-        pruner = assessor(assessor_config)
-        if assessor_config is not None:
-            assessor_name, assessor_args = name_and_args(assessor_config, "assessor")
-            if "optimize_mode" in assessor_args and assessor_args["optimize_mode"] != direction:
-                raise ValueError(f"assessor {assessor_name} has optimize_mode {assessor_args['optimize_mode']!r} "
-                                 f"but tuner {name} has {direction!r}")
-    points = grid(space) if walks_grid else None
+        pruner = _ASSESSORS[choice.assessor](choice.assessor_args) if choice.assessor else NopPruner()
+    points = grid(space) if choice.walks_grid else None
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # not a line per study ("A new study created…")
     try:
@@ -304,20 +263,20 @@ def tuner(config: Mapping[str, Any] | None, space: SearchSpace, seed: int | None
         # the same seed gives the same stops (unseeded, Optuna draws a random name).
         name = None if seed is None else f"trialbus-seed-{seed}"
         if history is not None and isinstance(sampler, NSGAIISampler):
-            history = max(history, 2 * args.get("population_size", 32))
-        study = optuna.create_study(storage=History(history), sampler=sampler, pruner=pruner, direction=direction,
-                                    study_name=name)
+            history = max(history, 2 * choice.args.get("population_size", 32))
+        study = optuna.create_study(storage=History(history), sampler=sampler, pruner=pruner,
+                                    direction=choice.direction, study_name=name)  # fmt: skip
     finally:
         optuna.logging.set_verbosity(verbosity)
     return Tuner(study, space, points)
 
 
-_ASSESSORS: dict[str, tuple[set[str], Callable[[dict[str, Any]], BasePruner]]] = {
+#: Each built-in assessor of builtins.ASSESSORS: classArgs -> its pruner.
+_ASSESSORS: dict[str, Callable[[dict[str, Any]], BasePruner]] = {
     # NNI's Medianstop judges against any completed trial: one start-up trial, where Optuna's default is five.
-    "Medianstop": (set(), lambda a: MedianPruner(n_startup_trials=1, n_warmup_steps=a.get("start_step", 0))),
-    "Curvefitting": ({"epoch_num", "threshold", "gap"},
-                     lambda a: PercentilePruner(25.0, n_startup_trials=1, n_warmup_steps=a.get("start_step", 6),
-                                                interval_steps=a.get("gap", 1))),
+    "Medianstop": lambda a: MedianPruner(n_startup_trials=1, n_warmup_steps=a.get("start_step", 0)),
+    "Curvefitting": lambda a: PercentilePruner(25.0, n_startup_trials=1, n_warmup_steps=a.get("start_step", 6),
+                                               interval_steps=a.get("gap", 1)),
 }
 
 
@@ -329,8 +288,5 @@ def assessor(config: Mapping[str, Any] | None) -> BasePruner:
     """
     if config is None:
         return NopPruner()
-    name, args = name_and_args(config, "assessor")
-    name, (accepted, build) = _lookup(name, _ASSESSORS, "assessor")
-    _check_args(name, args, accepted | {"optimize_mode", "start_step"})
-    _direction(name, args)
-    return build(args)
+    name, args = builtins.assessor_choice(config)
+    return _ASSESSORS[name](args)

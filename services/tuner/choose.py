@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from services.tuner import advisor, algorithms, loading
 from services.tuner.calls import Calls
-from services.tuner.nni_classes import BUILTIN_ASSESSORS, NniAssessor, NniTuner
+from services.tuner.checks import assessor_class, tuner_section
+from services.tuner.nni_classes import NniAssessor, NniTuner
 from services.tuner.protocol import TunerLike
 from services.tuner.space import parse_search_space
 
@@ -34,45 +35,9 @@ if TYPE_CHECKING:
 
     from contracts import ExperimentConfig
 
-__all__ = ["check", "for_experiment"]
+__all__ = ["for_experiment"]
 
 log = logging.getLogger(__name__)
-
-
-def _tuner_section(config: ExperimentConfig) -> tuple[Mapping[str, Any] | None, str]:
-    if config.search_space is None:
-        raise ValueError("the experiment has no searchSpace (or searchSpaceFile) for its tuner to search")
-    return (config.tuner, "tuner") if config.tuner else (config.advisor, "advisor")
-
-
-def _assessor_class(config: Mapping[str, Any]) -> dict[str, Any]:
-    """An assessor section beside a tuner class: a class as it is, a built-in name as NNI's class of that name."""
-    if loading.names_class(config):
-        return dict(config)
-    name, args = algorithms.name_and_args(config, "assessor")
-    path = BUILTIN_ASSESSORS.get(name.lower())
-    if path is None:
-        known = ", ".join(p.rpartition(".")[2].removesuffix("Assessor") for p in BUILTIN_ASSESSORS.values())
-        raise ValueError(f"unknown assessor {name!r}; the known assessors are {known}")
-    return {"className": path, "classArgs": args}
-
-
-def check(config: ExperimentConfig) -> None:
-    """Refuse what can be refused without loading the user's classes (they load where the tuner service runs):
-    the built-in names, their classArgs and search space exactly as :func:`for_experiment` builds them, and the
-    shape of class sections. ValueError with the reason."""
-    tuner_config, kind = _tuner_section(config)
-    if loading.names_class(tuner_config):
-        loading.spec(tuner_config, kind)
-        if config.assessor:
-            loading.spec(_assessor_class(config.assessor), "assessor")
-        return
-    space = parse_search_space(config.search_space)
-    if loading.names_class(config.assessor):
-        loading.spec(config.assessor, "assessor")
-        algorithms.tuner(tuner_config, space)
-        return
-    algorithms.tuner(tuner_config, space, assessor_config=config.assessor)
 
 
 def _judged(tuner: TunerLike, config: Mapping[str, Any], threads: int) -> NniAssessor:
@@ -93,7 +58,7 @@ def for_experiment(config: ExperimentConfig, seed: int | None = None, *,
     :raises ValueError: no search space, or a config that names something that is not there, with the reason.
     :raises ClassFailed: a user's class raised while it was imported, constructed or handed the search space.
     """
-    tuner_config, kind = _tuner_section(config)
+    tuner_config, kind = tuner_section(config)
     threads = config.trial_concurrency if config.multi_thread else 1
     if loading.names_class(tuner_config):
         spec = loading.spec(tuner_config, kind)
@@ -109,7 +74,7 @@ def for_experiment(config: ExperimentConfig, seed: int | None = None, *,
         except BaseException:
             calls.close()
             raise
-        return _judged(tuner, _assessor_class(config.assessor), threads) if config.assessor else tuner
+        return _judged(tuner, assessor_class(config.assessor), threads) if config.assessor else tuner
     if config.multi_thread:
         log.info("multiThread has no effect on the built-in tuner: Optuna is asked for one trial at a time")
     space = parse_search_space(config.search_space)

@@ -18,7 +18,8 @@ import pytest
 from contracts import ExperimentConfig, TrialStatus
 from services.tuner import loading
 from services.tuner.calls import Calls
-from services.tuner.choose import check, for_experiment
+from services.tuner.checks import check
+from services.tuner.choose import for_experiment
 from services.tuner.nni_classes import NniAssessor, NniTuner
 from services.tuner.protocol import ClassFailed, TrialEnd
 
