@@ -108,6 +108,8 @@ class AsyncClient:
         if self._nc is not None and not self._nc.is_closed:
             return self
         self.url = url or self.url
+        if any(s.strip().lower().startswith(("ws://", "wss://")) for s in self.url.split(",")):  # see trialbus/__init__
+            raise TrialbusError(400, f"{self.url}: Trialbus connects to NATS at nats:// or tls:// URLs, not WebSocket")
         auth = {**self._auth, **{k: v for k, v in {"user": user, "password": password, "creds": creds}.items() if v}}
         found = None if auth["user"] or auth["creds"] else local.credentials_for(self.url, self.data_dir)
         if found:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +65,21 @@ def test_the_default_nats_url_is_the_clients() -> None:
     from trialbus import api, cli
 
     assert cli.DEFAULT_NATS_URL == api.DEFAULT_NATS_URL
+
+
+def test_the_client_loads_nats_without_its_websocket_transport_and_aiohttp_still_imports() -> None:
+    """nats-py's optional aiohttp (~170 ms, for ``ws://``) is refused to nats-py alone (trialbus/__init__.py)."""
+    def packages(code: str) -> set[str]:
+        return {name.split(".")[0] for name in loaded_by(code, {"nats", "aiohttp"})}
+
+    assert packages("import trialbus.client") == {"nats"}
+    assert packages("import trialbus.client, aiohttp") == {"nats", "aiohttp"}
+    assert packages("import nats") == {"nats", "aiohttp"}  # the probe sees it where trialbus is not imported
+
+
+def test_a_websocket_url_is_refused_with_what_to_use() -> None:
+    trialbus = str(Path(sys.executable).parent / "trialbus")
+    done = subprocess.run([trialbus, "--nats-url", "ws://127.0.0.1:1", "experiment", "list"], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1
+    assert "Trialbus connects to NATS at nats:// or tls:// URLs, not WebSocket" in done.stderr
