@@ -6,9 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 from pathlib import Path
+
+from trialbus.stack.processes import free_port  # noqa: F401 - the emulators' ports are as distinct as the stack's
 
 
 def stop_server(process: subprocess.Popen[bytes], state_dir: Path) -> None:
@@ -37,7 +38,3 @@ def alive(pid: int) -> bool:
     return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -86,11 +87,22 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
+#: The ports :func:`free_port` gave lately, most recent last.
+_GIVEN: deque[int] = deque(maxlen=256)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (the kernel's choice)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now (the kernel's choice), and none of the last 256 this process was given:
+    ports taken in a row for several servers, before any of them listens, are distinct (the kernel may offer a
+    port again once its probe socket is closed; a dispatcher and a gateway once got the same one)."""
+    for _ in range(64):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            break
+    _GIVEN.append(port)
+    return port
 
 
 def port_holder(port: int) -> psutil.Process | None:
