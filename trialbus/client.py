@@ -108,7 +108,8 @@ class AsyncClient:
         if self._nc is not None and not self._nc.is_closed:
             return self
         self.url = url or self.url
-        if any(s.strip().lower().startswith(("ws://", "wss://")) for s in self.url.split(",")):  # see trialbus/__init__
+        servers = [s.strip() for s in self.url.split(",")]
+        if any(s.lower().startswith(("ws://", "wss://")) for s in servers):  # see trialbus/__init__
             raise TrialbusError(400, f"{self.url}: Trialbus connects to NATS at nats:// or tls:// URLs, not WebSocket")
         auth = {**self._auth, **{k: v for k, v in {"user": user, "password": password, "creds": creds}.items() if v}}
         found = None if auth["user"] or auth["creds"] else local.credentials_for(self.url, self.data_dir)
@@ -124,7 +125,7 @@ class AsyncClient:
             refusals.append(exc)
 
         options: dict[str, Any] = dict(
-            servers=[s.strip() for s in self.url.split(",")],
+            servers=servers,
             name="trialbus-client",
             connect_timeout=2,
             reconnect_time_wait=0.5,

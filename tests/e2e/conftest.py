@@ -88,3 +88,12 @@ def config(code_dir: Path, **overrides) -> dict:
 def runs(run_log: Path) -> list[str]:
     """Trial ids in the order their processes started (one line per real run)."""
     return [line.split()[0] for line in run_log.read_text().splitlines()] if run_log.exists() else []
+
+
+@pytest.fixture
+def tuned(tmp_path: Path, nats_server):
+    """The stack with the tuner service: experiments run as their config's tuner proposes."""
+    stack = Stack(root=tmp_path, nats=nats_server)
+    stack.start("dispatcher", "gateway", "adapter", "tuner")
+    yield stack
+    stack.stop()

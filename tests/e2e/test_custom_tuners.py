@@ -19,8 +19,7 @@ import pytest
 import yaml
 
 from tests.e2e.helpers import wait_until
-from tests.fixtures.nats import NatsServer
-from tests.fixtures.nni import nni_sdk
+from tests.fixtures.nni import nni_tuner_stack
 from tests.fixtures.stack import Stack
 from trialbus.client import Client
 
@@ -67,15 +66,8 @@ NOTE = textwrap.dedent(
 def stack(tmp_path_factory: pytest.TempPathFactory):
     """One stack for the module (each test its own experiment); the tuner service with the real nni package
     on its path."""
-    root = tmp_path_factory.mktemp("custom-tuners")
-    server = NatsServer(root / "jetstream").start()
-    stack = Stack(root=root, nats=server, service_env={"tuner": {"PYTHONPATH": str(nni_sdk())}})
-    try:
-        stack.start("dispatcher", "gateway", "adapter", "tuner")
+    with nni_tuner_stack(tmp_path_factory.mktemp("custom-tuners")) as stack:
         yield stack
-    finally:
-        stack.stop()
-        server.stop()
 
 
 @pytest.fixture

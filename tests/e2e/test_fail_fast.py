@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.e2e.conftest import config
@@ -21,14 +20,6 @@ from tests.fixtures.stack import Stack
 
 TRIALBUS = str(Path(sys.executable).parent / "trialbus")
 MISSING = "ModuleNotFoundError: No module named 'no_such_module_xyz'"
-
-
-@pytest.fixture
-def tuned(tmp_path: Path, nats_server):
-    stack = Stack(root=tmp_path, nats=nats_server)
-    stack.start("dispatcher", "gateway", "adapter", "tuner")
-    yield stack
-    stack.stop()
 
 
 def run_cli(stack: Stack, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

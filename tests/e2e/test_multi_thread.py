@@ -21,8 +21,7 @@ import pytest
 import yaml
 
 from tests.e2e.helpers import wait_until
-from tests.fixtures.nats import NatsServer
-from tests.fixtures.nni import nni_sdk
+from tests.fixtures.nni import nni_tuner_stack
 from tests.fixtures.stack import Stack
 from trialbus.client import Client
 
@@ -69,15 +68,8 @@ TRIAL = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("multi-thread")
-    server = NatsServer(root / "jetstream").start()
-    stack = Stack(root=root, nats=server, service_env={"tuner": {"PYTHONPATH": str(nni_sdk())}})
-    try:
-        stack.start("dispatcher", "gateway", "adapter", "tuner")
+    with nni_tuner_stack(tmp_path_factory.mktemp("multi-thread")) as stack:
         yield stack
-    finally:
-        stack.stop()
-        server.stop()
 
 
 def run_cli(stack: Stack, *args: str) -> subprocess.CompletedProcess:

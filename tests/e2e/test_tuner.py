@@ -52,14 +52,6 @@ SEARCH_SPACE = {
 
 
 @pytest.fixture
-def tuned(tmp_path: Path, nats_server):
-    stack = Stack(root=tmp_path, nats=nats_server)
-    stack.start("dispatcher", "gateway", "adapter", "tuner")
-    yield stack
-    stack.stop()
-
-
-@pytest.fixture
 def mnist(tmp_path: Path) -> Path:
     """An NNI example folder: mnist.py, search_space.json, config.yml (v2, as NNI ships it)."""
     folder = tmp_path / "mnist-pytorch"

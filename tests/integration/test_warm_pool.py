@@ -110,58 +110,50 @@ def test_a_key_is_found_once_per_command_and_environment(host, code):
     assert host.pool.key_of(f"{PYTHON} -u probe.py", first)[0] != host.pool.key_of(command, first)[0]
 
 
-def test_an_import_that_opens_a_gpu_is_never_preloaded(host, code, tmp_path):
+@pytest.fixture
+def gpu_init(host, tmp_path):
+    """A module ``gpu_init`` on the trials' path whose import opens a stand-in GPU device file, as cuInit opens
+    /dev/nvidiactl (the template's check looks for open files under /dev/nvidia)."""
     if os.geteuid() != 0:  # /dev is root's: a stand-in device file cannot be made otherwise
         if os.environ.get("CI") == "true":
             pytest.fail("this test makes a stand-in GPU device file under /dev: run it as root")
         pytest.skip("making a stand-in GPU device file under /dev needs root")
     device = Path(f"/dev/nvidia-trialbus-test-{os.getpid()}")
     device.write_bytes(b"")
-    try:
-        site = tmp_path / "site"
-        site.mkdir()
-        (site / "gpu_init.py").write_text(f"HANDLE = open({str(device)!r})  # as cuInit opens /dev/nvidiactl\n")
-        host.env["PYTHONPATH"] = str(site)
-        (code / "uses_gpu.py").write_text("import sys\nprint('gpu_init' in sys.modules)\nimport gpu_init\n")
-        _, environ = host.environ(f"{PYTHON} uses_gpu.py")
-        template = host.pool.template_for(f"{PYTHON} uses_gpu.py", environ, ["gpu_init"])
-        assert not template.wait_ready(30) and template.unsafe == "gpu_init"
-        trial = host.warm(f"{PYTHON} uses_gpu.py")  # the next template leaves it out
-        assert trial.wait()["exitCode"] == 0 and trial.out() == "False\n"
-        assert any("gpu_init" in line for line in host.logs)
-    finally:
-        device.unlink()
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "gpu_init.py").write_text(f"HANDLE = open({str(device)!r})\n")
+    host.env["PYTHONPATH"] = str(site)
+    yield
+    device.unlink(missing_ok=True)
 
 
-def test_a_learned_import_that_opens_a_gpu_ends_its_template_and_is_never_preloaded(host, code, tmp_path):
-    if os.geteuid() != 0:  # as above
-        if os.environ.get("CI") == "true":
-            pytest.fail("this test makes a stand-in GPU device file under /dev: run it as root")
-        pytest.skip("making a stand-in GPU device file under /dev needs root")
-    device = Path(f"/dev/nvidia-trialbus-learn-{os.getpid()}")
-    device.write_bytes(b"")
-    try:
-        site = tmp_path / "site"
-        site.mkdir()
-        (site / "gpu_init.py").write_text(f"HANDLE = open({str(device)!r})  # as cuInit opens /dev/nvidiactl\n")
-        host.env["PYTHONPATH"] = str(site)
-        command = f"{PYTHON} lazy_gpu.py"  # (imported lazily: learned from the trial, not read ahead)
-        (code / "lazy_gpu.py").write_text("import sys\nprint('gpu_init' in sys.modules)\n__import__('gpu_init')\n")
-        first = host.warm(command)
-        assert first.wait()["exitCode"] == 0 and first.out() == "False\n"
-        guessed = host.pool.next.get(first.template)
-        assert guessed is None or guessed.wait_ready(30)
-        template = host.pool.template_for(command, host.environ(command)[1])
-        host.pool.learn(first.template, str(first.dir))
-        assert not template.wait_ready(30) and template.unsafe == "gpu_init"
-        template.process.wait(10)  # gone: no trial forks from it any more (the pool ends it if it has not)
-        assert template.state == "dead"
-        trial = host.warm(command)  # a new template, without it
-        assert trial.wait()["exitCode"] == 0 and trial.out() == "False\n"
-        assert host.pool.current[first.template] is not template
-        assert any("gpu_init touched a GPU" in line for line in host.logs), host.logs
-    finally:
-        device.unlink()
+def test_an_import_that_opens_a_gpu_is_never_preloaded(host, code, gpu_init):
+    (code / "uses_gpu.py").write_text("import sys\nprint('gpu_init' in sys.modules)\nimport gpu_init\n")
+    _, environ = host.environ(f"{PYTHON} uses_gpu.py")
+    template = host.pool.template_for(f"{PYTHON} uses_gpu.py", environ, ["gpu_init"])
+    assert not template.wait_ready(30) and template.unsafe == "gpu_init"
+    trial = host.warm(f"{PYTHON} uses_gpu.py")  # the next template leaves it out
+    assert trial.wait()["exitCode"] == 0 and trial.out() == "False\n"
+    assert any("gpu_init" in line for line in host.logs)
+
+
+def test_a_learned_import_that_opens_a_gpu_ends_its_template_and_is_never_preloaded(host, code, gpu_init):
+    command = f"{PYTHON} lazy_gpu.py"  # (imported lazily: learned from the trial, not read ahead)
+    (code / "lazy_gpu.py").write_text("import sys\nprint('gpu_init' in sys.modules)\n__import__('gpu_init')\n")
+    first = host.warm(command)
+    assert first.wait()["exitCode"] == 0 and first.out() == "False\n"
+    guessed = host.pool.next.get(first.template)
+    assert guessed is None or guessed.wait_ready(30)
+    template = host.pool.template_for(command, host.environ(command)[1])
+    host.pool.learn(first.template, str(first.dir))
+    assert not template.wait_ready(30) and template.unsafe == "gpu_init"
+    template.process.wait(10)  # gone: no trial forks from it any more (the pool ends it if it has not)
+    assert template.state == "dead"
+    trial = host.warm(command)  # a new template, without it
+    assert trial.wait()["exitCode"] == 0 and trial.out() == "False\n"
+    assert host.pool.current[first.template] is not template
+    assert any("gpu_init touched a GPU" in line for line in host.logs), host.logs
 
 
 def test_a_template_that_cannot_start_is_given_up_and_its_trials_start_cold(host, code, tmp_path):
