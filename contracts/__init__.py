@@ -1,6 +1,6 @@
 """Wire contracts of Trialbus: every message on the bus, every subject, stream and bucket.
 
-Services share nothing but this package and the streams it defines (DESIGN.md,
+Services share nothing but this package and the streams it defines (docs/architecture.md,
 principle 1). Models are frozen pydantic v2 classes with a ``kind`` and a ``v``
 field; readers ignore unknown fields in production and forbid them when
 ``TRIALBUS_CONTRACTS_STRICT=1`` (the test suite sets it).

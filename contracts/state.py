@@ -1,6 +1,6 @@
 """Current state of experiments and trials, as the dispatcher keeps it in JetStream KV.
 
-State is derived from the event and metric streams (DESIGN.md, principle 3); the
+State is derived from the event and metric streams (docs/architecture.md, principle 3); the
 REST API answers with :meth:`TrialState.view` and :meth:`ExperimentState.view`.
 """
 

@@ -1,4 +1,4 @@
-"""Subject builders and dedupe ids (DESIGN.md, "Subjects, streams, buckets").
+"""Subject builders and dedupe ids (docs/architecture.md, "Subjects, streams, buckets").
 
 Every subject and ``Nats-Msg-Id`` in Trialbus is built here and nowhere else.
 

@@ -1,4 +1,4 @@
-"""Per-trial credentials at the metrics gateway (DESIGN.md, Security).
+"""Per-trial credentials at the metrics gateway (docs/architecture.md, "Security").
 
 A trial's token is an HMAC of ``<experiment>/<trial>`` under a secret the dispatcher and
 the gateway share, so the gateway can check it without state and a trial can only
