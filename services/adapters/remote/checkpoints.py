@@ -196,7 +196,7 @@ class CheckpointSync:
         with logs.bind(experiment=handle.experiment_id, trial=handle.trial_id):
             try:
                 async with self._slots:
-                    archive = machine.scratch("checkpoint")
+                    archive = machine.files.scratch("checkpoint")
                     packed = await machine.call("checkpoint_pack", dir=checkpoint.directory, archive=archive,
                                                 maxBytes=options.max_bytes, since=checkpoint.synced,
                                                 timeout=PACKING_TIMEOUT)  # fmt: skip
@@ -224,7 +224,7 @@ class CheckpointSync:
         handle, machine = checkpoint.handle, checkpoint.machine
         local = self.scratch / f"{handle.trial_id}-{secrets.token_hex(4)}.tar.gz"
         try:
-            await machine.download(archive, local)
+            await machine.files.download(archive, local)
             headers = {ATTEMPT: [str(handle.attempt)], ORIGIN: [machine.name]}
             store = await self._checkpoints()
             with local.open("rb") as data:
@@ -271,7 +271,7 @@ class CheckpointSync:
         if ran_here is not None and ran_here >= saved_by and signature and signature[FILES]:
             return None  # what the last attempt here left is as new as the copy, or newer
         local = self.scratch / f"{request.trial_id}-{secrets.token_hex(4)}.tar.gz"
-        remote = machine.scratch("restore")
+        remote = machine.files.scratch("restore")
         try:
             async with self._slots:
                 try:
@@ -281,7 +281,7 @@ class CheckpointSync:
                     return None  # expired or deleted meanwhile
                 except _STORE_ERRORS as exc:
                     return self._unreadable(request, machine, exc)
-                await machine.upload(local, remote)
+                await machine.files.upload(local, remote)
                 found = await machine.call("checkpoint_unpack", dir=directory, archive=remote,
                                            maxBytes=options.max_bytes, timeout=PACKING_TIMEOUT)  # fmt: skip
         except AgentError as exc:  # an archive refused, a full disk: the attempt can run all the same

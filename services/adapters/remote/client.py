@@ -5,7 +5,7 @@ reconnects it with back-off when it drops. On each connection it makes sure Tria
 files are on the machine (``<root>/bin/<hash>/``: ``agent.py`` and its helpers,
 ``trial_keeper.py`` and the ``nni`` shim, uploaded over SFTP once per content hash), then runs
 the agent (``agent.py``) on an exec channel and talks JSON lines to it (:meth:`Machine.call`).
-Files go to and from the machine over SFTP (``transfers.py``, a mixin of :class:`Machine`):
+Files go to and from the machine over SFTP (its ``files``, a :class:`~.transfers.Transfers`):
 Trialbus's files, code snapshots (once per machine and hash), checkpoint archives.
 
 Host keys are checked against ``known_hosts``: an unknown host is refused unless the
@@ -74,7 +74,7 @@ def machine_key(config: RemoteMachineConfig) -> str:
     return f"{config.address}/{hmac.new(_KEY_SALT, secret.encode(), 'sha256').hexdigest()[:16]}"
 
 
-class Machine(Transfers):
+class Machine:
     """One SSH machine: connect, keep connected, run the agent, call it (module docstring)."""
 
     def __init__(
@@ -87,7 +87,6 @@ class Machine(Transfers):
         self.settings, self.bundle = settings, bundle
         self._on_event, self._on_up = on_event, on_up
         self.conn: asyncssh.SSHClientConnection | None = None
-        self.sftp: asyncssh.SFTPClient | None = None
         self._agent: asyncssh.SSHClientProcess | None = None
         self.up = asyncio.Event()
         self.root = ""  # absolute, once the agent said where
@@ -103,10 +102,10 @@ class Machine(Transfers):
         self._reader: asyncio.Task | None = None
         self._pending: dict[int, asyncio.Future] = {}
         self._ids = 0
-        self.code: dict[str, str] = {}  # sha256 → unpacked folder on the machine
-        self._uploads: dict[str, asyncio.Task] = {}
         self.probes: dict[str | None, dict] = {}  # pythonPath → what python3 there is
         self.last_used = time.monotonic()  # an idle machine's connection is closed after a while
+        self.files = Transfers(name=self.name, bundle=bundle, remote_root=settings.remote_root, up=self.up,
+                               down_reason=self.down_reason, call=self.call)  # fmt: skip
 
     # ------------------------------------------------------------------ connection
 
@@ -146,7 +145,7 @@ class Machine(Transfers):
                 await self._connect()
             except Exception as exc:  # noqa: BLE001 - every failure is a reason people read
                 before = self.error
-                self._lost(describe_error(exc, self), permanent=is_permanent(exc))
+                self._lost(describe_error(exc, self.config, self.settings), permanent=is_permanent(exc))
                 if self.error != before:  # once per distinct reason, not once per retry
                     log.warning("%s", self.down_reason())
             else:
@@ -179,8 +178,8 @@ class Machine(Transfers):
         if self.conn is not None:
             self.conn.abort()
             self.conn = None
-        self.sftp = self._agent = None
-        self._uploads.clear()
+        self._agent = None
+        self.files.lost()
 
     async def _connect(self) -> None:
         config, settings = self.config, self.settings
@@ -213,8 +212,7 @@ class Machine(Transfers):
             if trusting:
                 self._remember(conn)
             self.conn = conn
-            self.sftp = await conn.start_sftp_client()
-            await self._install()
+            await self.files.install(conn, await conn.start_sftp_client())
             await self._start_agent()
         except BaseException:
             conn.abort()
@@ -278,6 +276,7 @@ class Machine(Transfers):
             raise AgentProblem(f"the Trialbus agent failed to start on {self.name}: {err[-300:] or 'no output'}")
         ready = json.loads(line)["ready"]
         self.root, self.cpus = ready["root"], int(ready.get("cpus") or 1)
+        self.files.root = self.root
         self.keeper_version = str(ready.get("keeper") or "")
         self._reader = asyncio.create_task(self._read(self._agent))
 

@@ -102,7 +102,7 @@ class Launching:
         if request.grace_period is not None:
             env["TRIALBUS_KILL_GRACE"] = str(request.grace_period)
         if request.code_ref:
-            env["TRIALBUS_CODE_DIR"] = await machine.code_dir(request.code_ref.removeprefix("sha256:"),
+            env["TRIALBUS_CODE_DIR"] = await machine.files.code_dir(request.code_ref.removeprefix("sha256:"),
                                                               lambda: self._archive(request.code_ref))  # fmt: skip
         return env, {"token": request.token.get_secret_value()}
 

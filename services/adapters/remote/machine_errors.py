@@ -12,15 +12,12 @@ sentences name the machine by ``user@host:port`` and never tell a credential.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 import asyncssh
 
 from contracts.experiment import RemoteMachineConfig
-from services.adapters.errors import PermanentError, TransientError
-
-if TYPE_CHECKING:
-    from services.adapters.remote.client import Machine
+from services.adapters.errors import TransientError
+from services.adapters.remote.settings import RemoteSettings
 
 
 class MachineDown(TransientError):
@@ -61,33 +58,27 @@ def key_problem(exc: BaseException, config: RemoteMachineConfig) -> str:
     return f"cannot load the private key {where} for {config.address}: {text}"
 
 
-def describe_error(exc: BaseException, machine: Machine) -> str:
-    """A sentence for people about a failed connection; never a secret."""
-    name, path = machine.name, machine.settings.known_hosts_path
+def describe_error(exc: BaseException, config: RemoteMachineConfig, settings: RemoteSettings) -> str:
+    """A sentence for people about a failed connection to the machine ``config`` names; never a secret."""
+    name, path = config.address, settings.known_hosts_path
     if isinstance(exc, UnknownHost | KeyProblem | AgentProblem):
         return str(exc)
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
-        config = machine.config
         target = config.host if config.port == 22 else f"[{config.host}]:{config.port}"
         return (
             f"the host key of {name} does not match the one in {path}: refusing to connect (if the machine "
             f"was reinstalled, remove the old key with ssh-keygen -R '{target}' -f {path})"
         )
     if isinstance(exc, asyncssh.PermissionDenied):
-        how = "password" if machine.config.password is not None else "key"
+        how = "password" if config.password is not None else "key"
         return f"authentication failed for {name}: the server refused the {how}"
     if isinstance(exc, ConnectionRefusedError):
-        return f"connection refused by {machine.config.host}:{machine.config.port} (is sshd running on that port?)"
+        return f"connection refused by {config.host}:{config.port} (is sshd running on that port?)"
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
-        wait = machine.settings.ssh_connect_timeout
-        return f"no answer from {machine.config.host}:{machine.config.port} within {wait:g}s"
+        wait = settings.ssh_connect_timeout
+        return f"no answer from {config.host}:{config.port} within {wait:g}s"
     if isinstance(exc, OSError) and exc.strerror:
-        return f"cannot connect to {machine.config.host}:{machine.config.port}: {exc.strerror}"
+        return f"cannot connect to {config.host}:{config.port}: {exc.strerror}"
     if isinstance(exc, asyncssh.Error):
         return f"SSH error with {name}: {exc.reason}"
     return f"cannot use {name}: {type(exc).__name__}: {exc}"
-
-
-def is_permanent_reason(machine: Machine) -> PermanentError | None:
-    """The machine's error as a PermanentError when retrying cannot help, else None."""
-    return PermanentError(machine.down_reason()) if machine.permanent else None
