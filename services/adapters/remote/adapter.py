@@ -9,10 +9,13 @@ connection and an adapter restart, and their state lives in the trial directory.
 trial's checkpoint directory is copied to the object store while it runs and put on the
 machine of its next attempt (``checkpoints.py``), so that a retry elsewhere resumes from it.
 
-:class:`RemoteAdapter` is this module's state, start, stop and shared bookkeeping, plus one
-mixin per part: the pool of machines (``pool.py``), launching (``launching.py``), status,
-stops and the relay of undelivered metrics (``watching.py``), and what outlives the adapter:
-adoption, released trials' logs, retention (``restarts.py``).
+:class:`RemoteAdapter` is a small facade over its parts, each owning its state and handed what
+it needs when it is made: the attempts it keeps (:class:`~.trial.TrialTable`), where trials go
+(:class:`~.placement.MachinePlacement`), the connections (:class:`~.pool.MachinePool`), their
+status, stops and the relay of undelivered metrics (:class:`~.watching.Watcher`), launching
+(:class:`~.launching.Launcher`), and what outlives the adapter: adoption, a machine that comes
+back, released trials' logs, retention (:class:`~.restarts.Restarts`). The copies of checkpoint
+directories are :class:`~.checkpoints.CheckpointSync`'s.
 """
 
 from __future__ import annotations
@@ -20,28 +23,25 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import httpx
-
-from contracts import ExperimentState, ExperimentStatus
+from contracts import ExperimentState, ExperimentStatus, TrainingService, TrialRequest
 from contracts.experiment import RemoteConfig
-from services.adapters.base import PlatformAdapter, TrialHandle
-from services.adapters.errors import PermanentError
+from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.keeper import Bundle
 from services.adapters.remote.checkpoints import CheckpointSync
-from services.adapters.remote.client import AGENT_FILES, Machine, machine_key
-from services.adapters.remote.launching import Launching
+from services.adapters.remote.client import AGENT_FILES, Machine
+from services.adapters.remote.launching import Launcher
 from services.adapters.remote.placement import MachinePlacement
 from services.adapters.remote.pool import MachinePool
 from services.adapters.remote.restarts import Restarts
 from services.adapters.remote.settings import RemoteSettings
-from services.adapters.remote.trial import Trial
-from services.adapters.remote.watching import Watching
+from services.adapters.remote.trial import TrialTable
+from services.adapters.remote.watching import Watcher
 from services.common import platforms
 from services.common.bus import Bus
 from services.trial_keeper import WARM_FILES
 
 
-class RemoteAdapter(MachinePool, Launching, Watching, Restarts, PlatformAdapter):
+class RemoteAdapter(PlatformAdapter):
     name = "remote"
 
     def __init__(self, settings: RemoteSettings, keeper_path: Path | None = None, shim_path: Path | None = None):
@@ -51,25 +51,30 @@ class RemoteAdapter(MachinePool, Launching, Watching, Restarts, PlatformAdapter)
             keeper_path, shim_path = keeper_path or KEEPER_PATH, shim_path or SHIM_PATH
         self.settings = settings
         self.bundle = Bundle(keeper_path, shim_path, {**AGENT_FILES, **WARM_FILES})
-        self.machines: dict[str, Machine] = {}
-        self.trials: dict[tuple[str, int], Trial] = {}
-        self.placement = MachinePlacement(settings, self.name, self.trials.values, self.capacity_freed)
-        self.abandoned: dict[str, set[str]] = {}  # machine → trial dirs given up on: kill when back
-        self.unreported: dict[str, set[str]] = {}  # machine → trial dirs to mark reported when back
-        self.wanted: dict[str, set[str]] = {}  # running experiment → the keys of its machines
-        self._bus: Bus | None = None
-        self._http: httpx.AsyncClient | None = None
-        self._loops: list[asyncio.Task] = []
-        self._archives: dict[str, asyncio.Task] = {}
         self.checkpoints = CheckpointSync(settings, self.notify)
+        self.trials = TrialTable(self.checkpoints.track)
+        self.placement = MachinePlacement(settings, self.name, self.trials.values, self.capacity_freed)
+        self.pool = MachinePool(settings=settings, bundle=self.bundle, trials=self.trials, placement=self.placement,
+                                on_event=self._on_agent_event, on_up=self._on_up)  # fmt: skip
+        self.watcher = Watcher(settings=settings, trials=self.trials, pool=self.pool, checkpoints=self.checkpoints,
+                               notify=self.notify)  # fmt: skip
+        self.launcher = Launcher(settings=settings, bundle=self.bundle, pool=self.pool, placement=self.placement,
+                                 trials=self.trials, checkpoints=self.checkpoints,
+                                 refresh=self.watcher.refresh)  # fmt: skip
+        self.restarts = Restarts(settings=settings, pool=self.pool, trials=self.trials, placement=self.placement,
+                                 refresh=self.watcher.refresh, found=self.found, notify=self.notify,
+                                 capacity_freed=self.capacity_freed)  # fmt: skip
+        self._bus: Bus | None = None
+        self._loops: list[asyncio.Task] = []
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, bus: Bus) -> None:
         self._bus = bus
-        self._http = httpx.AsyncClient(timeout=10)
+        self.watcher.start()
+        self.launcher.start(bus)
         self.checkpoints.start(bus)
-        self._loops = [asyncio.create_task(self._status_loop()), asyncio.create_task(self._retention_loop()),
+        self._loops = [asyncio.create_task(self.watcher.loop()), asyncio.create_task(self.restarts.retention_loop()),
                        asyncio.create_task(platforms.watch_experiments(bus, self._on_experiment))]  # fmt: skip
 
     async def stop(self) -> None:
@@ -78,35 +83,58 @@ class RemoteAdapter(MachinePool, Launching, Watching, Restarts, PlatformAdapter)
         await asyncio.gather(*self._loops, return_exceptions=True)
         await self.checkpoints.stop()
         await self.placement.stop()
-        for trial in self.trials.values():
+        for trial in self.trials:
             if trial.kill is not None:
                 trial.kill.cancel()
-        await asyncio.gather(*(m.close() for m in self.machines.values()), return_exceptions=True)
-        if self._http is not None:
-            await self._http.aclose()
+        await self.pool.close()
+        await self.watcher.stop()
 
-    # ------------------------------------------------------------------ bookkeeping
+    async def adopt(self) -> list[TrialHandle]:
+        """Trials on the machines of the experiments on the bus that this adapter left running."""
+        machines = []
+        for state in await platforms.experiments(self._bus):
+            if isinstance(service := state.config.service_for(self.name), RemoteConfig):
+                machines.extend(service.machine_list)
+        return await self.restarts.adopt(machines)
+
+    # ------------------------------------------------------------------ the plug-in point, by part
+
+    async def launch(self, request: TrialRequest) -> TrialHandle | None:
+        return await self.launcher.launch(request)
+
+    async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
+        return await self.watcher.poll(handle)
+
+    async def cancel(self, handle: TrialHandle) -> None:
+        await self.watcher.cancel(handle)
+
+    async def release(self, handle: TrialHandle) -> None:
+        await self.restarts.release(handle)
+
+    async def past(self, experiment_id: str, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
+        return await self.restarts.past(experiment_id, trial_id, attempt)
+
+    async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
+        return await self.restarts.log_tail(handle, max_bytes)
+
+    async def check(self, service: TrainingService) -> list[str]:
+        return await self.pool.check(service)
+
+    def describe(self) -> dict:
+        return self.pool.describe()
+
+    # ------------------------------------------------------------------ wiring
 
     def _on_experiment(self, state: ExperimentState) -> None:
         service = state.config.service_for(self.name)
         if isinstance(service, RemoteConfig):
             self.checkpoints.configure(state.id, service)
-        if state.status == ExperimentStatus.RUNNING and isinstance(service, RemoteConfig):
-            self.wanted[state.id] = {machine_key(m) for m in service.machine_list}
-        else:
-            self.wanted.pop(state.id, None)
+        running = state.status == ExperimentStatus.RUNNING and isinstance(service, RemoteConfig)
+        self.pool.want(state.id, service if running else None)
 
-    def _track(self, experiment_id, trial_id, attempt, machine: Machine, trial_dir: str, started) -> Trial:
-        handle = TrialHandle(experiment_id, trial_id, attempt, ref=f"{machine.key}#{trial_dir}", start_time=started)
-        trial = self.trials[(trial_id, attempt)] = Trial(handle, machine, trial_dir)
-        trial.checkpoint = self.checkpoints.track(handle, machine)
-        return trial
+    def _on_agent_event(self, machine: Machine, message: dict) -> None:
+        self.watcher.on_agent_event(machine, message)
 
-    def _find(self, handle: TrialHandle) -> Trial:
-        trial = self.trials.get((handle.trial_id, handle.attempt))
-        if trial is None:
-            raise PermanentError(f"trial {handle.trial_id} attempt {handle.attempt} is not known to this replica")
-        return trial
-
-    def _machine_of(self, ref: str) -> Machine | None:
-        return self.machines.get(ref.split("#", 1)[0]) if "#" in ref else None
+    def _on_up(self, machine: Machine) -> None:
+        """A machine is (back) up: settle what waited for it, look for trials, wake waiters."""
+        asyncio.ensure_future(self.restarts.reconnected(machine))

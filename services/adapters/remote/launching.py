@@ -5,58 +5,73 @@ The trial directory is the idempotency point: a launch of an attempt that a mach
 has (before an adapter restart, or concurrently) returns that attempt, never a second one. The
 machine's ``python3`` is probed once per ``pythonPath``, the code snapshot fetched from the object
 store once however many machines need it and uploaded once per machine, and the checkpoint of a
-previous attempt put in place before the keeper starts (``checkpoints.py``). Part of
-:class:`~services.adapters.remote.adapter.RemoteAdapter` (a mixin).
+previous attempt put in place before the keeper starts (``checkpoints.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 from contracts import TrialRequest
 from contracts.base import utcnow
 from contracts.experiment import RemoteConfig
 from services.adapters.base import TrialHandle
 from services.adapters.errors import PermanentError, Waiting
-from services.adapters.keeper import fetch_checked_code
-from services.adapters.remote.checkpoints import checkpoint_dir
+from services.adapters.keeper import Bundle, fetch_checked_code
+from services.adapters.remote.checkpoints import CheckpointSync, checkpoint_dir
 from services.adapters.remote.client import AgentError, Machine
+from services.adapters.remote.placement import MachinePlacement
+from services.adapters.remote.pool import MachinePool
+from services.adapters.remote.settings import RemoteSettings
+from services.adapters.remote.trial import Trial, TrialTable
+from services.common.bus import Bus
 
-if TYPE_CHECKING:
-    from services.adapters.remote.adapter import RemoteAdapter
 
-
-class Launching:
+class Launcher:
     """How the remote adapter launches a trial (the module's docstring)."""
 
-    async def launch(self: RemoteAdapter, request: TrialRequest) -> TrialHandle | None:
+    def __init__(
+        self, *, settings: RemoteSettings, bundle: Bundle, pool: MachinePool, placement: MachinePlacement,
+        trials: TrialTable, checkpoints: CheckpointSync,
+        refresh: Callable[[Machine, list[Trial]], Awaitable[None]],
+    ) -> None:  # fmt: skip
+        """``refresh``: read trials' status now (for an attempt that a machine already had)."""
+        self.settings, self.bundle = settings, bundle
+        self._pool, self._placement, self._trials, self._checkpoints = pool, placement, trials, checkpoints
+        self._refresh = refresh
+        self._bus: Bus | None = None  # for the code snapshots, from start
+        self._archives: dict[str, asyncio.Task] = {}  # code_ref → its fetch from the object store
+
+    def start(self, bus: Bus) -> None:
+        self._bus = bus
+
+    async def launch(self, request: TrialRequest) -> TrialHandle | None:
         key = (request.trial_id, request.attempt)
-        if (trial := self.trials.get(key)) is not None:
+        if (trial := self._trials.get(key)) is not None:
             return trial.handle
         service = request.training_service
         if not isinstance(service, RemoteConfig):
             raise PermanentError(f"the remote adapter cannot run platform {service.platform!r}")
-        machines = [self.machine(config) for config in service.machine_list]
-        await asyncio.gather(*(m.ready(wait=0) for m in machines))
+        machines = await self._pool.connect(service.machine_list)
         up = [m for m in machines if m.up.is_set()]
         if not up:
-            self._give_up_if_all_down(machines)
+            self._pool.give_up_if_all_down(machines)
             raise Waiting("no machine reachable: " + "; ".join(m.down_reason() for m in machines))
-        machine, (where, held, per_gpu) = await self.placement.choose(request, up, machines)
-        if (trial := self.trials.get(key)) is not None:  # launched concurrently meanwhile
+        machine, (where, held, per_gpu) = await self._placement.choose(request, up, machines)
+        if (trial := self._trials.get(key)) is not None:  # launched concurrently meanwhile
             return trial.handle
-        with self.placement.starting(machine, key, held, per_gpu):  # awaits below: its GPUs stay taken
+        with self._placement.starting(machine, key, held, per_gpu):  # awaits below: its GPUs stay taken
             return await self._start(request, machine, where, held, per_gpu)
 
-    async def _start(self: RemoteAdapter, request: TrialRequest, machine: Machine, where: dict,
+    async def _start(self, request: TrialRequest, machine: Machine, where: dict,
                      held: tuple[int, ...], per_gpu: int) -> TrialHandle:  # fmt: skip
         key = (request.trial_id, request.attempt)
         env, files = await self._environment(request, machine, where)
         trial_dir = f"{machine.root}/trials/{request.experiment_id}/{request.trial_id}-{request.attempt}"
-        self.checkpoints.configure(request.experiment_id, request.training_service)
-        restored = await self.checkpoints.restore(request, machine)  # before the keeper starts
+        self._checkpoints.configure(request.experiment_id, request.training_service)
+        restored = await self._checkpoints.restore(request, machine)  # before the keeper starts
         if held:
             files["gpus.json"] = json.dumps({"indices": list(held), "perGpu": per_gpu})
         try:
@@ -64,9 +79,11 @@ class Launching:
                                         preload=request.warm_preload)  # fmt: skip
         except AgentError as exc:
             raise PermanentError(f"cannot start the trial on {machine.name}: {exc}") from None
-        if (trial := self.trials.get(key)) is not None:
+        if (trial := self._trials.get(key)) is not None:
             return trial.handle
-        trial = self._track(request.experiment_id, request.trial_id, request.attempt, machine, trial_dir, utcnow())
+        trial = self._trials.track(
+            request.experiment_id, request.trial_id, request.attempt, machine, trial_dir, utcnow()
+        )
         trial.grace = request.grace_period
         trial.checkpoint.synced = restored
         if result.get("exists"):  # launched before a restart: never twice
@@ -75,9 +92,9 @@ class Launching:
             trial.gpus, trial.per_gpu = held, per_gpu
         return trial.handle
 
-    async def _environment(self: RemoteAdapter, request: TrialRequest, machine: Machine,
+    async def _environment(self, request: TrialRequest, machine: Machine,
                            where: dict) -> tuple[dict, dict]:  # fmt: skip
-        probe = await self._probe(machine, machine.config.python_path)
+        probe = await self._pool.probe(machine, machine.config.python_path)
         env = {
             "PATH": probe["path"],
             "TRIALBUS_GATEWAY_URL": self.settings.trials_gateway,
@@ -106,22 +123,7 @@ class Launching:
                                                               lambda: self._archive(request.code_ref))  # fmt: skip
         return env, {"token": request.token.get_secret_value()}
 
-    async def _probe(self: RemoteAdapter, machine: Machine, python_path: str | None) -> dict:
-        probe = machine.probes.get(python_path)
-        if probe is None:
-            probe = await machine.call("probe", pythonPath=python_path, timeout=90)
-            if not probe.get("python"):
-                where = f"with pythonPath {python_path}" if python_path else "on its PATH (set pythonPath)"
-                raise PermanentError(f"machine {machine.name} has no python3 {where}")
-            found = probe.get("where") or ""
-            if python_path and not found.startswith(python_path.rstrip("/") + "/"):
-                raise PermanentError(
-                    f"machine {machine.name} has no python3 in pythonPath {python_path} (trials would run {found})"
-                )
-            machine.probes[python_path] = probe
-        return probe
-
-    async def _archive(self: RemoteAdapter, code_ref: str) -> bytes:
+    async def _archive(self, code_ref: str) -> bytes:
         """A code snapshot from the object store, fetched once however many machines need it."""
         task = self._archives.get(code_ref)
         if task is None or (task.done() and task.exception() is not None):

@@ -28,7 +28,7 @@ Where = tuple[dict[str, str], tuple[int, ...], int]
 
 
 class Placed(Protocol):
-    """What placement reads of a tracked trial (``adapter.Trial``)."""
+    """What placement reads of a tracked trial (``trial.Trial``)."""
 
     machine: Machine
     gpus: tuple[int, ...]
