@@ -24,7 +24,7 @@ from typing import ClassVar
 import pytest
 
 from contracts import LocalConfig, TrialRequest, TrialStatus
-from services.adapters.base import PlatformAdapter, TrialHandle
+from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import TransientError
 from services.common.bus import Bus, bootstrap, connect
 from services.common.settings import ServiceSettings
@@ -197,6 +197,22 @@ class AdapterContract:
         await platform.outcome(handle)
 
         assert isinstance(await adapter.log_tail(handle, 4096), str)
+
+
+async def outcome_at_a_notify(
+    adapter: PlatformAdapter, handle: TrialHandle, named: list[TrialHandle | None], timeout: float
+) -> TrialOutcome:
+    """For a platform whose adapter also calls ``notify`` while a trial runs (a state change, a
+    reconnect): the outcome ``poll`` gives at one of the ``notify`` calls naming the trial (``named``
+    is the list the adapter's listener appends to), within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        while handle not in named:
+            assert time.monotonic() < deadline, "the adapter never called notify() for the ended trial"
+            await asyncio.sleep(0.01)
+        named.clear()
+        if (outcome := await adapter.poll(handle)) is not None:
+            return outcome
 
 
 class Harness:

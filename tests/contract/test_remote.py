@@ -9,11 +9,9 @@ markers to, and their remote root, are folders that user can write.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import shutil
 import tempfile
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from services.adapters.base import TrialHandle
 from services.adapters.errors import Waiting
 from services.adapters.remote import RemoteAdapter, RemoteSettings
 from services.common.bus import Bus
-from tests.contract.adapter_contract import AdapterContract, Harness
+from tests.contract.adapter_contract import AdapterContract, Harness, outcome_at_a_notify
 from tests.fixtures.gpus import FAKE_NVIDIA_SMI, set_fake_gpus
 from tests.fixtures.sshd import KeyPair, SshServer, known_hosts_file, ssh_user
 
@@ -100,14 +98,8 @@ class TestRemoteAdapter(AdapterContract):
 
         handle = await adapter.launch(platform.request(duration=0.2))
 
-        deadline = time.monotonic() + 0.2 + self.slack
-        outcome = None
-        while outcome is None:
-            while handle not in named:
-                assert time.monotonic() < deadline, "the adapter never called notify() for the ended trial"
-                await asyncio.sleep(0.01)
-            named.clear()
-            outcome = await adapter.poll(handle)
+        outcome = await outcome_at_a_notify(adapter, handle, named, 0.2 + self.slack)
+
         assert outcome.status is TrialStatus.SUCCEEDED, outcome
 
     async def test_no_capacity_is_none_until_a_trial_ends(self, platform: Harness) -> None:
