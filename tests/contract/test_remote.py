@@ -9,8 +9,10 @@ markers to, and their remote root, are folders that user can write.
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
+import signal
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -66,7 +68,9 @@ class TestRemoteAdapter(AdapterContract):
         experiments = await bus.kv(streams.EXPERIMENTS_BUCKET.bucket)
         await experiments.put(EXPERIMENT, ExperimentState(id=EXPERIMENT, config=config, start_time=utcnow()).encode())
         yield
-        shutil.rmtree(ssh_user().home / self.remote_root, ignore_errors=True)
+        root = ssh_user().home / self.remote_root
+        kill_processes_under(root)  # what the cleanup's adopt() missed (ADOPT_RACE) must not outlive the test
+        shutil.rmtree(root, ignore_errors=True)
 
     def make_adapter(self, workspace: Path) -> RemoteAdapter:
         settings = RemoteSettings(
@@ -144,3 +148,15 @@ def fake_nvidia_smi(folder: Path, count: int) -> Path:
     )
     script.chmod(0o755)
     return script
+
+
+def kill_processes_under(folder: Path) -> None:
+    """SIGKILL every process whose working directory is in ``folder`` (this test's trials and keepers)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if Path(os.readlink(entry / "cwd")).is_relative_to(folder):
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
