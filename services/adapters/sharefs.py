@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +72,10 @@ def install(bundle: Bundle, root: str) -> str:
     """The bundle under ``<root>/trialbus/bin/<hash>/``, once per content hash; the hash."""
     folder = Path(root) / "trialbus" / "bin" / bundle.hash
     if not (folder / ".complete").exists():
-        tmp = folder.with_name(f".{bundle.hash}-{os.getpid()}")
+        # A scratch folder of this call's own: two launches (threads of one replica) may install at once.
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{bundle.hash}-", dir=folder.parent))
+        tmp.chmod(0o755)  # as mkdir would make it: the trials (other users, containers) read the bundle
         for name, data in bundle.files.items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_bytes(data)

@@ -31,12 +31,6 @@ from tests.fixtures.gpus import FAKE_NVIDIA_SMI, set_fake_gpus
 from tests.fixtures.sshd import KeyPair, SshServer, known_hosts_file, ssh_user
 
 EXPERIMENT = "contract"
-#: Why two contract points fail today (an adapter bug, reported; services/ is not this test's to change).
-ADOPT_RACE = (
-    "remote adapter bug: a restarted adapter's first connection to a machine runs pool._reconnected, which "
-    "lists and tracks the machine's trials itself and hands them over through found(); adopt() then skips "
-    "them as already tracked and returns [] for trials on machines that are up"
-)
 
 
 class TestRemoteAdapter(AdapterContract):
@@ -69,7 +63,7 @@ class TestRemoteAdapter(AdapterContract):
         await experiments.put(EXPERIMENT, ExperimentState(id=EXPERIMENT, config=config, start_time=utcnow()).encode())
         yield
         root = ssh_user().home / self.remote_root
-        kill_processes_under(root)  # what the cleanup's adopt() missed (ADOPT_RACE) must not outlive the test
+        kill_processes_under(root)  # a trial the test's cleanup could not end must not outlive the test
         shutil.rmtree(root, ignore_errors=True)
 
     def make_adapter(self, workspace: Path) -> RemoteAdapter:
@@ -124,15 +118,6 @@ class TestRemoteAdapter(AdapterContract):
         await platform.outcome(running[0], timeout=self.cancel_within)
         assert await adapter.launch(platform.request().model_copy(update=gpu)) is not None
 
-    # ------------------------------------------------------------------ adapter bugs, reported
-
-    @pytest.mark.xfail(raises=AssertionError, strict=True, reason=ADOPT_RACE)
-    async def test_a_restarted_adapter_adopts_running_trials(self, platform: Harness) -> None:
-        await super().test_a_restarted_adapter_adopts_running_trials(platform)
-
-    @pytest.mark.xfail(raises=AssertionError, strict=True, reason=ADOPT_RACE)
-    async def test_the_real_end_of_a_lost_trial_is_reported(self, platform: Harness) -> None:
-        await super().test_the_real_end_of_a_lost_trial_is_reported(platform)
 
 
 def fake_nvidia_smi(folder: Path, count: int) -> Path:

@@ -39,6 +39,7 @@ from services.adapters.frameworkcontroller import frameworks
 from services.adapters.frameworkcontroller.client import Conflict, Gone, Kubernetes
 from services.adapters.frameworkcontroller.settings import FrameworkcontrollerSettings
 from services.adapters.keeper import Bundle
+from services.adapters.once import OncePerKey
 from services.common import platforms
 from services.common.bus import Bus
 
@@ -81,6 +82,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         self._bus: Bus | None = None
         self._watches: dict[str, asyncio.Task] = {}
         self._cleaner: asyncio.Task | None = None
+        self._launches: OncePerKey[TrialHandle] = OncePerKey()  # concurrent calls for one attempt: one launch
 
     @property
     def selector(self) -> str:
@@ -139,6 +141,9 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         key = (request.trial_id, request.attempt)
         if (job := self.jobs.get(key)) is not None:
             return job.handle
+        return await self._launches.run(key, lambda: self._launch(request))
+
+    async def _launch(self, request: TrialRequest) -> TrialHandle:
         service = request.training_service
         if not isinstance(service, FrameworkcontrollerConfig):
             raise PermanentError(f"the frameworkcontroller adapter cannot run platform {service.platform!r}")

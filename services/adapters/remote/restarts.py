@@ -40,23 +40,35 @@ class Restarts:
         room may have freed."""
         self.settings, self._pool, self._trials, self._placement = settings, pool, trials, placement
         self._refresh, self._found, self._notify, self._capacity_freed = refresh, found, notify, capacity_freed
+        #: While :meth:`adopt` runs: the trials :meth:`reconnected` adopted meanwhile (a machine that came
+        #: up during it), which ``adopt`` returns with its own instead of handing them to ``found``.
+        self._early: list[TrialHandle] | None = None
 
     async def adopt(self, machines: Iterable[RemoteMachineConfig]) -> list[TrialHandle]:
         """Trials that this adapter left running on these machines (those of the experiments on the
         bus) and on the machines it is connected to."""
-        for config in machines:
-            self._pool.machine(config)
-        await asyncio.gather(*(m.ready(wait=0) for m in self._pool.values()))
-        handles = []
-        for machine in self._pool.values():
-            if not machine.up.is_set():
-                log.warning("cannot adopt trials on %s now (%s); will when it is back", machine.name, machine.error)
-                continue
-            for entry in await machine.call("list"):
-                key = (entry["trial"], entry["attempt"])
-                if key not in self._trials:
-                    handles.append(self._adopt_entry(machine, entry).handle)
-        return handles
+        early = self._early = []
+        try:
+            for config in machines:
+                self._pool.machine(config)
+            await asyncio.gather(*(m.ready(wait=0) for m in self._pool.values()))
+            handles = []
+            for machine in self._pool.values():
+                if not machine.up.is_set():
+                    log.warning("cannot adopt trials on %s now (%s); will when it is back", machine.name,
+                                machine.error)  # fmt: skip
+                    continue
+                for entry in await machine.call("list"):
+                    key = (entry["trial"], entry["attempt"])
+                    if key not in self._trials:
+                        handles.append(self._adopt_entry(machine, entry).handle)
+        except BaseException:
+            self._early = None
+            for handle in early:  # tracked already: handed over as found, not lost with the failed adopt
+                self._found(handle)
+            raise
+        self._early = None
+        return handles + early
 
     async def reconnected(self, machine: Machine) -> None:
         """A machine is (back) up: settle what waited for it, look for trials, wake waiters."""
@@ -67,7 +79,10 @@ class Restarts:
                 key = (entry["trial"], entry["attempt"])
                 if key not in self._trials:
                     trial = self._adopt_entry(machine, entry)
-                    self._found(trial.handle)
+                    if self._early is not None:  # adopt() is running: it returns this trial
+                        self._early.append(trial.handle)
+                    else:
+                        self._found(trial.handle)
             ours = self._trials.running_on(machine)
             if ours:
                 await self._refresh(machine, ours)
