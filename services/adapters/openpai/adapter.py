@@ -18,39 +18,38 @@ In reuse mode (``reuseMode: true``, ``reuse.py``) trials are handed to a pool of
 environment jobs instead, through tickets on the share; a trial's end is then the keeper's
 ``state.json``, watched every ``reuse_poll`` seconds.
 
-This module holds the adapter's state (a client per cluster, user and token; the attempts it
-tracks; the reuse pools), its start and stop, the check of an experiment's settings and the
-status it publishes; the rest are mixins, one idea each: :mod:`.launch` (a trial's job
-submitted), :mod:`.watch` (job states, OpenPAI's own retries taken back, cancel, reuse mode's
-upkeep), :mod:`.restarts` (adoption, release, logs of past attempts), over the
-:class:`~.trial.Job` record of :mod:`.trial` and the readings of :mod:`.outcome`. The jobs
-are built in :mod:`.jobs`, the environments kept in :mod:`.reuse`, and every request to
+This module is the adapter's facade: it makes the parts, starts and stops them, checks an
+experiment's settings and describes the replica's clusters; each part is one idea, given
+what it needs: :class:`~.launch.Launcher` (a trial's job submitted), :class:`~.watch.Watcher`
+(job states, OpenPAI's own retries taken back, cancel, reuse mode's upkeep) and
+:class:`~.restarts.Restarts` (adoption, release, logs of past attempts), over the attempts
+tracked (:class:`~.trial.Jobs`), the clients (:class:`~.client.Clients`), the reuse pools
+(:class:`~.reuse.Pools`) and the experiments on the bus (:class:`~.experiments.Experiments`),
+with the readings of :mod:`.outcome`. The jobs are built in :mod:`.jobs`, and every request to
 OpenPAI is in :mod:`.client`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
 import os
 from pathlib import Path
 
-from contracts import TrainingService
+from contracts import TrainingService, TrialRequest
 from contracts.experiment import OpenpaiConfig
-from services.adapters.base import PlatformAdapter, TrialHandle
+from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, TransientError
 from services.adapters.keeper import Bundle
 from services.adapters.openpai import jobs
-from services.adapters.openpai.client import OpenpaiClient
-from services.adapters.openpai.launch import Launching
+from services.adapters.openpai.client import Clients
+from services.adapters.openpai.experiments import Experiments
+from services.adapters.openpai.launch import Launcher
 from services.adapters.openpai.outcome import BEHAVIOR, PREEMPTED, failure_of, outcome_of, platform_retries
 from services.adapters.openpai.restarts import Restarts
 from services.adapters.openpai.reuse import Pools
 from services.adapters.openpai.settings import OpenpaiSettings
-from services.adapters.openpai.trial import Job
-from services.adapters.openpai.watch import Watching
-from services.common import platforms
+from services.adapters.openpai.trial import Job, Jobs
+from services.adapters.openpai.watch import Watcher
 from services.common.bus import Bus
 
 # Public names of this module, some defined in its parts (tests import ``outcome_of`` and ``Job`` from here).
@@ -59,7 +58,7 @@ __all__ = ["BEHAVIOR", "PREEMPTED", "Job", "OpenpaiAdapter", "bundle", "failure_
 log = logging.getLogger(__name__)
 
 
-class OpenpaiAdapter(Launching, Watching, Restarts, PlatformAdapter):
+class OpenpaiAdapter(PlatformAdapter):
     """Trials as OpenPAI jobs, or in reuse mode on environment jobs (the module's docstring)."""
 
     name = "openpai"
@@ -67,33 +66,49 @@ class OpenpaiAdapter(Launching, Watching, Restarts, PlatformAdapter):
     def __init__(self, settings: OpenpaiSettings):
         self.settings = settings
         self.bundle = bundle()
-        self.clients: dict[tuple[str, str, str], OpenpaiClient] = {}
-        self.jobs: dict[tuple[str, int], Job] = {}
+        self.clients = Clients(settings.openpai_ca_bundle, settings.request_timeout, settings.rate_limit_backoff)
+        self.jobs = Jobs()
         self.pools = Pools(settings)
-        self._bus: Bus | None = None
-        self._loops: list[asyncio.Task] = []
+        self.experiments = Experiments(self.name)
+        self.launcher = Launcher(settings, self.bundle, self.clients, self.jobs, self.pools)
+        self.watcher = Watcher(settings, self.clients, self.jobs, self.pools, self.experiments, self.bundle.hash,
+                               self.notify)  # fmt: skip
+        self.restarts = Restarts(settings.replica, self.clients, self.jobs, self.pools, self.experiments)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, bus: Bus) -> None:
-        self._bus = bus
-        self._loops = [asyncio.create_task(self._status_loop()), asyncio.create_task(self._reuse_loop())]
+        self.launcher.bus = self.experiments.bus = bus
+        self.watcher.start()
 
     async def stop(self) -> None:
-        for loop in self._loops:
-            loop.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
-        await asyncio.gather(*(c.close() for c in self.clients.values()), return_exceptions=True)
+        await self.watcher.stop()
+        await self.clients.close()
 
-    def client(self, service: OpenpaiConfig) -> OpenpaiClient:
-        token = service.token.get_secret_value()
-        key = (service.host, service.username, hashlib.sha256(token.encode()).hexdigest())
-        if (found := self.clients.get(key)) is None:
-            found = self.clients[key] = OpenpaiClient(
-                service.host, service.username, token, self.settings.openpai_ca_bundle,
-                self.settings.request_timeout, self.settings.rate_limit_backoff,
-            )  # fmt: skip
-        return found
+    # ------------------------------------------------------------------ trials (delegated to the parts)
+
+    async def adopt(self) -> list[TrialHandle]:
+        return await self.restarts.adopt()
+
+    async def launch(self, request: TrialRequest) -> TrialHandle | None:
+        return await self.launcher.launch(request)
+
+    async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
+        return await self.watcher.poll(handle)
+
+    async def cancel(self, handle: TrialHandle) -> None:
+        await self.watcher.cancel(handle)
+
+    async def release(self, handle: TrialHandle) -> None:
+        await self.restarts.release(handle)
+
+    async def past(self, experiment_id: str, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
+        return await self.restarts.past(experiment_id, trial_id, attempt)
+
+    async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
+        return await self.restarts.log_tail(handle, max_bytes)
+
+    # ------------------------------------------------------------------ the platform
 
     async def check(self, service: TrainingService) -> list[str]:
         if not isinstance(service, OpenpaiConfig):
@@ -106,35 +121,20 @@ class OpenpaiAdapter(Launching, Watching, Restarts, PlatformAdapter):
         elif not os.access(share, os.W_OK):
             problems.append(f"localStorageMountPoint {share} is not writable by the adapter")
         try:
-            problems += await self.client(service).check(service.virtual_cluster, service.storage_config_name)
+            problems += await self.clients.get(service).check(service.virtual_cluster, service.storage_config_name)
         except (TransientError, PermanentError) as exc:
             problems.append(str(exc))
         return problems
 
     def describe(self) -> dict:
         clusters = []
-        for client in self.clients.values():
+        for client in self.clients:
             environments, busy = self.pools.describe(client)
-            jobs_ = sum(1 for j in self.jobs.values() if j.client is client and j.env is None and j.outcome is None)
+            jobs_ = sum(1 for j in self.jobs if j.client is client and j.env is None and j.outcome is None)
             clusters.append({"name": f"{client.username}@{client.host}", "jobs": jobs_,
                              "environments": environments, "busy_environments": busy,
                              "paused_for": client.paused_for(), "error": client.error})  # fmt: skip
         return {"clusters": clusters}
-
-    # ------------------------------------------------------------------ bookkeeping
-
-    def _find(self, handle: TrialHandle) -> Job:
-        job = self.jobs.get((handle.trial_id, handle.attempt))
-        if job is None:
-            raise PermanentError(f"trial {handle.trial_id} attempt {handle.attempt} is not known to this replica")
-        return job
-
-    async def _service(self, experiment_id: str) -> OpenpaiConfig | None:
-        for state in await platforms.experiments(self._bus):
-            service = state.config.service_for(self.name)
-            if state.id == experiment_id and isinstance(service, OpenpaiConfig):
-                return service
-        return None
 
 
 def bundle() -> Bundle:

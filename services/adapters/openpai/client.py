@@ -7,19 +7,23 @@ many submissions: back off, as long as the server says), 5xx and network errors
 (transient), 400 (a job the server refuses: permanent, with its reasons). Certificates are
 always verified, against ``TRIALBUS_OPENPAI_CA_BUNDLE`` when a cluster uses its own CA; one
 that does not verify is permanent (retrying cannot help, the setting can), and the message
-names the setting.
+names the setting. :class:`Clients` keeps one client per cluster, user and token.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import ssl
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from contracts.experiment import OpenpaiConfig
 from services.adapters.errors import AdapterError, PermanentError, TransientError
 
 #: Job states after which a job never changes again.
@@ -143,6 +147,29 @@ class OpenpaiClient:
                     "set TRIALBUS_OPENPAI_CA_BUNDLE on the openpai adapter to that CA's certificate bundle (PEM)"
                 ) from None
             raise TransientError(f"cannot reach OpenPAI at {self.host}: {exc}", delay=2.0) from None
+
+
+class Clients:
+    """The adapter's clients: one per cluster, user and token, made on first use and kept."""
+
+    def __init__(self, ca_bundle: Path | None, timeout: float, rate_limit_backoff: float) -> None:
+        self._ca_bundle, self._timeout, self._rate_limit_backoff = ca_bundle, timeout, rate_limit_backoff
+        self._by_key: dict[tuple[str, str, str], OpenpaiClient] = {}
+
+    def get(self, service: OpenpaiConfig) -> OpenpaiClient:
+        """The client of the experiment's cluster, user and token."""
+        token = service.token.get_secret_value()
+        key = (service.host, service.username, hashlib.sha256(token.encode()).hexdigest())
+        if (found := self._by_key.get(key)) is None:
+            found = self._by_key[key] = OpenpaiClient(service.host, service.username, token, self._ca_bundle,
+                                                      self._timeout, self._rate_limit_backoff)  # fmt: skip
+        return found
+
+    def __iter__(self) -> Iterator[OpenpaiClient]:
+        return iter(list(self._by_key.values()))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._by_key.values()), return_exceptions=True)
 
 
 def _items(body: Any) -> list[dict]:

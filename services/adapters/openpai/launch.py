@@ -9,14 +9,13 @@ adopts it when that folder existed (a restart came between submitting and tracki
 fails the attempt when the folder is new: the job is not ours. A request whose settings make
 no valid job fails permanently.
 
-A mixin of :class:`~services.adapters.openpai.adapter.OpenpaiAdapter`, which holds the state
-it uses (settings, clients, the keeper's bundle, the jobs, the reuse pools).
+:class:`Launcher` is a part of :class:`~services.adapters.openpai.adapter.OpenpaiAdapter`: it
+adds the attempts it launches to the :class:`~.trial.Jobs` it is given.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import yaml
 
@@ -26,22 +25,30 @@ from contracts.experiment import OpenpaiConfig
 from services.adapters import sharefs
 from services.adapters.base import TrialHandle
 from services.adapters.errors import PermanentError
+from services.adapters.keeper import Bundle
 from services.adapters.openpai import jobs
-from services.adapters.openpai.client import JobExists
-from services.adapters.openpai.trial import Job, task_count
-
-if TYPE_CHECKING:
-    from services.adapters.openpai.adapter import OpenpaiAdapter
+from services.adapters.openpai.client import Clients, JobExists
+from services.adapters.openpai.reuse import Pools
+from services.adapters.openpai.settings import OpenpaiSettings
+from services.adapters.openpai.trial import Job, Jobs, task_count
+from services.common.bus import Bus
 
 log = logging.getLogger(__name__)
 
 
-class Launching:
-    """The launching part of the openpai adapter (the module's docstring)."""
+class Launcher:
+    """Submits trials' jobs (the module's docstring); ``bus`` (the code store) is set when the adapter starts."""
 
-    async def launch(self: OpenpaiAdapter, request: TrialRequest) -> TrialHandle | None:
+    def __init__(
+        self, settings: OpenpaiSettings, bundle: Bundle, clients: Clients, tracked: Jobs, pools: Pools
+    ) -> None:
+        self.settings, self.bundle = settings, bundle
+        self.clients, self.tracked, self.pools = clients, tracked, pools
+        self.bus: Bus | None = None
+
+    async def launch(self, request: TrialRequest) -> TrialHandle | None:
         key = (request.trial_id, request.attempt)
-        if (job := self.jobs.get(key)) is not None:
+        if (job := self.tracked.get(key)) is not None:
             return job.handle
         service = request.training_service
         if not isinstance(service, OpenpaiConfig):
@@ -55,14 +62,14 @@ class Launching:
         except ValueError as exc:
             raise PermanentError(str(exc)) from None
         root = sharefs.Share(local, container)
-        keeper, fresh = await sharefs.prepare(self._bus, self.bundle, root, share, request, "pai", self.settings)
-        client = self.client(service)
+        keeper, fresh = await sharefs.prepare(self.bus, self.bundle, root, share, request, "pai", self.settings)
+        client = self.clients.get(service)
         if service.reuse_mode:
             env = await self.pools.place(key, service, client, request.experiment_id, share.container, fresh,
                                          request.trial_gpu_number or 0, request.trial_command, keeper)  # fmt: skip
-            job = self.jobs[key] = Job(TrialHandle(request.experiment_id, request.trial_id, request.attempt,
-                                                   ref=f"{client.framework(env.name)}#{share.local}"),
-                                       client, env.name, share, report, env=env, tasks=task_count(service))  # fmt: skip
+            job = self.tracked.add(Job(TrialHandle(request.experiment_id, request.trial_id, request.attempt,
+                                                ref=f"{client.framework(env.name)}#{share.local}"),
+                                    client, env.name, share, report, env=env, tasks=task_count(service)))  # fmt: skip
             return job.handle
         try:
             await client.submit(yaml.safe_dump(job_spec, sort_keys=False), name)
@@ -70,7 +77,7 @@ class Launching:
             if fresh:  # not ours: a name we did not submit
                 raise PermanentError(f"an OpenPAI job named {client.framework(name)} exists already") from None
             log.info("job %s was submitted before a restart: adopting it", client.framework(name))
-        job = self.jobs[key] = Job(TrialHandle(request.experiment_id, request.trial_id, request.attempt,
-                                               ref=f"{client.framework(name)}#{share.local}", start_time=utcnow()),
-                                   client, name, share, report)  # fmt: skip
+        job = self.tracked.add(Job(TrialHandle(request.experiment_id, request.trial_id, request.attempt,
+                                            ref=f"{client.framework(name)}#{share.local}", start_time=utcnow()),
+                                client, name, share, report))  # fmt: skip
         return job.handle

@@ -1,6 +1,7 @@
 """One attempt on OpenPAI, as the openpai adapter keeps it: the :class:`Job` record (the job,
 or in reuse mode the environment, that runs the attempt; its folder on the share; what was
-last read of its state) and the count of a trial job's tasks.
+last read of its state), the :class:`Jobs` this replica tracks, and the count of a trial
+job's tasks.
 
 Shared by every part of :class:`~services.adapters.openpai.adapter.OpenpaiAdapter`; nothing
 here does I/O.
@@ -9,13 +10,15 @@ here does I/O.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from contracts.experiment import OpenpaiConfig
 from services.adapters import sharefs
 from services.adapters.base import TrialHandle, TrialOutcome
+from services.adapters.errors import PermanentError
 from services.adapters.openpai.client import OpenpaiClient
-from services.adapters.openpai.reuse import Environment
+from services.adapters.openpai.reuse import Environment, Key
 
 
 @dataclass(eq=False)
@@ -40,6 +43,34 @@ class Job:
     #: and the failure class of the platform attempt that failed (its exit spec).
     taken_back: str | None = None
     taken_failure: str = "infrastructure"
+
+
+class Jobs:
+    """The attempts this replica tracks, by ``(trial id, attempt)``: launched or adopted, until released."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[Key, Job] = {}
+
+    def get(self, key: Key) -> Job | None:
+        return self._by_key.get(key)
+
+    def find(self, handle: TrialHandle) -> Job:
+        """The attempt's job; PermanentError when this replica does not track it."""
+        job = self._by_key.get((handle.trial_id, handle.attempt))
+        if job is None:
+            raise PermanentError(f"trial {handle.trial_id} attempt {handle.attempt} is not known to this replica")
+        return job
+
+    def add(self, job: Job) -> Job:
+        self._by_key[(job.handle.trial_id, job.handle.attempt)] = job
+        return job
+
+    def pop(self, key: Key) -> Job | None:
+        return self._by_key.pop(key, None)
+
+    def __iter__(self) -> Iterator[Job]:
+        """A snapshot: the loops await while iterating, and attempts come and go meanwhile."""
+        return iter(list(self._by_key.values()))
 
 
 def task_count(service: OpenpaiConfig) -> int:

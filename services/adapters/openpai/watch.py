@@ -22,8 +22,9 @@ In reuse mode a trial's end is the keeper's ``state.json`` on the share, watched
 ``reuse_poll`` seconds; an environment job that ends under its trials ends the one that ran
 and moves the others to another environment.
 
-A mixin of :class:`~services.adapters.openpai.adapter.OpenpaiAdapter`, which holds the state
-it uses and starts and stops the two loops.
+:class:`Watcher` is a part of :class:`~services.adapters.openpai.adapter.OpenpaiAdapter`: it
+reads and updates the :class:`~.trial.Jobs` it is given, owns the two loops, and tells the
+adapter's service through ``notify`` which trials to poll now.
 """
 
 from __future__ import annotations
@@ -32,29 +33,44 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from contracts import TrialStatus
 from contracts.base import utcnow
 from services.adapters.base import TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, Stale, TransientError
-from services.adapters.openpai.client import FINAL, OpenpaiClient
+from services.adapters.openpai.client import FINAL, Clients, OpenpaiClient
+from services.adapters.openpai.experiments import Experiments
 from services.adapters.openpai.outcome import failure_of, outcome_of, platform_retries
-from services.adapters.openpai.reuse import Environment
-from services.adapters.openpai.trial import Job
-
-if TYPE_CHECKING:
-    from services.adapters.openpai.adapter import OpenpaiAdapter
+from services.adapters.openpai.reuse import Environment, Pools
+from services.adapters.openpai.settings import OpenpaiSettings
+from services.adapters.openpai.trial import Job, Jobs
 
 log = logging.getLogger(__name__)
 
 
-class Watching:
-    """The watching part of the openpai adapter (the module's docstring)."""
+class Watcher:
+    """Job states, OpenPAI's own retries taken back, reuse mode's upkeep (the module's docstring)."""
 
-    async def poll(self: OpenpaiAdapter, handle: TrialHandle) -> TrialOutcome | None:
-        job = self._find(handle)
+    def __init__(
+        self, settings: OpenpaiSettings, clients: Clients, tracked: Jobs, pools: Pools, experiments: Experiments,
+        bundle_hash: str, notify: Callable[[TrialHandle], None],
+    ) -> None:  # fmt: skip
+        self.settings, self.clients, self.tracked, self.pools = settings, clients, tracked, pools
+        self.experiments, self.bundle_hash, self.notify = experiments, bundle_hash, notify
+        self._loops: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self._loops = [asyncio.create_task(self._status_loop()), asyncio.create_task(self._reuse_loop())]
+
+    async def stop(self) -> None:
+        for loop in self._loops:
+            loop.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+
+    async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
+        job = self.tracked.find(handle)
         if job.outcome is not None:
             return job.outcome
         if job.env is not None:
@@ -74,7 +90,7 @@ class Watching:
         job.outcome = outcome_of(job)
         return job.outcome
 
-    def _note(self: OpenpaiAdapter, client: OpenpaiClient, what: str, state: str, since: float, kind: str) -> None:
+    def _note(self, client: OpenpaiClient, what: str, state: str, since: float, kind: str) -> None:
         """Raise Stale (users see the message on the RUNNING trial) while the job's state is not
         current, unknown, or WAITING for long in OpenPAI's queue."""
         note = None
@@ -87,8 +103,8 @@ class Watching:
         if note is not None:
             raise Stale(note, delay=self.settings.poll_interval)
 
-    async def cancel(self: OpenpaiAdapter, handle: TrialHandle) -> None:
-        job = self._find(handle)
+    async def cancel(self, handle: TrialHandle) -> None:
+        job = self.tracked.find(handle)
         if job.outcome is not None:
             return
         if job.env is None:
@@ -98,11 +114,11 @@ class Watching:
             self.pools.ended(job.env, (handle.trial_id, handle.attempt), job.share.local, job.tasks)
             self.notify(handle)
 
-    async def _status_loop(self: OpenpaiAdapter) -> None:
+    async def _status_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.status_poll)
-            for client in list(self.clients.values()):
-                ours = {j.name: j for j in self.jobs.values() if j.client is client and j.outcome is None and not j.env}
+            for client in self.clients:
+                ours = {j.name: j for j in self.tracked if j.client is client and j.outcome is None and not j.env}
                 envs = {e.name: e for e in self.pools.environments.values() if e.client is client and e.live}
                 if not ours and not envs:
                     continue
@@ -126,7 +142,7 @@ class Watching:
                         if state in FINAL:
                             await self._lost(env)
 
-    async def _take_back(self: OpenpaiAdapter, job: Job, retries: int) -> None:
+    async def _take_back(self, job: Job, retries: int) -> None:
         """OpenPAI retried the job by itself (see the module docstring): stop it, so that the
         dispatcher retries the trial as its next attempt; unless the trial had not started
         (``retries``: OpenPAI's own retries so far, remembered then)."""
@@ -147,7 +163,7 @@ class Watching:
         job.taken_back = (f"OpenPAI job {what} failed for {why} and OpenPAI retried it by itself; Trialbus stopped "
                           "that retry to retry the trial as its next attempt")  # fmt: skip
 
-    async def _exit_spec(self: OpenpaiAdapter, job: Job, attempt_id: int) -> dict:
+    async def _exit_spec(self, job: Job, attempt_id: int) -> dict:
         """The exit spec a platform attempt of the job ended with ({} when OpenPAI cannot say)."""
         try:
             detail = await job.client.attempt(job.name, attempt_id)
@@ -157,33 +173,33 @@ class Watching:
         spec = ((detail or {}).get("jobStatus") or {}).get("appExitSpec")
         return spec if isinstance(spec, dict) else {}
 
-    async def _lost(self: OpenpaiAdapter, env: Environment) -> None:
+    async def _lost(self, env: Environment) -> None:
         """An environment ended under its trials: the one that ran ends; the others move."""
         log.warning("environment %s ended (%s)", env.client.framework(env.name), env.state)
         for key in self.pools.lost(env):
-            job = self.jobs.get(key)
+            job = self.tracked.get(key)
             if job is None or (Path(job.share.local) / f"{job.report}-0").exists():
                 if job is not None:
                     self.notify(job.handle)
                 continue
-            service = await self._service(job.handle.experiment_id)
+            service = await self.experiments.service(job.handle.experiment_id)
             try:
                 if service is None:
                     raise PermanentError(f"experiment {job.handle.experiment_id} is gone")
                 env.drop(key)
                 job.env = await self.pools.place(key, service, job.client, job.handle.experiment_id,
                                                  job.share.container, True, env.gpus, env.trial_command,
-                                                 self.bundle.hash)  # fmt: skip
+                                                 self.bundle_hash)  # fmt: skip
                 log.info("trial %s moved to environment %s", key[0], job.env.name)
             except (TransientError, PermanentError) as exc:
                 log.warning("cannot move trial %s to another environment: %s", key[0], exc)
                 self.notify(job.handle)
 
-    async def _reuse_loop(self: OpenpaiAdapter) -> None:
+    async def _reuse_loop(self) -> None:
         """Reuse mode: a trial's end as soon as its keeper writes it; environments' upkeep."""
         while True:
             await asyncio.sleep(self.settings.reuse_poll)
-            for job in list(self.jobs.values()):
+            for job in self.tracked:
                 if job.env is not None and job.outcome is None:
                     with contextlib.suppress(OSError):
                         mtime = (Path(job.share.local) / f"{job.report}-0" / ".trialbus" / "state.json").stat().st_mtime
