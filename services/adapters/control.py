@@ -7,14 +7,16 @@
 - ``log``: the owner (or a replica that keeps a past attempt's files) answers the log's tail.
 - ``check``: one replica (a queue group) says whether the platform can run an experiment.
 
-A mixin of :class:`~services.adapters.service.AdapterService`, which holds the state it uses.
+:class:`ControlRequests` is a part of :class:`~services.adapters.service.AdapterService`: it
+owns the four subscriptions, and acts through the parts it is given (the owned trials, the
+drain, the adapter).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -29,27 +31,45 @@ from contracts import (
     DrainRequest,
     LogReply,
     LogRequest,
-    TrialStatus,
     sealing,
+    subjects,
 )
+from services.adapters.base import PlatformAdapter
+from services.adapters.drain import Drain
+from services.adapters.trials import OwnedTrials
 from services.common import logs
-
-if TYPE_CHECKING:
-    from services.adapters.trials import Owned
+from services.common.bus import Bus
 
 log = logging.getLogger(__name__)
 
 
 class ControlRequests:
-    """``control.<adapter>.*`` handlers (see the module docstring)."""
+    """``control.<adapter>.*`` handlers (see the module docstring); ``wake`` offers the held
+    requests again (a canceled one then ends)."""
 
-    _drained_because = "the replica is draining"
+    def __init__(
+        self, adapter: PlatformAdapter, replica: str, trials: OwnedTrials, drain: Drain, wake: Callable[[], None]
+    ) -> None:
+        self.adapter, self.replica, self.trials, self.drain, self._wake = adapter, replica, trials, drain, wake
+        self._subs: list = []
 
+    async def start(self, bus: Bus) -> None:
+        self._subs = [
+            await bus.nc.subscribe(subjects.control(self.adapter.name, "cancel"), cb=self._on_cancel),
+            await bus.nc.subscribe(subjects.control(self.adapter.name, "log"), cb=self._on_log),
+            await bus.nc.subscribe(subjects.control(self.adapter.name, "check"), queue="check", cb=self._on_check),
+            await bus.nc.subscribe(subjects.control(self.adapter.name, "drain"), cb=self._on_drain),
+        ]
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
 
     async def _on_cancel(self, msg: Msg) -> None:
         if (request := _decode(CancelRequest, msg)) is None:
             return
-        if request.replica is not None and request.replica != self.settings.replica:
+        if request.replica is not None and request.replica != self.replica:
             return  # meant for another replica's copy
         mine = [o for o in self.trials.of_trial(request.trial_id) if request.attempt in (None, o.attempt)]
         if not mine:
@@ -63,41 +83,16 @@ class ControlRequests:
                     with logs.bind(experiment=owned.experiment_id, trial=owned.trial_id):
                         await self.trials.send_cancel(owned)
                 elif owned.waiting is not None:  # held for capacity: end it now
-                    self.capacity.fire()
-        reply = CancelReply(trial_id=request.trial_id, replica=self.settings.replica, accepted=accepted)
+                    self._wake()
+        reply = CancelReply(trial_id=request.trial_id, replica=self.replica, accepted=accepted)
         await self._respond(msg, reply)
 
     async def _on_drain(self, msg: Msg) -> None:
-        if (request := _decode(DrainRequest, msg)) is None or request.replica != self.settings.replica:
+        if (request := _decode(DrainRequest, msg)) is None or request.replica != self.replica:
             return  # another replica's: it answers
-        preempted = await self.drain(request.drain, f"adapter replica {self.settings.replica} is draining")
-        reply = DrainReply(replica=self.settings.replica, draining=self.draining, preempted=preempted)
+        preempted = await self.drain.set(request.drain, f"adapter replica {self.replica} is draining")
+        reply = DrainReply(replica=self.replica, draining=self.drain.active, preempted=preempted)
         await self._respond(msg, reply)
-
-    async def drain(self, drain: bool, why: str) -> int:
-        """Drain (no new trials here; each running one preempted, saying ``why``) or undrain;
-        how many trials were preempted."""
-        self.draining, preempted = drain, 0
-        log.warning(f"draining ({why}): no more trials here, and the running ones are preempted" if drain
-                    else "undrained: taking trials again")  # fmt: skip
-        if drain:
-            self._drained_because = why
-            for owned in list(self.owned.values()):
-                if owned.outcome is not None or owned.cancel is not None or owned.handle is None:
-                    continue  # ended, being stopped already, or still launching (preempted once launched)
-                owned.cancel = self._preemption(owned)
-                preempted += 1
-                if owned.announced:
-                    with logs.bind(experiment=owned.experiment_id, trial=owned.trial_id):
-                        await self.trials.send_cancel(owned)
-            self.capacity.fire()  # held requests go back to the queue
-        self._status_due.set()
-        return preempted
-
-    def _preemption(self, owned: Owned) -> CancelRequest:
-        why = f"preempted: {self._drained_because}"
-        return CancelRequest(experiment_id=owned.experiment_id, trial_id=owned.trial_id,
-                             status=TrialStatus.SYS_CANCELED, message=why, preempt=True)  # fmt: skip
 
     async def _on_log(self, msg: Msg) -> None:
         if (request := _decode(LogRequest, msg)) is None:
@@ -114,7 +109,7 @@ class ControlRequests:
             text = await self.adapter.log_tail(handle, request.max_bytes)
         except Exception as exc:
             text = f"[the trial's log cannot be read: {exc}]"
-        reply = LogReply(trial_id=request.trial_id, replica=self.settings.replica, text=text, attempt=handle.attempt)
+        reply = LogReply(trial_id=request.trial_id, replica=self.replica, text=text, attempt=handle.attempt)
         await self._respond(msg, reply)
 
     async def _on_check(self, msg: Msg) -> None:
@@ -128,7 +123,7 @@ class ControlRequests:
         except Exception as exc:  # a bug must not block creating experiments
             log.exception("cannot check a training service")
             problems = [f"the {self.adapter.name} adapter could not check the platform: {exc}"]
-        await self._respond(msg, CheckReply(replica=self.settings.replica, problems=problems))
+        await self._respond(msg, CheckReply(replica=self.replica, problems=problems))
 
     async def _respond(self, msg: Msg, reply: CancelReply | LogReply | CheckReply | DrainReply) -> None:
         with contextlib.suppress(nats.errors.Error):  # the requester times out and asks again

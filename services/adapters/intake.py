@@ -5,7 +5,9 @@ Every path of a request ends in exactly one ack, nak or term (see the guarantees
 known to run on another replica (:mod:`services.adapters.claims`); nak'ed with a delay when
 it cannot be launched now; FAILED then acked when it never can; terminated when malformed.
 
-A mixin of :class:`~services.adapters.service.AdapterService`, which holds the state it uses.
+:class:`Intake` is a part of :class:`~services.adapters.service.AdapterService`: it owns the
+work queue's pull subscription and the requests in flight (launching, or held for capacity),
+and hands what it launches to :class:`~services.adapters.trials.OwnedTrials`.
 """
 
 from __future__ import annotations
@@ -14,16 +16,20 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable, Collection
 
 import nats.errors
 from nats.aio.msg import Msg
+from prometheus_client import Counter, Histogram
 
-from contracts import ContractError, TrialRequest, TrialStatus, sealing, subjects
+from contracts import ContractError, TrialRequest, TrialStatus, sealing, streams, subjects
 from services.adapters import claims
-from services.adapters.base import TrialOutcome
+from services.adapters.base import AdapterSettings, PlatformAdapter, TrialOutcome
+from services.adapters.drain import Drain
 from services.adapters.errors import PermanentError, TransientError, Waiting
-from services.adapters.trials import Owned
+from services.adapters.trials import Owned, OwnedTrials
 from services.common import logs
+from services.common.bus import Bus
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +55,72 @@ class Signal:
                 await event.wait()
 
 
-class Intake:
-    """The request path of the adapter service (see the module docstring)."""
+async def settle(tasks: Collection[asyncio.Task], grace: float) -> None:
+    """Let the tasks finish for up to ``grace`` seconds, then cancel the late ones."""
+    if tasks:
+        _, late = await asyncio.wait(list(tasks), timeout=grace)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
 
-    async def _fetch_loop(self) -> None:
+
+class Intake:
+    """The request path of the adapter service (see the module docstring).
+
+    ``capacity`` wakes the held requests; ``changed`` says the published status changed; the
+    two metrics count launches and time them.
+    """
+
+    def __init__(
+        self, adapter: PlatformAdapter, settings: AdapterSettings, trials: OwnedTrials, claims_: claims.Claims,
+        drain: Drain, capacity: Signal, changed: Callable[[], None], launched: Counter, launch_seconds: Histogram,
+    ) -> None:  # fmt: skip
+        self.adapter, self.settings, self.trials, self.claims = adapter, settings, trials, claims_
+        self.drain, self.capacity, self._changed = drain, capacity, changed
+        self._launched, self._launch_seconds = launched, launch_seconds
+        self.consumer = streams.adapter_consumer(adapter.name)
+        self._pull = None
+        self._taking: dict[asyncio.Task, Msg] = {}  # launches in flight, with their messages
+        self._held: dict[asyncio.Task, Msg] = {}  # requests waiting for capacity (Waiting)
+        self._held_keys: dict[asyncio.Task, str] = {}
+        self._launch_done = asyncio.Event()
+        self._paused_until = 0.0
+        self.stopping = False
+
+    async def start(self, bus: Bus) -> None:
+        """Bind to the adapter's durable consumer on the work queue."""
+        await bus.js.add_consumer(streams.DISPATCH.name, self.consumer)
+        self._pull = await bus.js.pull_subscribe_bind(self.consumer.durable_name, stream=streams.DISPATCH.name)
+
+    def waiting(self) -> list[str]:
+        """The dispatch ids of the requests held for capacity."""
+        return list(dict.fromkeys(self._held_keys.values()))
+
+    async def hand_back(self, grace: float) -> None:
+        """Stopping: held requests go back to the queue at once; launches finish (or are
+        cancelled, and go back) within ``grace`` seconds."""
+        for task in self._held:
+            task.cancel()
+        for group in (self._taking, self._held):  # launches first: nothing new is owned
+            await settle(group, grace)
+
+    async def close(self) -> None:
+        if self._pull is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._pull.unsubscribe()
+
+    async def heartbeat(self) -> None:
+        """Keep long launches from being redelivered to another replica."""
+        while True:
+            await asyncio.sleep(self.consumer.ack_wait / 3)
+            for msg in [*self._taking.values(), *self._held.values()]:
+                with contextlib.suppress(nats.errors.Error):
+                    await msg.in_progress()
+
+    async def run(self) -> None:
+        """Pull requests while there is room to launch them, until stopping."""
         failures = 0
-        while not self._stopping:
+        while not self.stopping:
             if (pause := self._paused_until - time.monotonic()) > 0:  # the platform was full
                 self.trials.trial_ended.clear()
                 with contextlib.suppress(TimeoutError):
@@ -62,7 +128,7 @@ class Intake:
                         await self.trials.trial_ended.wait()
                 self._paused_until = 0.0
                 continue
-            if self.draining:  # takes nothing until undrained
+            if self.drain.active:  # takes nothing until undrained
                 await asyncio.sleep(FETCH_WAIT)
                 continue
             free = self.settings.launch_concurrency - len(self._taking)
@@ -81,7 +147,7 @@ class Intake:
                 await asyncio.sleep(min(0.1 * 2**failures, self.settings.max_backoff))
                 continue
             failures = 0
-            if self._stopping:  # pulled while stopping: hand them straight back
+            if self.stopping:  # pulled while stopping: hand them straight back
                 for msg in messages:
                     with contextlib.suppress(nats.errors.Error):
                         await msg.nak()
@@ -95,7 +161,7 @@ class Intake:
         self._taking.pop(task, None)
         if self._held.pop(task, None) is not None:
             self._held_keys.pop(task, None)
-        self._status_due.set()  # launched, handed back or ended: the published status changes
+        self._changed()  # launched, handed back or ended: the published status changes
         self._launch_done.set()
 
     async def _take(self, msg: Msg) -> None:
@@ -115,7 +181,7 @@ class Intake:
             settled = False
             try:
                 while True:  # more than one round only for a request that waits for capacity
-                    if self.draining:  # pulled before the drain: another replica may run it
+                    if self.drain.active:  # pulled before the drain: another replica may run it
                         return await self._give_back(owned, msg, 0.0)
                     if owned.claim is None and not await self._claim(owned, request, msg):
                         return
@@ -146,11 +212,11 @@ class Intake:
                     return await self._give_back(owned, msg, self.settings.capacity_backoff)
                 owned.handle = handle
                 settled = True
-                if self.draining and owned.cancel is None:  # launched as the drain came: preempted too
-                    owned.cancel = self._preemption(owned)
+                if self.drain.active and owned.cancel is None:  # launched as the drain came: preempted too
+                    owned.cancel = self.drain.preemption(owned)
                 await msg.ack()
-                self.metrics.launched.inc()
-                self.metrics.launch_seconds.observe(time.monotonic() - received)
+                self._launched.inc()
+                self._launch_seconds.observe(time.monotonic() - received)
                 await self.trials.announce(owned)
             except asyncio.CancelledError:  # stopping before the platform took it: hand it back
                 if not settled:
@@ -191,12 +257,12 @@ class Intake:
             self._held[task] = self._taking.pop(task)
             self._held_keys[task] = subjects.dispatch_id(owned.trial_id, owned.attempt)
             self._launch_done.set()
-            self._status_due.set()
+            self._changed()
         if owned.waiting != reason:
             owned.waiting = reason
             await self.trials.waiting(owned, reason)
         remaining = received + self.settings.wait_hold - time.monotonic()
-        if owned.cancel is not None or remaining <= 0 or self._stopping or self.draining:
+        if owned.cancel is not None or remaining <= 0 or self.stopping or self.drain.active:
             await self._give_back(owned, msg, 0.0)
             return False
         await self.capacity.wait(remaining)
@@ -204,10 +270,6 @@ class Intake:
             await self._give_back(owned, msg, 0.0)
             return False
         return True
-
-    def _capacity_changed(self) -> None:
-        self.capacity.fire()
-        self._status_due.set()
 
     async def _give_back(self, owned: Owned, msg: Msg, delay: float) -> None:
         """Not launched: nak for later, unless a cancel came meanwhile (then it ends here)."""

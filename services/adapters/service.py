@@ -1,10 +1,12 @@
 """The service every platform adapter runs under: all adapter policy, written once.
 
 :class:`AdapterService` turns a :class:`~services.adapters.base.PlatformAdapter` into a
-Trialbus service. This module takes work in and publishes the replica's status;
-:mod:`services.adapters.control` answers control requests, :mod:`services.adapters.trials`
-watches owned trials and publishes their events, :mod:`services.adapters.claims` fences
-attempts and :mod:`services.adapters.spot` watches a spot VM's notice.
+Trialbus service. It is a facade that makes, starts and stops its parts:
+:mod:`services.adapters.intake` takes work in, :mod:`services.adapters.control` answers
+control requests, :mod:`services.adapters.drain` drains the replica,
+:mod:`services.adapters.trials` watches owned trials and publishes their events,
+:mod:`services.adapters.claims` fences attempts, :mod:`services.adapters.status` publishes
+the replica's status and :mod:`services.adapters.spot` watches a spot VM's notice.
 Guarantees, for every platform:
 
 - **One work queue, many replicas.** All replicas share the durable pull consumer
@@ -44,24 +46,16 @@ Guarantees, for every platform:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
 
-import nats.errors
-from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from contracts import (
-    PlatformStatus,
-    streams,
-    subjects,
-)
-from contracts.base import utcnow
 from services.adapters import claims, spot
 from services.adapters.base import AdapterSettings, PlatformAdapter
 from services.adapters.control import ControlRequests
-from services.adapters.intake import FETCH_WAIT, Intake, Signal
+from services.adapters.drain import Drain
+from services.adapters.intake import FETCH_WAIT, Intake, Signal, settle
+from services.adapters.status import StatusPublisher
 from services.adapters.trials import Owned, OwnedTrials
 from services.common.bus import Bus
 from services.common.lifecycle import Service
@@ -69,9 +63,6 @@ from services.common.lifecycle import Service
 __all__ = ["AdapterService", "AdapterSettings"]
 
 log = logging.getLogger(__name__)
-
-#: Seconds between two status writes at least, however often capacity changes.
-STATUS_MIN_GAP = 0.25
 
 
 class AdapterMetrics:
@@ -92,7 +83,7 @@ class AdapterMetrics:
         ).labels(platform)
 
 
-class AdapterService(Intake, ControlRequests, Service):
+class AdapterService(Service):
     """Runs one :class:`PlatformAdapter` on the bus (see the module docstring)."""
 
     def __init__(
@@ -103,30 +94,28 @@ class AdapterService(Intake, ControlRequests, Service):
         self.name = f"adapter-{adapter.name}"
         self.registry = registry or CollectorRegistry()
         self.metrics = AdapterMetrics(self.registry, adapter.name)
-        self.consumer = streams.adapter_consumer(adapter.name)
         self.trials = OwnedTrials(adapter, settings, self.metrics.ended)
         self.claims = claims.Claims(adapter.name, settings.replica)
-        self._bus: Bus | None = None
-        self._pull = None
-        self._subs: list = []
-        self._taking: dict[asyncio.Task, Msg] = {}  # launches in flight, with their messages
-        self._held: dict[asyncio.Task, Msg] = {}  # requests waiting for capacity (Waiting)
-        self._held_keys: dict[asyncio.Task, str] = {}
         #: Fired when capacity may have freed: a trial ended, the adapter said so, a cancel came.
         self.capacity = Signal()
-        self._status_due = asyncio.Event()
-        self._platforms = None  # the platforms KV bucket
+        self.status = StatusPublisher(adapter.name, settings.replica, settings.status_interval, self._status_fields)
+        self.drainer = Drain(self.trials, self.capacity.fire, self.status.due)
+        self.intake = Intake(adapter, settings, self.trials, self.claims, self.drainer, self.capacity,
+                             self.status.due, self.metrics.launched, self.metrics.launch_seconds)  # fmt: skip
+        self.control = ControlRequests(adapter, settings.replica, self.trials, self.drainer, self.capacity.fire)
+        self._bus: Bus | None = None
         self._loops: list[asyncio.Task] = []
-        self._launch_done = asyncio.Event()
-        self._paused_until = 0.0
-        self._stopping = False
-        self.draining = False
         self._http = None
 
     @property
     def owned(self) -> dict[str, Owned]:
         """The trial attempts this replica owns, by ``<trial>:<attempt>``."""
         return self.trials.by_key
+
+    @property
+    def draining(self) -> bool:
+        """Whether this replica drains (takes no trials)."""
+        return self.drainer.active
 
     @property
     def http_port(self) -> int | None:
@@ -137,6 +126,12 @@ class AdapterService(Intake, ControlRequests, Service):
         """``/healthz`` beyond NATS: the trials it runs, ``idle`` while it has none, and what the
         platform says of itself (e.g. that no cluster is configured yet)."""
         return {"trials": len(self.owned), "idle": not self.owned, **self.adapter.health()}
+
+    def _status_fields(self) -> dict:
+        """This replica's status beyond its name (:class:`StatusPublisher`)."""
+        running = sum(1 for o in self.owned.values() if o.handle is not None and o.outcome is None)
+        return {"running": running, "waiting": self.intake.waiting(), "draining": self.drainer.active,
+                **self.adapter.describe()}  # fmt: skip
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -150,14 +145,8 @@ class AdapterService(Intake, ControlRequests, Service):
             self.trials.adopt(handle)
         if adopted:
             log.info("adopted %d trial(s) from a previous run", len(adopted))
-        await bus.js.add_consumer(streams.DISPATCH.name, self.consumer)
-        self._pull = await bus.js.pull_subscribe_bind(self.consumer.durable_name, stream=streams.DISPATCH.name)
-        self._subs = [
-            await bus.nc.subscribe(subjects.control(self.adapter.name, "cancel"), cb=self._on_cancel),
-            await bus.nc.subscribe(subjects.control(self.adapter.name, "log"), cb=self._on_log),
-            await bus.nc.subscribe(subjects.control(self.adapter.name, "check"), queue="check", cb=self._on_check),
-            await bus.nc.subscribe(subjects.control(self.adapter.name, "drain"), cb=self._on_drain),
-        ]
+        await self.intake.start(bus)
+        await self.control.start(bus)
         if self.settings.adapter_http_port is not None:
             from fastapi import FastAPI
 
@@ -167,9 +156,9 @@ class AdapterService(Intake, ControlRequests, Service):
             app.include_router(health_routes(lambda: self._bus, self._health))
             self._http = HttpServer(app, self.settings.adapter_http_host, self.settings.adapter_http_port)
             await self._http.start()
-        self._platforms = await bus.kv(streams.PLATFORMS_BUCKET.bucket)
+        await self.status.start(bus)
         await self.claims.start(bus)
-        loops = [self._fetch_loop, self.trials.watch, self._heartbeat_loop, self._status_loop]
+        loops = [self.intake.run, self.trials.watch, self.intake.heartbeat, self.status.run]
         if self.settings.spot_notice is not None:
             watcher = spot.SpotWatcher(self.settings.spot_notice, self.settings.spot_notice_url,
                                        self.settings.spot_notice_interval, self._spot_notice)  # fmt: skip
@@ -178,68 +167,37 @@ class AdapterService(Intake, ControlRequests, Service):
 
     async def stop(self) -> None:
         """Stop intake, nak unlaunched work, leave trials running; bounded by ``stop_timeout``."""
-        self._stopping = True
+        self.intake.stopping = True
         grace = min(5.0, self.settings.stop_timeout / 3)
         if self._loops:  # let the fetch in flight return (and nak) its messages, then stop every loop
             await asyncio.wait(self._loops[:1], timeout=FETCH_WAIT + 0.5)
         for task in self._loops:
             task.cancel()
-        for task in self._held:  # waiting requests go back to the queue at once
-            task.cancel()
-        for group in (self._taking, self._held, self.trials.reporting):  # launches first: nothing new is owned
-            if group:
-                _, late = await asyncio.wait(list(group), timeout=grace)
-                for task in late:
-                    task.cancel()
-                await asyncio.gather(*late, return_exceptions=True)
+        await self.intake.hand_back(grace)  # launches first: nothing new is owned
+        await settle(self.trials.reporting, grace)
         await asyncio.gather(*self._loops, return_exceptions=True)
-        for sub in [*self._subs, *([self._pull] if self._pull is not None else [])]:
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
+        await self.control.stop()
+        await self.intake.close()
         self.adapter.listen(None)
         await self.adapter.stop()
-        with contextlib.suppress(nats.errors.Error, OSError):  # else it expires with the bucket's ttl
-            await self._platforms.delete(subjects.platform_key(self.adapter.name, self.settings.replica))
+        await self.status.delete()
         if self._http is not None:
             await self._http.stop()
 
+    async def drain(self, drain: bool, why: str) -> int:
+        """Drain (no new trials here; each running one preempted, saying ``why``) or undrain;
+        how many trials were preempted."""
+        return await self.drainer.set(drain, why)
+
     async def _spot_notice(self, why: str) -> None:
         await self.drain(True, f"this machine is a spot instance the cloud reclaims ({why})")
+
+    def _capacity_changed(self) -> None:
+        self.capacity.fire()
+        self.status.due()
 
     def failed(self) -> BaseException | None:
         for task in self._loops:
             if task.done() and not task.cancelled() and task.exception() is not None:
                 return task.exception()
         return self._http.failed() if self._http is not None else None
-
-    async def _heartbeat_loop(self) -> None:
-        """Keep long launches from being redelivered to another replica."""
-        while True:
-            await asyncio.sleep(self.consumer.ack_wait / 3)
-            for msg in [*self._taking.values(), *self._held.values()]:
-                with contextlib.suppress(nats.errors.Error):
-                    await msg.in_progress()
-
-    async def _status_loop(self) -> None:
-        """Publish this replica's :class:`PlatformStatus` every ``status_interval`` and
-        shortly after a change (at most every ``STATUS_MIN_GAP`` seconds)."""
-        key = subjects.platform_key(self.adapter.name, self.settings.replica)
-        host = socket.gethostname()
-        while True:
-            self._status_due.clear()
-            try:
-                status = PlatformStatus(
-                    adapter=self.adapter.name, replica=self.settings.replica, host=host, time=utcnow(),
-                    running=sum(1 for o in self.owned.values() if o.handle is not None and o.outcome is None),
-                    waiting=list(dict.fromkeys(self._held_keys.values())), draining=self.draining,
-                    **self.adapter.describe(),
-                )
-                await self._platforms.put(key, status.encode())
-            except (nats.errors.Error, OSError) as exc:  # the broker restarts: next round
-                log.debug("cannot publish the platform status: %s", exc)
-            except Exception:  # a bug in describe() must not stop the adapter
-                log.exception("cannot build the platform status")
-            await asyncio.sleep(STATUS_MIN_GAP)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.0, self.settings.status_interval - STATUS_MIN_GAP)):
-                    await self._status_due.wait()
