@@ -18,20 +18,12 @@ from contracts import ExperimentConfig, ExperimentState, TrialRequest, TrialStat
 from contracts.base import utcnow
 from contracts.experiment import OpenpaiConfig
 from services.adapters.base import TrialHandle
-from services.adapters.errors import PermanentError
 from services.adapters.openpai import OpenpaiAdapter, OpenpaiSettings
 from services.common.bus import Bus
 from tests.contract.adapter_contract import AdapterContract, Harness, outcome_at_a_notify
 from tests.fixtures.openpai import pai, share  # noqa: F401 - fixtures
 
 EXPERIMENT = "contract"
-#: Why launching one attempt twice at once fails now and then (adapter bugs, reported; services/ is not this
-#: test's to change): (1) sharefs.install writes the keeper's bundle to a scratch folder named per process, not
-#: per call, from threads: two launches on a fresh share write the same folder, one renames it away under the
-#: other (FileNotFoundError); (2) both launches pass the adapter's check for a tracked attempt, the one that did
-#: not create the attempt's folder may create the OpenPAI job first, and the one that did then takes the
-#: name conflict for someone else's OpenPAI job (PermanentError "exists already").
-CONCURRENT_LAUNCH = "adapter bugs: concurrent launches of one attempt (see CONCURRENT_LAUNCH in this module)"
 
 
 class TestOpenpaiAdapter(AdapterContract):
@@ -73,13 +65,6 @@ class TestOpenpaiAdapter(AdapterContract):
     def request(self, workspace: Path, duration: float = 0.0, exit_code: int = 0, attempt: int = 0) -> TrialRequest:
         request = super().request(workspace, duration, exit_code, attempt)
         return request.model_copy(update={"training_service": self.service})
-
-    # ------------------------------------------------------------------ adapter bugs, reported
-
-    @pytest.mark.xfail(raises=(FileNotFoundError, PermanentError), strict=False, reason=CONCURRENT_LAUNCH)
-    async def test_launching_an_attempt_twice_runs_it_once(self, platform: Harness) -> None:
-        """Races: it fails in some runs only, so the mark is not strict."""
-        await super().test_launching_an_attempt_twice_runs_it_once(platform)
 
     # ------------------------------------------------------------------ where the platform differs
 

@@ -1,7 +1,8 @@
 """The openpai launch path: from a trial request to its OpenPAI job, or in reuse mode to a
 ticket for an environment job.
 
-``launch`` is idempotent per trial and attempt: an attempt tracked already returns its handle,
+``launch`` is idempotent per trial and attempt: an attempt tracked already returns its handle, a
+second call while its launch is under way waits for that launch (:class:`~services.adapters.once.OncePerKey`),
 and creating the attempt's folder on the share (:func:`~services.adapters.sharefs.prepare`,
 which installs the keeper's bundle and the code snapshot once per hash on the way) is the
 point where a launch happens once. Submitting a job whose name OpenPAI has already (409)
@@ -26,6 +27,7 @@ from services.adapters import sharefs
 from services.adapters.base import TrialHandle
 from services.adapters.errors import PermanentError
 from services.adapters.keeper import Bundle
+from services.adapters.once import OncePerKey
 from services.adapters.openpai import jobs
 from services.adapters.openpai.client import Clients, JobExists
 from services.adapters.openpai.reuse import Pools
@@ -45,11 +47,16 @@ class Launcher:
         self.settings, self.bundle = settings, bundle
         self.clients, self.tracked, self.pools = clients, tracked, pools
         self.bus: Bus | None = None
+        self._launches: OncePerKey[TrialHandle | None] = OncePerKey()  # concurrent calls for one attempt: one launch
 
     async def launch(self, request: TrialRequest) -> TrialHandle | None:
         key = (request.trial_id, request.attempt)
         if (job := self.tracked.get(key)) is not None:
             return job.handle
+        return await self._launches.run(key, lambda: self._launch(request))
+
+    async def _launch(self, request: TrialRequest) -> TrialHandle | None:
+        key = (request.trial_id, request.attempt)
         service = request.training_service
         if not isinstance(service, OpenpaiConfig):
             raise PermanentError(f"the openpai adapter cannot run platform {service.platform!r}")
