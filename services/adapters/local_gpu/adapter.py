@@ -41,8 +41,9 @@ from contracts import subjects
 from services.adapters.base import PlatformAdapter, TrialHandle
 from services.adapters.errors import PermanentError
 from services.adapters.gpu.scheduler import GpuScheduler, Holding
-from services.adapters.keeper import outcome_of
+from services.adapters.keeper import fetch_code, outcome_of
 from services.adapters.local_gpu import client
+from services.adapters.local_gpu.code import CodeCache
 from services.adapters.local_gpu.ends import KeeperEnds
 from services.adapters.local_gpu.launch import Launching
 from services.adapters.local_gpu.restarts import Restarts
@@ -75,8 +76,7 @@ class LocalGpuAdapter(Launching, Watching, Restarts, Retention, PlatformAdapter)
         self.keeper_path, self.shim_path = str(keeper_path), str(shim_path)
         self.work_dir = settings.work_dir
         self.trials: dict[tuple[str, int], Trial] = {}
-        self._code: dict[str, str] = {}  # sha256 hex → unpacked directory
-        self._downloads: dict[str, asyncio.Task] = {}
+        self.code = CodeCache(self.work_dir / "code", self._fetch_code)
         self._env: dict[str, str] = {}
         self._bus: Bus | None = None
         self._zygote: client.KeeperZygote | None = None
@@ -169,10 +169,10 @@ class LocalGpuAdapter(Launching, Watching, Restarts, Retention, PlatformAdapter)
                 trial.kill.cancel()
             if trial.keeper is not None:
                 trial.keeper.close()
-        downloads = list(self._downloads.values())
-        for task in downloads:
-            task.cancel()
-        await asyncio.gather(*downloads, return_exceptions=True)
+        await self.code.close()
+
+    async def _fetch_code(self, digest: str) -> bytes:
+        return await fetch_code(self._bus, digest)
 
     # ------------------------------------------------------------------ GPUs
 

@@ -4,13 +4,14 @@
 ``<work_dir>/trials/<experiment>/<trial>-<attempt>/`` is the point where a launch happens
 once — a directory that exists means the attempt was launched already (maybe before a
 restart), and its handle is returned instead of a second run; one an earlier run began but
-never started a keeper in is launched afresh. On the way: the code snapshot (downloaded and
-unpacked once per hash, shared by every trial), the GPUs (:meth:`Launching.place` sets
-``CUDA_VISIBLE_DEVICES``; ``Waiting`` when they are taken now), and the warm template the
-trial may fork from. ``None`` means no room now (``max_trials``).
+never started a keeper in is launched afresh. On the way: the code snapshot
+(:class:`~.code.CodeCache`), the GPUs (:meth:`Launching.place` sets ``CUDA_VISIBLE_DEVICES``;
+``Waiting`` when they are taken now), and the warm template the trial may fork from.
+``None`` means no room now (``max_trials``).
 
 A mixin of :class:`~services.adapters.local_gpu.adapter.LocalGpuAdapter`, which holds the
-state it uses (settings, the trials, the GPU scheduler, the keeper zygote and warm pool).
+state it uses (settings, the trials, the GPU scheduler, the code cache, the keeper zygote and
+warm pool).
 """
 
 from __future__ import annotations
@@ -19,10 +20,8 @@ import asyncio
 import json
 import logging
 import os
-import re
 import shutil
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from contracts import TrialRequest
@@ -30,17 +29,13 @@ from contracts.base import utcnow
 from services.adapters.base import TrialHandle
 from services.adapters.errors import PermanentError, TransientError, Waiting
 from services.adapters.gpu.placement import GpuAsk
-from services.adapters.keeper import fetch_code
 from services.adapters.local_gpu import client
 from services.adapters.local_gpu.trial import GPUS_FILE, SAFE_ID, UNBORN_GRACE
-from services.common.code_archive import UnsafeArchive, extract_code
 
 if TYPE_CHECKING:
     from services.adapters.local_gpu.adapter import LocalGpuAdapter
 
 log = logging.getLogger(__name__)
-
-_CODE_REF = re.compile(r"^sha256:([0-9a-f]{64})$")
 
 
 class Launching:
@@ -55,7 +50,7 @@ class Launching:
         trial_dir = f"{self.work_dir}/trials/{request.experiment_id}/{request.trial_id}-{request.attempt}"
         if self._full():
             return self._existing(trial_dir, request)
-        code_dir = await self._code_dir(request.code_ref) if request.code_ref else None
+        code_dir = await self.code.dir(request.code_ref) if request.code_ref else None
         ask = self.gpus.ask(request)
         if ask is not None:
             await self.gpus.check_fits(ask, self._bus)
@@ -173,28 +168,3 @@ class Launching:
             return ({} if request.trial_gpu_number is None else {"TRIALBUS_GPUS": ""}), (), 1
         held = self.gpus.place(ask)
         return {"TRIALBUS_GPUS": ",".join(map(str, held)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, held, ask.per_gpu
-
-    async def _code_dir(self: LocalGpuAdapter, code_ref: str) -> str:
-        """The unpacked snapshot for ``code_ref``: downloaded once per hash, shared by every trial."""
-        match = _CODE_REF.match(code_ref)
-        if match is None:
-            raise PermanentError(f"code reference {code_ref!r} is not sha256:<64 hex digits>")
-        digest = match.group(1)
-        if (path := self._code.get(digest)) is not None:
-            return path
-        dest = self.work_dir / "code" / digest
-        if not dest.is_dir():
-            task = self._downloads.get(digest)
-            if task is None:
-                task = self._downloads[digest] = asyncio.create_task(self._download(digest, dest))
-                task.add_done_callback(lambda _: self._downloads.pop(digest, None))
-            await asyncio.shield(task)  # one launch giving up must not abort the others' download
-        self._code[digest] = str(dest)
-        return str(dest)
-
-    async def _download(self: LocalGpuAdapter, digest: str, dest: Path) -> None:
-        archive = await fetch_code(self._bus, digest)
-        try:
-            await asyncio.to_thread(extract_code, archive, dest)
-        except UnsafeArchive as exc:
-            raise PermanentError(f"code snapshot sha256:{digest}: {exc}") from exc
