@@ -210,7 +210,7 @@ class TestLocalGpuAdapter(AdapterContract):
         handles = [await adapter.launch(platform.request(duration=30)) for _ in range(self.capacity)]
         for handle in handles:
             await platform.until_started(handle)
-        zygote = adapter._zygote.pid
+        zygote = adapter.keepers.zygote.pid
 
         parents = [parent_pid(local_client.read_state(h.ref)["keeperPid"]) for h in handles]
 

@@ -44,7 +44,7 @@ from services.adapters.gpu.scheduler import GpuScheduler, Holding
 from services.adapters.keeper import fetch_code, outcome_of
 from services.adapters.local_gpu import client
 from services.adapters.local_gpu.code import CodeCache
-from services.adapters.local_gpu.ends import KeeperEnds
+from services.adapters.local_gpu.keepers import KeeperSpawner
 from services.adapters.local_gpu.launch import Launching
 from services.adapters.local_gpu.restarts import Restarts
 from services.adapters.local_gpu.retention import Retention, remove_expired, remove_stale
@@ -52,9 +52,6 @@ from services.adapters.local_gpu.settings import LocalGpuSettings
 from services.adapters.local_gpu.trial import GPUS_FILE, UNBORN_GRACE, Trial
 from services.adapters.local_gpu.watch import Watching
 from services.common.bus import Bus
-from services.trial_keeper.warm_pool import WarmPool
-
-TEMPLATE_SWEEP = 1.0  # seconds between two sweeps of the warm templates (reaped, idle ones ended)
 
 # Public names of this module, some defined in its parts (tests import ``outcome_of`` from here).
 __all__ = ["GPUS_FILE", "UNBORN_GRACE", "LocalGpuAdapter", "Trial", "outcome_of", "remove_expired", "remove_stale"]
@@ -73,97 +70,30 @@ class LocalGpuAdapter(Launching, Watching, Restarts, Retention, PlatformAdapter)
 
             keeper_path, shim_path = keeper_path or KEEPER_PATH, shim_path or SHIM_PATH
         self.settings = settings
-        self.keeper_path, self.shim_path = str(keeper_path), str(shim_path)
         self.work_dir = settings.work_dir
         self.trials: dict[tuple[str, int], Trial] = {}
         self.code = CodeCache(self.work_dir / "code", self._fetch_code)
-        self._env: dict[str, str] = {}
         self._bus: Bus | None = None
-        self._zygote: client.KeeperZygote | None = None
-        self._warm: WarmPool | None = None
-        self._ends: KeeperEnds | None = None  # where kept keepers say their trial ended
+        self.keepers = KeeperSpawner(settings, str(keeper_path), str(shim_path), self._kept_trial_ended)
         self.gpus = GpuScheduler(settings, self.name, self._holdings, self.capacity_freed)
         self._retention: asyncio.Task | None = None
-        self._sweeps: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, bus: Bus) -> None:
         self._bus = bus
         (self.work_dir / "trials").mkdir(parents=True, exist_ok=True)
-        keeper_source = self.keeper_path
-        self.keeper_path = await asyncio.to_thread(
-            client.compile_keeper, self.settings.keeper_python, self.keeper_path, self.work_dir / "trial_keeper.pyc"
-        )
-        if self.settings.keeper_zygote:
-            zygote = client.KeeperZygote(self.settings.keeper_python, self.keeper_path, self.work_dir / "zygote.log")
-            try:
-                zygote.start()
-                self._zygote = zygote
-            except OSError as exc:  # each launch will say what is wrong
-                log.warning("cannot start the keeper zygote with %s (%s)", self.settings.keeper_python, exc)
-        # After the zygote started: keepers forked from it, and their trials, keep the host's limit.
-        before, now, enough = client.raise_fd_limit(self.settings.max_trials)
-        if now != before:
-            log.info("raised the soft limit of open files from %d to %d (max_trials %d)", before, now,
-                     self.settings.max_trials)  # fmt: skip
-        if not enough:
-            log.warning("open files are limited to %d: past about %d running trials, their ends are noticed at the "
-                        "next poll, not at once (raise the hard limit: ulimit -Hn)", now, now - client.FD_HEADROOM)
-        # The trial sees the keeper's environment minus TRIALBUS_*: never pass ours (NATS secrets) on.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-        env.update(
-            TRIALBUS_GATEWAY_URL=self.settings.gateway_url,
-            TRIALBUS_KILL_GRACE=str(self.settings.kill_grace),
-            TRIALBUS_FLUSH_TIMEOUT=str(self.settings.flush_timeout),
-        )
-        shim = self.settings.nni_shim != "never"
-        if shim:
-            env["TRIALBUS_PYTHONPATH_PREPEND"] = self.shim_path
-        if self.settings.warm_start:
-            ends = KeeperEnds(self._kept_trial_ended)
-            try:  # a template's keepers then keep trial after trial (Linux: the abstract namespace)
-                ends.start()
-                self._ends, env["TRIALBUS_DONE_SOCKET"] = ends, ends.address
-            except OSError as exc:
-                log.warning("each warm trial gets a keeper of its own: no socket for their notices (%s)", exc)
-            self._warm = WarmPool(self.work_dir / "templates", keeper_source, log.warning,
-                                  shim=self.shim_path if shim else None, max_templates=self.settings.warm_templates,
-                                  idle=self.settings.warm_idle, reuse_keepers=self._ends is not None)  # fmt: skip
-        log.info("work dir %s; nni shim %s; warm start %s", self.work_dir, "on" if shim else "off",
-                 "on" if self._warm else "off")  # fmt: skip
-        self._env = env
+        await self.keepers.start()
         self.gpus.bus = bus
         await self.gpus.start()
         self._retention = asyncio.create_task(self._retention_loop())
-        if self._warm is not None:
-            self._sweeps = asyncio.create_task(self._sweep_templates())
-
-    async def _sweep_templates(self) -> None:
-        """Reap the templates that exited and end those idle for ``warm_idle``, every
-        ``TEMPLATE_SWEEP`` seconds, whether trials start or not: a template the pool closed (the
-        bare one a fuller one replaced, as an experiment's first trial starts) exits once its
-        keepers' trials did, and stays a zombie child of this process until it is waited for.
-        O(templates) a sweep."""
-        while True:
-            await asyncio.sleep(TEMPLATE_SWEEP)
-            try:
-                self._warm.sweep()
-            except Exception:  # noqa: BLE001 - the next sweep tries again; trials start cold if need be
-                log.exception("sweeping the warm templates failed")
 
     async def stop(self) -> None:
-        for task in (self._retention, self._sweeps):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        if self._retention is not None:
+            self._retention.cancel()
+            await asyncio.gather(self._retention, return_exceptions=True)
+        await self.keepers.stop()
         await self.gpus.stop()
-        if self._zygote is not None:
-            self._zygote.close()
-        if self._warm is not None:
-            self._warm.close()
-        if self._ends is not None:
-            self._ends.close()
         for trial in self.trials.values():  # stop watching; the trials run on
             if trial.kill is not None:
                 trial.kill.cancel()

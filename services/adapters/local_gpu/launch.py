@@ -10,13 +10,11 @@ never started a keeper in is launched afresh. On the way: the code snapshot
 ``None`` means no room now (``max_trials``).
 
 A mixin of :class:`~services.adapters.local_gpu.adapter.LocalGpuAdapter`, which holds the
-state it uses (settings, the trials, the GPU scheduler, the code cache, the keeper zygote and
-warm pool).
+state it uses (settings, the trials, the GPU scheduler, the code cache, the keeper spawner).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -54,7 +52,7 @@ class Launching:
         ask = self.gpus.ask(request)
         if ask is not None:
             await self.gpus.check_fits(ask, self._bus)
-        await self._warm_wait(request, code_dir)
+        await self.keepers.warm_wait(request, code_dir)
         # No await from here on: the checks and the spawn happen as one step of the event loop.
         if (trial := self.trials.get(key)) is not None:
             return trial.handle
@@ -79,7 +77,7 @@ class Launching:
         if held:
             with open(f"{trial_dir}/{GPUS_FILE}", "w") as f:
                 json.dump({"indices": list(held), "perGpu": per_gpu}, f)
-        env = dict(self._env)
+        env = dict(self.keepers.env)
         env.update(
             TRIALBUS_TRIAL_DIR=trial_dir,
             TRIALBUS_TRIAL_COMMAND=request.trial_command,
@@ -98,13 +96,10 @@ class Launching:
             env["TRIALBUS_HEARTBEAT"] = str(request.heartbeat)
         if request.grace_period is not None:
             env["TRIALBUS_KILL_GRACE"] = str(request.grace_period)
-        forked = self._warm.fork(env, request.warm_preload) if self._warm and request.warm_start else None
-        pid, template = forked or (None, None)
+        pid, template = self.keepers.fork(env, request) or (None, None)
         try:
-            if pid is None and self._zygote is not None:
-                pid = self._zygote.spawn(env)
-            elif pid is None:
-                pid = client.spawn_keeper(self.settings.keeper_python, self.keeper_path, env, trial_dir)
+            if pid is None:
+                pid = self.keepers.spawn(env, trial_dir)
         except OSError as exc:
             shutil.rmtree(trial_dir, ignore_errors=True)  # never launched: nothing to adopt later
             raise PermanentError(f"cannot start the trial keeper with {self.settings.keeper_python}: {exc}") from exc
@@ -112,25 +107,6 @@ class Launching:
         trial.gpus, trial.per_gpu = held, per_gpu
         trial.template, trial.grace = template, request.grace_period
         return trial.handle
-
-    async def _warm_wait(self: LocalGpuAdapter, request: TrialRequest, code_dir: str | None) -> None:
-        """Wait while the trial's warm template is still starting (an experiment's first, ~50 ms
-        bare, seconds with the script's imports read ahead; a fuller one learned from the trials
-        that brings a package the ready one lacks): as long as it makes progress, since a trial
-        that started cold beside it would pay the same imports on the same cores. The launch
-        then forks from what is ready, or starts the trial cold: when the template died, used no
-        CPU for ``warm_stall`` seconds (an import that hangs), or after ``warm_wait`` seconds."""
-        if self._warm is None or not request.warm_start:
-            return
-        env = dict(self._env, TRIALBUS_EXPERIMENT_ID=request.experiment_id)
-        if code_dir is not None:
-            env["TRIALBUS_CODE_DIR"] = code_dir
-        deadline, stall = time.monotonic() + self.settings.warm_wait, self.settings.warm_stall
-        while time.monotonic() < deadline:
-            starting = self._warm.waiting(request.trial_command, env, request.warm_preload)
-            if starting is None or starting.stalled(stall):
-                return
-            await asyncio.sleep(0.005)
 
     def _unborn(self: LocalGpuAdapter, trial_dir: str) -> bool:
         """Whether ``trial_dir`` is a launch an earlier run of this adapter began but died before

@@ -51,8 +51,8 @@ class Watching:
     def _ended(self: LocalGpuAdapter, trial: Trial) -> TrialOutcome:
         if trial.kill is not None:
             trial.kill.cancel()
-        if trial.template is not None and self._warm is not None:
-            self._warm.learn(trial.template, trial.dir)
+        if trial.template is not None:
+            self.keepers.learn(trial.template, trial.dir)
         state = client.read_state(trial.dir)
         if state.get("pgid") and "exitCode" not in state:  # the keeper died first: leave no orphans
             client.kill_group(state["pgid"], signal.SIGKILL)
