@@ -23,32 +23,28 @@ Finished trials' directories stay for ``trial_retention`` (their logs are served
 there, also after a restart), then are removed; so are checkpoint directories
 (``<checkpoint_root>/<experiment>/<trial>/``, shared by the replicas of a host) unchanged as long.
 
-This module holds the adapter's state, its start and stop, and the GPUs its trials hold; the
-rest are mixins, one idea each: :mod:`.launch` (launching), :mod:`.watch` (a trial's end,
-cancel), :mod:`.restarts` (adoption), :mod:`.retention` (finished trials' files), over the
-:class:`~.trial.Trial` record of :mod:`.trial`. Every call to the operating system is in
-:mod:`.client`.
+This module wires the adapter's parts, :class:`~.table.TrialTable` (the trials, tracked and
+adopted), :class:`~.keepers.KeeperSpawner` and :class:`~.code.CodeCache`, and the mixins
+:mod:`.launch` (launching), :mod:`.watch` (a trial's end, cancel) and :mod:`.retention`
+(finished trials' files), over the :class:`~.trial.Trial` record of :mod:`.trial`. Every call
+to the operating system is in :mod:`.client`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from pathlib import Path
 
-from contracts import subjects
 from services.adapters.base import PlatformAdapter, TrialHandle
-from services.adapters.errors import PermanentError
-from services.adapters.gpu.scheduler import GpuScheduler, Holding
+from services.adapters.gpu.scheduler import GpuScheduler
 from services.adapters.keeper import fetch_code, outcome_of
-from services.adapters.local_gpu import client
 from services.adapters.local_gpu.code import CodeCache
 from services.adapters.local_gpu.keepers import KeeperSpawner
 from services.adapters.local_gpu.launch import Launching
-from services.adapters.local_gpu.restarts import Restarts
 from services.adapters.local_gpu.retention import Retention, remove_expired, remove_stale
 from services.adapters.local_gpu.settings import LocalGpuSettings
+from services.adapters.local_gpu.table import TrialTable
 from services.adapters.local_gpu.trial import GPUS_FILE, UNBORN_GRACE, Trial
 from services.adapters.local_gpu.watch import Watching
 from services.common.bus import Bus
@@ -59,7 +55,7 @@ __all__ = ["GPUS_FILE", "UNBORN_GRACE", "LocalGpuAdapter", "Trial", "outcome_of"
 log = logging.getLogger(__name__)
 
 
-class LocalGpuAdapter(Launching, Watching, Restarts, Retention, PlatformAdapter):
+class LocalGpuAdapter(Launching, Watching, Retention, PlatformAdapter):
     """Trials as keeper process groups on this host (the module's docstring)."""
 
     name = "local-gpu"
@@ -71,11 +67,11 @@ class LocalGpuAdapter(Launching, Watching, Restarts, Retention, PlatformAdapter)
             keeper_path, shim_path = keeper_path or KEEPER_PATH, shim_path or SHIM_PATH
         self.settings = settings
         self.work_dir = settings.work_dir
-        self.trials: dict[tuple[str, int], Trial] = {}
+        self.table = TrialTable(f"{self.work_dir}/trials", settings.max_trials, self.notify)
         self.code = CodeCache(self.work_dir / "code", self._fetch_code)
         self._bus: Bus | None = None
-        self.keepers = KeeperSpawner(settings, str(keeper_path), str(shim_path), self._kept_trial_ended)
-        self.gpus = GpuScheduler(settings, self.name, self._holdings, self.capacity_freed)
+        self.keepers = KeeperSpawner(settings, str(keeper_path), str(shim_path), self.table.ended_notice)
+        self.gpus = GpuScheduler(settings, self.name, self.table.holdings, self.capacity_freed)
         self._retention: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -94,62 +90,19 @@ class LocalGpuAdapter(Launching, Watching, Restarts, Retention, PlatformAdapter)
             await asyncio.gather(self._retention, return_exceptions=True)
         await self.keepers.stop()
         await self.gpus.stop()
-        for trial in self.trials.values():  # stop watching; the trials run on
-            if trial.kill is not None:
-                trial.kill.cancel()
-            if trial.keeper is not None:
-                trial.keeper.close()
+        self.table.close()  # stop watching; the trials run on
         await self.code.close()
 
     async def _fetch_code(self, digest: str) -> bytes:
         return await fetch_code(self._bus, digest)
 
-    # ------------------------------------------------------------------ GPUs
+    # ------------------------------------------------------------------ trials
 
-    def _holdings(self) -> list[Holding]:
-        return [
-            Holding(subjects.dispatch_id(t.handle.trial_id, t.handle.attempt), t.gpus, t.per_gpu, self._session(t))
-            for t in self.trials.values()
-            if t.gpus and t.running
-        ]
+    async def adopt(self) -> list[TrialHandle]:
+        return self.table.adopt()
 
-    def _session(self, trial: Trial) -> int | None:
-        if trial.sid is None:
-            trial.sid = client.read_state(trial.dir).get("pgid")
-        return trial.sid
+    async def release(self, handle: TrialHandle) -> None:
+        self.table.release(handle)
 
     def describe(self) -> dict:
         return {"max_trials": self.settings.max_trials, **self.gpus.describe()}
-
-    # ------------------------------------------------------------------ bookkeeping
-
-    def _track(self, experiment_id, trial_id, attempt, trial_dir, keeper, started) -> Trial:
-        handle = TrialHandle(experiment_id, trial_id, attempt, ref=trial_dir, start_time=started)
-        trial = self.trials[(trial_id, attempt)] = Trial(handle, trial_dir, keeper)
-        self._watch(trial)
-        return trial
-
-    def _kept_trial_ended(self, trial_dir: str) -> None:
-        """A kept keeper's notice (:mod:`.ends`): poll the trial of ``<…>/<trial>-<attempt>`` now. O(1)."""
-        trial_id, _, attempt = os.path.basename(trial_dir).rpartition("-")
-        trial = self.trials.get((trial_id, int(attempt))) if attempt.isdigit() else None
-        if trial is not None and trial.dir == trial_dir:
-            trial.ended_notice = True
-            self.notify(trial.handle)
-
-    def _find(self, handle: TrialHandle) -> Trial:
-        """The trial of a handle, from memory or, for one this instance never saw, from its directory."""
-        trial = self.trials.get((handle.trial_id, handle.attempt))
-        if trial is None:
-            if not os.path.isdir(handle.ref):
-                raise PermanentError(f"trial directory {handle.ref} is gone")
-            trial = self._adopt(handle.ref, handle.trial_id, handle.attempt, handle.experiment_id)
-        return trial
-
-    def _running(self) -> int:
-        return sum(1 for trial in self.trials.values() if trial.running)
-
-    def _full(self) -> bool:
-        """Whether ``max_trials`` trials run here. O(1) while fewer trials are tracked (running or
-        ended, not yet released), O(tracked) otherwise: 250 µs at 1,000, twice per launch."""
-        return len(self.trials) >= self.settings.max_trials and self._running() >= self.settings.max_trials

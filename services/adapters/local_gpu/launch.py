@@ -41,12 +41,12 @@ class Launching:
 
     async def launch(self: LocalGpuAdapter, request: TrialRequest) -> TrialHandle | None:
         key = (request.trial_id, request.attempt)
-        if (trial := self.trials.get(key)) is not None:
+        if (trial := self.table.get(key)) is not None:
             return trial.handle
         if not (SAFE_ID.match(request.experiment_id) and SAFE_ID.match(request.trial_id)):
             raise PermanentError(f"ids {request.experiment_id!r}/{request.trial_id!r} cannot name a trial directory")
         trial_dir = f"{self.work_dir}/trials/{request.experiment_id}/{request.trial_id}-{request.attempt}"
-        if self._full():
+        if self.table.full():
             return self._existing(trial_dir, request)
         code_dir = await self.code.dir(request.code_ref) if request.code_ref else None
         ask = self.gpus.ask(request)
@@ -54,12 +54,12 @@ class Launching:
             await self.gpus.check_fits(ask, self._bus)
         await self.keepers.warm_wait(request, code_dir)
         # No await from here on: the checks and the spawn happen as one step of the event loop.
-        if (trial := self.trials.get(key)) is not None:
+        if (trial := self.table.get(key)) is not None:
             return trial.handle
-        if self._full():  # filled up during the download
+        if self.table.full():  # filled up during the download
             return self._existing(trial_dir, request)
         if os.path.isdir(trial_dir) and not self._unborn(trial_dir):  # launched before a restart: never twice
-            return self._adopt(trial_dir, *key, request.experiment_id).handle
+            return self.table.adopt_dir(trial_dir, *key, request.experiment_id).handle
         try:
             where, held, per_gpu = self.place(request, ask)
         except Waiting as exc:  # a replica that can place it now should have it
@@ -72,7 +72,7 @@ class Launching:
             os.makedirs(os.path.dirname(trial_dir), exist_ok=True)
             os.mkdir(trial_dir)
         except FileExistsError:  # launched before (a redelivery after a restart): never twice
-            return self._adopt(trial_dir, *key, request.experiment_id).handle
+            return self.table.adopt_dir(trial_dir, *key, request.experiment_id).handle
         os.mkdir(f"{trial_dir}/.trialbus")
         if held:
             with open(f"{trial_dir}/{GPUS_FILE}", "w") as f:
@@ -103,7 +103,7 @@ class Launching:
         except OSError as exc:
             shutil.rmtree(trial_dir, ignore_errors=True)  # never launched: nothing to adopt later
             raise PermanentError(f"cannot start the trial keeper with {self.settings.keeper_python}: {exc}") from exc
-        trial = self._track(request.experiment_id, *key, trial_dir, client.Keeper(pid), utcnow())
+        trial = self.table.track(request.experiment_id, *key, trial_dir, client.Keeper(pid), utcnow())
         trial.gpus, trial.per_gpu = held, per_gpu
         trial.template, trial.grace = template, request.grace_period
         return trial.handle
@@ -128,7 +128,7 @@ class Launching:
         """No room for a new trial: only an attempt launched before can be returned."""
         if not os.path.isdir(trial_dir) or not client.keeper_born(trial_dir):
             return None
-        return self._adopt(trial_dir, request.trial_id, request.attempt, request.experiment_id).handle
+        return self.table.adopt_dir(trial_dir, request.trial_id, request.attempt, request.experiment_id).handle
 
     def place(
         self: LocalGpuAdapter, request: TrialRequest, ask: GpuAsk | None

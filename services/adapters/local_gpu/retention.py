@@ -63,7 +63,7 @@ class Retention:
                 if removed:
                     log.info("removed %d finished trial director%s older than %.0fs", removed,
                              "y" if removed == 1 else "ies", retention)
-                running = {(t.handle.experiment_id, t.handle.trial_id) for t in self.trials.values() if t.running}
+                running = self.table.running_ids()
                 stale = await asyncio.to_thread(remove_stale, str(self.settings.checkpoint_root), retention, running)
                 if stale:
                     log.info("removed %d checkpoint director%s unchanged for %.0fs", stale,

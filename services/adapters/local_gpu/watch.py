@@ -1,6 +1,6 @@
 """Watching and stopping local-gpu trials: a trial's end, as its keeper leaves it, and cancel.
 
-Each keeper's exit reaches the event loop through a pidfd (:meth:`Watching._watch`), which
+Each keeper's exit reaches the event loop through a pidfd (:meth:`.table.TrialTable.watch`), which
 wakes the service at once; ``poll`` then reads the outcome from the keeper's ``state.json``
 and exit status (:func:`~services.adapters.keeper.outcome_of`), and kills what a keeper that
 died first left behind. ``cancel`` sends SIGTERM to the keeper (it stops the trial's process
@@ -25,7 +25,7 @@ from services.adapters.base import TrialHandle, TrialOutcome
 from services.adapters.errors import TransientError
 from services.adapters.keeper import outcome_of
 from services.adapters.local_gpu import client
-from services.adapters.local_gpu.trial import UNBORN_GRACE, Trial, dead_keeper
+from services.adapters.local_gpu.trial import UNBORN_GRACE, Trial
 
 if TYPE_CHECKING:
     from services.adapters.local_gpu.adapter import LocalGpuAdapter
@@ -37,10 +37,10 @@ class Watching:
     """The watching part of the local-gpu adapter (the module's docstring)."""
 
     async def poll(self: LocalGpuAdapter, handle: TrialHandle) -> TrialOutcome | None:
-        trial = self._find(handle)
+        trial = self.table.find(handle)
         if trial.outcome is not None:
             return trial.outcome
-        if trial.keeper is None and not self._find_keeper(trial):
+        if trial.keeper is None and not self.table.find_keeper(trial):
             if time.time() - os.path.getmtime(trial.dir) < UNBORN_GRACE:
                 return None
             return self._ended(trial)
@@ -68,10 +68,10 @@ class Watching:
 
     async def cancel(self: LocalGpuAdapter, handle: TrialHandle) -> None:
         """SIGTERM the keeper (it stops the trial's group); SIGKILL everything if it lingers."""
-        trial = self._find(handle)
+        trial = self.table.find(handle)
         if not trial.running:
             return
-        if trial.keeper is None and not self._find_keeper(trial):
+        if trial.keeper is None and not self.table.find_keeper(trial):
             raise TransientError("the trial keeper has not started yet", delay=0.2)
         # First the file, then the signal: a keeper kept for trial after trial stops its trial
         # only when the file is there (a late signal meant for a trial it kept before stops none).
@@ -85,13 +85,6 @@ class Watching:
     def _grace(self: LocalGpuAdapter, trial: Trial) -> float:
         return self.settings.kill_grace if trial.grace is None else trial.grace
 
-    def _find_keeper(self: LocalGpuAdapter, trial: Trial) -> bool:
-        """For a trial adopted before its keeper wrote ``state.json``: is its pid known now?"""
-        if pid := client.read_state(trial.dir).get("keeperPid"):
-            trial.keeper = client.Keeper.adopt(pid) or dead_keeper(pid)
-            self._watch(trial)
-        return trial.keeper is not None
-
     def _force_stop(self: LocalGpuAdapter, trial: Trial) -> None:
         if trial.running and trial.keeper is not None and not client.read_state(trial.dir).get("done"):
             grace = self._grace(trial) + 1
@@ -99,7 +92,3 @@ class Watching:
             if pgid := client.read_state(trial.dir).get("pgid"):
                 client.kill_group(pgid, signal.SIGKILL)
             trial.keeper.signal(signal.SIGKILL)
-
-    def _watch(self: LocalGpuAdapter, trial: Trial) -> None:
-        if trial.keeper is not None and trial.keeper.alive:
-            trial.keeper.watch(lambda: self.notify(trial.handle))
