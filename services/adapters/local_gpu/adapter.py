@@ -11,7 +11,7 @@ Everything survives an adapter restart: the trial directory holds the keeper's p
 :meth:`~LocalGpuAdapter.release` marks a trial ``reported`` once its end is published.
 
 GPUs (``trialGpuNumber`` ≥ 1): the inventory (``gpus.py``: NVML, else ``nvidia-smi``) is
-read every ``gpu_refresh`` seconds; :meth:`LocalGpuAdapter.place` applies NNI's rules
+read every ``gpu_refresh`` seconds; :meth:`~.launch.Launcher.place` applies NNI's rules
 (``placement.py``) to it and to the GPUs our running trials hold, and sets
 ``CUDA_VISIBLE_DEVICES``. A trial that cannot be placed now raises ``Waiting`` (the service
 holds it and retries the moment a trial ends); one no replica can ever place fails at once.
@@ -23,39 +23,38 @@ Finished trials' directories stay for ``trial_retention`` (their logs are served
 there, also after a restart), then are removed; so are checkpoint directories
 (``<checkpoint_root>/<experiment>/<trial>/``, shared by the replicas of a host) unchanged as long.
 
-This module wires the adapter's parts, :class:`~.table.TrialTable` (the trials, tracked and
-adopted), :class:`~.keepers.KeeperSpawner` and :class:`~.code.CodeCache`, and the mixins
-:mod:`.launch` (launching), :mod:`.watch` (a trial's end, cancel) and :mod:`.retention`
-(finished trials' files), over the :class:`~.trial.Trial` record of :mod:`.trial`. Every call
-to the operating system is in :mod:`.client`.
+This module is a facade: it wires the parts, each a plain class that owns its state —
+:class:`~.table.TrialTable` (the trials, tracked and adopted), :class:`~.launch.Launcher`,
+:class:`~.watch.Watcher` (a trial's end, cancel), :class:`~.keepers.KeeperSpawner` (keeper
+environment, zygote, warm templates, kept keepers' notices), :class:`~.code.CodeCache` (code
+snapshots), :class:`~.retention.Retention` (finished trials' files) and the shared
+:class:`~services.adapters.gpu.scheduler.GpuScheduler` — over the :class:`~.trial.Trial` record
+of :mod:`.trial`. Every call to the operating system is in :mod:`.client`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from pathlib import Path
 
-from services.adapters.base import PlatformAdapter, TrialHandle
+from contracts import TrialRequest
+from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.gpu.scheduler import GpuScheduler
 from services.adapters.keeper import fetch_code, outcome_of
 from services.adapters.local_gpu.code import CodeCache
 from services.adapters.local_gpu.keepers import KeeperSpawner
-from services.adapters.local_gpu.launch import Launching
-from services.adapters.local_gpu.retention import Retention, remove_expired, remove_stale
+from services.adapters.local_gpu.launch import Launcher
+from services.adapters.local_gpu.retention import Retention, log_tail, remove_expired, remove_stale
 from services.adapters.local_gpu.settings import LocalGpuSettings
 from services.adapters.local_gpu.table import TrialTable
 from services.adapters.local_gpu.trial import GPUS_FILE, UNBORN_GRACE, Trial
-from services.adapters.local_gpu.watch import Watching
+from services.adapters.local_gpu.watch import Watcher
 from services.common.bus import Bus
 
 # Public names of this module, some defined in its parts (tests import ``outcome_of`` from here).
 __all__ = ["GPUS_FILE", "UNBORN_GRACE", "LocalGpuAdapter", "Trial", "outcome_of", "remove_expired", "remove_stale"]
 
-log = logging.getLogger(__name__)
 
-
-class LocalGpuAdapter(Launching, Watching, Retention, PlatformAdapter):
+class LocalGpuAdapter(PlatformAdapter):
     """Trials as keeper process groups on this host (the module's docstring)."""
 
     name = "local-gpu"
@@ -67,12 +66,19 @@ class LocalGpuAdapter(Launching, Watching, Retention, PlatformAdapter):
             keeper_path, shim_path = keeper_path or KEEPER_PATH, shim_path or SHIM_PATH
         self.settings = settings
         self.work_dir = settings.work_dir
-        self.table = TrialTable(f"{self.work_dir}/trials", settings.max_trials, self.notify)
-        self.code = CodeCache(self.work_dir / "code", self._fetch_code)
         self._bus: Bus | None = None
+        trials_dir = f"{self.work_dir}/trials"
+        self.table = TrialTable(trials_dir, settings.max_trials, self.notify)
         self.keepers = KeeperSpawner(settings, str(keeper_path), str(shim_path), self.table.ended_notice)
+        self.code = CodeCache(self.work_dir / "code", self._fetch_code)
         self.gpus = GpuScheduler(settings, self.name, self.table.holdings, self.capacity_freed)
-        self._retention: asyncio.Task | None = None
+        self.launcher = Launcher(settings, table=self.table, code=self.code, keepers=self.keepers, gpus=self.gpus)
+        self.watcher = Watcher(self.table, settings.kill_grace, self.keepers.learn)
+        self.retention = Retention(trials_dir, str(settings.checkpoint_root), settings.trial_retention,
+                                   self.table.running_ids)  # fmt: skip
+
+    async def _fetch_code(self, digest: str) -> bytes:
+        return await fetch_code(self._bus, digest)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -82,27 +88,37 @@ class LocalGpuAdapter(Launching, Watching, Retention, PlatformAdapter):
         await self.keepers.start()
         self.gpus.bus = bus
         await self.gpus.start()
-        self._retention = asyncio.create_task(self._retention_loop())
+        self.retention.start()
 
     async def stop(self) -> None:
-        if self._retention is not None:
-            self._retention.cancel()
-            await asyncio.gather(self._retention, return_exceptions=True)
+        await self.retention.stop()
         await self.keepers.stop()
         await self.gpus.stop()
         self.table.close()  # stop watching; the trials run on
         await self.code.close()
-
-    async def _fetch_code(self, digest: str) -> bytes:
-        return await fetch_code(self._bus, digest)
 
     # ------------------------------------------------------------------ trials
 
     async def adopt(self) -> list[TrialHandle]:
         return self.table.adopt()
 
+    async def launch(self, request: TrialRequest) -> TrialHandle | None:
+        return await self.launcher.launch(request)
+
+    async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
+        return await self.watcher.poll(handle)
+
+    async def cancel(self, handle: TrialHandle) -> None:
+        await self.watcher.cancel(handle)
+
     async def release(self, handle: TrialHandle) -> None:
         self.table.release(handle)
+
+    async def past(self, experiment_id: str, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
+        return self.retention.past(experiment_id, trial_id, attempt)
+
+    async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
+        return log_tail(handle.ref, max_bytes)
 
     def describe(self) -> dict:
         return {"max_trials": self.settings.max_trials, **self.gpus.describe()}

@@ -5,12 +5,9 @@
 once — a directory that exists means the attempt was launched already (maybe before a
 restart), and its handle is returned instead of a second run; one an earlier run began but
 never started a keeper in is launched afresh. On the way: the code snapshot
-(:class:`~.code.CodeCache`), the GPUs (:meth:`Launching.place` sets ``CUDA_VISIBLE_DEVICES``;
-``Waiting`` when they are taken now), and the warm template the trial may fork from.
-``None`` means no room now (``max_trials``).
-
-A mixin of :class:`~services.adapters.local_gpu.adapter.LocalGpuAdapter`, which holds the
-state it uses (settings, the trials, the GPU scheduler, the code cache, the keeper spawner).
+(:class:`~.code.CodeCache`), the GPUs (:meth:`Launcher.place` sets ``CUDA_VISIBLE_DEVICES``;
+``Waiting`` when they are taken now), and the warm template the trial may fork from
+(:class:`~.keepers.KeeperSpawner`). ``None`` means no room now (``max_trials``).
 """
 
 from __future__ import annotations
@@ -20,38 +17,43 @@ import logging
 import os
 import shutil
 import time
-from typing import TYPE_CHECKING
 
 from contracts import TrialRequest
 from contracts.base import utcnow
 from services.adapters.base import TrialHandle
 from services.adapters.errors import PermanentError, TransientError, Waiting
 from services.adapters.gpu.placement import GpuAsk
+from services.adapters.gpu.scheduler import GpuScheduler
 from services.adapters.local_gpu import client
+from services.adapters.local_gpu.code import CodeCache
+from services.adapters.local_gpu.keepers import KeeperSpawner
+from services.adapters.local_gpu.settings import LocalGpuSettings
+from services.adapters.local_gpu.table import TrialTable
 from services.adapters.local_gpu.trial import GPUS_FILE, SAFE_ID, UNBORN_GRACE
-
-if TYPE_CHECKING:
-    from services.adapters.local_gpu.adapter import LocalGpuAdapter
 
 log = logging.getLogger(__name__)
 
 
-class Launching:
-    """The launch part of the local-gpu adapter (the module's docstring)."""
+class Launcher:
+    """Launches trials into a :class:`~.table.TrialTable` (the module's docstring)."""
 
-    async def launch(self: LocalGpuAdapter, request: TrialRequest) -> TrialHandle | None:
+    def __init__(self, settings: LocalGpuSettings, *, table: TrialTable, code: CodeCache, keepers: KeeperSpawner,
+                 gpus: GpuScheduler) -> None:  # fmt: skip
+        self.settings, self.table, self.code, self.keepers, self.gpus = settings, table, code, keepers, gpus
+
+    async def launch(self, request: TrialRequest) -> TrialHandle | None:
         key = (request.trial_id, request.attempt)
         if (trial := self.table.get(key)) is not None:
             return trial.handle
         if not (SAFE_ID.match(request.experiment_id) and SAFE_ID.match(request.trial_id)):
             raise PermanentError(f"ids {request.experiment_id!r}/{request.trial_id!r} cannot name a trial directory")
-        trial_dir = f"{self.work_dir}/trials/{request.experiment_id}/{request.trial_id}-{request.attempt}"
+        trial_dir = f"{self.table.trials_dir}/{request.experiment_id}/{request.trial_id}-{request.attempt}"
         if self.table.full():
             return self._existing(trial_dir, request)
         code_dir = await self.code.dir(request.code_ref) if request.code_ref else None
         ask = self.gpus.ask(request)
         if ask is not None:
-            await self.gpus.check_fits(ask, self._bus)
+            await self.gpus.check_fits(ask, self.gpus.bus)
         await self.keepers.warm_wait(request, code_dir)
         # No await from here on: the checks and the spawn happen as one step of the event loop.
         if (trial := self.table.get(key)) is not None:
@@ -108,7 +110,7 @@ class Launching:
         trial.template, trial.grace = template, request.grace_period
         return trial.handle
 
-    def _unborn(self: LocalGpuAdapter, trial_dir: str) -> bool:
+    def _unborn(self, trial_dir: str) -> bool:
         """Whether ``trial_dir`` is a launch an earlier run of this adapter began but died before
         it started the keeper (so the request was never acked, and here it is again): then the
         directory is removed, to launch afresh. A keeper spawned in the instant before that
@@ -124,15 +126,13 @@ class Launching:
         shutil.rmtree(trial_dir, ignore_errors=True)
         return True
 
-    def _existing(self: LocalGpuAdapter, trial_dir: str, request: TrialRequest) -> TrialHandle | None:
+    def _existing(self, trial_dir: str, request: TrialRequest) -> TrialHandle | None:
         """No room for a new trial: only an attempt launched before can be returned."""
         if not os.path.isdir(trial_dir) or not client.keeper_born(trial_dir):
             return None
         return self.table.adopt_dir(trial_dir, request.trial_id, request.attempt, request.experiment_id).handle
 
-    def place(
-        self: LocalGpuAdapter, request: TrialRequest, ask: GpuAsk | None
-    ) -> tuple[dict[str, str], tuple[int, ...], int]:
+    def place(self, request: TrialRequest, ask: GpuAsk | None) -> tuple[dict[str, str], tuple[int, ...], int]:
         """Where the trial runs on this host: keeper environment, GPUs held, maxTrialNumberPerGpu.
 
         ``trialGpuNumber`` unset: nothing (the trial sees what the host has); ``0``: no GPU

@@ -5,9 +5,6 @@ from there (``log_tail``), also for past attempts found by ``past`` and after a 
 Then a loop removes it (:func:`remove_expired`), and with it the checkpoint directories
 (``<checkpoint_root>/<experiment>/<trial>/``, shared by the replicas of a host) unchanged as
 long, but those of trials still running (:func:`remove_stale`).
-
-A mixin of :class:`~services.adapters.local_gpu.adapter.LocalGpuAdapter`, which starts and
-stops the loop.
 """
 
 from __future__ import annotations
@@ -18,32 +15,43 @@ import logging
 import os
 import shutil
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from services.adapters.base import TrialHandle
 from services.adapters.local_gpu import client
 from services.adapters.local_gpu.trial import SAFE_ID
 from services.adapters.remote import agent_checkpoints
 
-if TYPE_CHECKING:
-    from services.adapters.local_gpu.adapter import LocalGpuAdapter
-
 log = logging.getLogger(__name__)
 
 
 class Retention:
-    """The retention part of the local-gpu adapter (the module's docstring)."""
+    """Finished trials' directories and stale checkpoints, and the removal loop (the module's docstring)."""
 
-    async def past(
-        self: LocalGpuAdapter, experiment_id: str, trial_id: str, attempt: int | None = None
-    ) -> TrialHandle | None:
+    def __init__(self, trials_dir: str, checkpoint_root: str, retention: float,
+                 running: Callable[[], set[tuple[str, str]]]) -> None:  # fmt: skip
+        """``retention``: seconds (0 keeps everything); ``running()``: ``(experiment, trial)`` of
+        the trials running here, whose checkpoints stay."""
+        self.trials_dir, self.checkpoint_root, self.retention = trials_dir, checkpoint_root, retention
+        self.running = running
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def past(self, experiment_id: str, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
         """An attempt (the newest by default) of a trial whose directory is still here (kept
         ``trial_retention``)."""
         if not (SAFE_ID.match(experiment_id) and SAFE_ID.match(trial_id)):
             return None
         attempts = []
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            for entry in os.scandir(f"{self.work_dir}/trials/{experiment_id}"):
+            for entry in os.scandir(f"{self.trials_dir}/{experiment_id}"):
                 name, _, number = entry.name.rpartition("-")
                 if name == trial_id and number.isdigit() and attempt in (None, int(number)) and entry.is_dir():
                     attempts.append((int(number), entry.path))
@@ -52,19 +60,19 @@ class Retention:
         newest, path = max(attempts)
         return TrialHandle(experiment_id, trial_id, newest, ref=path)
 
-    async def _retention_loop(self: LocalGpuAdapter) -> None:
+    async def _loop(self) -> None:
         """Remove reported trials' directories ``trial_retention`` seconds after their end."""
-        retention = self.settings.trial_retention
+        retention = self.retention
         if not retention:
             return
         while True:
             try:
-                removed = await asyncio.to_thread(remove_expired, f"{self.work_dir}/trials", retention)
+                removed = await asyncio.to_thread(remove_expired, self.trials_dir, retention)
                 if removed:
                     log.info("removed %d finished trial director%s older than %.0fs", removed,
                              "y" if removed == 1 else "ies", retention)
-                running = self.table.running_ids()
-                stale = await asyncio.to_thread(remove_stale, str(self.settings.checkpoint_root), retention, running)
+                running = self.running()
+                stale = await asyncio.to_thread(remove_stale, self.checkpoint_root, retention, running)
                 if stale:
                     log.info("removed %d checkpoint director%s unchanged for %.0fs", stale,
                              "y" if stale == 1 else "ies", retention)
@@ -72,13 +80,15 @@ class Retention:
                 log.exception("cannot clean up old trial directories")
             await asyncio.sleep(min(3600.0, max(1.0, retention / 4)))
 
-    async def log_tail(self: LocalGpuAdapter, handle: TrialHandle, max_bytes: int) -> str:
-        parts = []
-        for name in ("stdout", "stderr", "trial.log"):
-            text = client.tail(f"{handle.ref}/{name}", max_bytes)
-            if text is not None:
-                parts.append(f"==> {name} <==\n{text}")
-        return "\n".join(parts)
+
+def log_tail(trial_dir: str, max_bytes: int) -> str:
+    """The last ``max_bytes`` of the trial's stdout, stderr and ``trial.log``, labelled."""
+    parts = []
+    for name in ("stdout", "stderr", "trial.log"):
+        text = client.tail(f"{trial_dir}/{name}", max_bytes)
+        if text is not None:
+            parts.append(f"==> {name} <==\n{text}")
+    return "\n".join(parts)
 
 
 def remove_expired(trials_dir: str, retention: float) -> int:

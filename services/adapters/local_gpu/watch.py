@@ -1,14 +1,12 @@
 """Watching and stopping local-gpu trials: a trial's end, as its keeper leaves it, and cancel.
 
-Each keeper's exit reaches the event loop through a pidfd (:meth:`.table.TrialTable.watch`), which
-wakes the service at once; ``poll`` then reads the outcome from the keeper's ``state.json``
-and exit status (:func:`~services.adapters.keeper.outcome_of`), and kills what a keeper that
-died first left behind. ``cancel`` sends SIGTERM to the keeper (it stops the trial's process
-group) and SIGKILLs everything once the grace period is over. A trial adopted before its
-keeper wrote its pid counts as running for :data:`~.trial.UNBORN_GRACE` seconds.
-
-A mixin of :class:`~services.adapters.local_gpu.adapter.LocalGpuAdapter`, which holds the
-state it uses.
+Each keeper's exit reaches the event loop through a pidfd (:meth:`.table.TrialTable.watch`),
+which wakes the service at once; :meth:`Watcher.poll` then reads the outcome from the keeper's
+``state.json`` and exit status (:func:`~services.adapters.keeper.outcome_of`), and kills what a
+keeper that died first left behind. :meth:`Watcher.cancel` sends SIGTERM to the keeper (it
+stops the trial's process group) and SIGKILLs everything once the grace period is over. A
+trial adopted before its keeper wrote its pid counts as running for :data:`~.trial.UNBORN_GRACE`
+seconds.
 """
 
 from __future__ import annotations
@@ -19,24 +17,27 @@ import logging
 import os
 import signal
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from services.adapters.base import TrialHandle, TrialOutcome
 from services.adapters.errors import TransientError
 from services.adapters.keeper import outcome_of
 from services.adapters.local_gpu import client
+from services.adapters.local_gpu.table import TrialTable
 from services.adapters.local_gpu.trial import UNBORN_GRACE, Trial
-
-if TYPE_CHECKING:
-    from services.adapters.local_gpu.adapter import LocalGpuAdapter
 
 log = logging.getLogger(__name__)
 
 
-class Watching:
-    """The watching part of the local-gpu adapter (the module's docstring)."""
+class Watcher:
+    """Polls and cancels the trials of a :class:`~.table.TrialTable` (the module's docstring)."""
 
-    async def poll(self: LocalGpuAdapter, handle: TrialHandle) -> TrialOutcome | None:
+    def __init__(self, table: TrialTable, kill_grace: float, learn: Callable[[str, str], None]) -> None:
+        """``kill_grace``: the seconds from SIGTERM to SIGKILL of a trial that sets none;
+        ``learn(template, trial_dir)``: a trial forked from a warm template ended."""
+        self.table, self.kill_grace, self.learn = table, kill_grace, learn
+
+    async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
         trial = self.table.find(handle)
         if trial.outcome is not None:
             return trial.outcome
@@ -48,11 +49,11 @@ class Watching:
             return None  # running (a kept keeper lives on after its trial: its notice says the trial ended)
         return self._ended(trial)
 
-    def _ended(self: LocalGpuAdapter, trial: Trial) -> TrialOutcome:
+    def _ended(self, trial: Trial) -> TrialOutcome:
         if trial.kill is not None:
             trial.kill.cancel()
         if trial.template is not None:
-            self.keepers.learn(trial.template, trial.dir)
+            self.learn(trial.template, trial.dir)
         state = client.read_state(trial.dir)
         if state.get("pgid") and "exitCode" not in state:  # the keeper died first: leave no orphans
             client.kill_group(state["pgid"], signal.SIGKILL)
@@ -66,7 +67,7 @@ class Watching:
         trial.outcome = outcome_of(state, status, keeper_out)
         return trial.outcome
 
-    async def cancel(self: LocalGpuAdapter, handle: TrialHandle) -> None:
+    async def cancel(self, handle: TrialHandle) -> None:
         """SIGTERM the keeper (it stops the trial's group); SIGKILL everything if it lingers."""
         trial = self.table.find(handle)
         if not trial.running:
@@ -82,10 +83,10 @@ class Watching:
             loop = asyncio.get_running_loop()
             trial.kill = loop.call_later(self._grace(trial) + 1.0, self._force_stop, trial)
 
-    def _grace(self: LocalGpuAdapter, trial: Trial) -> float:
-        return self.settings.kill_grace if trial.grace is None else trial.grace
+    def _grace(self, trial: Trial) -> float:
+        return self.kill_grace if trial.grace is None else trial.grace
 
-    def _force_stop(self: LocalGpuAdapter, trial: Trial) -> None:
+    def _force_stop(self, trial: Trial) -> None:
         if trial.running and trial.keeper is not None and not client.read_state(trial.dir).get("done"):
             grace = self._grace(trial) + 1
             log.warning("trial %s still running %.1fs after cancel: SIGKILL", trial.handle.trial_id, grace)
