@@ -9,6 +9,7 @@ import io
 import os
 import signal
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,16 @@ def group_alive(pgid: int) -> bool:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             return True
     return False
+
+
+async def keeper_state(handle) -> dict:
+    """The keeper's ``state.json`` once it holds the pids: the keeper starts the trial, then writes them,
+    so a trial seen started may not have its state yet."""
+    deadline = time.monotonic() + 10
+    while not {"keeperPid", "pgid"} <= (state := local_client.read_state(handle.ref)).keys():
+        assert time.monotonic() < deadline, f"no keeper state in {handle.ref}"
+        await asyncio.sleep(0.02)
+    return state
 
 
 def tar_gz(files: dict[str, bytes]) -> bytes:
@@ -67,7 +78,7 @@ class TestLocalGpuAdapter(AdapterContract):
         request = request.model_copy(update={"trial_command": f"sleep 60 & sleep 60 & {request.trial_command}"})
         handle = await adapter.launch(request)
         await platform.until_started(handle)
-        pgid = local_client.read_state(handle.ref)["pgid"]
+        pgid = (await keeper_state(handle))["pgid"]
 
         await adapter.cancel(handle)
         outcome = await platform.outcome(handle, timeout=2)
@@ -79,7 +90,7 @@ class TestLocalGpuAdapter(AdapterContract):
         adapter = await platform.adapter()
         handle = await adapter.launch(platform.request(duration=60))
         await platform.until_started(handle)
-        state = local_client.read_state(handle.ref)
+        state = await keeper_state(handle)
 
         os.kill(state["keeperPid"], signal.SIGKILL)
         outcome = await platform.outcome(handle)
@@ -212,7 +223,7 @@ class TestLocalGpuAdapter(AdapterContract):
             await platform.until_started(handle)
         zygote = adapter.keepers.zygote.pid
 
-        parents = [parent_pid(local_client.read_state(h.ref)["keeperPid"]) for h in handles]
+        parents = [parent_pid((await keeper_state(h))["keeperPid"]) for h in handles]
 
         for handle in handles:
             await adapter.cancel(handle)
