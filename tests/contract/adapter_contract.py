@@ -1,6 +1,6 @@
 """The contract every platform adapter keeps, as one abstract test class.
 
-Subclass :class:`AdapterContract` in ``tests/contract/test_<platform>.py`` (yours too:
+Subclass :class:`AdapterContract` in ``tests/contract/test_<platform>_contract.py`` (yours too:
 see ``docs/adding-a-platform.md``), implement :meth:`~AdapterContract.make_adapter` and
 :meth:`~AdapterContract.starts`, and every test below runs against your adapter on a real
 ``nats-server``. The tests call the adapter directly, as :class:`AdapterService` does,
