@@ -5,48 +5,51 @@ own entries in KV (purged, so the web UI and the tuner see them go), its trial e
 EVENTS and its metric records in METRICS (purged by subject), and what the dispatcher holds
 of it in memory. Left to their own expiry: the code snapshot (shared by every experiment of the
 same code), the remote adapter's checkpoint copies (7 days) and trial directories on the
-platforms (each adapter's retention). O(its trials). Part of
-:class:`~services.dispatcher.core.Dispatcher` (a mixin).
+platforms (each adapter's retention). O(its trials). What the other parts hold of it is
+forgotten through ``forget(experiment_id, trial_ids)``, called under the experiment's lock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from contracts import streams, subjects
 from contracts.state import ExperimentStatus
+from services.common.bus import Bus
 from services.dispatcher.errors import ApiError
-
-if TYPE_CHECKING:
-    from services.dispatcher.core import Dispatcher
+from services.dispatcher.queries import find_experiment
+from services.dispatcher.store import StateStore
 
 log = logging.getLogger(__name__)
 
 
 class Retention:
-    """Deleting experiments (the module's docstring)."""
+    """Deleting experiments (the module's docstring); ``locks``: experiment → its lock (dropped with it)."""
 
-    async def delete_experiment(self: Dispatcher, experiment_id: str) -> dict[str, Any]:
+    def __init__(self, *, bus: Bus, store: StateStore, locks: dict[str, asyncio.Lock],
+                 forget: Callable[[str, list[str]], None]) -> None:  # fmt: skip
+        self._bus = bus
+        self._store = store
+        self._locks = locks
+        self._forget = forget
+
+    async def delete(self, experiment_id: str) -> dict[str, Any]:
         async with self._locks[experiment_id]:
-            state = self.experiment(experiment_id)
+            state = find_experiment(self._store, experiment_id)
             if state.status == ExperimentStatus.RUNNING:
                 raise ApiError(409, f"experiment {experiment_id} is running: stop it first "
                                     f"(trialbus experiment stop {experiment_id})")  # fmt: skip
-            if unfinished := len(self.store.of(experiment_id).unfinished):
+            if unfinished := len(self._store.of(experiment_id).unfinished):
                 raise ApiError(409, f"experiment {experiment_id} still has {unfinished} trial(s) stopping; "
                                     "delete it once they have ended")  # fmt: skip
             for stream, subject in ((streams.EVENTS.name, subjects.experiment_events(experiment_id)),
                                     (streams.METRICS.name, subjects.metrics(experiment_id, ">"))):  # fmt: skip
-                await self.bus.js.purge_stream(stream, subject=subject)
-            for trial_id in self.store.trials_of.get(experiment_id, []):
-                self.slots.free(self.store.trials[trial_id])
-                self._cancel_sent.pop(trial_id, None)
-            trials = await self.store.purge(experiment_id)
-            self._by_parameter.pop(experiment_id, None)
-            self.fail_fast.forget(experiment_id)
-            for table in (self.slots.queue, self.slots.later, self.slots.active):
-                table.pop(experiment_id, None)
+                await self._bus.js.purge_stream(stream, subject=subject)
+            self._forget(experiment_id, list(self._store.trials_of.get(experiment_id, [])))
+            trials = await self._store.purge(experiment_id)
         self._locks.pop(experiment_id, None)
         log.info("experiment %s deleted, with its %d trial(s), their events and metric records", experiment_id, trials)
         return {"id": experiment_id, "deleted": True, "trials": trials}

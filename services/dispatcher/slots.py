@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 
 from contracts import subjects
@@ -135,6 +135,13 @@ class Slots:
         self.later[trial.experiment_id].pop(trial.id, None)
         self.seq.pop(trial.id, None)
         self.unsent.discard(trial.id)
+
+    def forget(self, experiment_id: str, trials: Iterable[TrialState]) -> None:
+        """The experiment is deleted (its ``trials`` have ended): nothing of it is held."""
+        for trial in trials:
+            self.free(trial)
+        for table in (self.queue, self.later, self.active):
+            table.pop(experiment_id, None)
 
     async def withdraw(self, trial: TrialState) -> bool:
         """Delete the trial's request from the stream; True when it was still there (no replica had
