@@ -91,11 +91,11 @@ class Dispatcher:
             if trial.status.terminal and (state := self.store.experiments.get(trial.experiment_id)):
                 self.fail_fast.load(trial, state.config.fail_fast_trials)
 
-    def _forget(self, experiment_id: str, trial_ids: list[str]) -> None:
+    def _forget(self, experiment_id: str, trials: list[TrialState]) -> None:
         """A deleted experiment: what the parts hold of it and its trials (:mod:`.retention`)."""
-        self.slots.forget(experiment_id, [self.store.trials[t] for t in trial_ids])
-        for trial_id in trial_ids:
-            self.cancels.forget(trial_id)
+        self.slots.forget(experiment_id, trials)
+        for trial in trials:
+            self.cancels.forget(trial.id)
         self.submissions.forget(experiment_id)
         self.fail_fast.forget(experiment_id)
 

@@ -6,7 +6,7 @@ EVENTS and its metric records in METRICS (purged by subject), and what the dispa
 of it in memory. Left to their own expiry: the code snapshot (shared by every experiment of the
 same code), the remote adapter's checkpoint copies (7 days) and trial directories on the
 platforms (each adapter's retention). O(its trials). What the other parts hold of it is
-forgotten through ``forget(experiment_id, trial_ids)``, called under the experiment's lock.
+forgotten through ``forget(experiment_id, trials)`` once it is purged, under the experiment's lock.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from contracts import streams, subjects
-from contracts.state import ExperimentStatus
+from contracts.state import ExperimentStatus, TrialState
 from services.common.bus import Bus
 from services.dispatcher.errors import ApiError
 from services.dispatcher.queries import find_experiment
@@ -30,7 +30,7 @@ class Retention:
     """Deleting experiments (the module's docstring); ``locks``: experiment → its lock (dropped with it)."""
 
     def __init__(self, *, bus: Bus, store: StateStore, locks: dict[str, asyncio.Lock],
-                 forget: Callable[[str, list[str]], None]) -> None:  # fmt: skip
+                 forget: Callable[[str, list[TrialState]], None]) -> None:  # fmt: skip
         self._bus = bus
         self._store = store
         self._locks = locks
@@ -48,8 +48,9 @@ class Retention:
             for stream, subject in ((streams.EVENTS.name, subjects.experiment_events(experiment_id)),
                                     (streams.METRICS.name, subjects.metrics(experiment_id, ">"))):  # fmt: skip
                 await self._bus.js.purge_stream(stream, subject=subject)
-            self._forget(experiment_id, list(self._store.trials_of.get(experiment_id, [])))
+            ended = self._store.trials_for(experiment_id)  # all ended: nothing holds a slot
             trials = await self._store.purge(experiment_id)
+            self._forget(experiment_id, ended)
         self._locks.pop(experiment_id, None)
         log.info("experiment %s deleted, with its %d trial(s), their events and metric records", experiment_id, trials)
         return {"id": experiment_id, "deleted": True, "trials": trials}
