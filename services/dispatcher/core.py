@@ -66,7 +66,7 @@ class Dispatcher:
         self.experiments = Experiments(bus=bus, store=store, slots=self.slots, ends=self.ends, locks=self._locks,
                                        check_timeout=settings.check_timeout)  # fmt: skip
         self.inputs = Inputs(bus=bus, store=store, slots=self.slots, liveness=self.liveness, cancels=self.cancels,
-                               attempts=self.attempts, locks=self._locks)  # fmt: skip
+                             attempts=self.attempts, locks=self._locks)  # fmt: skip
         #: how far the METRICS stream is applied (a trial's end waits for its metrics)
         self.metrics = self.inputs.metrics
         #: which events may change a trial: its owner's only (:mod:`.ownership`)
