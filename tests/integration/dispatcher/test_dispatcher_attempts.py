@@ -8,7 +8,7 @@ import pytest
 from contracts.state import ExperimentStatus, TrialStatus
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.errors import ApiError
-from tests.unit.dispatcher.harness import Driver
+from tests.integration.dispatcher.harness import Driver
 
 
 async def test_an_infrastructure_failure_runs_again_until_the_budget_is_spent(core: Dispatcher) -> None:

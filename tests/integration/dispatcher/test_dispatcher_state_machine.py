@@ -16,7 +16,7 @@ from contracts.state import TrialState, TrialStatus
 from contracts.streams import TRIALS_BUCKET
 from services.dispatcher.errors import ApiError
 from tests.fixtures.nats import NatsServer
-from tests.unit.dispatcher.harness import Driver, connect, dispatcher
+from tests.integration.dispatcher.harness import Driver, connect, dispatcher
 
 TRIALS = 3
 CONCURRENCY = 2

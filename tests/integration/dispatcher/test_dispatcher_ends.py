@@ -12,7 +12,7 @@ from contracts import subjects
 from contracts.state import ExperimentStatus, TrialStatus
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.errors import ApiError
-from tests.unit.dispatcher.harness import ADAPTER, Driver
+from tests.integration.dispatcher.harness import ADAPTER, Driver
 
 
 async def test_a_trial_canceled_before_it_is_dispatched_ends_at_once(core: Dispatcher) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from services.dispatcher.core import Dispatcher
 from tests.fixtures.nats import NatsServer
-from tests.unit.dispatcher.harness import connect, dispatcher
+from tests.integration.dispatcher.harness import connect, dispatcher
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from contracts import subjects
 from contracts.state import TrialStatus
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.folds import MetricFold
-from tests.unit.dispatcher.harness import ADAPTER, Driver
+from tests.integration.dispatcher.harness import ADAPTER, Driver
 
 
 async def test_a_trial_runs_and_ends_as_its_adapter_says_and_frees_its_slot(core: Dispatcher) -> None:

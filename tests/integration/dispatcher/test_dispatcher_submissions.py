@@ -8,7 +8,7 @@ import pytest
 from contracts.state import TrialStatus
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.errors import ApiError
-from tests.unit.dispatcher.harness import Driver, dispatcher
+from tests.integration.dispatcher.harness import Driver, dispatcher
 
 
 async def test_a_submit_sent_again_is_the_same_trial(core: Dispatcher) -> None:

@@ -15,7 +15,7 @@ from contracts.state import TrialState, TrialStatus
 from services.dispatcher.attempts import Attempts
 from services.dispatcher.cancels import CancelRequests, at_most
 from services.dispatcher.core import Dispatcher
-from tests.unit.dispatcher.harness import ADAPTER, REPLICA
+from tests.integration.dispatcher.harness import ADAPTER, REPLICA
 
 
 def trial(**changes) -> TrialState:

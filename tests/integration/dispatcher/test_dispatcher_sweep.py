@@ -8,7 +8,7 @@ import asyncio
 
 from contracts.state import ExperimentStatus, TrialStatus
 from services.dispatcher.core import Dispatcher
-from tests.unit.dispatcher.harness import Driver
+from tests.integration.dispatcher.harness import Driver
 
 
 async def test_a_trial_past_max_trial_duration_is_stopped_early(core: Dispatcher) -> None:

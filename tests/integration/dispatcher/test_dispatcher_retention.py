@@ -8,7 +8,7 @@ import pytest
 from contracts.state import TrialStatus
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.errors import ApiError
-from tests.unit.dispatcher.harness import Driver, dispatcher
+from tests.integration.dispatcher.harness import Driver, dispatcher
 
 
 async def test_an_experiment_is_deleted_only_once_stopped_with_its_trials_ended(core: Dispatcher) -> None:
