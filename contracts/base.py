@@ -123,7 +123,7 @@ class Contract(BaseModel):
         """Serialise for the bus (camelCase, ``None`` fields left out, secrets sealed)."""
         return self.model_dump_json(by_alias=True, exclude_none=True, context=REVEAL).encode()
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The JSON-ready dict the REST API answers with."""
         return self.model_dump(mode="json", by_alias=True)
 

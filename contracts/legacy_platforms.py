@@ -98,7 +98,9 @@ def remote(data: dict[str, Any], hybrid: bool, problems: list[str]) -> dict[str,
 
 def pai(data: dict[str, Any], hybrid: bool, problems: list[str]) -> dict[str, Any]:
     """The OpenPAI keys under ``trial``, then ``paiConfig``'s (which win, as in NNI's converter)."""
-    trial = data.get("trial") if isinstance(data.get("trial"), dict) else {}
+    trial = data.get("trial")
+    if not isinstance(trial, dict):
+        trial = {}
     service = {"platform": "openpai"}
     service.update({new: trial[old] for old, new in PAI_TRIAL.items() if trial.get(old) is not None})
     if not data.get("paiConfig"):
@@ -116,7 +118,9 @@ def frameworkcontroller(data: dict[str, Any], hybrid: bool, problems: list[str])
     storage = _storage(fc, problems)
     if storage is not None:
         service["storage"] = storage
-    trial = data.get("trial") if isinstance(data.get("trial"), dict) else {}
+    trial = data.get("trial")
+    if not isinstance(trial, dict):
+        trial = {}
     roles = trial.get("taskRoles") or []
     if not isinstance(roles, list):
         problems.append("trial.taskRoles: must be a list of task roles")

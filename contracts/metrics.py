@@ -20,7 +20,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 from pydantic import Field, TypeAdapter
@@ -77,7 +77,7 @@ def records_of(data: bytes, only: MetricType | None = None) -> list[MetricRecord
         raise ContractError(f"invalid MetricBatch: {exc}") from exc
 
 
-def raw_records_of(data: bytes) -> list[dict]:
+def raw_records_of(data: bytes) -> list[dict[str, Any]]:
     """The records in one METRICS message as plain dicts with ``MetricRecord``'s wire keys
     (``trialId``, ``attempt``, ``type``, ``sequence``, ``value``…), without model validation:
     for readers that look at a few fields of every record (the dispatcher). Raises ValueError."""

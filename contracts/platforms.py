@@ -9,7 +9,7 @@ frameworkcontroller model is in :mod:`contracts.frameworkcontroller`.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeAlias
 
 from pydantic import (
     Field,
@@ -273,7 +273,12 @@ PLATFORMS: dict[str, type[TrainingService]] = {
 NOT_HERE = ("aml", "dlc", "dlts", "kubeflow", "adl", "paiYarn", "pai_yarn")
 
 
-def parse_training_service(value: Any, info: ValidationInfo) -> TrainingService | list[TrainingService]:
+#: What :func:`parse_training_service` returns: a list nested in a hybrid list is parsed as one too, and left for
+#: the field's own type (a service or a list of them) to reject.
+ParsedService: TypeAlias = "TrainingService | list[ParsedService]"
+
+
+def parse_training_service(value: Any, info: ValidationInfo) -> ParsedService:
     """The platform's model of a ``trainingService`` mapping, or of each in a list (NNI's
     hybrid mode), validated in the caller's context: a sealed secret is accepted only from the bus."""
     if isinstance(value, TrainingService):
@@ -293,7 +298,7 @@ def parse_training_service(value: Any, info: ValidationInfo) -> TrainingService 
     return model.model_validate(value, context=info.context)
 
 
-def _parse_hybrid(value: list[Any], info: ValidationInfo) -> list[TrainingService]:
+def _parse_hybrid(value: list[Any], info: ValidationInfo) -> list[ParsedService]:
     """NNI's hybrid mode: each trial runs on one of the listed platforms (the dispatcher chooses)."""
     if not value:
         raise ValueError("trainingService is an empty list: name at least one platform")
@@ -307,7 +312,7 @@ def _parse_hybrid(value: list[Any], info: ValidationInfo) -> list[TrainingServic
     if twice:
         raise ValueError(f"trainingService lists platform {', '.join(twice)} more than once: give each platform one "
                          "section (all SSH machines in one machineList)")  # fmt: skip
-    services = []
+    services: list[ParsedService] = []
     for i, item in enumerate(value):
         try:
             services.append(parse_training_service(item, info))

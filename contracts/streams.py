@@ -52,9 +52,11 @@ STREAMS = (DISPATCH, EVENTS, METRICS)
 
 EXPERIMENTS_BUCKET = KeyValueConfig(bucket="experiments", history=5, storage=StorageType.FILE)
 TRIALS_BUCKET = KeyValueConfig(bucket="trials", history=5, storage=StorageType.FILE)
+#: Seconds a platform status lives unless refreshed (the ``ttl`` of PLATFORMS_BUCKET).
+PLATFORMS_TTL = 30.0
 #: Adapter replicas' :class:`~contracts.messages.PlatformStatus`; an entry a replica stopped
 #: refreshing expires after ``ttl`` seconds.
-PLATFORMS_BUCKET = KeyValueConfig(bucket="platforms", history=1, ttl=30.0, storage=StorageType.FILE)
+PLATFORMS_BUCKET = KeyValueConfig(bucket="platforms", history=1, ttl=PLATFORMS_TTL, storage=StorageType.FILE)
 #: Which tuner replica drives which experiment (key = experiment id, value = replica): a lease the holder
 #: refreshes; a replica that dies lets it expire after ``ttl`` seconds and another takes the experiment over.
 TUNERS_BUCKET = KeyValueConfig(bucket="tuners", history=1, ttl=15.0, storage=StorageType.FILE)
@@ -75,6 +77,20 @@ CHECKPOINT_STORE = ObjectStoreConfig(
     ttl=7 * DAY, storage=StorageType.FILE,
 )  # fmt: skip
 OBJECT_STORES = (CODE_STORE, CHECKPOINT_STORE)
+
+
+def stream_name(config: StreamConfig) -> str:
+    """A stream's name: nats.py types it as optional, and every stream defined here has one."""
+    if config.name is None:
+        raise ValueError(f"stream definition without a name: {config}")
+    return config.name
+
+
+def bucket_name(config: KeyValueConfig | ObjectStoreConfig) -> str:
+    """A bucket's or object store's name: optional in nats.py's types, given by every definition here."""
+    if config.bucket is None:
+        raise ValueError(f"bucket definition without a name: {config}")
+    return config.bucket
 
 
 def adapter_consumer(adapter: str, ack_wait: float = 30.0, max_ack_pending: int = 1000) -> ConsumerConfig:

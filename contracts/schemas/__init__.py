@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -53,7 +54,7 @@ def render(model: type[BaseModel]) -> str:
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
 
 
-def _closed(node):
+def _closed(node: Any) -> Any:
     """Writers must not add fields (readers tolerate them): every object is closed.
 
     Applied to every object so the output is the same whether or not the models were

@@ -161,9 +161,10 @@ class Access:
                 raise AccessDenied(401, f"wrong bearer token: {self.hint}", {"WWW-Authenticate": "Bearer"})
             return role
         if cookie is not None:
-            for role, token in (("full", full), ("read", read)):
-                if token and secrets.compare_digest(cookie.encode(), session_value(token, role).encode()):
-                    return role
+            offered: tuple[tuple[Role, str | None], ...] = (("full", full), ("read", read))
+            for granted, token in offered:
+                if token and secrets.compare_digest(cookie.encode(), session_value(token, granted).encode()):
+                    return granted
         raise AccessDenied(401, f"this needs the API token: {self.hint}", {"WWW-Authenticate": "Bearer"})
 
     def match(self, presented: str) -> Role | None:

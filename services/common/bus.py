@@ -17,7 +17,7 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats
 import nats.errors
@@ -85,11 +85,11 @@ class Bus:
         return await self.js.key_value(bucket)
 
     async def code_store(self) -> ObjectStore:
-        return await self.js.object_store(streams.CODE_STORE.bucket)
+        return await self.js.object_store(streams.bucket_name(streams.CODE_STORE))
 
     async def checkpoint_store(self) -> ObjectStore:
         """The remote adapter's copies of checkpoint directories (``streams.CHECKPOINT_STORE``)."""
-        return await self.js.object_store(streams.CHECKPOINT_STORE.bucket)
+        return await self.js.object_store(streams.bucket_name(streams.CHECKPOINT_STORE))
 
     async def close(self) -> None:
         """Drain: deliver what is buffered, then close. Safe to call twice."""
@@ -127,7 +127,7 @@ async def connect(settings: ServiceSettings, name: str) -> Bus:
         else:
             log.debug("NATS error: %s", exc)
 
-    options = dict(
+    options: dict[str, Any] = dict(  # nats.connect's keyword arguments
         servers=[s.strip() for s in settings.nats_url.split(",")],
         name=name,
         max_reconnect_attempts=-1,
@@ -184,7 +184,7 @@ class StreamLimits:
 
     def apply(self, config: StreamConfig) -> StreamConfig:
         kept = {"EVENTS": (self.events_max_age, self.events_max_bytes),
-                "METRICS": (self.metrics_max_age, self.metrics_max_bytes)}.get(config.name)  # fmt: skip
+                "METRICS": (self.metrics_max_age, self.metrics_max_bytes)}.get(streams.stream_name(config))  # fmt: skip
         if kept is None:
             return config
         return dataclasses.replace(config, max_age=kept[0] or None, max_bytes=kept[1])
@@ -208,6 +208,7 @@ async def bootstrap(bus: Bus | JetStreamContext, replicas: int = 1, limits: Stre
                 made = _create(js, replicas, limits)
                 await (bus.unless_denied(made) if isinstance(bus, Bus) else made)
     except Denied as exc:
+        assert isinstance(bus, Bus)  # only a Bus's unless_denied raises Denied
         log.info("this NATS user may not create streams (%s); using those the dispatcher creates", exc)
         await _await_created(bus)
 
@@ -220,18 +221,20 @@ async def _create(js: JetStreamContext, replicas: int, limits: StreamLimits | No
         except BadRequestError:  # it exists: the dispatcher brings it up to date, the others leave it
             if limits is not None:
                 await js.update_stream(config)
-    for config in streams.BUCKETS:
+    for bucket in streams.BUCKETS:
+        name = streams.bucket_name(bucket)
         try:
-            await js.key_value(config.bucket)
+            await js.key_value(name)
         except BucketNotFoundError:
-            await js.create_key_value(dataclasses.replace(config, replicas=replicas))
-        await _replicate(js, f"KV_{config.bucket}", replicas)
-    for config in streams.OBJECT_STORES:
+            await js.create_key_value(dataclasses.replace(bucket, replicas=replicas))
+        await _replicate(js, f"KV_{name}", replicas)
+    for store in streams.OBJECT_STORES:
+        name = streams.bucket_name(store)
         try:
-            await js.object_store(config.bucket)
+            await js.object_store(name)
         except (NotFoundError, BucketNotFoundError):
-            await js.create_object_store(config.bucket, config=dataclasses.replace(config, replicas=replicas))
-        await _replicate(js, f"OBJ_{config.bucket}", replicas)
+            await js.create_object_store(name, config=dataclasses.replace(store, replicas=replicas))
+        await _replicate(js, f"OBJ_{name}", replicas)
 
 
 async def _replicate(js: JetStreamContext, stream: str, replicas: int) -> None:
@@ -247,7 +250,7 @@ async def _await_created(bus: Bus, poll: float = 1.0) -> None:
     One this user may not even look at (a Permissions Violation on its info) is one the
     service does not use: the gateway, say, sees only METRICS.
     """
-    missing = [(c.name, f"stream {c.name}") for c in streams.STREAMS]
+    missing = [(streams.stream_name(c), f"stream {c.name}") for c in streams.STREAMS]
     missing += [(f"KV_{c.bucket}", f"KV bucket {c.bucket}") for c in streams.BUCKETS]
     missing += [(f"OBJ_{c.bucket}", f"object store {c.bucket}") for c in streams.OBJECT_STORES]
     said: set[str] = set()

@@ -36,13 +36,13 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from nats.js import JetStreamContext
 from nats.js.errors import BadRequestError, NotFoundError
 from nats.js.object_store import ObjectStore
 
-from contracts.streams import CODE_STORE
+from contracts.streams import CODE_STORE, bucket_name
 
 IGNORE_FILE = ".nniignore"
 #: Left out before any .nniignore is read; a .nniignore may re-include it with ``!``.
@@ -242,24 +242,32 @@ def pack_code(directory: str | Path, *, max_files: int = MAX_FILES, max_bytes: i
     return CodeArchive(data, "sha256:" + hashlib.sha256(data).hexdigest())
 
 
+class HasJetStream(Protocol):
+    """What holds a JetStream context as ``js`` (a ``Bus``)."""
+
+    @property
+    def js(self) -> JetStreamContext: ...
+
+
 async def code_store(js: JetStreamContext) -> ObjectStore:
     """The ``code`` object store, created with its shared definition when missing."""
+    bucket = bucket_name(CODE_STORE)
     try:
-        return await js.object_store(CODE_STORE.bucket)
+        return await js.object_store(bucket)
     except NotFoundError:
         pass
     try:
-        return await js.create_object_store(CODE_STORE.bucket, config=CODE_STORE)
+        return await js.create_object_store(bucket, config=CODE_STORE)
     except BadRequestError:  # created by someone else in between
-        return await js.object_store(CODE_STORE.bucket)
+        return await js.object_store(bucket)
 
 
-async def store_archive(bus_or_js: object, data: bytes, ref: str) -> str:
+async def store_archive(bus_or_js: JetStreamContext | HasJetStream, data: bytes, ref: str) -> str:
     """Put an archive in the ``code`` store under its digest unless it is there; return ``ref``.
 
     Check an archive that is not from :func:`pack_code` with ``code_archive.check_archive`` first.
     """
-    js: JetStreamContext = getattr(bus_or_js, "js", bus_or_js)
+    js = bus_or_js if isinstance(bus_or_js, JetStreamContext) else bus_or_js.js
     store = await code_store(js)
     digest = ref.removeprefix("sha256:")
     try:
@@ -269,13 +277,13 @@ async def store_archive(bus_or_js: object, data: bytes, ref: str) -> str:
     return ref
 
 
-async def upload_code(bus_or_js: object, directory: str | Path) -> CodeUpload:
+async def upload_code(bus_or_js: JetStreamContext | HasJetStream, directory: str | Path) -> CodeUpload:
     """Pack ``directory`` and store it as ``<hex>`` in the ``code`` store unless already there.
 
     ``bus_or_js`` is a JetStream context or anything with a ``js`` attribute (a ``Bus``).
     Packing runs in a worker thread so the event loop keeps serving.
     """
-    js: JetStreamContext = getattr(bus_or_js, "js", bus_or_js)
+    js = bus_or_js if isinstance(bus_or_js, JetStreamContext) else bus_or_js.js
     archive = await asyncio.to_thread(pack_code, directory)
     store = await code_store(js)
     try:

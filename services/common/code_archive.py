@@ -34,7 +34,6 @@ import tarfile
 import tempfile
 import zlib
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
 
 from services.common.code import MAX_BYTES, MAX_FILES, PackingError
 
@@ -82,7 +81,7 @@ class _CappedStream:
     the cap: :class:`_PastCap`) from a truncated archive (tarfile sees the short read).
     """
 
-    def __init__(self, raw: BinaryIO, cap: int) -> None:
+    def __init__(self, raw: io.BufferedIOBase, cap: int) -> None:
         self.raw, self.cap, self.pos = raw, cap, 0
 
     def read(self, size: int) -> bytes:
@@ -181,7 +180,8 @@ def _read(data: bytes, dest: Path | None, max_files: int, max_bytes: int) -> Non
     rules = _Rules(max_files, max_bytes)
     where = "at its first member"
     try:
-        with tarfile.open(fileobj=stream, mode="r:") as tar:
+        # typeshed's file object for tarfile has write and close too, which reading never calls
+        with tarfile.open(fileobj=stream, mode="r:") as tar:  # type: ignore[call-overload]
             for member in tar:
                 if why := rules.refusal(member):
                     raise UnsafeArchive(why)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Response
@@ -18,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from services.common.bus import Bus
 
 
-def health_routes(bus: Callable[[], Bus | None], extra: Callable[[], dict] | None = None) -> APIRouter:
+def health_routes(bus: Callable[[], Bus | None], extra: Callable[[], dict[str, Any]] | None = None) -> APIRouter:
     """``/healthz``: 200 while connected to NATS, 503 otherwise; ``/metrics``: Prometheus text."""
     router = APIRouter()
 
@@ -40,17 +41,17 @@ def health_routes(bus: Callable[[], Bus | None], extra: Callable[[], dict] | Non
 
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
-    def capture_signals(self):  # the service lifecycle owns signals
+    def capture_signals(self) -> Iterator[None]:  # the service lifecycle owns signals
         yield
 
 
 class HttpServer:
     """Runs a FastAPI app (or any ASGI app) in the service's event loop; ``stop`` finishes open requests."""
 
-    def __init__(self, app: FastAPI | Callable, host: str, port: int) -> None:
+    def __init__(self, app: FastAPI | Callable[..., Any], host: str, port: int) -> None:
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
         self._server = _Server(config)
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._server.serve())
@@ -62,7 +63,8 @@ class HttpServer:
 
     @property
     def port(self) -> int:
-        return self._server.servers[0].sockets[0].getsockname()[1]
+        port: int = self._server.servers[0].sockets[0].getsockname()[1]  # (host, port) of a TCP socket
+        return port
 
     def failed(self) -> BaseException | None:
         if self._task is not None and self._task.done() and not self._server.should_exit:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from nats.aio.msg import Msg
@@ -45,7 +45,7 @@ class Entry:
 
 async def watch(
     bus: Bus, bucket: str, keys: str = ">", *, deletes: bool = False, meta_only: bool = False
-) -> AsyncIterator[Entry | None]:
+) -> AsyncGenerator[Entry | None, None]:
     """The bucket's current values under ``keys`` (a subject filter), then ``None`` once,
     then every change. Delete markers only when ``deletes``; ``meta_only`` leaves values empty.
 
@@ -63,7 +63,8 @@ async def watch(
     )  # fmt: skip
     try:
         info = await sub.consumer_info()
-        caught_up = info.num_pending == 0 and info.delivered.consumer_seq == 0  # empty: the server says so
+        delivered = info.delivered  # the server always says; without it, nothing was delivered
+        caught_up = info.num_pending == 0 and (delivered is None or delivered.consumer_seq == 0)  # empty
         if caught_up:
             yield None
         while True:
@@ -84,7 +85,7 @@ async def watch(
 
 async def current(bus: Bus, bucket: str, keys: str = ">") -> list[Entry]:
     """The values under ``keys`` now (deleted keys left out), in the order the bucket holds them."""
-    found = []
+    found: list[Entry] = []
     async with contextlib.aclosing(watch(bus, bucket, keys)) as entries:
         async for entry in entries:
             if entry is None:

@@ -52,7 +52,9 @@ def refusals(
     }
 
 
-def answer(status: int, description: str, schema: dict[str, Any], media_type: str = "application/json") -> dict:
+def answer(
+    status: int, description: str, schema: dict[str, Any], media_type: str = "application/json"
+) -> dict[int | str, dict[str, Any]]:
     """``responses=`` entry for a success answer with its body's schema."""
     return {status: {"description": description, "content": {media_type: {"schema": schema}}}}
 
@@ -69,7 +71,9 @@ def binary_body(media_types: tuple[str, ...], description: str) -> dict[str, Any
     return {"requestBody": {"required": True, "description": description, "content": content}}
 
 
-def parameter(name: str, where: str, schema: dict[str, Any], description: str, required: bool = False) -> dict:
+def parameter(
+    name: str, where: str, schema: dict[str, Any], description: str, required: bool = False
+) -> dict[str, Any]:
     """One parameter a route reads itself (``request.query_params``, ``request.headers``)."""
     return {"name": name, "in": where, "required": required, "description": description, "schema": schema}
 
@@ -107,7 +111,8 @@ def inline(schema: dict[str, Any]) -> dict[str, Any]:
             return resolve({**definitions[name], **rest}, (*seen, name))
         return {key: resolve(value, seen) for key, value in node.items() if key != "$defs"}
 
-    return resolve(schema, ())
+    inlined: dict[str, Any] = resolve(schema, ())  # a dict, as ``schema`` is
+    return inlined
 
 
 def model_schema(model: type[BaseModel]) -> dict[str, Any]:

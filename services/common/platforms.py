@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 async def statuses(bus: Bus, adapter: str | None = None) -> list[PlatformStatus]:
     """Fresh statuses (younger than the bucket's ttl), of one adapter or of all, by key."""
-    oldest = utcnow() - timedelta(seconds=streams.PLATFORMS_BUCKET.ttl)
+    oldest = utcnow() - timedelta(seconds=streams.PLATFORMS_TTL)
     found = []
     entries = await kvwatch.current(bus, streams.PLATFORMS_BUCKET.bucket, f"{adapter}.>" if adapter else ">")
     for entry in sorted(entries, key=lambda e: e.key):

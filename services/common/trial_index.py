@@ -30,9 +30,9 @@ import base64
 import heapq
 import itertools
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from sortedcontainers import SortedList
 
@@ -43,6 +43,8 @@ ORDERS: tuple[Order, ...] = ("sequence", "metric")
 #: A trial's place when sorted by metric: (0, value, sequence) ranked (value negated when
 #: maximizing, so that ascending order is best first), (1, 0.0, sequence) without a metric.
 Rank = tuple[int, float, int]
+#: The keys of either order, for the helpers that serve both: sequence ids (int) or Ranks.
+AnyKeys = SortedList[Any]
 
 
 class BadCursor(ValueError):
@@ -70,12 +72,12 @@ class ExperimentTrials:
         self.minimize = minimize
         self._entries: dict[str, _Entry] = {}
         self._by_sequence: dict[int, str] = {}
-        self._sequence = {status: SortedList() for status in TrialStatus}
-        self._ranked = {status: SortedList() for status in TrialStatus}
+        self._sequence: dict[TrialStatus, SortedList[int]] = {status: SortedList() for status in TrialStatus}
+        self._ranked: dict[TrialStatus, SortedList[Rank]] = {status: SortedList() for status in TrialStatus}
         #: Trial ids not ended yet, in the order they were first seen (insertion order).
         self.unfinished: dict[str, None] = {}
         #: Both orders over every status (``window`` makes them at its first call): order → keys.
-        self._all: dict[Order, SortedList] | None = None
+        self._all: dict[Order, AnyKeys] | None = None
 
     def rank(self, trial: TrialState) -> Rank:
         value = default_metric(trial.final_metric)
@@ -141,16 +143,16 @@ class ExperimentTrials:
         after = _decode(cursor, order)
         if order == "sequence":
             start = None if after is None else after[0]
-            runs: list[Iterator] = [self._sequence[s].irange(start, None, (False, True)) for s in wanted]
+            runs = [self._sequence[s].irange(start, None, (False, True)) for s in wanted]
             keys = list(itertools.islice(heapq.merge(*runs), limit + 1))
             ids = [self._by_sequence[q] for q in keys[:limit]]
-            last = [keys[limit - 1]] if len(keys) > limit else None
+            last: list[int | float] | None = [keys[limit - 1]] if len(keys) > limit else None
         else:
-            start = None if after is None else tuple(after)
-            runs = [self._ranked[s].irange(start, None, (False, True)) for s in wanted]
-            keys = list(itertools.islice(heapq.merge(*runs), limit + 1))
-            ids = [self._by_sequence[rank[2]] for rank in keys[:limit]]
-            last = list(keys[limit - 1]) if len(keys) > limit else None
+            since = None if after is None else (after[0], after[1], after[2])  # a Rank, as _decode checked
+            ranked = [self._ranked[s].irange(since, None, (False, True)) for s in wanted]
+            ranks = list(itertools.islice(heapq.merge(*ranked), limit + 1))
+            ids = [self._by_sequence[rank[2]] for rank in ranks[:limit]]
+            last = list(ranks[limit - 1]) if len(ranks) > limit else None
         return Page(ids, None if last is None else _encode(order, last))
 
     def total(self, statuses: Iterable[TrialStatus] | None = None) -> int:
@@ -173,7 +175,7 @@ class ExperimentTrials:
         filter of s statuses (the first position found by bisection over both orders' keys).
         """
         wanted = list(dict.fromkeys(statuses)) if statuses else list(TrialStatus)
-        lists = [(self._sequence if order == "sequence" else self._ranked)[s] for s in wanted]
+        lists: list[AnyKeys] = [(self._sequence if order == "sequence" else self._ranked)[s] for s in wanted]
         total = sum(map(len, lists))
         offset, limit = max(0, offset), max(0, min(limit, total - max(0, offset)))
         if not limit:
@@ -190,7 +192,7 @@ class ExperimentTrials:
                 keys += self._keys(order, wanted, lists, max(offset, ranked), limit - head)
         return [self._by_sequence[key if order == "sequence" else key[2]] for key in keys]
 
-    def _keys(self, order: Order, wanted: list[TrialStatus], lists: list[SortedList], start: int, count: int) -> list:
+    def _keys(self, order: Order, wanted: list[TrialStatus], lists: list[AnyKeys], start: int, count: int) -> list[Any]:
         """The keys at ascending positions ``start`` to ``start + count`` of the union of ``lists``."""
         if count <= 0:
             return []
@@ -209,7 +211,7 @@ class ExperimentTrials:
         runs = [keys.irange(every[low], None) for keys in lists]
         return list(itertools.islice(heapq.merge(*runs), count))
 
-    def _every(self, order: Order) -> SortedList:
+    def _every(self, order: Order) -> AnyKeys:
         if self._all is None:
             self._all = {
                 "sequence": SortedList(itertools.chain.from_iterable(self._sequence.values())),
@@ -231,17 +233,17 @@ class TrialIndex:
         return found
 
 
-def _encode(order: Order, key: list) -> str:
+def _encode(order: Order, key: list[Any]) -> str:
     raw = json.dumps({"o": order, "k": key}, separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _decode(cursor: str | None, order: Order) -> list | None:
+def _decode(cursor: str | None, order: Order) -> list[Any] | None:
     if cursor is None:
         return None
     try:
         found = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        key = found["k"]
+        key: list[Any] = found["k"]  # a list when valid, checked next
         valid = found["o"] == order and isinstance(key, list) and (
             [type(k) for k in key] == [int] if order == "sequence" else
             len(key) == 3 and type(key[0]) is int and isinstance(key[1], int | float) and type(key[2]) is int
