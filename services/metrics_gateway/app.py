@@ -209,7 +209,9 @@ def encode_batches(experiment_id: str, trial_id: str, metrics: list[Metric], tim
     two equal). O(records)."""
     head = {"kind": BATCH_KIND, "v": 1, "experimentId": experiment_id, "trialId": trial_id, "attempt": attempt,
             "timestamp": timestamp}  # fmt: skip
-    messages, part, size = [], [], 0
+    messages: list[tuple[bytes, str]] = []
+    part: list[Metric] = []
+    size = 0
     for m in metrics:
         if part and size + len(m.value) > MESSAGE_BYTES:
             messages.append(_message(head, trial_id, attempt, part))

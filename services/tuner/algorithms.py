@@ -136,14 +136,14 @@ class Tuner:
         self._reseed = True
         return trial.number
 
-    def report(self, number: int, step: int, value: Metric, *, trial_id: str = "") -> None:
+    def report(self, number: ParameterId, step: int, value: Metric, *, trial_id: str = "") -> None:
         """An intermediate result (``nni.report_intermediate_result``) at ``step``, for the pruner."""
-        self._running[number].report(_number(value), step)
-        self._reported.add(number)
+        self._running[int(number)].report(_number(value), step)  # int: the numbers this tuner gave out
+        self._reported.add(int(number))
 
-    def should_prune(self, number: int, *, trial_id: str = "") -> bool:
+    def should_prune(self, number: ParameterId, *, trial_id: str = "") -> bool:
         """Whether the assessor would stop the trial now, judged on what :meth:`report` received."""
-        return self._running[number].should_prune()
+        return self._running[int(number)].should_prune()
 
     def tell(self, number: int, value: Metric | None) -> None:
         """The trial's end: its final result, or ``None`` when it has none (early-stopped or failed).
@@ -185,7 +185,9 @@ class Tuner:
             best = self.study.best_trial
         except ValueError:
             raise ValueError("no trial has a final result yet") from None
-        return best.user_attrs[_PARAMETERS], float(best.value)
+        value = best.value
+        assert value is not None  # the best trial is a complete one, with its (single) value
+        return best.user_attrs[_PARAMETERS], float(value)
 
 
 def _key(params: Parameters) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["ASSESSORS", "TUNERS", "Choice", "assessor_choice", "choose", "name_and_args"]
 
@@ -53,7 +53,7 @@ class Choice:
     #: Its classArgs.
     args: dict[str, Any]
     #: ``maximize`` or ``minimize``: the study's direction.
-    direction: str
+    direction: Literal["maximize", "minimize"]
     #: The assessor's name as :data:`ASSESSORS` spells it; None: none.
     assessor: str | None = None
     #: Its classArgs.
@@ -130,7 +130,7 @@ def _check_args(name: str, args: Mapping[str, Any], accepted: frozenset[str] | s
         raise ValueError(f"{name} does not take classArgs {unknown}; it takes {sorted(accepted)}")
 
 
-def _direction(name: str, args: Mapping[str, Any]) -> str:
+def _direction(name: str, args: Mapping[str, Any]) -> Literal["maximize", "minimize"]:
     mode = args.get("optimize_mode", "maximize")
     if mode not in ("maximize", "minimize"):
         raise ValueError(f'{name}: optimize_mode is "maximize" or "minimize", got {mode!r}')

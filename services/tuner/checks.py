@@ -56,7 +56,7 @@ def check(config: ExperimentConfig) -> None:
         return
     space = parse_search_space(config.search_space)
     judged_by_class = loading.names_class(config.assessor)
-    if judged_by_class:
+    if judged_by_class and config.assessor:  # (names_class: it is there)
         loading.spec(config.assessor, "assessor")
     choice = builtins.choose(tuner_config, None if judged_by_class else config.assessor)
     if choice.walks_grid:

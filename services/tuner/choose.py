@@ -59,6 +59,8 @@ def for_experiment(config: ExperimentConfig, seed: int | None = None, *,
     :raises ClassFailed: a user's class raised while it was imported, constructed or handed the search space.
     """
     tuner_config, kind = tuner_section(config)
+    search_space = config.search_space
+    assert search_space is not None  # tuner_section refuses a config without one
     threads = config.trial_concurrency if config.multi_thread else 1
     if loading.names_class(tuner_config):
         spec = loading.spec(tuner_config, kind)
@@ -69,15 +71,15 @@ def for_experiment(config: ExperimentConfig, seed: int | None = None, *,
                 if config.assessor:
                     log.warning("%s is an advisor: it stops trials itself, and the assessor is ignored (as NNI "
                                 "ignores it)", spec.owner)
-                return advisor.create(spec, cls, config.search_space, calls)
-            tuner: TunerLike = NniTuner(loading.construct(spec, cls), config.search_space, calls)
+                return advisor.create(spec, cls, search_space, calls)
+            tuner: TunerLike = NniTuner(loading.construct(spec, cls), search_space, calls)
         except BaseException:
             calls.close()
             raise
         return _judged(tuner, assessor_class(config.assessor), threads) if config.assessor else tuner
     if config.multi_thread:
         log.info("multiThread has no effect on the built-in tuner: Optuna is asked for one trial at a time")
-    space = parse_search_space(config.search_space)
+    space = parse_search_space(search_space)
     if loading.names_class(config.assessor):
         return _judged(algorithms.tuner(tuner_config, space, seed, history=history), config.assessor, threads)
     return algorithms.tuner(tuner_config, space, seed, assessor_config=config.assessor, history=history)

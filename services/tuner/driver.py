@@ -43,7 +43,7 @@ from nats.aio.msg import Msg
 
 from contracts import ExperimentState, ExperimentStatus, MetricRecord, MetricType, TrialState, TrialStatus, subjects
 from contracts.metrics import records_of
-from contracts.streams import METRICS
+from contracts.streams import METRICS, stream_name
 from services.common.api import ApiCallError, call
 from services.common.bus import Bus
 from services.common.logs import bind
@@ -232,7 +232,7 @@ class Driver:
         """Subscribe to the experiment's metrics from the start. Once the records stored when we looked have
         arrived, the history is replayed: the ends seen in the snapshot are told, and the assessor may judge."""
         subject = subjects.metrics(self.experiment_id, "*")
-        info = await self.bus.js.stream_info(METRICS.name, subjects_filter=subject)
+        info = await self.bus.js.stream_info(stream_name(METRICS), subjects_filter=subject)
         remaining = sum((info.state.subjects or {}).values())
         if not remaining:
             self._inbox.put_nowait(("replayed", None))

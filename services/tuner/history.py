@@ -88,17 +88,17 @@ class History(BaseStorage):
         if self.keep_last is not None:
             self._window[trial.number] = None
         if trial.state == TrialState.COMPLETE and trial.value is not None:
-            self._rank(trial)
+            self._rank(trial, trial.value)
         while self.keep_last is not None and len(self._window) > self.keep_last:
             old, _ = self._window.popitem(last=False)
             if old not in self._best_numbers:
                 self._trials.pop(old, None)
 
-    def _rank(self, trial: FrozenTrial) -> None:
+    def _rank(self, trial: FrozenTrial, value: float) -> None:
         maximize = self._directions[0] == StudyDirection.MAXIMIZE
-        value = float(trial.value)  # type: ignore[arg-type]
-        if self._best_id is None or (value > self._trials[self._best_id].value if maximize
-                                     else value < self._trials[self._best_id].value):  # fmt: skip
+        value = float(value)
+        best = None if self._best_id is None else self._trials[self._best_id].value  # ranked: it has a value
+        if best is None or (value > best if maximize else value < best):
             self._best_id = trial.number  # the first to reach the best value, as Optuna answers
         # The heap's top is the worst of the best; among equal values the later trial goes first.
         heapq.heappush(self._best, (value if maximize else -value, -trial.number, trial.number))

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from services.tuner.calls import failure
 from services.tuner.protocol import ClassFailed
@@ -40,9 +40,9 @@ _LOCK = threading.Lock()
 _FROM_CODE_DIRECTORIES: set[str] = set()
 
 
-def names_class(config: Mapping[str, Any] | None) -> bool:
+def names_class(config: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
     """Whether a tuner, assessor or advisor config names a class (``className``) rather than a built-in name."""
-    return bool(config) and any(str(k).lower() == "classname" for k in config)
+    return config is not None and any(str(k).lower() == "classname" for k in config)
 
 
 @dataclass(frozen=True)

@@ -260,7 +260,7 @@ class NniAssessor:
         history = self._history.get(trial_id)
         if not history:
             return False
-        ordered = []
+        ordered: list[Metric] = []
         while len(ordered) in history:
             ordered.append(history[len(ordered)])
         if len(ordered) < self._latest[trial_id]:  # NNI's rule: results missing before the latest one

@@ -92,10 +92,12 @@ class TunerLike(Protocol):
 
     #: Who stops trials early, as messages name it: "assessor", or "advisor" for an NNI advisor.
     judge: str
-    #: 0: :meth:`propose` is called in turn with the other calls. n > 0 (NNI's ``multiThread``): up to n
-    #: ``propose(1)`` calls may run at once, each on a thread of its own, beside the other calls (one at a time):
-    #: a proposal that waits for a result (:meth:`finish`) gets it meanwhile.
-    proposers: int
+    @property
+    def proposers(self) -> int:
+        """0: :meth:`propose` is called in turn with the other calls. n > 0 (NNI's ``multiThread``): up to n
+        ``propose(1)`` calls may run at once, each on a thread of its own, beside the other calls (one at a time):
+        a proposal that waits for a result (:meth:`finish`) gets it meanwhile."""
+        ...
 
     def propose(self, count: int) -> Proposal:
         """``count`` (>= 0) more trials are wanted now: the trials to submit (at most ``count`` for a tuner; an
@@ -116,11 +118,11 @@ class TunerLike(Protocol):
         ended)."""
         ...
 
-    def report(self, parameter_id: ParameterId, step: int, value: Metric, *, trial_id: str) -> None:
+    def report(self, parameter_id: ParameterId, step: int, value: Metric, /, *, trial_id: str) -> None:
         """An intermediate result (``nni.report_intermediate_result``), numbered from 0 by the trial."""
         ...
 
-    def should_prune(self, parameter_id: ParameterId, *, trial_id: str) -> bool:
+    def should_prune(self, parameter_id: ParameterId, /, *, trial_id: str) -> bool:
         """Whether the assessor would stop the trial now, judged on what :meth:`report` received."""
         ...
 

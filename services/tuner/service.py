@@ -69,6 +69,13 @@ class TunerService(Service):
         self._follow_lock = asyncio.Lock()
         self._stopped = False
 
+    @property
+    def _bus(self) -> Bus:
+        """The bus, for what runs once started (watches, drivers, following trials)."""
+        if self.bus is None:
+            raise RuntimeError("the tuner service is not started")
+        return self.bus
+
     async def start(self, bus: Bus) -> None:
         self.bus = bus
         for bucket in ("trials", "experiments", streams.TUNERS_BUCKET.bucket):
@@ -108,7 +115,7 @@ class TunerService(Service):
 
     async def _watch(self, bucket: str, apply, loaded: asyncio.Event) -> None:
         try:
-            async with contextlib.aclosing(kvwatch.watch(self.bus, bucket)) as entries:
+            async with contextlib.aclosing(kvwatch.watch(self._bus, bucket)) as entries:
                 async for entry in entries:
                     if entry is None:  # the current values are in: updates follow
                         loaded.set()
@@ -190,14 +197,14 @@ class TunerService(Service):
             message = exc.message("the tuner cannot run: ") if isinstance(exc, ClassFailed) else \
                 f"the tuner cannot run: {exc}"  # fmt: skip
             log.error("experiment %s: %s", state.id, exc if isinstance(exc, ClassFailed) else message)
-            await stop_experiment(self.bus, state.id, message, self.settings.tuner_api_timeout, retry=False)
+            await stop_experiment(self._bus, state.id, message, self.settings.tuner_api_timeout, retry=False)
             await self._release(state.id, delete=True)
             return
         finally:
             self._loading.discard(state.id)
         # Not kept: it ended while the tuner was built. The driver then tells the tuner the ends and closes it.
         latest = self.experiments.get(state.id) or state.model_copy(update={"status": ExperimentStatus.STOPPED})
-        driver = Driver(self.bus, latest, tuner, of_experiment(self.bus, state.id, self.settings.tuner_api_timeout),
+        driver = Driver(self._bus, latest, tuner, of_experiment(self._bus, state.id, self.settings.tuner_api_timeout),
                         self.settings.tuner_api_timeout)
         self.drivers[state.id] = driver
         await self._follow_while_driving()  # before the driver reads its trials
@@ -227,7 +234,7 @@ class TunerService(Service):
         async with self._follow_lock:
             driving = bool(self.drivers or self._draining) and not self._stopped
             if driving and self._unfollow is None:
-                self._unfollow = await follow(self.bus, self._on_trial)
+                self._unfollow = await follow(self._bus, self._on_trial)
             elif not driving and self._unfollow is not None:
                 unfollow, self._unfollow = self._unfollow, None
                 await unfollow()

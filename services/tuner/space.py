@@ -359,6 +359,8 @@ def locate(params: Mapping[str, Any], space: SearchSpace) -> tuple[dict[str, Any
                                    f"{[p.name for p in sub.params]}")
         for p in sub.params:
             value = values[p.name]
+            raw: float  # the value as Optuna holds it: an option's index, an integer, a float or a quantile
+            dist: BaseDistribution
             if isinstance(p, NestedChoice):
                 names = [b.name for b in p.options]
                 if not isinstance(value, Mapping) or value.get("_name") not in names:
@@ -367,10 +369,10 @@ def locate(params: Mapping[str, Any], space: SearchSpace) -> tuple[dict[str, Any
                 walk({k: v for k, v in value.items() if k != "_name"}, p.options[index].space)
                 raw, dist = index, CategoricalDistribution(tuple(range(len(names))))
             elif isinstance(p, Choice):
-                index = next((i for i, o in enumerate(p.options) if _same(o, value)), None)
-                if index is None:
+                option = next((i for i, o in enumerate(p.options) if _same(o, value)), None)
+                if option is None:
                     raise _error(p.path, f"{_show(value)} is not one of the options")
-                raw, dist = index, CategoricalDistribution(tuple(range(len(p.options))))
+                raw, dist = option, CategoricalDistribution(tuple(range(len(p.options))))
             elif not _is_number(value):
                 raise _error(p.path, f"expected a number, got {_show(value)}")
             elif isinstance(p, RandInt):

@@ -168,8 +168,10 @@ def create_app(
         if role is None:
             raise Refused(401, "wrong token: use the TRIALBUS_API_TOKEN (or read-only token) the stack runs with; "
                                "`trialbus up` keeps it in <data>/api-token")  # fmt: skip
+        secret = token if role == "full" else read_token
+        assert secret is not None  # match found the role by this very token
         answer = RedirectResponse("/", status_code=303)
-        answer.set_cookie(COOKIE, session_value(token if role == "full" else read_token, role), httponly=True,
+        answer.set_cookie(COOKIE, session_value(secret, role), httponly=True,
                           samesite="strict", path="/")  # fmt: skip
         return answer
 

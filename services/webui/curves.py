@@ -138,7 +138,7 @@ async def history(
     """Every record of the trial now in the stream, each once, oldest first; with ``points``, cut
     down to that many intermediate results per attempt, extremes kept, then the finals."""
     subject = subjects.metrics(experiment_id, trial_id)
-    info = await bus.js.stream_info(streams.METRICS.name, subjects_filter=subject)
+    info = await bus.js.stream_info(streams.stream_name(streams.METRICS), subjects_filter=subject)
     count = (info.state.subjects or {}).get(subject, 0)
     records = Records()
     if not count:

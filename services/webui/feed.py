@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 def reason(exc: ContractError) -> str:
     """Why an entry did not decode, without the entry's values (a config holds secrets)."""
     cause = exc.__cause__
-    if hasattr(cause, "errors"):
+    if cause is not None and hasattr(cause, "errors"):
         return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in cause.errors(include_input=False))
     return type(exc).__name__
 

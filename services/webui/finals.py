@@ -104,7 +104,7 @@ class Finals:
         stops = [s + 1 for s, _ in shown]
         for stop in stops:  # the best so far changes at most once per point shown, at one of them
             low, high = self.extremes(0, stop)
-            found = low if minimize else high
-            if found >= 0 and (not best or best[-1][0] != found):
-                best.append((found, self._values[found]))
+            at = low if minimize else high
+            if at >= 0 and (not best or best[-1][0] != at):
+                best.append((at, self._values[at]))
         return {"points": shown, "best": best, "count": self.count}

@@ -34,7 +34,7 @@ def event_stream(description: str, *refusals: int) -> dict[int | str, dict[str, 
     return {**doc.answer(200, description, {"type": "string"}, "text/event-stream"), **doc.refusals(*refusals)}
 
 
-STATIC = {
+STATIC: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "the file (no data in it: served without a token)",
         "content": {kind: {"schema": {"type": "string"}} for kind in

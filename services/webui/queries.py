@@ -20,6 +20,7 @@ the chart's width in pixels.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from contracts.state import TrialStatus
 from services.common.trial_index import ORDERS, Order
@@ -28,6 +29,10 @@ from services.webui.curves import POINTS_RANGE
 
 DEFAULT_ROWS = 100
 MAX_ROWS = 500
+
+
+#: What _whole answers without the parameter: a number, or None where the caller has no default.
+_Default = TypeVar("_Default", bound=int | None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +44,7 @@ class TableQuery:
     limit: int
 
 
-def _whole(params: dict[str, str], name: str, default: int, low: int, high: int) -> int:
+def _whole(params: dict[str, str], name: str, default: _Default, low: int, high: int) -> int | _Default:
     raw = params.get(name)
     if raw is None:
         return default
@@ -63,7 +68,7 @@ def table_query(params: dict[str, str]) -> TableQuery:
             known = ", ".join(s.value for s in TrialStatus)
             raise Refused(400, f"status must be a comma-separated list of {known}, not {raw!r}") from None
     return TableQuery(
-        order=sort,  # type: ignore[arg-type]  # checked against ORDERS above
+        order=sort,  # checked against ORDERS above
         descending=order == "desc",
         statuses=statuses,
         offset=_whole(params, "offset", 0, 0, 10**9),
