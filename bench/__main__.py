@@ -119,10 +119,10 @@ def run(console: Console, options: StackOptions, stack: Stack, root: Path, code:
         )
     if "tuner" in parts:
         for tuner in ("Random", "TPE"):
-            figures = asyncio.run(tuner_rate(options.nats_url, command, code, tuner, 8, 200))
-            refill = [x * 1000 for x in figures.refill]
+            tuned = asyncio.run(tuner_rate(options.nats_url, command, code, tuner, 8, 200))
+            refill = [x * 1000 for x in tuned.refill]
             console.print(
-                f"tuner service, {tuner}, concurrency 8, 200 no-op trials: [bold]{figures.rate:.1f}[/] trials/s; "
+                f"tuner service, {tuner}, concurrency 8, 200 no-op trials: [bold]{tuned.rate:.1f}[/] trials/s; "
                 f"a trial ends → the next submitted p50 [bold]{percentile(refill, 50):.1f}[/] ms, "
                 f"p99 {percentile(refill, 99):.1f} ms"
             )

@@ -256,7 +256,7 @@ async def stored_times(client: AsyncClient, stream: str, subject: str) -> list[f
     info = await client.js.stream_info(stream, subjects_filter=subject)
     total = sum((info.state.subjects or {}).values())
     sub = await client.js.subscribe(subject, stream=stream, ordered_consumer=True)
-    times = []
+    times: list[float] = []
     try:
         while len(times) < total:
             msg = await sub.next_msg(timeout=10)

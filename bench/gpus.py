@@ -41,7 +41,11 @@ async def gpu_handoff(nats_url: str, python: str, code_dir: Path, trials: int = 
         )
         ids = [(await client.submit_trial(experiment, {"i": i})).id for i in range(trials)]
         await asyncio.gather(*(client.wait_trial(t, timeout=120) for t in ids))
-        ended = sorted((await asyncio.gather(*(client.get_trial(t) for t in ids))), key=lambda t: t.start_time)
-    return sorted(
-        (after.start_time - before.end_time).total_seconds() for before, after in zip(ended, ended[1:], strict=False)
-    )
+        ended = await asyncio.gather(*(client.get_trial(t) for t in ids))
+    spans = []  # (start, end) of each trial, by start
+    for trial in ended:
+        if trial.start_time is None or trial.end_time is None:
+            raise RuntimeError(f"trial {trial.id} ended without its start and end times")
+        spans.append((trial.start_time, trial.end_time))
+    spans.sort(key=lambda span: span[0])
+    return sorted((after[0] - before[1]).total_seconds() for before, after in zip(spans, spans[1:], strict=False))

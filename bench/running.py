@@ -199,6 +199,7 @@ def measure_running(
     try:
         with soft_nofile(SERVICE_NOFILE):
             stack.start()
+        assert nats.proc is not None  # started above
         services = {name: proc.pid for name, proc in stack.procs.items()} | {"nats-server": nats.proc.pid}
         config = {"experimentName": "running", "trialCommand": trial_command, "trialCodeDirectory": str(code),
                   "trialConcurrency": count, "maxTrialNumber": count,
@@ -254,7 +255,7 @@ def measure_window(services: dict[str, int], pids: list[tuple[int, int]], window
 
     def percent(names, wakes: bool = False) -> float:
         """% of one core used by ``names`` together over the window (``wakes``: their wake-ups per second)."""
-        used = sum(after[n][wakes] - before[n][wakes] for n in names if before[n] and after[n])
+        used = sum(a[wakes] - b[wakes] for n in names if (b := before[n]) and (a := after[n]))
         return used / elapsed if wakes else 100 * used / elapsed
 
     figures["window_s"] = elapsed
@@ -311,4 +312,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -29,7 +29,6 @@ import asyncio
 import random
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -187,8 +186,8 @@ def measure(trials: int, concurrency: int, say=print, metric_trials: int = 1000,
         figures.reads = time_reads(stack, experiment, trials)
         for name, ms in figures.reads.items():
             p95 = percentile(ms, 95)
-            mark = "ok" if p95 <= TARGET_MS else f"over the {TARGET_MS:.0f} ms target"
-            say(f"  {name:<32} p50 {statistics.median(ms):7.1f} ms   p95 {p95:7.1f} ms   ({mark})")
+            verdict = "ok" if p95 <= TARGET_MS else f"over the {TARGET_MS:.0f} ms target"
+            say(f"  {name:<32} p50 {statistics.median(ms):7.1f} ms   p95 {p95:7.1f} ms   ({verdict})")
         figures.restart_seconds = restart_dispatcher(stack, experiment, trials)
         records = f" and {figures.metrics.records:,} metric records" if figures.metrics else ""
         say(f"  dispatcher restart with {trials:,} trials{records} (SIGTERM → the summary with every trial): "
@@ -219,4 +218,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

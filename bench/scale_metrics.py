@@ -17,6 +17,7 @@ import json
 import multiprocessing
 import time
 from dataclasses import dataclass
+from multiprocessing.synchronize import Event, Semaphore
 
 import httpx
 
@@ -45,8 +46,8 @@ def bodies(experiment: str, trial: str, count: int) -> list[bytes]:
             for i in range(0, count, BATCH)]  # fmt: skip
 
 
-def _post(gateway: str, secret: str, experiment: str, trials: list[str], per_trial: int, ready: object,
-          go: object) -> None:  # fmt: skip
+def _post(gateway: str, secret: str, experiment: str, trials: list[str], per_trial: int, ready: Semaphore,
+          go: Event) -> None:  # fmt: skip
     """One poster process: its trials' records, a trial's batches in order (as its keeper sends them)."""
     prepared = [(trial, bodies(experiment, trial, per_trial)) for trial in trials]
     ready.release()

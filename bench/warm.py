@@ -60,6 +60,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -138,7 +139,9 @@ def warm_start(
     figures = WarmFigures(nni_wall_time(root / "nni-code", root / "nni", python, n, c))
     code = root / "sklearn-code"
     command = write_timed_trial(code, python)
-    modes = {"cold": False, "warm": True, "warm, preload": {"preload": SKLEARN_MODULES}}
+    modes: dict[str, bool | dict[str, Any]] = {
+        "cold": False, "warm": True, "warm, preload": {"preload": SKLEARN_MODULES},
+    }  # fmt: skip
     for name, warm in modes.items():
         figures.sklearn[name] = asyncio.run(tuned(nats_url, data_dir, command, code, c, n, name, warm))
     print_sklearn(console, figures, sizes)
@@ -165,7 +168,7 @@ def warm_start(
             direct(nats_url, data_dir, command, code, sizes.wide, sizes.wide_trials, name, modes[name],
                    warmup=sizes.wide_warmup, timing=mark)
         )  # fmt: skip
-        if marks:
+        if marks and services:  # (marks are taken only with services)
             figures.wide_cpu[name] = _per_trial(marks[0], _cpu(services), sizes.wide_trials)
     figures.spawn_only = (spawned + spawn_rate(command, code, spawn_env, sizes.wide, sizes.wide_trials)) / 2
     print_wide(console, figures, sizes)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from nats.js.errors import NotFoundError
 
 from contracts import ExperimentConfig, MetricRecord, PlatformStatus, TrialEvent, TrialState, TrialStatus, subjects
 from contracts.metrics import Seen, records_of
-from contracts.streams import EVENTS, METRICS
+from contracts.streams import EVENTS, METRICS, stream_name
 from services.common.code import CodeUpload, upload_code
 from trialbus import local
 from trialbus.api import DEFAULT_NATS_URL, ExperimentView, SubmittedTrial, TrialbusError, TrialMetric, TrialPage
@@ -330,7 +330,7 @@ class AsyncClient:
 
     # -- streams ---------------------------------------------------------------------------
 
-    def events(self, experiment_id: str, trial_id: str = "*") -> AsyncIterator[TrialEvent]:
+    def events(self, experiment_id: str, trial_id: str = "*") -> AsyncGenerator[TrialEvent, None]:
         """Every status change of the experiment's trials (or one trial), history first, then live."""
         if trial_id == "*":
             filters = [subjects.experiment_events(experiment_id)]
@@ -345,17 +345,18 @@ class AsyncClient:
             seen.add(key)
             return True
 
-        return self._unique(EVENTS.name, filters, lambda data: [TrialEvent.decode(data)], first_time)
+        return self._unique(stream_name(EVENTS), filters, lambda data: [TrialEvent.decode(data)], first_time)
 
-    def metrics(self, experiment_id: str, trial_id: str = "*") -> AsyncIterator[MetricRecord]:
+    def metrics(self, experiment_id: str, trial_id: str = "*") -> AsyncGenerator[MetricRecord, None]:
         """Every metric of the experiment's trials (or one trial), history first, then live; each
         record once (:class:`contracts.metrics.Seen`: memory per trial, not per record)."""
         filters = [subjects.metrics(experiment_id, trial_id)]
-        return self._unique(METRICS.name, filters, records_of, Seen().first_time)  # one record, or a keeper's batch
+        # one record, or a keeper's batch
+        return self._unique(stream_name(METRICS), filters, records_of, Seen().first_time)
 
     def _unique(
         self, stream: str, filters: list[str], decode: Callable[[bytes], list[Any]], first_time: Callable[[Any], bool]
-    ) -> AsyncIterator:
+    ) -> AsyncGenerator[Any, None]:
         """Each record once, decoded, history first (:mod:`trialbus.follow`)."""
         payloads = follow(self.js, stream, filters, FOLLOW_BUFFER, self._followers)
         return unique(payloads, " ".join(filters), decode, first_time)

@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from contracts import ExperimentConfig, ExperimentStatus, TrialState, TrialStatus
 from contracts.state import default_metric
@@ -110,7 +110,8 @@ class Experiment:
         elif isinstance(config, list) and all(isinstance(p, str) for p in config):
             self.config = _draft(config)  # NNI's hybrid mode: Experiment(["local", "remote"])
         else:
-            self.config = as_config(config)
+            # a list that is not all platform names: as_config takes it as dict() does, and refuses it
+            self.config = as_config(cast(Mapping[str, Any], config) if isinstance(config, list) else config)
         self.id: str | None = None
         self._client = Client(
             nats_url or os.environ.get("TRIALBUS_NATS_URL"), user=user, password=password,

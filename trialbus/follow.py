@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TypeVar
 
 import nats
@@ -85,7 +85,7 @@ async def follow(
 
 async def unique(
     payloads: AsyncIterator[bytes], what: str, decode: Callable[[bytes], list[C]], first_time: Callable[[C], bool]
-) -> AsyncIterator[C]:
+) -> AsyncGenerator[C, None]:
     """Decoded items, each once (``decode`` gives a message's items: a metric message holds one
     record or a keeper's batch; ``first_time`` says whether an item is new), in case an item was
     stored twice (a resend after the stream's dedupe window, or in another batch)."""

@@ -36,7 +36,7 @@ from nats.js.errors import NotFoundError
 from contracts import MetricType, TrialEvent, TrialState, TrialStatus, subjects
 from contracts.base import ContractError, peek
 from contracts.metrics import records_of
-from contracts.streams import EVENTS, METRICS
+from contracts.streams import EVENTS, METRICS, stream_name
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ class ExperimentWatcher:
     async def _read_metrics_of(self, trial_id: str) -> None:
         """Return once the metrics subscription delivered the trial's last metric so far."""
         try:
-            last = await self._js.get_last_msg(METRICS.name, subjects.metrics(self.experiment_id, trial_id))
+            last = await self._js.get_last_msg(stream_name(METRICS), subjects.metrics(self.experiment_id, trial_id))
         except NotFoundError:
             return  # the trial reported no metric at all
         except Exception as exc:

@@ -88,8 +88,10 @@ def experiment_run(
             experiment.stop()
             view.update(experiment.get_experiment_profile(), experiment.list_trial_jobs())
         out.print()
-        out.print(summary(view.view, view.trials, loaded))
-        if view.view.status != ExperimentStatus.DONE:
+        shown = view.view
+        assert shown is not None  # wait shows the experiment at least once (its first look), as update does
+        out.print(summary(shown, view.trials, loaded))
+        if shown.status != ExperimentStatus.DONE:
             raise typer.Exit(1)
     except (TrialbusError, PackingError, ValueError, OSError, TimeoutError) as exc:
         raise fail(str(exc)) from None

@@ -7,7 +7,7 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
 
@@ -27,7 +27,7 @@ class _Unbreakable(io.TextIOBase):
     """stderr for the supervisor's console: a closed terminal or pipe (``up | head``) must not
     break a stop half-way, so write errors are dropped."""
 
-    def __init__(self, stream: io.TextIOBase) -> None:
+    def __init__(self, stream: TextIO) -> None:
         self._stream = stream
 
     def write(self, text: str) -> int:
@@ -105,7 +105,8 @@ def up(
     options = StackOptions(data_dir=data_dir, nats_port=nats_port, api_port=api_port, gateway_port=gateway_port,
                            webui_port=webui_port, keep_trials=keep_trials, stop_timeout=stop_timeout,
                            cluster=cluster)  # fmt: skip
-    console = Console(file=_Unbreakable(sys.stderr), highlight=False)
+    # rich types ``file`` as IO[str]; it only writes and flushes, which _Unbreakable does
+    console = Console(file=_Unbreakable(sys.stderr), highlight=False)  # type: ignore[arg-type]
     try:
         code = run(options, command, console)
     except StackError as exc:
@@ -187,8 +188,10 @@ def _list_stacks(as_json: bool) -> None:
 
     from trialbus import runtime
 
-    found = [{"pid": r.pid, "data_dir": r.data_dir, "started_at": r.started_at, "nats_url": r.stack.nats_url,
-              "api_url": r.stack.api_url, "webui_url": r.stack.webui_url} for r in local.running()]  # fmt: skip
+    found: list[dict[str, Any]] = [
+        {"pid": r.pid, "data_dir": r.data_dir, "started_at": r.started_at, "nats_url": r.stack.nats_url,
+         "api_url": r.stack.api_url, "webui_url": r.stack.webui_url} for r in local.running()
+    ]  # fmt: skip
     console = Console(highlight=False, soft_wrap=True)
     if as_json:
         print(json.dumps(found, indent=1))

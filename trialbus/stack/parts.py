@@ -93,6 +93,12 @@ class Part:
     restart_at: float | None = None
     last_exit: str | None = None
 
+    def process(self) -> subprocess.Popen[bytes]:
+        """The process, once started (a part that is ready, running or stopping has one)."""
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} was never started")
+        return self.proc
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -178,11 +184,11 @@ class Stack:
 
     def _define(self) -> list[Part]:
         o = self.options
-        values = {
+        values: dict[str, str | int] = {
             "host": o.host, "nats_port": o.nats_port, "api_port": o.api_port,
             "gateway_port": o.gateway_port, "webui_port": o.webui_port, "data_dir": str(self.data_dir),
         }  # fmt: skip
-        self.credentials = credentials.load(self.data_dir)
+        self.credentials = creds = credentials.load(self.data_dir)
         broker = self.broker = nats.plan(o.host, o.nats_port, o.cluster, self.data_dir,
                                          (o.api_port, o.gateway_port, o.webui_port))  # fmt: skip
         local.write(self.data_dir, self.local_stack())
@@ -194,11 +200,11 @@ class Stack:
 
         binary = nats_server_binary()
         nats.write_configs(broker, self.data_dir)
-        nats_env = {**common, **{v: self.credentials.nats[u] for u, v in self.credentials.nats_variables.items()}}
+        nats_env = {**common, **{v: creds.nats[u] for u, v in creds.nats_variables.items()}}
         parts = [Part(node.name, [binary, "-c", str(node.config)], nats_env, node.health(o.host), node.port,
                       self.nats_restart, self.log_dir / f"{node.name}.log", restarts())
                  for node in broker.nodes]  # fmt: skip
-        variables = {**os.environ, **self.credentials.variables}
+        variables = {**os.environ, **creds.variables}
         for service in self.services:
             env = {**common, **{k: _fill(v, values) for k, v in service.env.items()}}
             for key, template in service.secrets.items():
@@ -213,6 +219,8 @@ class Stack:
         """What a client on this machine needs to use the stack (``<data>/client.json``)."""
         o = self.options
         creds = self.credentials
+        if creds is None:
+            raise RuntimeError("the stack's credentials are not loaded yet (define the stack first)")
         urls = self.broker.urls if self.broker is not None else o.nats_url
         return local.LocalStack(nats_url=urls, nats_user="client", nats_password=creds.nats["client"],
                                 api_url=o.api_url, webui_url=o.webui_url, api_token=creds.api_token)  # fmt: skip
@@ -284,7 +292,7 @@ class Stack:
                         self.mark(part, "running")
                         where = f"nats://{self.options.host}:{part.port}" if part.port else part.health_url or "running"
                         self.console.print(f"[green]✓[/] {part.name} ready: {where} "
-                                           f"[dim](pid {part.proc.pid}, log {part.log})[/]")  # fmt: skip
+                                           f"[dim](pid {part.process().pid}, log {part.log})[/]")  # fmt: skip
                     elif not part.alive():
                         raise StackError(f"{part.name} exited during startup ({part.exit_text()}); log: {part.log}",
                                          tail(part.log))  # fmt: skip
@@ -330,7 +338,7 @@ class Stack:
         for part in running:
             if part.alive():  # not the process its identity names (it cannot be): by its handle
                 self.kill(part)
-            part.proc.wait()
+            part.process().wait()
             self._stopped(part)
 
     def _stopped(self, part: Part) -> None:

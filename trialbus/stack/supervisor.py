@@ -228,7 +228,7 @@ class Supervisor:
             self.stack.mark(part, "running")
             away = now - self._exited_at.pop(part.name, part.started)
             self.console.print(f"[green]✓[/] {_clock()} {part.name} ready again "
-                               f"[dim](pid {part.proc.pid}, {away:.1f}s after it exited)[/]")  # fmt: skip
+                               f"[dim](pid {part.process().pid}, {away:.1f}s after it exited)[/]")  # fmt: skip
         elif now - part.started > self.options.start_timeout and part.name not in self._late:
             self._late.add(part.name)
             self.console.print(f"[yellow]{_clock()} {part.name} is not ready {self.options.start_timeout:g}s "
