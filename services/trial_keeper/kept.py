@@ -27,7 +27,7 @@ keeper then records 1, and says why in its log).
 Per message O(1); per wake-up of the template O(its keepers).
 """
 
-import _signal
+import _signal  # type: ignore[import-not-found]  # no stub in typeshed for signal's C module
 import _socket
 import posix
 import sys

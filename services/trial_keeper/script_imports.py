@@ -17,7 +17,7 @@ def script_imports(code_dir: str, plan: dict, limit: int = 20) -> set[str]:
     ``from a.b import c`` names ``a.b`` and ``a.b.c`` (a submodule or not: a name that is no
     module just fails to preload)."""
     target = plan.get("script") or plan["module"].replace(".", "/") + ".py"
-    queue, seen, found = [os.path.join(code_dir, target)], set(), set()
+    queue, seen, found = [os.path.join(code_dir, target)], set(), set()  # type: list[str], set[str], set[str]
     while queue and len(seen) < limit:
         path = queue.pop()
         if path in seen:

@@ -26,7 +26,7 @@ keeper, they cost ~240 KiB of its own memory). HTTP and JSON are written by hand
 modules load on rare paths (errors, https).
 """
 
-import _signal
+import _signal  # type: ignore[import-not-found]  # no stub in typeshed for signal's C module
 import _socket
 import fcntl
 import posix

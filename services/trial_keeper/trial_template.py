@@ -58,9 +58,10 @@ PER_TRIAL = (b"NNI_TRIAL_JOB_ID", b"NNI_SYS_DIR", b"NNI_OUTPUT_DIR", b"NNI_TRIAL
 keeper_module = None  # trial_keeper, loaded by path at start
 trial_module = None  # warm_trial: what a trial child does, loaded by path at start
 kept_module = None  # kept.py, loaded by path at start when the spec says "reuse": kept keepers
-spec = {}
+spec = {}  # type: dict[str, object]
 library_fds = ()  # descriptors the preloaded modules hold: every trial keeps them
-plans = {}  # (command, PATH, code directory) → parse_command's answer, found once by the template
+#: (command, PATH, code directory) → parse_command's answer, found once by the template
+plans = {}  # type: dict[tuple[bytes | None, bytes | None, bytes | None], dict[str, object] | None]
 #: A request that starts with this is no trial: the names after it (NUL-separated) are modules to
 #: import beside the loaded ones (:func:`import_more`); a keeper's settings never start with NUL.
 MORE = b"\0preload\0"
@@ -195,7 +196,7 @@ def serve(requests, answers):
     """Start a keeper per request until EOF, as the keeper's zygote does; before the first fork for
     a trial command, read its script ahead (``warm_trial.read_ahead``: compiled once, not per trial).
     With ``spec["reuse"]``, a keeper whose trial is over takes the next request (``kept.Kept``)."""
-    import _signal
+    import _signal  # type: ignore[import-not-found]  # no stub in typeshed for signal's C module
 
     _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # keepers are reaped by the kernel
     read = {}  # trial command → when to read it ahead (again): never once done

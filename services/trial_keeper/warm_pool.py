@@ -35,14 +35,15 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import IO
 
 try:
     from services.trial_keeper import trial_keeper, trial_template
     from services.trial_keeper.script_imports import script_imports
-except ImportError:  # on a remote machine, shipped flat beside the agent
-    import trial_keeper
-    import trial_template
-    from script_imports import script_imports
+except ImportError:  # on a remote machine, shipped flat beside the agent (mypy checks the imports above)
+    import trial_keeper  # type: ignore[import-not-found, no-redef]
+    import trial_template  # type: ignore[import-not-found, no-redef]
+    from script_imports import script_imports  # type: ignore[import-not-found, no-redef]
 
 TEMPLATE_PATH = Path(trial_template.__file__)
 #: Keeper settings that differ per trial: left out of the environment that keys a template.
@@ -64,7 +65,7 @@ class Template:
         self.key, self.plan, self.env, self.code_dir, self.preload = key, plan, env, code_dir, preload
         self.reuse = reuse  # its keepers outlive their trial, and it forks their trials (kept.Kept)
         self.folder = folder
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.state = "new"  # new → starting → ready → closed, or dead (unsafe / failed)
         self.unsafe: str | None = None  # the module whose import touched a GPU
         self.used = time.monotonic()
@@ -72,6 +73,18 @@ class Template:
         self.was_ready = False
         self._answer = b""
         self._cpu, self._progress_at, self._progress_read = -1, 0.0, 0.0  # for stalled()
+
+    @property
+    def stdin(self) -> IO[bytes]:
+        """The template's input (fork and import requests); it has one once started."""
+        assert self.process is not None and self.process.stdin is not None, "the template is not started"
+        return self.process.stdin
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        """The template's output (its answers); it has one once started."""
+        assert self.process is not None and self.process.stdout is not None, "the template is not started"
+        return self.process.stdout
 
     def start(self, template_path: Path, keeper_path: str, shim: str | None) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -92,7 +105,7 @@ class Template:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=self.code_dir, env=env,
                 start_new_session=True,
             )  # fmt: skip
-        os.set_blocking(self.process.stdout.fileno(), False)
+        os.set_blocking(self.stdout.fileno(), False)
         self.state, self.started_at = "starting", time.monotonic()
         self._progress_at = self.started_at
 
@@ -100,7 +113,7 @@ class Template:
         """Advance ``state`` without blocking: read the ready line once it is there."""
         if self.state == "starting":
             try:
-                chunk = os.read(self.process.stdout.fileno(), 4096)
+                chunk = os.read(self.stdout.fileno(), 4096)
             except BlockingIOError:
                 chunk = None
             if chunk == b"":
@@ -109,13 +122,13 @@ class Template:
                 self._answer += chunk
                 if self._answer.endswith(b"\n"):
                     self._ready(self._answer.decode("utf-8", "replace").split())
-        elif self.state == "ready" and self.process.poll() is not None:
+        elif self.state == "ready" and self.process is not None and self.process.poll() is not None:
             self.state = "dead"
         return self.state
 
     def _ready(self, words: list[str]) -> None:
         if words[:1] == ["ready"]:
-            os.set_blocking(self.process.stdout.fileno(), True)
+            os.set_blocking(self.stdout.fileno(), True)
             self.state, self.was_ready = "ready", True
         else:
             self.unsafe = words[1] if words[:1] == ["unsafe"] and len(words) > 1 else None
@@ -131,12 +144,12 @@ class Template:
         or dead (an import touched a GPU: ``unsafe``). No fork meanwhile."""
         payload = trial_template.MORE + "\0".join(names).encode("utf-8", "surrogateescape")
         try:
-            os.write(self.process.stdin.fileno(), b"%08d" % len(payload) + payload)
+            os.write(self.stdin.fileno(), b"%08d" % len(payload) + payload)
         except OSError:
             self._died()
             return
         self.preload = [*self.preload, *names]
-        os.set_blocking(self.process.stdout.fileno(), False)
+        os.set_blocking(self.stdout.fileno(), False)
         self._answer, self.state = b"", "starting"
         self._cpu, self._progress_at = -1, time.monotonic()
 
@@ -150,6 +163,8 @@ class Template:
         if now - self._progress_read < PROGRESS_EVERY:
             return now - self._progress_at > stall
         self._progress_read = now
+        if self.process is None:  # not started: nothing to read
+            return False
         try:
             with open(f"/proc/{self.process.pid}/stat", "rb") as stat:
                 fields = stat.read().rpartition(b")")[2].split()
@@ -164,7 +179,7 @@ class Template:
         """Block up to ``timeout`` seconds for the template to be ready (for callers without a loop)."""
         deadline = time.monotonic() + timeout
         while self.poll() == "starting" and (left := deadline - time.monotonic()) > 0:
-            select.select([self.process.stdout], [], [], min(left, 0.05))
+            select.select([self.stdout], [], [], min(left, 0.05))
         return self.state == "ready"
 
     def fork(self, environ: Mapping[str, str]) -> int:
@@ -173,12 +188,12 @@ class Template:
             raise OSError(f"the template is {self.state}")
         payload = b"\0".join(f"{k}={v}".encode("utf-8", "surrogateescape") for k, v in environ.items())
         try:
-            os.write(self.process.stdin.fileno(), b"%08d" % len(payload) + payload)
+            os.write(self.stdin.fileno(), b"%08d" % len(payload) + payload)
             answer = b""
             while not answer.endswith(b"\n"):
-                if not select.select([self.process.stdout], [], [], ANSWER_TIMEOUT)[0]:
+                if not select.select([self.stdout], [], [], ANSWER_TIMEOUT)[0]:
                     raise TimeoutError(f"no answer from the template in {ANSWER_TIMEOUT:.0f} s")
-                chunk = os.read(self.process.stdout.fileno(), 64)
+                chunk = os.read(self.stdout.fileno(), 64)
                 if not chunk:
                     raise BrokenPipeError("the template closed its output")
                 answer += chunk
@@ -198,12 +213,12 @@ class Template:
             return
         if self.state != "dead" or self.process.poll() is None:
             with contextlib.suppress(OSError):
-                self.process.stdin.close()
+                self.stdin.close()
             if self.state != "ready":
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.process.pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
-            self.process.stdout.close()
+            self.stdout.close()
         if self.state != "dead":
             self.state = "closed"
 
@@ -245,10 +260,11 @@ class WarmPool:
         if (now := time.monotonic()) > self._keys_until or len(self._keys) >= KEYS_KEPT:
             self._keys.clear()
             self._keys_until = now + KEYS_FOR
-        found = self._keys.get(memo, self._keys)
-        if found is self._keys:
+        try:
+            return self._keys[memo]
+        except KeyError:  # not found yet (None is an answer: it cannot start warm)
             found = self._keys[memo] = self._find_key(command, environ)
-        return found
+            return found
 
     def _find_key(self, command: str, environ: Mapping[str, str]) -> tuple[str, dict, dict[bytes, bytes]] | None:
         settings = {k.encode("utf-8", "surrogateescape"): v.encode("utf-8", "surrogateescape")
@@ -335,7 +351,7 @@ class WarmPool:
         command = environ["TRIALBUS_TRIAL_COMMAND"]
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and (starting := self.waiting(command, environ, preload)):
-            select.select([starting.process.stdout], [], [], min(deadline - time.monotonic(), 0.05))
+            select.select([starting.stdout], [], [], min(deadline - time.monotonic(), 0.05))
         template = self.template_for(command, environ, preload)
         if template is None or template.poll() != "ready":
             return None

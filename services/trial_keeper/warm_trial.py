@@ -15,7 +15,7 @@ from types import ModuleType
 
 #: What the template read ahead for its trials (:func:`read_ahead`): path → (the file's identity
 #: then, what was read). A trial uses an entry only while its file is still that file.
-READ_AHEAD = {}
+READ_AHEAD = {}  # type: dict[str, tuple[tuple[int, int, int, int], object]]
 #: Nanoseconds: a file changed this recently is not read ahead. A change within the same clock
 #: tick as the template's read would leave its change time as it was; changes after this
 #: margin always move it on.
@@ -33,7 +33,7 @@ TRIAL_DIR = None
 
 def become_trial(plan, env, out_w, stderr, trial_dir, library_fds):
     """In the trial child: the process a cold start would have made, short of the script."""
-    import _signal
+    import _signal  # type: ignore[import-not-found]  # no stub in typeshed for signal's C module
     global PARENT, TRIAL_DIR
 
     PARENT, TRIAL_DIR = posix.getppid(), trial_dir

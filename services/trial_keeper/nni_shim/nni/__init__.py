@@ -69,6 +69,13 @@ import os
 import sys
 import time
 
+TYPE_CHECKING = False  # typing's, without importing typing into every trial (mypy reads it as True)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import BinaryIO
+
 __all__ = [
     "get_current_parameter",
     "get_experiment_id",
@@ -114,7 +121,7 @@ class _Channel:
 
     def __init__(self) -> None:
         self._param_index = 0
-        self._metric_file = None
+        self._metric_file: BinaryIO | None = None
 
     def receive_parameter(self) -> dict | None:
         env = _env()
@@ -292,7 +299,9 @@ class _PackageFirst:
 
     trialbus_nni = True
 
-    def find_spec(self, name: str, path: object = None, target: object = None) -> object:
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if not name.startswith("nni.") or name.startswith("nni._trialbus"):
             return None
         from ._trialbus_handover import find_submodule
@@ -300,7 +309,7 @@ class _PackageFirst:
         return find_submodule(self, name, path, target)
 
 
-def _find_real() -> object:
+def _find_real() -> ModuleSpec | None:
     """The spec of a real ``nni`` package further down ``sys.path``, or None."""
     from importlib.machinery import PathFinder
 
@@ -320,7 +329,7 @@ if _real_spec is None:
     __version__ = _SHIM_VERSION
 else:
     # NNI's directory first: NNI's code finds its data through ``nni.__path__[0]`` (runtime/config.py).
-    __path__[:0] = _real_spec.submodule_search_locations
+    __path__[:0] = _real_spec.submodule_search_locations or []  # (a package's: _find_real checked)
     if not any(getattr(finder, "trialbus_nni", False) for finder in sys.meta_path):
         sys.meta_path.insert(0, _PackageFirst())
 

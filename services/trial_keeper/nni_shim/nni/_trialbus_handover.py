@@ -24,8 +24,37 @@ import contextlib
 import importlib.util
 import sys
 from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-_bootstrap = sys.modules.get("_frozen_importlib")
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
+
+    from . import _Channel, _TrialEnv
+
+#: CPython's importlib._bootstrap (None elsewhere): its private _get_module_lock and _DeadlockError have no stubs.
+_bootstrap: Any = sys.modules.get("_frozen_importlib")
+
+
+class _Shim(Protocol):
+    """The stand-in module's names that the handover reads and sets (``nni/__init__.py``)."""
+
+    #: The real package's module (NNI has no type information), from when its ``__init__`` starts.
+    _real: Any
+    _real_ready: bool
+    _real_spec: ModuleSpec | None
+    #: The stand-in's ``_TrialState``, then the real ``nni.trial`` module (untyped, as NNI is).
+    _state: Any
+    _trial_env: _TrialEnv | None
+    _get_channel: Callable[[], _Channel]
+
+    def _default_channel(self) -> _Channel: ...
+
+
+def _names(shim: ModuleType) -> _Shim:
+    """The stand-in module as what it holds (a module object cannot be declared as the protocol it meets)."""
+    return cast("_Shim", shim)
 
 
 class _PackageLock:
@@ -44,19 +73,24 @@ class _PackageLock:
                 self.held = self.lock.acquire()
 
     def __exit__(self, *exc: object) -> None:
-        if self.held:
+        if self.held and self.lock is not None:  # (held: the lock was there)
             self.lock.release()
 
 
-def load_package(shim: ModuleType) -> ModuleType:
+def load_package(module: ModuleType) -> Any:
     """The real package's module, its ``__init__`` run — or running, when this thread is the one
-    running it (a submodule it imports asks for ``nni.x``): then the names bound so far."""
+    running it (a submodule it imports asks for ``nni.x``): then the names bound so far (untyped, as
+    NNI is)."""
+    shim = _names(module)
     if shim._real_ready:
         return shim._real
     with _PackageLock():
         if shim._real is not None:
             return shim._real
         spec = shim._real_spec
+        # Asked for only with a real package found (the stand-in's __getattr__ and finder check), whose spec
+        # has a loader (a directory's, from PathFinder).
+        assert spec is not None and spec.loader is not None
         real = importlib.util.module_from_spec(spec)
         shim._real = real
         try:
@@ -73,10 +107,10 @@ def load_package(shim: ModuleType) -> ModuleType:
     return real
 
 
-def _adopt_trial_api(shim: ModuleType) -> None:
+def _adopt_trial_api(shim: _Shim) -> None:
     """Move the trial API's state into the real ``nni.trial`` and make the stand-in's channel NNI's
     default, so the stand-in, ``nni.trial`` and NNI code that swaps the channel share one state."""
-    trial = sys.modules.get("nni.trial")
+    trial: Any = sys.modules.get("nni.trial")  # NNI's module, whose private names are set here
     if trial is None:
         return  # NNI's dispatcher (SDK_PROCESS=dispatcher) loads no trial API
     trial._params = shim._state._params
@@ -96,22 +130,27 @@ def _adopt_trial_api(shim: ModuleType) -> None:
     shim._get_channel = channels.get_default_trial_command_channel
 
 
-def real_version(shim: ModuleType) -> str:
+def real_version(module: ModuleType) -> str:
     """The real package's ``__version__``: from its ``version.py`` while the package is not loaded
     (where NNI's ``__init__`` takes it from), so asking costs no import."""
+    shim = _names(module)
     if shim._real_ready:
         return shim._real.__version__
+    # Asked for only with a real package found, a directory (_find_real checked)
+    assert shim._real_spec is not None and shim._real_spec.submodule_search_locations
     folder = shim._real_spec.submodule_search_locations[0]
     namespace: dict[str, object] = {}
     try:
         with open(f"{folder}/version.py", encoding="utf-8") as file:
             exec(compile(file.read(), file.name, "exec"), namespace)  # the package's own code, as its import runs it
     except OSError:  # none (the version is set elsewhere), or not in a plain directory: ask the package
-        return load_package(shim).__version__
+        return load_package(module).__version__
     return str(namespace.get("__version__", "999.dev0"))
 
 
-def find_submodule(finder: object, name: str, path: object, target: object) -> object:
+def find_submodule(
+    finder: object, name: str, path: Sequence[str] | None, target: ModuleType | None
+) -> ModuleSpec | None:
     """``nni.<name>``'s spec from the finders after ``finder``, its loader wrapped in
     :class:`AfterPackage` while the real package has not loaded."""
     shim = sys.modules.get("nni")
@@ -135,11 +174,11 @@ class AfterPackage:
     """A real submodule's loader that first runs the real package's ``__init__``. That may import the
     submodule itself: then it is the module the import gets, not run a second time."""
 
-    def __init__(self, loader: object, shim: ModuleType) -> None:
+    def __init__(self, loader: Loader, shim: ModuleType) -> None:
         self.loader, self.shim = loader, shim
         self.loaded: ModuleType | None = None
 
-    def create_module(self, spec: object) -> ModuleType | None:
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         load_package(self.shim)
         self.loaded = sys.modules.get(spec.name)
         if self.loaded is not None:
