@@ -64,8 +64,14 @@ $(NNI_SDK)/.torch-installed: $(NNI_SDK)/.installed
 test: $(STAMP) $(NNI_SDK)/.installed $(NNI_SDK)/.torch-installed sshd chromium docker  ## lint, layering, the docs, then the suite
 	$(BIN)/ruff check contracts services trialbus bench tests docs/gen
 	$(BIN)/lint-imports
+	$(MAKE) typecheck
 	$(MAKE) docs
 	$(BIN)/python -m pytest -q
+
+# Types: mypy over contracts, services, trialbus and bench, as pyproject's [tool.mypy] says (strict on the contracts
+# and services/common).
+typecheck: $(STAMP)  ## mypy, part of make test
+	$(BIN)/mypy
 
 # The documentation site (mkdocs.yml, docs/) into site/, every warning an error: a broken link or anchor, a page
 # missing from the nav, a reference page (CLI, REST, settings) that docs/gen/reference.py cannot generate.
