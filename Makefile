@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # out of the venv: with nni importable, every other test's trials would load it (seconds each) instead of the shim.
 NNI_SDK := .nni-sdk
 
-.PHONY: install run up test docs bench soak fuzz schemas clean sshd chromium docker wheelhouse image compose-test failover bench-scale bench-running
+.PHONY: install run up test typecheck docs bench soak fuzz schemas clean sshd chromium docker wheelhouse image compose-test failover bench-scale bench-running
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
