@@ -6,6 +6,8 @@ service start, so any service may be the first to come up.
 
 from __future__ import annotations
 
+import dataclasses
+
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
@@ -125,3 +127,21 @@ def dispatcher_consumer(stream: str) -> ConsumerConfig:
         max_ack_pending=20000,
         max_deliver=-1,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamLimits:
+    """What EVENTS and METRICS keep (the dispatcher's ``TRIALBUS_EVENTS_MAX_AGE`` and the like):
+    seconds (0: forever) and bytes (-1: no limit). The oldest messages go first."""
+
+    events_max_age: float = EVENTS.max_age or 0.0
+    events_max_bytes: int = -1
+    metrics_max_age: float = METRICS.max_age or 0.0
+    metrics_max_bytes: int = -1
+
+    def apply(self, config: StreamConfig) -> StreamConfig:
+        kept = {"EVENTS": (self.events_max_age, self.events_max_bytes),
+                "METRICS": (self.metrics_max_age, self.metrics_max_bytes)}.get(stream_name(config))  # fmt: skip
+        if kept is None:
+            return config
+        return dataclasses.replace(config, max_age=kept[0] or None, max_bytes=kept[1])

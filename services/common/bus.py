@@ -23,13 +23,13 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import StreamConfig
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from contracts import streams
+from contracts.streams import StreamLimits
 from services.common.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
@@ -170,24 +170,6 @@ def inbox_prefix(user: str) -> str:
 NO_ANSWER = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError)
 #: Seconds the creation of the streams is retried while JetStream does not answer.
 BOOTSTRAP_PATIENCE = 60.0
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamLimits:
-    """What EVENTS and METRICS keep (the dispatcher's ``TRIALBUS_EVENTS_MAX_AGE`` and the like):
-    seconds (0: forever) and bytes (-1: no limit). The oldest messages go first."""
-
-    events_max_age: float = streams.EVENTS.max_age or 0.0
-    events_max_bytes: int = -1
-    metrics_max_age: float = streams.METRICS.max_age or 0.0
-    metrics_max_bytes: int = -1
-
-    def apply(self, config: StreamConfig) -> StreamConfig:
-        kept = {"EVENTS": (self.events_max_age, self.events_max_bytes),
-                "METRICS": (self.metrics_max_age, self.metrics_max_bytes)}.get(streams.stream_name(config))  # fmt: skip
-        if kept is None:
-            return config
-        return dataclasses.replace(config, max_age=kept[0] or None, max_bytes=kept[1])
 
 
 async def bootstrap(bus: Bus | JetStreamContext, replicas: int = 1, limits: StreamLimits | None = None) -> None:

@@ -7,13 +7,12 @@ All settings come from the environment with the prefix ``TRIALBUS_`` (for exampl
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-if TYPE_CHECKING:
-    from services.common.bus import StreamLimits
+from contracts.streams import StreamLimits
 
 
 class ServiceSettings(BaseSettings):

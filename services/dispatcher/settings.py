@@ -6,9 +6,9 @@ import re
 
 from pydantic import Field, SecretStr, field_validator
 
+from contracts.streams import StreamLimits
 from contracts.units import parse_megabytes, parse_seconds_setting
 from services.common.auth import AccessSettings
-from services.common.bus import StreamLimits
 
 
 class DispatcherSettings(AccessSettings):
