@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from contracts import subjects
 from contracts.base import utcnow
 from contracts.messages import CancelRequest, TrialEvent
+from contracts.retries import Failure
 from contracts.state import ExperimentStatus, TrialState, TrialStatus
 from services.common.bus import Bus
 from services.dispatcher import retries
@@ -42,7 +43,7 @@ class Attempts:
         self._locks = locks
 
     async def ended(
-        self, trial: TrialState, status: TrialStatus, failure: str | None, message: str | None, *,
+        self, trial: TrialState, status: TrialStatus, failure: Failure | None, message: str | None, *,
         sends: list[TrialState] | None = None, exit_code: int | None = None, when=None, publish: bool,
         last_error: str | None = None,
     ) -> None:  # fmt: skip

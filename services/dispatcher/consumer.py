@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from contracts import streams
@@ -140,7 +140,7 @@ class StreamReader:
         self.batch = batch
         #: Told the ack floor at every subscription: everything up to it is applied.
         self.on_floor = on_floor
-        self._sub = None
+        self._sub: JetStreamContext.PushSubscription | None = None
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
@@ -203,11 +203,14 @@ class StreamReader:
         while True:
             try:
                 config = await self._from_ack_floor()
-                self._sub = await self.js.subscribe(
+                self._sub = sub = await self.js.subscribe(
                     f"{self.stream.lower()}.>", durable=config.durable_name, stream=self.stream, config=config,
                     manual_ack=True, cb=collect, flow_control=True, idle_heartbeat=5.0,
                 )  # fmt: skip
-                return (await self._sub.consumer_info()).ack_floor.stream_seq
+                floor = (await sub.consumer_info()).ack_floor
+                if floor is None:  # optional in nats.py's types; the server always reports it
+                    raise ValueError(f"no ack floor in the consumer info of {self.stream}")
+                return floor.stream_seq
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # broker not ready, or the previous subscriber not gone yet
@@ -217,12 +220,15 @@ class StreamReader:
                 await self.close()
                 await asyncio.sleep(0.5)
 
-    async def _from_ack_floor(self):
+    async def _from_ack_floor(self) -> ConsumerConfig:
         """The consumer config to subscribe with; a durable consumer that counts deliveries
         past its ack floor is deleted first, and made again starting after the floor."""
         config = streams.dispatcher_consumer(self.stream)
+        durable = config.durable_name
+        if durable is None:  # optional in nats.py's types; dispatcher_consumer always names it
+            raise ValueError(f"consumer definition without a name: {config}")
         try:
-            info = await self.js.consumer_info(self.stream, config.durable_name)
+            info = await self.js.consumer_info(self.stream, durable)
         except NotFoundError:
             return config
         if info.push_bound:
@@ -231,7 +237,7 @@ class StreamReader:
             # A store from a release whose dispatcher pulled: replace that consumer. The stream
             # is replayed from its start, which changes nothing (idempotent).
             log.warning("replacing the pull consumer %s on %s", config.durable_name, self.stream)
-            await self.js.delete_consumer(self.stream, config.durable_name)
+            await self.js.delete_consumer(self.stream, durable)
             return config
         floor = info.ack_floor.stream_seq
         ours = info.config.deliver_subject.startswith(self.inbox_prefix + ".")
@@ -243,7 +249,7 @@ class StreamReader:
         else:
             log.info("%s: messages %d to %d were delivered but never acked (a previous run died holding them); "
                      "reading them again", self.stream, floor + 1, info.delivered.stream_seq)  # fmt: skip
-        await self.js.delete_consumer(self.stream, config.durable_name)
+        await self.js.delete_consumer(self.stream, durable)
         if floor == 0:
             return config
         return dataclasses.replace(config, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=floor + 1)

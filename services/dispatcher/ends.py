@@ -18,6 +18,7 @@ from datetime import timedelta
 from contracts import subjects
 from contracts.base import utcnow
 from contracts.messages import TrialEvent
+from contracts.retries import Failure
 from contracts.state import ExperimentState, ExperimentStatus, TrialState, TrialStatus
 from services.common.bus import Bus
 from services.dispatcher.cancels import AT_ONCE, CancelRequests, at_most
@@ -57,7 +58,7 @@ class Ends:
         when=None,
         publish: bool = True,
         sends: list[TrialState] | None = None,
-        failure: str | None = None,
+        failure: Failure | None = None,
         last_error: str | None = None,
     ) -> TrialState:
         """End a trial: free its slot, dispatch what waits, maybe finish the experiment, or stop it
@@ -105,7 +106,7 @@ class Ends:
             trial = trial.model_copy(update={"cancel_status": status, "message": message})
             await self._store.put_trial(trial)
         if trial.status == TrialStatus.WAITING and await self._slots.withdraw(trial):  # not claimed yet
-            return await self.end(trial, trial.cancel_status, message)
+            return await self.end(trial, trial.cancel_status or status, message)  # marked above: never None
         await self._cancels.ask(trial)
         return self._store.trials[trial.id]
 
@@ -123,7 +124,7 @@ class Ends:
         asking = []
         for trial in (self._store.trials[t.id] for t in dispatched):
             if trial.status == TrialStatus.WAITING and await self._slots.withdraw(trial):  # not claimed yet
-                await self.end(trial, trial.cancel_status, message)
+                await self.end(trial, trial.cancel_status or status, message)  # marked above: never None
             else:
                 asking.append(trial)
         # The owners are asked in the background: the stop answers once every trial is marked

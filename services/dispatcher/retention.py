@@ -45,9 +45,9 @@ class Retention:
             if unfinished := len(self._store.of(experiment_id).unfinished):
                 raise ApiError(409, f"experiment {experiment_id} still has {unfinished} trial(s) stopping; "
                                     "delete it once they have ended")  # fmt: skip
-            for stream, subject in ((streams.EVENTS.name, subjects.experiment_events(experiment_id)),
-                                    (streams.METRICS.name, subjects.metrics(experiment_id, ">"))):  # fmt: skip
-                await self._bus.js.purge_stream(stream, subject=subject)
+            for stream, subject in ((streams.EVENTS, subjects.experiment_events(experiment_id)),
+                                    (streams.METRICS, subjects.metrics(experiment_id, ">"))):  # fmt: skip
+                await self._bus.js.purge_stream(streams.stream_name(stream), subject=subject)
             ended = self._store.trials_for(experiment_id)  # all ended: nothing holds a slot
             trials = await self._store.purge(experiment_id)
             self._forget(experiment_id, ended)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from contracts.retries import INFRASTRUCTURE, Attempt, RetryPolicy
+from contracts.retries import INFRASTRUCTURE, Attempt, Failure, RetryPolicy
 from contracts.state import TrialState, TrialStatus
 
 #: Statuses of an attempt a retry may follow: a failure, or a stop nobody here asked for.
@@ -28,7 +28,7 @@ class Retry(NamedTuple):
     delay: float
 
 
-def ended_attempt(trial: TrialState, status: TrialStatus, failure: str | None, when: datetime,
+def ended_attempt(trial: TrialState, status: TrialStatus, failure: Failure | None, when: datetime,
                   exit_code: int | None, message: str | None) -> Attempt:  # fmt: skip
     """The record of the trial's current attempt, ended as said."""
     return Attempt(
@@ -37,7 +37,7 @@ def ended_attempt(trial: TrialState, status: TrialStatus, failure: str | None, w
     )  # fmt: skip
 
 
-def budget_left(policy: RetryPolicy, past: list[Attempt], failure: str) -> tuple[bool, int]:
+def budget_left(policy: RetryPolicy, past: list[Attempt], failure: Failure) -> tuple[bool, int]:
     """Whether one more retry after a ``failure`` fits the policy, and how many of that budget
     were used before (which sets the back-off)."""
     if failure == "preempted":
@@ -52,7 +52,7 @@ def budget_left(policy: RetryPolicy, past: list[Attempt], failure: str) -> tuple
     return False, 0  # permanent
 
 
-def decide(trial: TrialState, status: TrialStatus, failure: str | None, policy: RetryPolicy, *, when: datetime,
+def decide(trial: TrialState, status: TrialStatus, failure: Failure | None, policy: RetryPolicy, *, when: datetime,
            exit_code: int | None, message: str | None, hybrid: bool) -> Retry | None:  # fmt: skip
     """The retry of ``trial`` after its current attempt ended with ``status`` (and ``failure``),
     or None when the trial ends here."""

@@ -50,6 +50,19 @@ class DispatcherService(Service):
         self._metrics_commit: GroupCommit | None = None
         self._stopping = asyncio.Event()
 
+    @property
+    def _core(self) -> Dispatcher:
+        """The dispatcher, for what runs once started (the consumers, the sweep, the APIs)."""
+        if self.core is None:
+            raise RuntimeError("the dispatcher service is not started")
+        return self.core
+
+    def _commit(self, commit: GroupCommit | None) -> GroupCommit:
+        """A reader's group commit, made at start."""
+        if commit is None:
+            raise RuntimeError("the dispatcher service is not started")
+        return commit
+
     async def start(self, bus: Bus) -> None:
         self.bus = bus
         store = StateStore()
@@ -68,12 +81,12 @@ class DispatcherService(Service):
         self._tasks = [
             *(asyncio.create_task(reader.run(self._stopping)) for reader in self._readers),
             asyncio.create_task(self._sweep()),
-            asyncio.create_task(self._watch_platforms()),
+            asyncio.create_task(self._watch_platforms(bus)),
         ]
         self._api = await bus_api.serve(bus, self.core)
         self._heartbeats = await bus.nc.subscribe(subjects.heartbeats("*", "*"), cb=self._on_heartbeat)
         host = bind_host(self.settings, self.settings.api_host, "the REST API")
-        app = create_app(self.settings, lambda: self.core, lambda: self.bus)
+        app = create_app(self.settings, lambda: self._core, lambda: self.bus)
         self.http = HttpServer(app, host, self.settings.api_port)
         await self.http.start()
         roles = "no token" if self.settings.api_token is None else (
@@ -101,8 +114,8 @@ class DispatcherService(Service):
             await reader.close()
 
     async def _on_heartbeat(self, msg: Msg) -> None:
-        trials = self.core.store.trials
-        self.core.liveness.on_heartbeat(msg.subject, msg.data, lambda t: trials[t].attempt if t in trials else None)
+        trials = self._core.store.trials
+        self._core.liveness.on_heartbeat(msg.subject, msg.data, lambda t: trials[t].attempt if t in trials else None)
 
     async def _on_events(self, msgs: list[Msg]) -> None:
         events = []  # each with its subject: it names the publisher (the trial's owner or not)
@@ -113,8 +126,8 @@ class DispatcherService(Service):
                 events.append((msg.subject, TrialEvent.decode(msg.data)))
             except ContractError as exc:
                 log.error("dropping malformed event on %s: %s", msg.subject, exc)
-        changed = await self.core.on_events(events)
-        self._events_commit.add(changed, msgs[-1])  # in KV, then acked (cumulative), a little later
+        changed = await self._core.on_events(events)
+        self._commit(self._events_commit).add(changed, msgs[-1])  # in KV, then acked (cumulative), a little later
 
     async def _on_metrics(self, msgs: list[Msg]) -> None:
         # The gateway validated every record; here only the fields that change trial state
@@ -131,13 +144,13 @@ class DispatcherService(Service):
         except (KeyError, TypeError) as exc:
             log.error("dropping a batch of metrics with a malformed record: %s", exc)
             folds = []
-        changed = await self.core.on_metrics(folds, msgs[-1].metadata.sequence.stream)
-        self._metrics_commit.add(changed, msgs[-1])  # in KV, then acked (cumulative), a little later
+        changed = await self._core.on_metrics(folds, msgs[-1].metadata.sequence.stream)
+        self._commit(self._metrics_commit).add(changed, msgs[-1])  # in KV, then acked (cumulative), a little later
 
-    async def _watch_platforms(self) -> None:
+    async def _watch_platforms(self, bus: Bus) -> None:
         """Keep the adapters' statuses (the ``platforms`` bucket) for hybrid placement; a broken
         watch is opened again (the statuses are a few seconds old at worst)."""
-        kv = await self.bus.kv(streams.PLATFORMS_BUCKET.bucket)
+        kv = await bus.kv(streams.bucket_name(streams.PLATFORMS_BUCKET))
         while not self._stopping.is_set():
             try:
                 watcher = await kv.watchall()
@@ -149,7 +162,7 @@ class DispatcherService(Service):
                     except ContractError as exc:
                         log.warning("ignoring the platform status under %s: %s", entry.key, exc)
                         continue
-                    self.core.slots.placement.status(entry.key, status)
+                    self._core.slots.placement.status(entry.key, status)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -160,7 +173,7 @@ class DispatcherService(Service):
         while not self._stopping.is_set():
             await asyncio.sleep(1.0)
             try:
-                await self.core.sweep()
+                await self._core.sweep()
             except asyncio.CancelledError:
                 raise
             except Exception:

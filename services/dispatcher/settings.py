@@ -58,8 +58,10 @@ class DispatcherSettings(AccessSettings):
     @field_validator("events_max_bytes", "metrics_max_bytes", mode="before")
     @classmethod
     def _size(cls, value: object) -> int | None:
-        if value in (None, ""):
+        if value is None or value == "":
             return None
+        if not isinstance(value, str | int | float):  # refused as parse_megabytes refuses any other value
+            raise ValueError(f"bad size {value!r}: use a number with a unit tb, gb, mb, kb or b, e.g. '8gb'")
         return parse_megabytes(value if not str(value).isdigit() else f"{value}b") * 1024 * 1024
 
     def stream_limits(self) -> StreamLimits:

@@ -21,16 +21,19 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import TypeVar
 
 from nats.js.kv import KeyValue
 
-from contracts.base import ContractError
+from contracts.base import Contract, ContractError
 from contracts.state import ExperimentState, TrialState
 from services.common import kvwatch
 from services.common.bus import Bus
 from services.common.trial_index import ExperimentTrials, TrialIndex
 
 log = logging.getLogger(__name__)
+
+C = TypeVar("C", bound=Contract)
 
 
 class StateStore:
@@ -47,6 +50,20 @@ class StateStore:
         self._experiments_kv: KeyValue | None = None
         self._trials_kv: KeyValue | None = None
 
+    @property
+    def _experiments(self) -> KeyValue:
+        """The experiments bucket, once loaded."""
+        if self._experiments_kv is None:
+            raise RuntimeError("the state store is not loaded")
+        return self._experiments_kv
+
+    @property
+    def _trials(self) -> KeyValue:
+        """The trials bucket, once loaded."""
+        if self._trials_kv is None:
+            raise RuntimeError("the state store is not loaded")
+        return self._trials_kv
+
     async def load(self, bus: Bus) -> None:
         self._experiments_kv = await bus.kv("experiments")
         self._trials_kv = await bus.kv("trials")
@@ -57,8 +74,8 @@ class StateStore:
         log.info("loaded %d experiments and %d trials", len(self.experiments), len(self.trials))
 
     @staticmethod
-    async def _read_all(bus: Bus, bucket: str, model: type) -> list:
-        states = []
+    async def _read_all(bus: Bus, bucket: str, model: type[C]) -> list[C]:
+        states: list[C] = []
         for entry in await kvwatch.current(bus, bucket):
             try:
                 states.append(model.decode(entry.value))
@@ -84,11 +101,11 @@ class StateStore:
         return [self.trials[t] for t in self.of(experiment_id).unfinished]
 
     async def put_experiment(self, state: ExperimentState) -> None:
-        await self._experiments_kv.put(state.id, state.encode())
+        await self._experiments.put(state.id, state.encode())
         self.experiments[state.id] = state
 
     async def put_trial(self, trial: TrialState) -> None:
-        await self._trials_kv.put(trial.id, trial.encode())
+        await self._trials.put(trial.id, trial.encode())
         self._index(trial)
         self.dirty.pop(trial.id, None)  # what was deferred is in KV with this newer state
 
@@ -106,7 +123,7 @@ class StateStore:
         if not states:
             return
         results = await asyncio.gather(
-            *(self._trials_kv.put(state.id, state.encode()) for state in states), return_exceptions=True
+            *(self._trials.put(state.id, state.encode()) for state in states), return_exceptions=True
         )
         failure = None
         for state, result in zip(states, results, strict=True):
@@ -123,8 +140,8 @@ class StateStore:
         the cache; how many trials. O(its trials), ``at_once`` writes in flight."""
         trial_ids = list(self.trials_of.get(experiment_id, []))
         for start in range(0, len(trial_ids), at_once):
-            await asyncio.gather(*(self._trials_kv.purge(t) for t in trial_ids[start : start + at_once]))
-        await self._experiments_kv.purge(experiment_id)
+            await asyncio.gather(*(self._trials.purge(t) for t in trial_ids[start : start + at_once]))
+        await self._experiments.purge(experiment_id)
         for trial_id in trial_ids:
             self.trials.pop(trial_id, None)
             self.dirty.pop(trial_id, None)

@@ -75,12 +75,13 @@ class Submissions:
             if state.no_more_trials:
                 raise ApiError(409, f"experiment {experiment_id}'s tuner has no more trials to propose")
             sequence_id = submitted
+            key: int | str = sequence_id if parameter_id is None else parameter_id
             trial = TrialState(
                 id=new_id(self._store.trials, 6, TRIAL_ALPHABET, first=string.ascii_letters),
                 experiment_id=experiment_id,
                 sequence_id=sequence_id,
                 parameters=parameters,
-                parameter_id=sequence_id if parameter_id is None else parameter_id,
+                parameter_id=key,
                 platform="" if config.hybrid else config.adapter,  # hybrid: chosen at dispatch
                 submit_time=utcnow(),
                 message=f"waiting for a free slot (trialConcurrency {config.trial_concurrency})",
@@ -89,7 +90,7 @@ class Submissions:
             # free) the dispatch go out together, after the lock is released. A failure
             # leaves nothing the client was told about; a resend after a crash is deduplicated.
             self._store.defer(trial)
-            self._by_parameter[experiment_id][trial.parameter_id] = trial.id
+            self._by_parameter[experiment_id][key] = trial.id
             self._slots.enqueue(trial)
             sends = self._slots.take_ready(experiment_id)
             writes = [
@@ -98,6 +99,6 @@ class Submissions:
             ]
             if all(t.id != trial.id for t in sends):
                 writes.append(self._store.flush([trial.id]))  # as the cache holds it then
-            submitted = self._store.trials[trial.id]  # the answer: WAITING, whatever comes next
+            answer = self._store.trials[trial.id]  # WAITING, whatever comes next
         await asyncio.gather(*writes)
-        return submitted
+        return answer
