@@ -1,4 +1,5 @@
-"""Calling the dispatcher's NATS API (``trialbus.api.<op>``) from a service, as clients do.
+"""Calling the dispatcher's NATS API (``trialbus.api.<op>``) from a service, as clients do, and
+:class:`ApiError`, the refusal both sides of that API share.
 
 Services that act for people or tuners (the tuner service, the web UI) go through the same
 operations, checks and answers as the REST API and the Python client: never around them.
@@ -16,8 +17,14 @@ from nats.aio.client import Client
 from contracts import subjects
 
 
-class ApiCallError(Exception):
-    """The dispatcher refused the call (``status`` is HTTP-like), or none answered (503/504)."""
+class ApiError(Exception):
+    """A call of the dispatcher's API that is not served, on either side of the bus.
+
+    The dispatcher's API layers raise it (``status`` is the HTTP status to answer with) and turn
+    it into the answer: an HTTP error (:mod:`services.dispatcher.api`) or a NATS reply with ``ok``
+    false (:mod:`services.dispatcher.bus_api`). A service calling that NATS API (:func:`call`)
+    gets it back with the dispatcher's status and message, or 503/504 when no dispatcher answered.
+    """
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -26,14 +33,14 @@ class ApiCallError(Exception):
 
 
 async def call(nc: Client, operation: str, body: Mapping[str, Any], timeout: float = 10.0) -> Any:
-    """The ``result`` of one operation; :class:`ApiCallError` with the dispatcher's status and message."""
+    """The ``result`` of one operation; :class:`ApiError` with the dispatcher's status and message."""
     try:
         reply = await nc.request(subjects.api(operation), orjson.dumps(dict(body)), timeout=timeout)
     except nats.errors.NoRespondersError:
-        raise ApiCallError(503, "no dispatcher is running (nobody answers trialbus.api.*)") from None
+        raise ApiError(503, "no dispatcher is running (nobody answers trialbus.api.*)") from None
     except (nats.errors.TimeoutError, TimeoutError):
-        raise ApiCallError(504, f"the dispatcher did not answer {operation} within {timeout:g}s") from None
+        raise ApiError(504, f"the dispatcher did not answer {operation} within {timeout:g}s") from None
     answer = orjson.loads(reply.data)
     if not answer.get("ok"):
-        raise ApiCallError(int(answer.get("status", 500)), str(answer.get("error", "unknown error")))
+        raise ApiError(int(answer.get("status", 500)), str(answer.get("error", "unknown error")))
     return answer.get("result")

@@ -19,13 +19,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import openapi as doc
 from services.common import platforms
+from services.common.api import ApiError
 from services.common.auth import Access, AccessDenied, require_content_type
 from services.common.bus import Bus
 from services.common.http import health_routes
 from services.dispatcher import history
 from services.dispatcher import openapi as spec
 from services.dispatcher.core import Dispatcher
-from services.dispatcher.errors import ApiError
 from services.dispatcher.openapi import CHANGE, CODE_TYPES, READ
 from services.dispatcher.queries import PAGE_DEFAULT
 from services.dispatcher.settings import DispatcherSettings

@@ -16,11 +16,11 @@ from contracts.base import utcnow
 from contracts.messages import CancelRequest, TrialEvent
 from contracts.retries import Failure
 from contracts.state import ExperimentStatus, TrialState, TrialStatus
+from services.common.api import ApiError
 from services.common.bus import Bus
 from services.dispatcher import retries
 from services.dispatcher.cancels import CancelRequests
 from services.dispatcher.ends import Ends
-from services.dispatcher.errors import ApiError
 from services.dispatcher.liveness import Liveness
 from services.dispatcher.queries import find_experiment, find_trial
 from services.dispatcher.slots import Slots

@@ -17,10 +17,10 @@ from nats.aio.subscription import Subscription
 
 from contracts import TrialStatus, subjects
 from services.common import platforms
+from services.common.api import ApiError
 from services.common.bus import Bus
 from services.dispatcher import history
 from services.dispatcher.core import Dispatcher
-from services.dispatcher.errors import ApiError
 from services.dispatcher.queries import PAGE_DEFAULT
 
 log = logging.getLogger(__name__)

@@ -23,12 +23,12 @@ from typing import Any
 
 from contracts.messages import TrialEvent
 from contracts.state import ExperimentState, TrialState, TrialStatus
+from services.common.api import ApiError
 from services.common.bus import Bus
 from services.dispatcher import snapshots
 from services.dispatcher.attempts import Attempts
 from services.dispatcher.cancels import CancelRequests
 from services.dispatcher.ends import Ends
-from services.dispatcher.errors import ApiError
 from services.dispatcher.experiments import Experiments
 from services.dispatcher.failfast import FailFast
 from services.dispatcher.folds import MetricFold

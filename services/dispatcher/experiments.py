@@ -19,10 +19,10 @@ from contracts import sealing
 from contracts.base import utcnow
 from contracts.experiment import ExperimentConfig, format_validation_error, secret_paths
 from contracts.state import ExperimentState, ExperimentStatus, TrialStatus
+from services.common.api import ApiError
 from services.common.bus import Bus
 from services.dispatcher import history, snapshots
 from services.dispatcher.ends import Ends
-from services.dispatcher.errors import ApiError
 from services.dispatcher.ids import EXPERIMENT_ALPHABET, new_id
 from services.dispatcher.queries import find_experiment
 from services.dispatcher.slots import Slots

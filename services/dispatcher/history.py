@@ -17,8 +17,8 @@ from contracts.metrics import records_of
 from contracts.nni import TrainingService
 from contracts.platforms import PLATFORMS
 from contracts.state import TrialState
+from services.common.api import ApiError
 from services.common.bus import Bus
-from services.dispatcher.errors import ApiError
 
 log = logging.getLogger(__name__)
 

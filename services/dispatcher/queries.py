@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from contracts.state import ExperimentState, TrialState, TrialStatus
+from services.common.api import ApiError
 from services.common.bus import Bus
 from services.common.trial_index import ORDERS, BadCursor
 from services.dispatcher import history
-from services.dispatcher.errors import ApiError
 from services.dispatcher.store import StateStore
 
 #: Trials in a page of ``GET /experiments/{id}/trials``: by default, and at most.

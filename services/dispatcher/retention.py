@@ -18,8 +18,8 @@ from typing import Any
 
 from contracts import streams, subjects
 from contracts.state import ExperimentStatus, TrialState
+from services.common.api import ApiError
 from services.common.bus import Bus
-from services.dispatcher.errors import ApiError
 from services.dispatcher.queries import find_experiment
 from services.dispatcher.store import StateStore
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 
 from contracts.experiment import ExperimentConfig
+from services.common.api import ApiError
 from services.common.bus import Bus
 from services.common.code import PackingError, store_archive, upload_code
 from services.common.code_archive import check_archive
-from services.dispatcher.errors import ApiError
 
 
 async def code_ref_for(bus: Bus, config: ExperimentConfig) -> str | None:

@@ -17,8 +17,8 @@ from typing import Any
 
 from contracts.base import utcnow
 from contracts.state import ExperimentStatus, TrialState, TrialStatus
+from services.common.api import ApiError
 from services.dispatcher.ends import Ends, duration_over
-from services.dispatcher.errors import ApiError
 from services.dispatcher.ids import TRIAL_ALPHABET, new_id
 from services.dispatcher.queries import find_experiment
 from services.dispatcher.slots import Slots

@@ -44,7 +44,7 @@ from nats.aio.msg import Msg
 from contracts import ExperimentState, ExperimentStatus, MetricRecord, MetricType, TrialState, TrialStatus, subjects
 from contracts.metrics import records_of
 from contracts.streams import METRICS, stream_name
-from services.common.api import ApiCallError, call
+from services.common.api import ApiError, call
 from services.common.bus import Bus
 from services.common.logs import bind
 from services.tuner.protocol import ClassFailed, ParameterId, Proposal, TrialEnd, TunerLike
@@ -68,7 +68,7 @@ async def stop_experiment(bus: Bus, experiment_id: str, message: str, timeout: f
         try:
             await call(bus.nc, "experiment.stop", {"id": experiment_id, "message": message}, timeout)
             return
-        except ApiCallError as exc:
+        except ApiError as exc:
             if exc.status == 404 or not retry:  # 404: gone
                 log.warning("could not stop experiment %s: %s", experiment_id, exc.message)
                 return
@@ -345,7 +345,7 @@ class Driver:
             await call(self.bus.nc, "trial.cancel",
                        {"id": trial_id, "status": TrialStatus.EARLY_STOPPED.value, "message": message},
                        self.api_timeout)
-        except ApiCallError as exc:
+        except ApiError as exc:
             if exc.status != 409:  # 409: it ended meanwhile
                 log.warning("could not early-stop trial %s: %s", trial_id, exc.message)
 
@@ -412,7 +412,7 @@ class Driver:
         body = {"experimentId": self.experiment_id, "parameters": params, "parameterId": number}
         try:
             await call(self.bus.nc, "trial.submit", body, self.api_timeout)
-        except ApiCallError as exc:
+        except ApiError as exc:
             if exc.status == 409:  # maxTrialNumber, maxExperimentDuration or the experiment ended
                 log.info("the dispatcher takes no more trials: %s", exc.message)
                 self.pending.pop(number, None)
@@ -431,5 +431,5 @@ class Driver:
         log.info("%s; the experiment ends when its trials do", reason)
         try:
             await call(self.bus.nc, "experiment.close", {"id": self.experiment_id}, self.api_timeout)
-        except ApiCallError as exc:
+        except ApiError as exc:
             log.warning("could not tell the dispatcher the tuner has no more trials: %s", exc.message)

@@ -24,7 +24,7 @@ from nats.js.api import DeliverPolicy
 from contracts import TrialState
 from contracts.base import FROM_BUS, peek
 from services.common import kvwatch
-from services.common.api import ApiCallError, call
+from services.common.api import ApiError, call
 from services.common.bus import Bus
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ async def of_experiment(bus: Bus, experiment_id: str, timeout: float) -> AsyncIt
             body["cursor"] = cursor
         try:
             page = await call(bus.nc, "trial.list", body, timeout)
-        except ApiCallError as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return
             log.warning("could not read the trials of experiment %s (%s); trying again in %.0fs", experiment_id,

@@ -39,7 +39,7 @@ class Dispatcher:
             raise Refused(503, "NATS is unavailable; retry in a moment")
         try:
             return await api.call(bus.nc, operation, body, self.timeout)
-        except api.ApiCallError as exc:
+        except api.ApiError as exc:
             status = exc.status if 400 <= exc.status <= 599 else 502
             raise Refused(status, exc.message) from None
         except (orjson.JSONDecodeError, AttributeError):  # not a JSON object: not the dispatcher's answer

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from contracts.state import ExperimentStatus, TrialStatus
+from services.common.api import ApiError
 from services.dispatcher.core import Dispatcher
-from services.dispatcher.errors import ApiError
 from tests.integration.dispatcher.harness import Driver
 
 

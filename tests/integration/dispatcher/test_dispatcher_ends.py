@@ -10,8 +10,8 @@ import pytest
 
 from contracts import subjects
 from contracts.state import ExperimentStatus, TrialStatus
+from services.common.api import ApiError
 from services.dispatcher.core import Dispatcher
-from services.dispatcher.errors import ApiError
 from tests.integration.dispatcher.harness import ADAPTER, Driver
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from contracts.state import TrialState, TrialStatus
 from contracts.streams import TRIALS_BUCKET
-from services.dispatcher.errors import ApiError
+from services.common.api import ApiError
 from tests.fixtures.nats import NatsServer
 from tests.integration.dispatcher.harness import Driver, connect, dispatcher
 
