@@ -59,6 +59,7 @@ from services.adapters.status import StatusPublisher
 from services.adapters.trials import Owned, OwnedTrials
 from services.common.bus import Bus
 from services.common.lifecycle import Service
+from services.common.tasks import first_failure
 
 __all__ = ["AdapterService", "AdapterSettings"]
 
@@ -197,7 +198,4 @@ class AdapterService(Service):
         self.status.due()
 
     def failed(self) -> BaseException | None:
-        for task in self._loops:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                return task.exception()
-        return self._http.failed() if self._http is not None else None
+        return first_failure(self._loops) or (self._http.failed() if self._http is not None else None)

@@ -23,6 +23,7 @@ from services.common.auth import bind_host
 from services.common.bus import Bus
 from services.common.http import HttpServer
 from services.common.lifecycle import Service
+from services.common.tasks import first_failure
 from services.dispatcher import bus_api
 from services.dispatcher.api import create_app
 from services.dispatcher.consumer import GroupCommit, StreamReader
@@ -94,10 +95,7 @@ class DispatcherService(Service):
         log.info("REST API on http://%s:%d/api/v1 (%s)", host, self.http.port, roles)
 
     def failed(self) -> BaseException | None:
-        for task in self._tasks:
-            if task.done() and not task.cancelled() and task.exception():
-                return task.exception()
-        return self.http.failed() if self.http else None
+        return first_failure(self._tasks) or (self.http.failed() if self.http else None)
 
     async def stop(self) -> None:
         self._stopping.set()

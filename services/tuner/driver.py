@@ -47,6 +47,7 @@ from contracts.streams import METRICS, stream_name
 from services.common.api import ApiError, call
 from services.common.bus import Bus
 from services.common.logs import bind
+from services.common.tasks import first_failure
 from services.tuner.protocol import ClassFailed, ParameterId, Proposal, TrialEnd, TunerLike
 from services.tuner.threads import DaemonPool, spawn
 from services.tuner.trials import Ended
@@ -169,9 +170,7 @@ class Driver:
 
     def done(self) -> BaseException | None:
         """The error that ended the driver, if it ended by one."""
-        if self._task is None or not self._task.done() or self._task.cancelled():
-            return None
-        return self._task.exception()
+        return first_failure([self._task]) if self._task is not None else None
 
     # -------------------------------------------------------------------- loop
 

@@ -20,6 +20,7 @@ import nats.errors
 from contracts import ContractError, ExperimentState, TrialState, streams
 from services.common import kvwatch, platforms
 from services.common.bus import Bus
+from services.common.tasks import first_failure
 from services.webui.model import Model
 
 log = logging.getLogger(__name__)
@@ -85,10 +86,7 @@ class Feed:
 
     def failed(self) -> BaseException | None:
         """A watch that died (it should not: watches resume after reconnects)."""
-        for task in self._tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                return task.exception()
-        return None
+        return first_failure(self._tasks)
 
     async def stop(self) -> None:
         for task in self._tasks:

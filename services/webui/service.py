@@ -16,6 +16,7 @@ from services.common.auth import bind_host
 from services.common.bus import Bus
 from services.common.http import HttpServer
 from services.common.lifecycle import Service
+from services.common.tasks import first_failure
 from services.webui.actions import Dispatcher
 from services.webui.app import create_app
 from services.webui.feed import Feed, poll_platforms
@@ -66,10 +67,7 @@ class WebuiService(Service):
             return exc
         if self.feed and (exc := self.feed.failed()):
             return exc
-        for task in self._tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                return task.exception()
-        return None
+        return first_failure(self._tasks)
 
     async def stop(self) -> None:
         self.hub.close()
