@@ -21,11 +21,7 @@ import signal
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-#: Files of a trial directory the adapter reads or writes (the keeper writes the others).
-STATE = ".trialbus/state.json"
-KEEPER_OUT = ".trialbus/keeper.out"
-CANCEL = ".trialbus/cancel"  # written before a stop signal: a kept keeper stops its trial only with it
-REPORTED = ".trialbus/reported"
+from services.adapters.trialdir import KEEPER_OUT, STATE
 
 
 def compile_keeper(python: str, source: str, dest: Path) -> str:
@@ -270,18 +266,10 @@ def record_early_death(trial_dir: str, pid: int, status: int | None) -> None:
     os.replace(tmp, f"{trial_dir}/{STATE}")
 
 
-def mark_reported(trial_dir: str) -> None:
-    os.close(os.open(f"{trial_dir}/{REPORTED}", os.O_WRONLY | os.O_CREAT, 0o644))
-
-
 def keeper_born(trial_dir: str) -> bool:
     """Whether a keeper was ever started in ``trial_dir``: its ``keeper.out`` is opened by the
     spawn (or by the fork, from the zygote) before the keeper runs a line of its own."""
     return os.path.exists(f"{trial_dir}/{KEEPER_OUT}") or os.path.exists(f"{trial_dir}/{STATE}")
-
-
-def is_reported(trial_dir: str) -> bool:
-    return os.path.exists(f"{trial_dir}/{REPORTED}")
 
 
 def tail(path: str, max_bytes: int) -> str | None:

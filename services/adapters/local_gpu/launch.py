@@ -20,6 +20,7 @@ import time
 
 from contracts import TrialRequest
 from contracts.base import utcnow
+from services.adapters import trialdir
 from services.adapters.base import TrialHandle
 from services.adapters.errors import PermanentError, TransientError, Waiting
 from services.adapters.gpu.placement import GpuAsk
@@ -47,7 +48,8 @@ class Launcher:
             return trial.handle
         if not (SAFE_ID.match(request.experiment_id) and SAFE_ID.match(request.trial_id)):
             raise PermanentError(f"ids {request.experiment_id!r}/{request.trial_id!r} cannot name a trial directory")
-        trial_dir = f"{self.table.trials_dir}/{request.experiment_id}/{request.trial_id}-{request.attempt}"
+        trials_dir = self.table.trials_dir
+        trial_dir = trialdir.attempt_dir(trials_dir, request.experiment_id, request.trial_id, request.attempt)
         if self.table.full():
             return self._existing(trial_dir, request)
         code_dir = await self.code.dir(request.code_ref) if request.code_ref else None

@@ -10,13 +10,11 @@ long, but those of trials still running (:func:`remove_stale`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import shutil
 import time
 from collections.abc import Callable
 
+from services.adapters import trialdir
 from services.adapters.base import TrialHandle
 from services.adapters.local_gpu import client
 from services.adapters.local_gpu.trial import SAFE_ID
@@ -49,16 +47,8 @@ class Retention:
         ``trial_retention``)."""
         if not (SAFE_ID.match(experiment_id) and SAFE_ID.match(trial_id)):
             return None
-        attempts = []
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            for entry in os.scandir(f"{self.trials_dir}/{experiment_id}"):
-                name, _, number = entry.name.rpartition("-")
-                if name == trial_id and number.isdigit() and attempt in (None, int(number)) and entry.is_dir():
-                    attempts.append((int(number), entry.path))
-        if not attempts:
-            return None
-        newest, path = max(attempts)
-        return TrialHandle(experiment_id, trial_id, newest, ref=path)
+        found = trialdir.newest(f"{self.trials_dir}/{experiment_id}", trial_id, attempt)
+        return TrialHandle(experiment_id, trial_id, found[0], ref=found[1]) if found else None
 
     async def _loop(self) -> None:
         """Remove reported trials' directories ``trial_retention`` seconds after their end."""
@@ -93,20 +83,7 @@ def log_tail(trial_dir: str, max_bytes: int) -> str:
 
 def remove_expired(trials_dir: str, retention: float) -> int:
     """Delete trial directories reported more than ``retention`` seconds ago; the count."""
-    deadline, removed = time.time() - retention, 0
-    for experiment in os.scandir(trials_dir):
-        if not experiment.is_dir():
-            continue
-        for entry in os.scandir(experiment.path):
-            try:
-                if entry.is_dir() and os.path.getmtime(f"{entry.path}/{client.REPORTED}") < deadline:
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                    removed += 1
-            except FileNotFoundError:  # running, or never reported
-                continue
-        with contextlib.suppress(OSError):  # only when empty
-            os.rmdir(experiment.path)
-    return removed
+    return trialdir.remove_expired(trials_dir, time.time() - retention)[0]
 
 
 def remove_stale(root: str, retention: float, running: set[tuple[str, str]]) -> int:

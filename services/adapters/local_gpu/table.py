@@ -21,6 +21,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from contracts import subjects
+from services.adapters import trialdir
 from services.adapters.base import TrialHandle
 from services.adapters.errors import PermanentError
 from services.adapters.gpu.scheduler import Holding
@@ -72,16 +73,11 @@ class TrialTable:
     def adopt(self) -> list[TrialHandle]:
         """Every trial an earlier run launched and never released."""
         handles = []
-        for experiment in sorted(os.scandir(self.trials_dir), key=lambda e: e.name):
-            for entry in os.scandir(experiment.path) if experiment.is_dir() else ():
-                trial_id, _, attempt = entry.name.rpartition("-")
-                if not (entry.is_dir() and trial_id and attempt.isdigit()) or client.is_reported(entry.path):
-                    continue
-                if not client.keeper_born(entry.path):  # died mid-launch: its request comes again
-                    log.info("%s: its launch never started a keeper; it starts when its request comes again",
-                             entry.path)  # fmt: skip
-                    continue
-                handles.append(self.adopt_dir(entry.path, trial_id, int(attempt), experiment.name).handle)
+        for experiment_id, trial_id, attempt, trial_dir in trialdir.unreported(self.trials_dir):
+            if not client.keeper_born(trial_dir):  # died mid-launch: its request comes again
+                log.info("%s: its launch never started a keeper; it starts when its request comes again", trial_dir)
+                continue
+            handles.append(self.adopt_dir(trial_dir, trial_id, attempt, experiment_id).handle)
         return handles
 
     def adopt_dir(self, trial_dir: str, trial_id: str, attempt: int, experiment_id: str) -> Trial:
@@ -106,14 +102,14 @@ class TrialTable:
     def release(self, handle: TrialHandle) -> None:
         """The trial's end is published: forget it and mark its directory ``reported``."""
         trial = self.trials.pop((handle.trial_id, handle.attempt), None)
-        client.mark_reported(trial.dir if trial else handle.ref)
+        trialdir.mark_reported(trial.dir if trial else handle.ref)
         if trial is not None and trial.keeper is not None:
             trial.keeper.close()
 
     def ended_notice(self, trial_dir: str) -> None:
         """A kept keeper's notice (:mod:`.ends`): poll the trial of ``<…>/<trial>-<attempt>`` now. O(1)."""
-        trial_id, _, attempt = os.path.basename(trial_dir).rpartition("-")
-        trial = self.trials.get((trial_id, int(attempt))) if attempt.isdigit() else None
+        key = trialdir.parse_name(os.path.basename(trial_dir))
+        trial = self.trials.get(key) if key is not None else None
         if trial is not None and trial.dir == trial_dir:
             trial.ended_notice = True
             self.on_exit(trial.handle)

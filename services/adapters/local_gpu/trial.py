@@ -11,6 +11,7 @@ import asyncio
 import re
 from dataclasses import dataclass, field
 
+from services.adapters import trialdir
 from services.adapters.base import TrialHandle, TrialOutcome
 from services.adapters.local_gpu import client
 
@@ -20,7 +21,7 @@ UNBORN_GRACE = 10.0
 #: Experiment and trial ids name directories: no separators, no dot-only names.
 SAFE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 #: The GPUs a trial holds, in its directory: ``{"indices": [0, 2], "perGpu": 1}``.
-GPUS_FILE = ".trialbus/gpus.json"
+GPUS_FILE = trialdir.GPUS
 
 
 @dataclass(eq=False)

@@ -19,6 +19,7 @@ import signal
 import time
 from collections.abc import Callable
 
+from services.adapters import trialdir
 from services.adapters.base import TrialHandle, TrialOutcome
 from services.adapters.errors import TransientError
 from services.adapters.keeper import outcome_of
@@ -63,7 +64,8 @@ class Watcher:
         if not state and trial.keeper is not None:
             client.record_early_death(trial.dir, trial.keeper.pid, status)
         status = status if status is not None else state.get("keeperExit")
-        keeper_out = None if state.get("exitCode") is not None else client.tail(f"{trial.dir}/{client.KEEPER_OUT}", 300)
+        ended = state.get("exitCode") is not None
+        keeper_out = None if ended else client.tail(f"{trial.dir}/{trialdir.KEEPER_OUT}", 300)
         trial.outcome = outcome_of(state, status, keeper_out)
         return trial.outcome
 
@@ -77,7 +79,7 @@ class Watcher:
         # First the file, then the signal: a keeper kept for trial after trial stops its trial
         # only when the file is there (a late signal meant for a trial it kept before stops none).
         with contextlib.suppress(OSError):
-            open(f"{trial.dir}/{client.CANCEL}", "wb").close()
+            open(f"{trial.dir}/{trialdir.CANCEL}", "wb").close()
         trial.keeper.signal(signal.SIGTERM)
         if trial.kill is None:
             loop = asyncio.get_running_loop()
