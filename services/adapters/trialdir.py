@@ -113,6 +113,8 @@ def remove_expired(trials_dir, deadline):
                     removed += 1
             except FileNotFoundError:  # running, or never reported
                 kept.add((experiment.name, entry.name.rpartition("-")[0]))
+            except NotADirectoryError:  # not a trial directory
+                continue
         with contextlib.suppress(OSError):  # only when empty
             os.rmdir(experiment.path)
     return removed, kept

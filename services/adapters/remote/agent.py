@@ -25,9 +25,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the 
 import agent_checkpoints  # noqa: E402 - shipped beside this file
 import agent_host  # noqa: E402 - shipped beside this file
 import trial_keeper  # noqa: E402 - shipped beside this file
+import trialdir  # noqa: E402 - shipped beside this file
 import warm_pool  # noqa: E402 - shipped beside this file (with trial_template.py)
 
-STATE, REPORTED, SPOOL = ".trialbus/state.json", ".trialbus/reported", ".trialbus/spool"
+STATE, SPOOL = trialdir.STATE, trialdir.SPOOL
 
 
 def read_json(path):
@@ -150,9 +151,9 @@ class Agent:
             os.mkdir(path)
         except FileExistsError:
             return {"exists": True}
-        os.mkdir(path + "/.trialbus")
-        for name, text in request.get("files", {}).items():
-            fd = os.open("%s/.trialbus/%s" % (path, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.mkdir(path + "/" + trialdir.META)
+        for name, text in request.get("files", {}).items():  # by name, in .trialbus/
+            fd = os.open("%s/%s/%s" % (path, trialdir.META, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(text)
         environ = dict(os.environb)
@@ -252,7 +253,7 @@ class Agent:
                 continue  # the keeper delivered it meanwhile
         token = None
         if files:
-            with open(path + "/.trialbus/token") as f:
+            with open(path + "/" + trialdir.TOKEN) as f:
                 token = f.read()
         return {"files": files, "token": token}
 
@@ -268,20 +269,10 @@ class Agent:
 
     def op_list(self, request):
         """Every trial directory not yet reported: what a restarted adapter adopts."""
-        found = []
-        for experiment in sorted(os.scandir(self.root + "/trials"), key=lambda e: e.name):
-            if not experiment.is_dir():
-                continue
-            for entry in os.scandir(experiment.path):
-                trial, _, attempt = entry.name.rpartition("-")
-                if not (entry.is_dir() and trial and attempt.isdigit()) or os.path.exists(entry.path + "/" + REPORTED):
-                    continue
-                found.append({
-                    "experiment": experiment.name, "trial": trial, "attempt": int(attempt), "dir": entry.path,
-                    "state": read_json(entry.path + "/" + STATE), "mtime": entry.stat().st_mtime,
-                    "gpus": read_json(entry.path + "/.trialbus/gpus.json"),
-                })
-        return found
+        return [{"experiment": experiment, "trial": trial, "attempt": attempt, "dir": path,
+                 "state": read_json(path + "/" + STATE), "mtime": os.stat(path).st_mtime,
+                 "gpus": read_json(path + "/" + trialdir.GPUS)}
+                for experiment, trial, attempt, path in trialdir.unreported(self.root + "/trials")]
 
     def op_find(self, request):
         """The directory of a trial's attempt, the newest unless ``attempt`` names one (for its log
@@ -289,23 +280,13 @@ class Agent:
         experiment, trial, wanted = request["experiment"], request["trial"], request.get("attempt")
         if "/" in experiment + trial or experiment.startswith("."):
             return None
-        attempts = []
-        try:
-            for entry in os.scandir("%s/trials/%s" % (self.root, experiment)):
-                name, _, attempt = entry.name.rpartition("-")
-                if name == trial and attempt.isdigit() and wanted in (None, int(attempt)) and entry.is_dir():
-                    attempts.append((int(attempt), entry.path))
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        if not attempts:
-            return None
-        attempt, path = max(attempts)
-        return {"attempt": attempt, "dir": path}
+        found = trialdir.newest("%s/trials/%s" % (self.root, experiment), trial, wanted)
+        return found and {"attempt": found[0], "dir": found[1]}
 
     def op_report(self, request):
         path = self.trial_dir(request)
         if os.path.isdir(path):
-            os.close(os.open(path + "/" + REPORTED, os.O_WRONLY | os.O_CREAT, 0o644))
+            trialdir.mark_reported(path)
         return {}
 
     def op_tail(self, request):
@@ -365,31 +346,14 @@ class Agent:
         """Remove trial directories reported more than ``retention`` seconds ago, checkpoint
         directories unchanged as long but those of trials still running here, and scratch files
         (checkpoint archives a dropped connection left) older than an hour."""
-        import shutil
-
-        deadline, removed, running = time.time() - request["retention"], 0, set()
+        deadline = time.time() - request["retention"]
         for entry in os.scandir(self.root + "/tmp") if os.path.isdir(self.root + "/tmp") else ():
             try:
                 if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < time.time() - 3600:
                     os.unlink(entry.path)
             except OSError:
                 continue
-        for experiment in os.scandir(self.root + "/trials"):
-            if not experiment.is_dir():
-                continue
-            for entry in os.scandir(experiment.path):
-                try:
-                    if os.path.getmtime(entry.path + "/" + REPORTED) < deadline:
-                        shutil.rmtree(entry.path, ignore_errors=True)
-                        removed += 1
-                except FileNotFoundError:  # not reported yet: its checkpoints stay
-                    running.add((experiment.name, entry.name.rpartition("-")[0]))
-                except NotADirectoryError:
-                    continue
-            try:
-                os.rmdir(experiment.path)
-            except OSError:
-                pass
+        removed, running = trialdir.remove_expired(self.root + "/trials", deadline)  # running: their checkpoints stay
         stale = agent_checkpoints.remove_stale(self.root + "/checkpoints", deadline, running)
         return {"removed": removed, "checkpoints": stale}
 

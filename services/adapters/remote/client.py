@@ -31,6 +31,7 @@ from pathlib import Path
 import asyncssh
 
 from contracts.experiment import RemoteMachineConfig
+from services.adapters import trialdir
 from services.adapters.keeper import Bundle
 from services.adapters.remote.machine_errors import (
     AgentError,
@@ -52,7 +53,8 @@ logging.getLogger("asyncssh").setLevel(logging.WARNING)
 AGENT_PATH = Path(__file__).with_name("agent.py")
 #: What the agent needs on the machine besides the keeper: itself and its helpers (stdlib only).
 AGENT_FILES = {"agent.py": AGENT_PATH, "agent_checkpoints.py": Path(__file__).with_name("agent_checkpoints.py"),
-               "agent_host.py": Path(__file__).with_name("agent_host.py")}  # fmt: skip
+               "agent_host.py": Path(__file__).with_name("agent_host.py"),
+               "trialdir.py": Path(trialdir.__file__)}  # fmt: skip
 
 
 def _quote(path: str) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from contracts import TrialRequest
 from contracts.base import utcnow
 from contracts.experiment import RemoteConfig
+from services.adapters import trialdir
 from services.adapters.base import TrialHandle
 from services.adapters.errors import PermanentError, Waiting
 from services.adapters.keeper import Bundle, fetch_checked_code
@@ -69,7 +70,8 @@ class Launcher:
                      held: tuple[int, ...], per_gpu: int) -> TrialHandle:  # fmt: skip
         key = (request.trial_id, request.attempt)
         env, files = await self._environment(request, machine, where)
-        trial_dir = f"{machine.root}/trials/{request.experiment_id}/{request.trial_id}-{request.attempt}"
+        trials_dir = f"{machine.root}/trials"
+        trial_dir = trialdir.attempt_dir(trials_dir, request.experiment_id, request.trial_id, request.attempt)
         self._checkpoints.configure(request.experiment_id, request.training_service)
         restored = await self._checkpoints.restore(request, machine)  # before the keeper starts
         if held:
