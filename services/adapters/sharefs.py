@@ -12,6 +12,8 @@ every container. Everything a trial needs and leaves goes through it, under ``tr
         .trialbus/reported         its end is published
         <role>-<index>/            one task's trial directory (stdout, stderr, .trialbus/state.json)
 
+The ``trials/`` part is the layout every adapter that runs the keeper shares (:mod:`.trialdir`).
+
 A task runs its role's commands under the keeper with :func:`wrap`; the commands go to a
 private temporary file of the container, never to the share (once a platform rendered them,
 they may hold its secrets).
@@ -31,6 +33,7 @@ from pathlib import Path
 from pydantic import Field
 
 from contracts import TrialRequest
+from services.adapters import trialdir
 from services.adapters.base import AdapterSettings
 from services.adapters.errors import PermanentError
 from services.adapters.keeper import Bundle, fetch_code
@@ -65,7 +68,7 @@ class Share:
 
 
 def trial_share(root: Share, experiment_id: str, trial_id: str, attempt: int) -> Share:
-    return root.at(f"trialbus/trials/{experiment_id}/{trial_id}-{attempt}")
+    return root.at(trialdir.attempt_dir("trialbus/trials", experiment_id, trial_id, attempt))
 
 
 def install(bundle: Bundle, root: str) -> str:
@@ -146,10 +149,10 @@ def write_trial_dir(folder: str, quiet: dict[str, str], report: dict[str, str], 
         path.mkdir()
     except FileExistsError:
         return False
-    (path / ".trialbus").mkdir()
-    (path / ".trialbus" / "replica").write_text(replica)
+    (path / trialdir.META).mkdir()
+    (path / trialdir.REPLICA).write_text(replica)
     for name, values in (("quiet.env", quiet), ("report.env", report)):
-        fd = os.open(path / ".trialbus" / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path / trialdir.META / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(settings_file(values))
     return True
@@ -165,35 +168,27 @@ def owned_by(folder: Path, replica: str) -> bool:
 
 def unreported(root: str, experiment_id: str, replica: str) -> list[tuple[str, int, Path]]:
     """(trial, attempt, folder) of this replica's attempts of an experiment whose end was never published."""
-    found = []
-    base = Path(root) / "trialbus" / "trials" / experiment_id
-    for entry in sorted(base.iterdir()) if base.is_dir() else ():
-        trial_id, _, attempt = entry.name.rpartition("-")
-        mine = attempt.isdigit() and owned_by(entry / ".trialbus", replica)
-        if mine and not (entry / ".trialbus" / "reported").exists():
-            found.append((trial_id, int(attempt), entry))
-    return found
+    return [(trial_id, attempt, Path(folder))
+            for trial_id, attempt, folder in trialdir.attempts(f"{root}/trialbus/trials/{experiment_id}")
+            if owned_by(Path(folder, trialdir.META), replica) and not trialdir.is_reported(folder)]
 
 
 def newest_attempt(root: str, experiment_id: str, trial_id: str, attempt: int | None = None) -> tuple[int, Path] | None:
     """The folder of a trial's attempt, the newest by default (for its logs once it ended)."""
-    attempts = []
-    for folder in (Path(root) / "trialbus" / "trials" / experiment_id).glob(f"{trial_id}-*"):
-        name, _, number = folder.name.rpartition("-")
-        if name == trial_id and number.isdigit() and attempt in (None, int(number)):
-            attempts.append((int(number), folder))
-    return max(attempts) if attempts else None
+    found = trialdir.newest(f"{root}/trialbus/trials/{experiment_id}", trial_id, attempt)
+    return (found[0], Path(found[1])) if found else None
 
 
 def mark_reported(folder: str) -> None:
+    """The attempt's end is published (its expiry counts from now: a mark again moves it)."""
     with contextlib.suppress(OSError):
-        (Path(folder) / ".trialbus" / "reported").touch()
+        (Path(folder) / trialdir.REPORTED).touch()
 
 
 def keeper_state(folder: str, task: str) -> dict:
     """The keeper's ``state.json`` of one task of the trial (``<role>-<index>``); {} when none."""
     try:
-        found = json.loads((Path(folder) / task / ".trialbus" / "state.json").read_bytes())
+        found = json.loads((Path(folder) / task / trialdir.STATE).read_bytes())
     except (OSError, ValueError):
         return {}
     return found if isinstance(found, dict) else {}
@@ -227,12 +222,12 @@ def wrap(commands: list[str], reports: bool, trial_dir: str, keeper: str, role_v
     or preemption would otherwise never reach the keeper, and the trial would get no grace
     period to save a checkpoint (docs/retries.md)."""
     task = f'{trial_dir}/"${role_var}"-"${index_var}"'
-    settings = f"{trial_dir}/.trialbus/quiet.env"
+    meta = f"{trial_dir}/{trialdir.META}"
+    settings = f"{meta}/quiet.env"
     if reports:
-        settings = (f'"$([ "${index_var}" = 0 ] && echo {trial_dir}/.trialbus/report.env '
-                    f'|| echo {trial_dir}/.trialbus/quiet.env)"')  # fmt: skip
+        settings = f'"$([ "${index_var}" = 0 ] && echo {meta}/report.env || echo {meta}/quiet.env)"'
     return [
-        f"T={task} && mkdir -p \"$T/.trialbus\" && C=$(mktemp) && cat > \"$C\" <<'{MARK}'",
+        f"T={task} && mkdir -p \"$T/{trialdir.META}\" && C=$(mktemp) && cat > \"$C\" <<'{MARK}'",
         # SIGTERM to the trial's group: this shell waits for the command it runs (which gets the signal
         # too, and may save a checkpoint in its grace period) before it ends, rather than at once
         "trap 'exit 143' TERM",

@@ -32,7 +32,7 @@ from pathlib import Path
 from contracts import ExperimentStatus, TrainingService, TrialRequest, TrialStatus
 from contracts.base import utcnow
 from contracts.frameworkcontroller import AzureStorage, FrameworkcontrollerConfig
-from services.adapters import sharefs
+from services.adapters import sharefs, trialdir
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, Stale, TransientError
 from services.adapters.frameworkcontroller import frameworks
@@ -325,7 +325,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
                 meta = obj["metadata"]
                 trial_id, attempt = meta["labels"]["trialbus.io/trial"], int(meta["labels"]["trialbus.io/attempt"])
                 folder = sharefs.trial_share(root, state.id, trial_id, attempt).local
-                if (Path(folder) / ".trialbus" / "reported").exists():
+                if trialdir.is_reported(folder):
                     continue
                 started = frameworks.parse_time((obj.get("status") or {}).get("startTime")) or utcnow()
                 handle = TrialHandle(state.id, trial_id, attempt, ref=f"{service.namespace}/{meta['name']}#{folder}",

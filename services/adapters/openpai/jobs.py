@@ -39,7 +39,7 @@ from typing import Any
 
 from contracts.experiment import OpenpaiConfig
 from contracts.nni import choose_reporting_role
-from services.adapters import sharefs
+from services.adapters import sharefs, trialdir
 from services.adapters.sharefs import MARK, Share
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,255}$")
@@ -79,7 +79,7 @@ def trial_job(service: OpenpaiConfig, experiment_id: str, trial_id: str, attempt
     share under ``trialbus/bin/<bin_hash>/`` (secrets in clear: what the cluster receives)."""
     name = job_name(experiment_id, trial_id, attempt)
     local, container = service.local_storage_mount_point.rstrip("/"), service.container_storage_mount_point
-    where = f"trialbus/trials/{experiment_id}/{trial_id}-{attempt}"
+    where = trialdir.attempt_dir("trialbus/trials", experiment_id, trial_id, attempt)
     share = Share(f"{local}/{where}", f"{container}/{where}")
     keeper = f"{container}/trialbus/bin/{bin_hash}/trial_keeper.py"
     return name, share, render(service, name, trial_command, gpus, share, keeper)

@@ -44,7 +44,7 @@ import yaml
 
 from contracts import TrialStatus
 from contracts.experiment import OpenpaiConfig
-from services.adapters import sharefs
+from services.adapters import sharefs, trialdir
 from services.adapters.base import TrialOutcome
 from services.adapters.errors import PermanentError, TransientError
 from services.adapters.keeper import outcome_of
@@ -166,7 +166,7 @@ class Pools:
     def outcome(self, env: Environment, key: Key, trial_folder: str, report: str) -> TrialOutcome | None:
         """How the trial ended, from the reporting task's ``state.json``; None while it runs."""
         task = Path(trial_folder) / f"{report}-0"
-        state = _read_json(task / ".trialbus" / "state.json")
+        state = _read_json(task / trialdir.STATE)
         ended = state.get("done") or state.get("error")
         if not ended and state.get("exitCode") is not None:
             # The keeper records the trial's exit, then delivers what is left of its metrics (for
@@ -174,7 +174,7 @@ class Pools:
             # cannot finish any more (its environment ended, or it died before it was done).
             flushing = time.time() - float(state.get("endTime") or 0) < self.settings.flush_timeout + FLUSH_SLACK
             ended = env.state in FINAL or not flushing
-        if ended and not (task / ".trialbus" / "environment-stopped").exists():
+        if ended and not (task / trialdir.ENVIRONMENT_STOPPED).exists():
             outcome = outcome_of(state, None)
             if str(state.get("error") or "").startswith(INTERRUPTED):  # what ran it went away, not the trial
                 return dataclasses.replace(outcome, failure="infrastructure")
@@ -193,11 +193,11 @@ class Pools:
         """The trial has its outcome: free the environment; tell the other tasks to stop it."""
         env.done(key)
         if tasks > 1:
-            _mark(Path(trial_folder) / ".trialbus" / "cancel")
+            _mark(Path(trial_folder) / trialdir.CANCEL)
 
     def cancel(self, trial_folder: str, report: str) -> bool:
         """Ask every task to stop the trial; True when it had not started (nothing to wait for)."""
-        _mark(Path(trial_folder) / ".trialbus" / "cancel")
+        _mark(Path(trial_folder) / trialdir.CANCEL)
         return not (Path(trial_folder) / f"{report}-0").exists()
 
     def lost(self, env: Environment) -> list[Key]:

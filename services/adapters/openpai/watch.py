@@ -38,6 +38,7 @@ from pathlib import Path
 
 from contracts import TrialStatus
 from contracts.base import utcnow
+from services.adapters import trialdir
 from services.adapters.base import TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, Stale, TransientError
 from services.adapters.openpai.client import FINAL, Clients, OpenpaiClient
@@ -202,7 +203,7 @@ class Watcher:
             for job in self.tracked:
                 if job.env is not None and job.outcome is None:
                     with contextlib.suppress(OSError):
-                        mtime = (Path(job.share.local) / f"{job.report}-0" / ".trialbus" / "state.json").stat().st_mtime
+                        mtime = (Path(job.share.local) / f"{job.report}-0" / trialdir.STATE).stat().st_mtime
                         if mtime != job.seen:
                             job.seen = mtime
                             self.notify(job.handle)
