@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, TypeVar
 
 from pydantic import Field, SecretStr
 
@@ -35,7 +35,8 @@ from services.adapters.errors import PermanentError, TransientError
 from services.common.bus import Bus
 from services.common.settings import ServiceSettings
 
-__all__ = ["AdapterSettings", "PermanentError", "PlatformAdapter", "TransientError", "TrialHandle", "TrialOutcome"]
+__all__ = ["AdapterSettings", "PermanentError", "PlatformAdapter", "TransientError", "TrialHandle", "TrialOutcome",
+           "find_attempt"]  # fmt: skip
 
 #: Why an attempt failed, for the dispatcher's retry policy (:data:`contracts.retries.Failure`).
 Failure = Literal["trial", "infrastructure", "preempted", "lost", "permanent"]
@@ -86,6 +87,18 @@ class TrialHandle:
     ref: str
     #: When the trial started on the platform; the RUNNING event carries it.
     start_time: datetime = field(default_factory=utcnow, compare=False)
+
+
+T = TypeVar("T")
+
+
+def find_attempt(attempts: Mapping[tuple[str, int], T], handle: TrialHandle) -> T:
+    """What an adapter tracks of a handle's attempt, in its table by ``(trial id, attempt)``;
+    PermanentError when this replica does not track it (another replica's, or released)."""
+    found = attempts.get((handle.trial_id, handle.attempt))
+    if found is None:
+        raise PermanentError(f"trial {handle.trial_id} attempt {handle.attempt} is not known to this replica")
+    return found
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from contracts import ExperimentStatus, TrainingService, TrialRequest, TrialStat
 from contracts.base import utcnow
 from contracts.frameworkcontroller import AzureStorage, FrameworkcontrollerConfig
 from services.adapters import sharefs, trialdir
-from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
+from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome, find_attempt
 from services.adapters.errors import PermanentError, Stale, TransientError
 from services.adapters.frameworkcontroller import frameworks
 from services.adapters.frameworkcontroller.client import Conflict, Gone, Kubernetes
@@ -217,7 +217,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
     # ------------------------------------------------------------------ watching
 
     async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
-        job = self._find(handle)
+        job = find_attempt(self.jobs, handle)
         if job.outcome is not None:
             return job.outcome
         if job.deleted:
@@ -246,7 +246,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         return None
 
     async def cancel(self, handle: TrialHandle) -> None:
-        job = self._find(handle)
+        job = find_attempt(self.jobs, handle)
         if job.outcome is None and not job.deleted:
             job.canceled = True
             await self.kube().stop(job.namespace, job.name)
@@ -372,12 +372,6 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
 
     async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
         return await asyncio.to_thread(sharefs.log_tail, handle.ref.split("#", 1)[1], max_bytes)
-
-    def _find(self, handle: TrialHandle) -> Job:
-        job = self.jobs.get((handle.trial_id, handle.attempt))
-        if job is None:
-            raise PermanentError(f"trial {handle.trial_id} attempt {handle.attempt} is not known to this replica")
-        return job
 
     def health(self) -> dict:
         if self._kube is not None:

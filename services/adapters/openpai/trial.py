@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 
 from contracts.experiment import OpenpaiConfig
 from services.adapters import sharefs
-from services.adapters.base import TrialHandle, TrialOutcome
-from services.adapters.errors import PermanentError
+from services.adapters.base import TrialHandle, TrialOutcome, find_attempt
 from services.adapters.openpai.client import OpenpaiClient
 from services.adapters.openpai.reuse import Environment, Key
 
@@ -56,10 +55,7 @@ class Jobs:
 
     def find(self, handle: TrialHandle) -> Job:
         """The attempt's job; PermanentError when this replica does not track it."""
-        job = self._by_key.get((handle.trial_id, handle.attempt))
-        if job is None:
-            raise PermanentError(f"trial {handle.trial_id} attempt {handle.attempt} is not known to this replica")
-        return job
+        return find_attempt(self._by_key, handle)
 
     def add(self, job: Job) -> Job:
         self._by_key[(job.handle.trial_id, job.handle.attempt)] = job

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from contracts import subjects
-from services.adapters.base import TrialHandle, TrialOutcome
-from services.adapters.errors import PermanentError
+from services.adapters.base import TrialHandle, TrialOutcome, find_attempt
 from services.adapters.remote.checkpoints import TrialCheckpoint
 from services.adapters.remote.client import Machine
 
@@ -77,10 +76,8 @@ class TrialTable:
         return trial
 
     def find(self, handle: TrialHandle) -> Trial:
-        trial = self._trials.get((handle.trial_id, handle.attempt))
-        if trial is None:
-            raise PermanentError(f"trial {handle.trial_id} attempt {handle.attempt} is not known to this replica")
-        return trial
+        """The attempt's trial; PermanentError when this replica does not track it."""
+        return find_attempt(self._trials, handle)
 
     def running_on(self, machine: Machine) -> list[Trial]:
         return [t for t in self._trials.values() if t.machine is machine and t.running]
