@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.adapters import sharefs
+from services.adapters import sharefs, trialdir
 from services.adapters.openpai import jobs
 from services.trial_keeper import KEEPER_PATH
 from tests.e2e.helpers import wait_until
@@ -32,6 +32,7 @@ class Env:
         self.bin.mkdir()
         shutil.copy(RUNNER_PATH, self.bin / jobs.RUNNER)
         shutil.copy(KEEPER_PATH, self.bin / "trial_keeper.py")
+        shutil.copy(trialdir.__file__, self.bin / "trialdir.py")
         self.dir, self.trials = root / "env", root / "trials"
         (self.dir / "tickets").mkdir(parents=True)
         (self.dir / "alive").touch()

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from contracts import TrainingService, TrialRequest
 from contracts.experiment import OpenpaiConfig
+from services.adapters import trialdir
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, TransientError
 from services.adapters.keeper import Bundle
@@ -139,8 +140,9 @@ class OpenpaiAdapter(PlatformAdapter):
 
 def bundle() -> Bundle:
     """The files the adapter installs on the share: the keeper, the ``nni`` shim and the
-    reuse-mode runner with its warm-start files (their hash names their folder, and appears
-    in every job)."""
+    reuse-mode runner with the trial directory's layout and its warm-start files (their hash
+    names their folder, and appears in every job)."""
     from services.trial_keeper import KEEPER_PATH, SHIM_PATH, WARM_FILES
 
-    return Bundle(KEEPER_PATH, SHIM_PATH, {jobs.RUNNER: Path(__file__).with_name("runner.py"), **WARM_FILES})
+    runner = {jobs.RUNNER: Path(__file__).with_name("runner.py"), "trialdir.py": Path(trialdir.__file__)}
+    return Bundle(KEEPER_PATH, SHIM_PATH, {**runner, **WARM_FILES})

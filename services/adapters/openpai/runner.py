@@ -29,7 +29,8 @@ any other command runs as before, through ``sh``.
 
 A task folder that exists when its ticket comes up again (the job or the task was retried by
 OpenPAI after the runner had begun the trial) gets an error in its ``state.json`` instead of a
-second run: a trial never runs twice.
+second run: a trial never runs twice. The trial folder's paths are ``trialdir.py``'s, shipped beside
+this file.
 """
 
 import argparse
@@ -38,6 +39,10 @@ import os
 import signal
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's folder out
+
+import trialdir  # noqa: E402 - shipped beside this file
 
 
 def parse(argv):
@@ -93,7 +98,7 @@ class Runner:
         self.stopping = True
         if self.child:
             try:
-                open(self.current + "/.trialbus/environment-stopped", "ab").close()
+                open(self.current + "/" + trialdir.ENVIRONMENT_STOPPED, "ab").close()
             except OSError:
                 pass
             try:
@@ -147,14 +152,14 @@ class Runner:
 
     def run_trial(self, ticket, trial_dir):
         task = trial_dir + "/" + self.name
-        state_path = task + "/.trialbus/state.json"
-        cancel = trial_dir + "/.trialbus/cancel"
+        state_path = task + "/" + trialdir.STATE
+        cancel = trial_dir + "/" + trialdir.CANCEL
         try:
             os.mkdir(task)  # the claim: a trial never runs twice in one task
         except FileExistsError:
             state = read_json(state_path)
             if not ended(state):
-                os.makedirs(task + "/.trialbus", exist_ok=True)
+                os.makedirs(task + "/" + trialdir.META, exist_ok=True)
                 state.update(error="the trial was interrupted: its OpenPAI environment restarted (a job or task "
                              "retry) while it ran", endTime=time.time())  # fmt: skip
                 write_json(state_path, state)
@@ -162,11 +167,11 @@ class Runner:
         except OSError as exc:  # the trial folder is gone: nothing to run
             self.say("ticket %s: %s" % (ticket, exc))
             return
-        os.mkdir(task + "/.trialbus")
+        os.mkdir(task + "/" + trialdir.META)
         if os.path.exists(cancel):
             write_json(state_path, {"done": True, "canceled": True, "endTime": time.time()})
             return
-        environ = self.keeper.read_settings(trial_dir + "/.trialbus/" + self.settings)
+        environ = self.keeper.read_settings(trial_dir + "/" + trialdir.META + "/" + self.settings)
         environ.update(os.environb)
         environ[b"TRIALBUS_TRIAL_DIR"] = os.fsencode(task)
         environ[b"TRIALBUS_TRIAL_COMMAND"] = os.fsencode("sh %s" % self.command)
@@ -226,7 +231,6 @@ class Runner:
 
 def main(argv=None):
     args = parse(argv)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import trial_keeper
 
     return Runner(args, trial_keeper).run()
