@@ -36,6 +36,7 @@ from pathlib import Path
 
 import httpx
 
+from services.adapters import trialdir
 from tests.fixtures.nats import NatsServer
 from tests.fixtures.stack import Stack
 from trialbus.client import AsyncClient
@@ -106,7 +107,7 @@ def alive(pid: int) -> bool:
 def read_pids(trials_dir: Path) -> list[tuple[int, int]]:
     """(keeper pid, trial pid) of every trial directory whose keeper has started its trial."""
     found = []
-    for state in trials_dir.glob("*/*/.trialbus/state.json"):
+    for state in trials_dir.glob(f"*/*/{trialdir.STATE}"):
         with contextlib.suppress(OSError, ValueError):
             values = json.loads(state.read_bytes())
             if "trialPid" in values:
@@ -117,7 +118,7 @@ def read_pids(trials_dir: Path) -> list[tuple[int, int]]:
 def stop_leftovers(trials_dir: Path) -> None:
     """SIGKILL what a failed run left (trials outlive their adapter by design): each trial's
     process group, and its keeper while its command line still says it is one."""
-    for state in trials_dir.glob("*/*/.trialbus/state.json"):
+    for state in trials_dir.glob(f"*/*/{trialdir.STATE}"):
         with contextlib.suppress(OSError, ValueError):
             values = json.loads(state.read_bytes())
             if values.get("done"):

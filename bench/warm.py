@@ -69,6 +69,7 @@ from bench.nni_side import write_trial as write_timed_trial
 from bench.trials import spawn_rate
 from bench.warm_report import CPU_PARTS, PRELOADED, print_serial, print_sklearn, print_wide
 from contracts import TrialState, TrialStatus
+from services.adapters import trialdir
 from services.trial_keeper import SHIM_PATH
 from trialbus.client import AsyncClient
 
@@ -268,7 +269,7 @@ def _forked(data_dir: Path, experiment: str) -> set[str]:
     local adapter's work dir say (``<work dir>/trials/<experiment>/<trial>-<attempt>``; the stack's
     work dir is ``<data dir>/trials``, a lone adapter's ``<data dir>/local-gpu/<replica>``)."""
     found = set()
-    for state in data_dir.glob(f"**/trials/{experiment}/*/.trialbus/state.json"):
+    for state in data_dir.glob(f"**/trials/{experiment}/*/{trialdir.STATE}"):
         try:
             warm = json.loads(state.read_text()).get("warm")
         except (OSError, ValueError):

@@ -9,9 +9,11 @@ created once per attempt (the idempotency point of a launch), marked ``reported`
 attempt's end is published (it is then never adopted again), and removed ``retention``
 seconds after that (:func:`remove_expired`).
 
-The keeper (``services/trial_keeper/``) and the openpai runner spell the paths they write
-themselves: each is one file run as ``python3 -S -I``, and shipping this one beside them
-would buy nothing but an import.
+The openpai reuse runner is shipped with this file too. The keeper (``services/trial_keeper/``)
+spells the paths it writes itself (``.trialbus/state.json``, ``spool/``, ``keeper.log``, ``exit``,
+``imports``, ``cancel``): it is imported by nothing and run as one file wherever a trial runs
+(the shared storage of frameworkcontroller carries no helper beside it), and it stays free of
+imports on its hot path.
 """
 
 import contextlib
