@@ -60,7 +60,9 @@ class Finals:
         if a < 0 or b < 0:
             return a if b < 0 else b
         va, vb = self._values[a], self._values[b]
-        return b if (vb < va if lower else vb > va) else a  # ties: the earlier trial
+        if va == vb:  # ties: the earlier trial (a range's nodes are not combined in trial order)
+            return min(a, b)
+        return b if (vb < va if lower else vb > va) else a
 
     def _grow(self, needed: int) -> None:
         size = self._size
