@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 ProcessType = Literal["compute", "graphics"]
 Source = Literal["nvml", "nvidia-smi", "none"]
+#: What a reader is told to read: a source, or ``auto`` (the first that works).
+ReaderSource = Literal["auto", "nvml", "nvidia-smi", "none"]
 
 _MIB = 2**20
 
@@ -131,7 +133,7 @@ class GpuReader:
 
     def __init__(
         self,
-        source: Literal["auto", "nvml", "nvidia-smi", "none"] = "auto",
+        source: ReaderSource = "auto",
         nvidia_smi: str = "nvidia-smi",
         timeout: float = 10.0,
         nvml: Any = None,
@@ -235,16 +237,19 @@ class GpuReader:
     def _nvml_gpu(nvml: Any, index: int) -> Gpu:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         memory = _nvml_memory(nvml, handle)
+        gpu_util: int | None
+        memory_util: int | None
         try:
             rates = nvml.nvmlDeviceGetUtilizationRates(handle)
             gpu_util, memory_util = int(rates.gpu), int(rates.memory)
         except nvml.NVMLError:
             gpu_util = memory_util = None
         processes: dict[int, GpuProcess] = {}
-        for kind, procs in (
+        kinds: tuple[tuple[ProcessType, Any], ...] = (
             ("compute", nvml.nvmlDeviceGetComputeRunningProcesses(handle)),
             ("graphics", nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)),
-        ):
+        )
+        for kind, procs in kinds:
             for proc in procs:
                 used = None if proc.usedGpuMemory is None else int(proc.usedGpuMemory) // _MIB
                 pid = int(proc.pid)

@@ -119,11 +119,14 @@ def place(ask: GpuAsk, snapshot: Snapshot) -> Placed | Wait | Never:
     if (why := never_reason(ask, [g.index for g in snapshot.gpus])) is not None:
         return Never(why)
     usable = set(eligible(ask, [g.index for g in snapshot.gpus]))
-    free, busy = [], []
+    free: list[GpuView] = []
+    busy: list[str] = []  # why each usable GPU is not free
     for gpu in snapshot.gpus:
         if gpu.index in usable:
-            reason = _busy(ask, gpu, snapshot.reserved)
-            (busy if reason else free).append(reason or gpu)
+            if reason := _busy(ask, gpu, snapshot.reserved):
+                busy.append(reason)
+            else:
+                free.append(gpu)
     if len(free) >= ask.count:
         chosen = sorted(free, key=_order)[: ask.count]
         return Placed(tuple(sorted(g.index for g in chosen)))

@@ -57,9 +57,13 @@ class GpuScheduler:
         """``read``: the inventory of another host (default: this host's, NVML or nvidia-smi)."""
         self.settings, self.adapter = settings, adapter
         self._holdings, self._capacity_freed = holdings, capacity_freed
-        source = getattr(settings, "gpu_source", "auto")
-        self._reader = gpus.GpuReader(source, settings.nvidia_smi) if read is None else None
-        self._read = read or (lambda: asyncio.to_thread(self._reader.read))
+        # Only local-gpu's settings choose a source (remote reads its machines over SSH: ``read``).
+        source: gpus.ReaderSource = getattr(settings, "gpu_source", "auto")
+        self._reader: gpus.GpuReader | None = None
+        if read is None:
+            reader = self._reader = gpus.GpuReader(source, settings.nvidia_smi)
+            read = lambda: asyncio.to_thread(reader.read)  # noqa: E731
+        self._read = read
         self.inventory = gpus.Inventory("none")
         #: GPU index → processes on it that are not ours: (pid, visible to us when read).
         self._foreign: dict[int, list[tuple[int, bool]]] = {}

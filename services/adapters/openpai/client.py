@@ -72,7 +72,7 @@ class OpenpaiClient:
         reply = await self._request("POST", "/jobs", content=job_yaml.encode(),
                                     headers={"Content-Type": "text/yaml"})  # fmt: skip
         if reply.status_code == 429:
-            error, now = error_of(reply, f"submitting job {self.framework(job)}"), time.monotonic()
+            error, now = rate_limited(reply, f"submitting job {self.framework(job)}"), time.monotonic()
             if now >= self._cooldown_until:  # a new refusal, not another answer of the same burst
                 told = reply.headers.get("Retry-After", "").isdigit()  # the server says when: believe it
                 self._cooldown = min(error.delay if told else max(self._cooldown * 2, 1.0), self.rate_limit_backoff)
@@ -178,6 +178,13 @@ def _items(body: Any) -> list[dict]:
     return [item for item in body if isinstance(item, dict)] if isinstance(body, list) else []
 
 
+def rate_limited(reply: httpx.Response, doing: str) -> TransientError:
+    """The error for a 429 answer: retried after its ``Retry-After`` (1s without one)."""
+    retry_after = reply.headers.get("Retry-After", "")
+    delay = float(retry_after) if retry_after.isdigit() else 0.0
+    return TransientError(f"OpenPAI rate limit while {doing} (429): retrying", delay=delay or 1.0)
+
+
 def error_of(reply: httpx.Response, doing: str) -> AdapterError:
     """The adapter error for an answer of the rest-server (never includes the token)."""
     try:
@@ -195,9 +202,7 @@ def error_of(reply: httpx.Response, doing: str) -> AdapterError:
     if status == 403:
         return PermanentError(f"OpenPAI forbids {doing} (403 {code}: {message})")
     if status == 429:
-        retry_after = reply.headers.get("Retry-After", "")
-        delay = float(retry_after) if retry_after.isdigit() else 0.0
-        return TransientError(f"OpenPAI rate limit while {doing} (429): retrying", delay=delay or 1.0)
+        return rate_limited(reply, doing)
     if status == 400:
         return PermanentError(f"OpenPAI refused {doing} (400 {code}): {message}")
     if status == 404:

@@ -20,6 +20,8 @@ class Experiments:
     async def all(self) -> list[tuple[ExperimentState, OpenpaiConfig]]:
         """Every experiment with an openpai ``trainingService``, and that service."""
         found = []
+        if self.bus is None:
+            raise RuntimeError("the openpai adapter is not started")
         for state in await platforms.experiments(self.bus):
             service = state.config.service_for(self._adapter)
             if isinstance(service, OpenpaiConfig):

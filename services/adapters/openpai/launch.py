@@ -68,6 +68,8 @@ class Launcher:
                                                    self.bundle.hash)  # fmt: skip
         except ValueError as exc:
             raise PermanentError(str(exc)) from None
+        if self.bus is None:
+            raise RuntimeError("the openpai adapter is not started")
         root = sharefs.Share(local, container)
         keeper, fresh = await sharefs.prepare(self.bus, self.bundle, root, share, request, "pai", self.settings)
         client = self.clients.get(service)

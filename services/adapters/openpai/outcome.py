@@ -15,12 +15,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from contracts import TrialStatus
+from contracts.retries import Failure
 from services.adapters import sharefs
 from services.adapters.base import TrialOutcome
 from services.adapters.openpai.trial import Job
 
 #: ``failure`` of a trial from the exit spec's ``behavior``.
-BEHAVIOR = {"TRANSIENT": "infrastructure", "TRANSIENT_CONFLICT": "infrastructure", "PERMANENT": "permanent"}
+BEHAVIOR: dict[str, Failure] = {
+    "TRANSIENT": "infrastructure", "TRANSIENT_CONFLICT": "infrastructure", "PERMANENT": "permanent",
+}
 #: Exit codes of a task stopped for someone else's reason, failure ``preempted`` rather than the
 #: TRANSIENT behavior's ``infrastructure`` (OpenPAI's k8s-job-exit-spec.yaml): −101
 #: PodExternalDeleted ("Pod is deleted by external unexpectedly": a drain, a preemption),
@@ -58,7 +61,7 @@ def outcome_of(job: Job) -> TrialOutcome:
                         last if isinstance(last, str) else None)  # fmt: skip
 
 
-def failure_of(spec: dict) -> str:
+def failure_of(spec: dict) -> Failure:
     """The failure class of an exit spec record (``appExitSpec``)."""
     if spec.get("code") in PREEMPTED:
         return "preempted"

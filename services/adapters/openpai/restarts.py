@@ -73,8 +73,9 @@ class Restarts:
 
     async def past(self, experiment_id: str, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
         """An attempt (the newest by default) of a finished trial whose folder the share keeps (its logs)."""
-        service = await self.experiments.service(experiment_id)
-        root = service.local_storage_mount_point if service else None
+        if (service := await self.experiments.service(experiment_id)) is None:
+            return None
+        root = service.local_storage_mount_point
         found = sharefs.newest_attempt(root, experiment_id, trial_id, attempt) if root else None
         if not found:
             return None

@@ -89,7 +89,8 @@ class Environment:
         tmp = self.folder / f".{ticket}"
         tmp.write_text(trial_dir)
         tmp.rename(self.folder / "tickets" / ticket)
-        self.tickets[key], _ = ticket, self.busy.append(key)
+        self.tickets[key] = ticket
+        self.busy.append(key)
         return ticket
 
     def done(self, key: Key) -> None:
@@ -122,13 +123,13 @@ class Pools:
         """The environment that runs the trial: the one it was handed to before a restart, an
         idle one, a new one, or — when OpenPAI refuses a new one for now — the least busy."""
         if not fresh:
-            for env in self.environments.values():
-                if key in env.tickets and env.live:
-                    if key not in env.busy:
-                        env.busy.append(key)
-                    return env
+            for handed in self.environments.values():
+                if key in handed.tickets and handed.live:
+                    if key not in handed.busy:
+                        handed.busy.append(key)
+                    return handed
         mine = [e for e in self.environments.values() if e.experiment_id == experiment_id and e.client is client]
-        env = next((e for e in mine if e.live and not e.busy), None)
+        env: Environment | None = next((e for e in mine if e.live and not e.busy), None)
         if env is None:
             try:
                 env = await self._create(service, client, experiment_id, gpus, trial_command, bin_hash)

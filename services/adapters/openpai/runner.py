@@ -208,7 +208,8 @@ class Runner:
         if environ.get(b"TRIALBUS_WARM") != b"1" or line is None:
             return None, 0
         environ[b"TRIALBUS_TRIAL_COMMAND"] = os.fsencode(line)  # no shell needed for one plain command
-        import warm_pool
+        # Shipped beside this file (services/trial_keeper/warm_pool.py): no module of that name here.
+        import warm_pool  # type: ignore[import-not-found]
 
         if self.warm is None:
             here = os.path.dirname(os.path.abspath(__file__))
@@ -231,7 +232,8 @@ class Runner:
 
 def main(argv=None):
     args = parse(argv)
-    import trial_keeper
+    # Shipped beside this file (services/trial_keeper/trial_keeper.py): no module of that name here.
+    import trial_keeper  # type: ignore[import-not-found]
 
     return Runner(args, trial_keeper).run()
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from contracts.experiment import OpenpaiConfig
+from contracts.retries import Failure
 from services.adapters import sharefs
 from services.adapters.base import TrialHandle, TrialOutcome, find_attempt
 from services.adapters.openpai.client import OpenpaiClient
@@ -41,7 +42,7 @@ class Job:
     #: Why the attempt ended, once OpenPAI retried the job by itself and the adapter stopped it,
     #: and the failure class of the platform attempt that failed (its exit spec).
     taken_back: str | None = None
-    taken_failure: str = "infrastructure"
+    taken_failure: Failure = "infrastructure"
 
 
 class Jobs:
