@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import nats.errors
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
 
 from contracts import ContractError, TrialRequest, TrialState, TrialStatus, streams
 from services.common import platforms
@@ -46,16 +47,29 @@ class Elsewhere:
     why: str
 
 
+@dataclass(frozen=True, slots=True)
+class _Buckets:
+    """What claims read and write, once started: the bus (the replicas' statuses) and two buckets."""
+
+    bus: Bus
+    claims: KeyValue
+    trials: KeyValue
+
+
 class Claims:
     def __init__(self, adapter: str, replica: str) -> None:
         self.adapter, self.replica = adapter, replica
-        self._bus: Bus | None = None
-        self._kv = self._trials = None
+        self._buckets: _Buckets | None = None
 
     async def start(self, bus: Bus) -> None:
-        self._bus = bus
-        self._kv = await bus.kv(streams.CLAIMS_BUCKET.bucket)
-        self._trials = await bus.kv(streams.TRIALS_BUCKET.bucket)
+        self._buckets = _Buckets(bus, await bus.kv(streams.CLAIMS_BUCKET.bucket),
+                                 await bus.kv(streams.TRIALS_BUCKET.bucket))  # fmt: skip
+
+    @property
+    def _on(self) -> _Buckets:
+        if self._buckets is None:
+            raise RuntimeError("the claims are not started")
+        return self._buckets
 
     def key(self, request: TrialRequest) -> str:
         return f"{self.adapter}.{request.trial_id}.{request.attempt}"
@@ -66,20 +80,21 @@ class Claims:
         key, mine = self.key(request), self.replica.encode()
         for _ in range(3):  # a claim dropped or taken over between two reads: look again
             try:
-                await self._kv.create(key, mine)
+                await self._on.claims.create(key, mine)
                 return None
             except KeyWrongLastSequenceError:
                 pass
             try:
-                entry = await self._kv.get(key)
+                entry = await self._on.claims.get(key)
             except NotFoundError:  # given back meanwhile: create again
                 continue
-            holder = entry.value.decode("utf-8", "replace")
-            if holder == self.replica or not entry.value:
+            value = entry.value or b""  # optional in nats.py's types: a get's entry always has its data
+            holder = value.decode("utf-8", "replace")
+            if holder == self.replica or not value:
                 return None  # ours, from before a restart: launching is idempotent
             if not await self._alive(holder):
                 try:
-                    await self._kv.update(key, mine, last=entry.revision)
+                    await self._on.claims.update(key, mine, last=entry.revision)
                 except KeyWrongLastSequenceError:
                     continue
                 log.warning("attempt %s of trial %s was claimed by replica %s, which is gone: launching it here",
@@ -91,18 +106,18 @@ class Claims:
     async def drop(self, key: str) -> None:
         """Give the claim ``key`` up (its request goes back unlaunched), if it is still ours."""
         try:
-            entry = await self._kv.get(key)
+            entry = await self._on.claims.get(key)
             if entry.value == self.replica.encode():
-                await self._kv.delete(key, last=entry.revision)
+                await self._on.claims.delete(key, last=entry.revision)
         except nats.errors.Error as exc:  # it expires with the bucket
             log.debug("cannot drop the claim %s: %s", key, exc)
 
     async def _alive(self, replica: str) -> bool:
-        return any(s.replica == replica for s in await platforms.statuses(self._bus, self.adapter))
+        return any(s.replica == replica for s in await platforms.statuses(self._on.bus, self.adapter))
 
     async def _elsewhere(self, request: TrialRequest, holder: str) -> Elsewhere:
         try:
-            trial = TrialState.decode((await self._trials.get(request.trial_id)).value)
+            trial = TrialState.decode((await self._on.trials.get(request.trial_id)).value or b"")  # b"": unreadable
         except (NotFoundError, ContractError):
             trial = None
         if trial is not None and (trial.attempt > request.attempt or trial.status.terminal):

@@ -20,6 +20,7 @@ from collections.abc import Callable, Collection
 
 import nats.errors
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from prometheus_client import Counter, Histogram
 
 from contracts import ContractError, TrialRequest, TrialStatus, sealing, streams, subjects
@@ -79,7 +80,7 @@ class Intake:
         self.drain, self.capacity, self._changed = drain, capacity, changed
         self._launched, self._launch_seconds = launched, launch_seconds
         self.consumer = streams.adapter_consumer(adapter.name)
-        self._pull = None
+        self._pull: JetStreamContext.PullSubscription | None = None
         self._taking: dict[asyncio.Task, Msg] = {}  # launches in flight, with their messages
         self._held: dict[asyncio.Task, Msg] = {}  # requests waiting for capacity (Waiting)
         self._held_keys: dict[asyncio.Task, str] = {}
@@ -89,7 +90,7 @@ class Intake:
 
     async def start(self, bus: Bus) -> None:
         """Bind to the adapter's durable consumer on the work queue."""
-        await bus.js.add_consumer(streams.DISPATCH.name, self.consumer)
+        await bus.js.add_consumer(streams.stream_name(streams.DISPATCH), self.consumer)
         self._pull = await bus.js.pull_subscribe_bind(self.consumer.durable_name, stream=streams.DISPATCH.name)
 
     def waiting(self) -> list[str]:
@@ -111,14 +112,18 @@ class Intake:
 
     async def heartbeat(self) -> None:
         """Keep long launches from being redelivered to another replica."""
+        if (ack_wait := self.consumer.ack_wait) is None:  # optional in nats.py's types; adapter_consumer sets it
+            raise ValueError(f"consumer definition without an ack wait: {self.consumer}")
         while True:
-            await asyncio.sleep(self.consumer.ack_wait / 3)
+            await asyncio.sleep(ack_wait / 3)
             for msg in [*self._taking.values(), *self._held.values()]:
                 with contextlib.suppress(nats.errors.Error):
                     await msg.in_progress()
 
     async def run(self) -> None:
         """Pull requests while there is room to launch them, until stopping."""
+        if (pull := self._pull) is None:
+            raise RuntimeError("the intake is not started")
         failures = 0
         while not self.stopping:
             if (pause := self._paused_until - time.monotonic()) > 0:  # the platform was full
@@ -137,7 +142,7 @@ class Intake:
                 await self._launch_done.wait()
                 continue
             try:
-                messages = await self._pull.fetch(free, timeout=FETCH_WAIT)
+                messages = await pull.fetch(free, timeout=FETCH_WAIT)
             except TimeoutError:  # nothing came (nats-py raises nats' or asyncio's TimeoutError)
                 failures = 0
                 continue

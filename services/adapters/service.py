@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -60,6 +61,9 @@ from services.adapters.trials import Owned, OwnedTrials
 from services.common.bus import Bus
 from services.common.lifecycle import Service
 from services.common.tasks import first_failure
+
+if TYPE_CHECKING:  # imported when served (fastapi and uvicorn load slowly)
+    from services.common.http import HttpServer
 
 __all__ = ["AdapterService", "AdapterSettings"]
 
@@ -106,7 +110,7 @@ class AdapterService(Service):
         self.control = ControlRequests(adapter, settings.replica, self.trials, self.drainer, self.capacity.fire)
         self._bus: Bus | None = None
         self._loops: list[asyncio.Task] = []
-        self._http = None
+        self._http: HttpServer | None = None
 
     @property
     def owned(self) -> dict[str, Owned]:
@@ -155,8 +159,8 @@ class AdapterService(Service):
 
             app = FastAPI()
             app.include_router(health_routes(lambda: self._bus, self._health))
-            self._http = HttpServer(app, self.settings.adapter_http_host, self.settings.adapter_http_port)
-            await self._http.start()
+            self._http = http = HttpServer(app, self.settings.adapter_http_host, self.settings.adapter_http_port)
+            await http.start()
         await self.status.start(bus)
         await self.claims.start(bus)
         loops = [self.intake.run, self.trials.watch, self.intake.heartbeat, self.status.run]

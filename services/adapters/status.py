@@ -11,6 +11,7 @@ import socket
 from collections.abc import Callable
 
 import nats.errors
+from nats.js.kv import KeyValue
 
 from contracts import PlatformStatus, streams, subjects
 from contracts.base import utcnow
@@ -30,7 +31,7 @@ class StatusPublisher:
         self._adapter, self._replica, self._interval, self._fields = adapter, replica, interval, fields
         self._key = subjects.platform_key(adapter, replica)
         self._due = asyncio.Event()
-        self._platforms = None  # the platforms KV bucket
+        self._platforms: KeyValue | None = None  # the platforms KV bucket, once started
 
     def due(self) -> None:
         """The status changed: write it soon."""
@@ -38,6 +39,12 @@ class StatusPublisher:
 
     async def start(self, bus: Bus) -> None:
         self._platforms = await bus.kv(streams.PLATFORMS_BUCKET.bucket)
+
+    @property
+    def _bucket(self) -> KeyValue:
+        if self._platforms is None:
+            raise RuntimeError("the status publisher is not started")
+        return self._platforms
 
     async def run(self) -> None:
         """Write the status every ``interval`` and shortly after a change (at most every
@@ -48,7 +55,7 @@ class StatusPublisher:
             try:
                 status = PlatformStatus(adapter=self._adapter, replica=self._replica, host=host, time=utcnow(),
                                         **self._fields())  # fmt: skip
-                await self._platforms.put(self._key, status.encode())
+                await self._bucket.put(self._key, status.encode())
             except (nats.errors.Error, OSError) as exc:  # the broker restarts: next round
                 log.debug("cannot publish the platform status: %s", exc)
             except Exception:  # a bug in describe() must not stop the adapter
@@ -61,4 +68,4 @@ class StatusPublisher:
     async def delete(self) -> None:
         """The replica stops: its status goes."""
         with contextlib.suppress(nats.errors.Error, OSError):  # else it expires with the bucket's ttl
-            await self._platforms.delete(self._key)
+            await self._bucket.delete(self._key)
