@@ -17,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import TypeVar
 
 import nats.errors
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from contracts import (
     CancelReply,
@@ -51,7 +53,7 @@ class ControlRequests:
         self, adapter: PlatformAdapter, replica: str, trials: OwnedTrials, drain: Drain, wake: Callable[[], None]
     ) -> None:
         self.adapter, self.replica, self.trials, self.drain, self._wake = adapter, replica, trials, drain, wake
-        self._subs: list = []
+        self._subs: list[Subscription] = []
 
     async def start(self, bus: Bus) -> None:
         self._subs = [
@@ -130,7 +132,7 @@ class ControlRequests:
             await msg.respond(reply.encode())
 
 
-_Control = CancelRequest | LogRequest | CheckRequest | DrainRequest
+_Control = TypeVar("_Control", CancelRequest, LogRequest, CheckRequest, DrainRequest)
 
 
 def _decode(model: type[_Control], msg: Msg) -> _Control | None:

@@ -94,6 +94,13 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
             self._kube = Kubernetes(self.settings.kubeconfig, self.settings.request_timeout)
         return self._kube
 
+    @property
+    def bus(self) -> Bus:
+        """The bus (the code store, the experiments), once started."""
+        if self._bus is None:
+            raise RuntimeError("the frameworkcontroller adapter is not started")
+        return self._bus
+
     async def start(self, bus: Bus) -> None:
         self._bus = bus
         self._cleaner = asyncio.create_task(self._clean_loop())
@@ -149,7 +156,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
             raise PermanentError(f"the frameworkcontroller adapter cannot run platform {service.platform!r}")
         root = self.root(service)
         share = sharefs.trial_share(root, request.experiment_id, request.trial_id, request.attempt)
-        bin_hash, fresh = await sharefs.prepare(self._bus, self.bundle, root, share, request, "frameworkcontroller",
+        bin_hash, fresh = await sharefs.prepare(self.bus, self.bundle, root, share, request, "frameworkcontroller",
                                                 self.settings)  # fmt: skip
         if isinstance(service.storage, AzureStorage):
             await self._secret(request.experiment_id, service)
@@ -225,7 +232,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
                                        "deleted outside Trialbus", None, utcnow())  # fmt: skip
             return job.outcome
         state = frameworks.state_of(job.framework)
-        if frameworks.phase(state) == "ended":
+        if frameworks.phase(state) == "ended" and job.framework is not None:  # ended: a state read from it
             keeper = await asyncio.to_thread(sharefs.keeper_state, job.folder, job.report)
             job.outcome = frameworks.outcome_of(job.framework, keeper, job.canceled)
             return job.outcome
@@ -235,7 +242,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
                 await self.kube().stop(job.namespace, job.name)
                 job.outcome = TrialOutcome(TrialStatus.FAILED, None, f"Framework {job.namespace}/{job.name} stayed "
                                            f"AttemptPreparing for {waited:.0f}s (an image that cannot be pulled, or no "
-                                           "room for its pods?): stopped", "unknown", utcnow())  # fmt: skip
+                                           "room for its pods?): stopped", "trial", utcnow())  # fmt: skip
                 return job.outcome
             if waited > self.settings.queue_note_after:
                 raise Stale(f"Framework {job.namespace}/{job.name} is {state} (waiting for its pods)",
@@ -308,7 +315,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
     async def adopt(self) -> list[TrialHandle]:
         """This replica's Frameworks of the frameworkcontroller experiments on the bus."""
         handles = []
-        for state in await platforms.experiments(self._bus):
+        for state in await platforms.experiments(self.bus):
             service = state.config.service_for(self.name)
             if not isinstance(service, FrameworkcontrollerConfig):
                 continue
@@ -352,7 +359,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
             if not self.secrets:
                 continue
             with contextlib.suppress(Exception):
-                states = {s.id: s.status for s in await platforms.experiments(self._bus)}
+                states = {s.id: s.status for s in await platforms.experiments(self.bus)}
                 for experiment_id, namespace in list(self.secrets.items()):
                     running = any(j.handle.experiment_id == experiment_id for j in self.jobs.values())
                     if not running and states.get(experiment_id, ExperimentStatus.DONE) != ExperimentStatus.RUNNING:
@@ -361,7 +368,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
                         log.info("deleted the storage Secret of experiment %s", experiment_id)
 
     async def past(self, experiment_id: str, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
-        for state in await platforms.experiments(self._bus):
+        for state in await platforms.experiments(self.bus):
             service = state.config.service_for(self.name)
             if state.id == experiment_id and isinstance(service, FrameworkcontrollerConfig):
                 with contextlib.suppress(PermanentError):

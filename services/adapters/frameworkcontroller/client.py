@@ -11,13 +11,14 @@ one place: 401/403 (credentials, RBAC: permanent, saying which verb and resource
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import json
 import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from services.adapters.errors import AdapterError, PermanentError, TransientError
 
@@ -118,13 +119,16 @@ class Kubernetes:
         """Events of the Frameworks matching ``selector`` after ``resource_version``, for at most
         ``seconds`` (blocking: run it in a thread). Gone when the version is too old."""
         from kubernetes.client.exceptions import ApiException
+        from urllib3 import HTTPResponse
 
         try:
-            response = self.custom.list_namespaced_custom_object(
+            # The generated client types every answer ``object``; unread (``_preload_content=False``), it is
+            # urllib3's response.
+            response = cast(HTTPResponse, self.custom.list_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, label_selector=selector, watch=True,
                 resource_version=resource_version or None, allow_watch_bookmarks=True, timeout_seconds=seconds,
                 _preload_content=False, _request_timeout=(self.timeout, seconds + self.timeout),
-            )  # fmt: skip
+            ))  # fmt: skip
         except ApiException as exc:
             if exc.status == 410:
                 raise Gone(f"resourceVersion {resource_version} is too old") from None
@@ -161,7 +165,7 @@ class Kubernetes:
         with contextlib.suppress(NotFound):
             await self.call(f"deleting Secret {namespace}/{name}", self.core.delete_namespaced_secret, name, namespace)
 
-    async def check(self, namespace: str, selector: str) -> list[str]:
+    async def check(self, namespace: str, selector: str) -> builtins.list[str]:  # ``list``: the method above
         """What stops the adapter from running Frameworks in ``namespace``: no FrameworkController
         CRD, no permission to list Frameworks there."""
         try:

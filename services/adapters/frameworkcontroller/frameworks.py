@@ -23,6 +23,7 @@ from typing import Any
 
 from contracts import TrialStatus
 from contracts.frameworkcontroller import FrameworkcontrollerConfig
+from contracts.retries import Failure
 from services.adapters.base import TrialOutcome
 from services.adapters.sharefs import wrap
 
@@ -161,7 +162,8 @@ def outcome_of(framework: dict, keeper: dict, canceled: bool) -> TrialOutcome:
         return TrialOutcome(TrialStatus.SYS_CANCELED, exit_code, f"Framework {name} was stopped outside Trialbus",
                             None, end)  # fmt: skip
     said = "permanent" if "Permanent" in attributes else "transient" if "Transient" in attributes else "unknown"
-    failure = {"permanent": "permanent", "transient": "infrastructure"}.get(said, "trial")  # retry classes
+    classes: dict[str, Failure] = {"permanent": "permanent", "transient": "infrastructure"}  # retry classes
+    failure = classes.get(said, "trial")
     if code in PREEMPTED:
         failure = "preempted"
     message = f"Framework {name} failed: completion code {code} ({phrase}, {said})"
