@@ -46,6 +46,7 @@ async def fetch_code(bus: Bus, digest: str) -> bytes:
         raise PermanentError(f"code snapshot sha256:{digest} is not in the object store") from exc
     except (nats.errors.Error, OSError) as exc:
         raise TransientError(f"cannot download code snapshot sha256:{digest}: {exc}", delay=2.0) from exc
+    assert archive is not None  # nats.py leaves data None only when told to write it into a file
     if hashlib.sha256(archive).hexdigest() != digest:
         raise PermanentError(f"code snapshot sha256:{digest} does not match its hash")
     return archive

@@ -144,6 +144,7 @@ class OwnedTrials:
                     await self._poll(owned, now)
 
     async def _poll(self, owned: Owned, now: float) -> None:
+        assert owned.handle is not None  # polled once announced, and announced once launched
         with logs.bind(experiment=owned.experiment_id, trial=owned.trial_id):
             try:
                 if owned.cancel is not None and not owned.cancel_sent:
@@ -174,10 +175,12 @@ class OwnedTrials:
 
     async def send_cancel(self, owned: Owned) -> None:
         """Ask the adapter to stop the trial; a failure is retried at the next poll."""
+        handle, cancel = owned.handle, owned.cancel
+        assert handle is not None and cancel is not None  # sent for an accepted cancel, once announced
         try:
-            await self.adapter.cancel(owned.handle)
+            await self.adapter.cancel(handle)
             owned.cancel_sent = True
-            log.info("canceling the trial (%s)", owned.cancel.status.value)
+            log.info("canceling the trial (%s)", cancel.status.value)
         except Exception as exc:
             log.warning("cannot cancel the trial yet (%s); retrying", exc)
 
@@ -186,6 +189,7 @@ class OwnedTrials:
     async def announce(self, owned: Owned) -> None:
         """Publish RUNNING; from then on the trial is polled (its end always follows its start). Its dedupe
         id names this replica: a second copy of the attempt elsewhere is seen, and stopped, by the dispatcher."""
+        assert owned.handle is not None  # announced once launched (or adopted)
         msg_id = subjects.running_event_id(owned.trial_id, owned.attempt, self.settings.replica)
         await self.publish(owned, TrialStatus.RUNNING, msg_id=msg_id, time=owned.handle.start_time)
         owned.announced = True
@@ -196,6 +200,7 @@ class OwnedTrials:
     async def report(self, owned: Owned, release: bool = False) -> None:
         """Publish the terminal event (the cancel's status if one was accepted), then release."""
         outcome = owned.outcome
+        assert outcome is not None  # reported once it ended
         status, message = outcome.status, outcome.message
         failure = outcome.failure if status is TrialStatus.FAILED else None
         if owned.cancel is not None:
@@ -222,6 +227,7 @@ class OwnedTrials:
     async def note(self, owned: Owned, message: str | None, after: str | None = None) -> None:
         """RUNNING again with a message on it (its status is stale, and why), or without one
         once it is current again (``after`` the stale note); each note has its own dedupe id."""
+        assert owned.handle is not None  # noted while polled: announced, so launched
         key = message if message is not None else f"current again after: {after}"
         msg_id = subjects.note_event_id(owned.trial_id, owned.attempt, key)
         await self.publish(owned, TrialStatus.RUNNING, msg_id=msg_id, time=owned.handle.start_time, message=message)
@@ -241,6 +247,7 @@ class OwnedTrials:
         subject = subjects.events(owned.experiment_id, owned.trial_id, self.adapter.name)  # its own only
         headers = {"Nats-Msg-Id": msg_id or subjects.event_id(owned.trial_id, status.value, owned.attempt)}
         payload, delay = event.encode(), 0.1
+        assert self.bus is not None  # the service hands it over before it owns any trial
         while True:
             try:
                 await self.bus.js.publish(subject, payload, headers=headers)

@@ -65,6 +65,7 @@ class LocalGpuAdapter(PlatformAdapter):
 
             keeper_path, shim_path = keeper_path or KEEPER_PATH, shim_path or SHIM_PATH
         self.settings = settings
+        assert settings.work_dir is not None  # the settings' validator fills in its default
         self.work_dir = settings.work_dir
         self._bus: Bus | None = None
         trials_dir = f"{self.work_dir}/trials"
@@ -78,6 +79,7 @@ class LocalGpuAdapter(PlatformAdapter):
                                    self.table.running_ids)  # fmt: skip
 
     async def _fetch_code(self, digest: str) -> bytes:
+        assert self._bus is not None  # code is fetched for launches, which come after the start
         return await fetch_code(self._bus, digest)
 
     # ------------------------------------------------------------------ lifecycle

@@ -46,6 +46,7 @@ class KeeperSpawner:
 
     async def start(self) -> None:
         settings, work_dir = self.settings, self.settings.work_dir
+        assert work_dir is not None  # the settings' validator fills in its default
         self.keeper_path = await asyncio.to_thread(
             client.compile_keeper, settings.keeper_python, self.keeper_source, work_dir / "trial_keeper.pyc"
         )

@@ -55,6 +55,7 @@ class Launcher:
         code_dir = await self.code.dir(request.code_ref) if request.code_ref else None
         ask = self.gpus.ask(request)
         if ask is not None:
+            assert self.gpus.bus is not None  # handed over at the adapter's start, before any launch
             await self.gpus.check_fits(ask, self.gpus.bus)
         await self.keepers.warm_wait(request, code_dir)
         # No await from here on: the checks and the spawn happen as one step of the event loop.
@@ -66,8 +67,8 @@ class Launcher:
             return self.table.adopt_dir(trial_dir, *key, request.experiment_id).handle
         try:
             where, held, per_gpu = self.place(request, ask)
-        except Waiting as exc:  # a replica that can place it now should have it
-            if (peer := self.gpus.room_elsewhere(ask)) is not None:
+        except Waiting as exc:  # a replica that can place it now should have it (only GPUs make it wait)
+            if ask is not None and (peer := self.gpus.room_elsewhere(ask)) is not None:
                 raise TransientError(f"{exc}; offered to replica {peer}, which has idle GPUs", delay=0.2) from None
             raise
         try:

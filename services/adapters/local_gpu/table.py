@@ -54,12 +54,13 @@ class TrialTable:
         if trial.keeper is not None and trial.keeper.alive:
             trial.keeper.watch(lambda: self.on_exit(trial.handle))
 
-    def find_keeper(self, trial: Trial) -> bool:
-        """For a trial adopted before its keeper wrote ``state.json``: is its pid known now?"""
+    def find_keeper(self, trial: Trial) -> client.Keeper | None:
+        """For a trial adopted before its keeper wrote ``state.json``: its keeper, once its pid is known
+        (None: not yet)."""
         if pid := client.read_state(trial.dir).get("keeperPid"):
             trial.keeper = client.Keeper.adopt(pid) or dead_keeper(pid)
             self.watch(trial)
-        return trial.keeper is not None
+        return trial.keeper
 
     def find(self, handle: TrialHandle) -> Trial:
         """The trial of a handle, from memory or, for one this instance never saw, from its directory."""

@@ -42,11 +42,12 @@ class Watcher:
         trial = self.table.find(handle)
         if trial.outcome is not None:
             return trial.outcome
-        if trial.keeper is None and not self.table.find_keeper(trial):
+        keeper = trial.keeper if trial.keeper is not None else self.table.find_keeper(trial)
+        if keeper is None:
             if time.time() - os.path.getmtime(trial.dir) < UNBORN_GRACE:
                 return None
             return self._ended(trial)
-        if trial.keeper.check() and not (trial.ended_notice and client.read_state(trial.dir).get("done")):
+        if keeper.check() and not (trial.ended_notice and client.read_state(trial.dir).get("done")):
             return None  # running (a kept keeper lives on after its trial: its notice says the trial ended)
         return self._ended(trial)
 
@@ -74,13 +75,14 @@ class Watcher:
         trial = self.table.find(handle)
         if not trial.running:
             return
-        if trial.keeper is None and not self.table.find_keeper(trial):
+        keeper = trial.keeper if trial.keeper is not None else self.table.find_keeper(trial)
+        if keeper is None:
             raise TransientError("the trial keeper has not started yet", delay=0.2)
         # First the file, then the signal: a keeper kept for trial after trial stops its trial
         # only when the file is there (a late signal meant for a trial it kept before stops none).
         with contextlib.suppress(OSError):
             open(f"{trial.dir}/{trialdir.CANCEL}", "wb").close()
-        trial.keeper.signal(signal.SIGTERM)
+        keeper.signal(signal.SIGTERM)
         if trial.kill is None:
             loop = asyncio.get_running_loop()
             trial.kill = loop.call_later(self._grace(trial) + 1.0, self._force_stop, trial)
