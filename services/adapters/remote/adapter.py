@@ -92,6 +92,7 @@ class RemoteAdapter(PlatformAdapter):
     async def adopt(self) -> list[TrialHandle]:
         """Trials on the machines of the experiments on the bus that this adapter left running."""
         machines = []
+        assert self._bus is not None  # trials are adopted once started
         for state in await platforms.experiments(self._bus):
             if isinstance(service := state.config.service_for(self.name), RemoteConfig):
                 machines.extend(service.machine_list)
@@ -127,10 +128,10 @@ class RemoteAdapter(PlatformAdapter):
 
     def _on_experiment(self, state: ExperimentState) -> None:
         service = state.config.service_for(self.name)
-        if isinstance(service, RemoteConfig):
-            self.checkpoints.configure(state.id, service)
-        running = state.status == ExperimentStatus.RUNNING and isinstance(service, RemoteConfig)
-        self.pool.want(state.id, service if running else None)
+        remote = service if isinstance(service, RemoteConfig) else None
+        if remote is not None:
+            self.checkpoints.configure(state.id, remote)
+        self.pool.want(state.id, remote if state.status == ExperimentStatus.RUNNING else None)
 
     def _on_agent_event(self, machine: Machine, message: dict) -> None:
         self.watcher.on_agent_event(machine, message)

@@ -22,11 +22,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's folder out
 
-import agent_checkpoints  # noqa: E402 - shipped beside this file
-import agent_host  # noqa: E402 - shipped beside this file
-import trial_keeper  # noqa: E402 - shipped beside this file
-import trialdir  # noqa: E402 - shipped beside this file
-import warm_pool  # noqa: E402 - shipped beside this file (with trial_template.py)
+import agent_checkpoints  # type: ignore[import-not-found]  # noqa: E402 - shipped beside this file
+import agent_host  # type: ignore[import-not-found]  # noqa: E402 - shipped beside this file
+import trial_keeper  # type: ignore[import-not-found]  # noqa: E402 - shipped beside this file
+import trialdir  # type: ignore[import-not-found]  # noqa: E402 - shipped beside this file
+import warm_pool  # type: ignore[import-not-found]  # noqa: E402 - shipped beside this file (with trial_template.py)
 
 STATE, SPOOL = trialdir.STATE, trialdir.SPOOL
 
@@ -327,7 +327,10 @@ class Agent:
                         name = member.name
                         if name.startswith("/") or ".." in name.split("/") or not (member.isfile() or member.isdir()):
                             raise ValueError("code snapshot member %r is not a plain file inside it" % name)
-                    tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+                    if hasattr(tarfile, "data_filter"):
+                        tar.extractall(tmp, filter="data")
+                    else:  # Python without extraction filters (before 3.9.17): the members are checked above
+                        tar.extractall(tmp)
                 try:
                     os.rename(tmp, dest)
                 except OSError:

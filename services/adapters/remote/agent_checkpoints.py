@@ -44,7 +44,8 @@ def scan(path):
     except (FileNotFoundError, NotADirectoryError):
         return None, []
     newest = size = files = dirs = 0
-    members, todo = [], [""]
+    members: list[tuple[str, bool]] = []  # (name, is a directory)
+    todo = [""]
     while todo and len(members) <= MAX_FILES:
         relative = todo.pop()
         try:
@@ -128,7 +129,7 @@ class _Capped:
     def __init__(self, raw, cap):
         self.raw, self.cap, self.pos = raw, cap, 0
 
-    def read(self, size=-1):
+    def read(self, size: int = -1) -> bytes:
         data = self.raw.read(min(size, _CHUNK) if size and size > 0 else _CHUNK)
         self.pos += len(data)
         if self.pos > self.cap:
@@ -181,7 +182,8 @@ def _extract(archive, into, max_bytes):
     with gzip.open(archive, "rb") as raw:
         stream = _Capped(raw, cap)
         try:
-            with tarfile.open(fileobj=stream, mode="r|") as tar:
+            # The stream mode only reads its file; typeshed asks every mode's methods (write, seek, ...).
+            with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
                 for member in tar:
                     why = refusal(member, seen)
                     if why:

@@ -51,7 +51,7 @@ def gpus(nvidia_smi=None):
         why = (": " + last[0]) if last else ""
         return {"error": f"nvidia-smi exited with {done.returncode}{why}"}
     xml = done.stdout.decode("utf-8", "replace")
-    sessions = {}
+    sessions: dict[str, int | None] = {}  # None: not ours to see, or gone
     for pid in set(re.findall(r"<pid>\s*(\d+)\s*</pid>", xml)):
         try:
             sessions[pid] = os.getsid(int(pid))

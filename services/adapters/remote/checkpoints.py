@@ -161,7 +161,7 @@ class CheckpointSync:
         if signature is not None and signature[BYTES] > options.max_bytes:
             self._over(checkpoint, signature, options)
             return
-        self._spawn(checkpoint, final=False)
+        self._spawn(checkpoint, options, final=False)
 
     # ------------------------------------------------------------------ at its end
 
@@ -171,14 +171,14 @@ class CheckpointSync:
         if checkpoint.final:
             return False
         if checkpoint.task is None:
-            if self._options(checkpoint) is None:
+            if (options := self._options(checkpoint)) is None:
                 checkpoint.final = True
                 return False
-            self._spawn(checkpoint, final=True)
+            self._spawn(checkpoint, options, final=True)
         return True
 
-    def _spawn(self, checkpoint: TrialCheckpoint, final: bool) -> None:
-        task = checkpoint.task = asyncio.create_task(self._copy(checkpoint))
+    def _spawn(self, checkpoint: TrialCheckpoint, options: Options, final: bool) -> None:
+        task = checkpoint.task = asyncio.create_task(self._copy(checkpoint, options))
         self._tasks.add(task)
 
         def done(task: asyncio.Task) -> None:
@@ -189,10 +189,10 @@ class CheckpointSync:
 
         task.add_done_callback(done)
 
-    async def _copy(self, checkpoint: TrialCheckpoint) -> None:
+    async def _copy(self, checkpoint: TrialCheckpoint, options: Options) -> None:
         """Pack the directory on its machine and put it in the store, unless unchanged or too big."""
         handle, machine = checkpoint.handle, checkpoint.machine
-        options, name = self._options(checkpoint), object_name(handle.experiment_id, handle.trial_id)
+        name = object_name(handle.experiment_id, handle.trial_id)
         with logs.bind(experiment=handle.experiment_id, trial=handle.trial_id):
             try:
                 async with self._slots:
@@ -261,7 +261,8 @@ class CheckpointSync:
         except NotFoundError:
             return None
         except _STORE_ERRORS as exc:
-            return self._unreadable(request, machine, exc)
+            self._unreadable(request, machine, exc)
+            return None
         here = await machine.call("checkpoint_scan", dir=directory, experiment=request.experiment_id,
                                   trial=request.trial_id)  # fmt: skip
         signature, ran_here = here["signature"], here["attempt"]
@@ -280,12 +281,14 @@ class CheckpointSync:
                 except NotFoundError:
                     return None  # expired or deleted meanwhile
                 except _STORE_ERRORS as exc:
-                    return self._unreadable(request, machine, exc)
+                    self._unreadable(request, machine, exc)
+                    return None
                 await machine.files.upload(local, remote)
                 found = await machine.call("checkpoint_unpack", dir=directory, archive=remote,
                                            maxBytes=options.max_bytes, timeout=PACKING_TIMEOUT)  # fmt: skip
         except AgentError as exc:  # an archive refused, a full disk: the attempt can run all the same
-            return self._unreadable(request, machine, exc)
+            self._unreadable(request, machine, exc)
+            return None
         finally:
             local.unlink(missing_ok=True)
         origin = ((info.headers or {}).get(ORIGIN) or ["?"])[0]
@@ -300,10 +303,10 @@ class CheckpointSync:
             raise TransientError(f"cannot read the checkpoint of trial {request.trial_id}: {exc}", delay=2.0) from exc
         log.warning("cannot restore the checkpoint of trial %s on %s (%s): attempt %d starts without it",
                     request.trial_id, machine.name, exc or type(exc).__name__, request.attempt)  # fmt: skip
-        return None
 
     async def _checkpoints(self) -> ObjectStore:
         if self._store is None:
+            assert self._bus is not None  # started before any trial is launched or tracked
             try:
                 self._store = await self._bus.checkpoint_store()
             except _STORE_ERRORS as exc:

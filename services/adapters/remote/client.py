@@ -27,8 +27,10 @@ import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import asyncssh
+from pydantic import SecretStr
 
 from contracts.experiment import RemoteMachineConfig
 from services.adapters import trialdir
@@ -70,7 +72,7 @@ def machine_key(config: RemoteMachineConfig) -> str:
     """The pool key of a machine: its address and a digest of its credentials, so that two
     experiments naming one machine with different credentials never share a connection."""
     secret = "\0".join(
-        value.get_secret_value() if hasattr(value, "get_secret_value") else str(value or "")
+        value.get_secret_value() if isinstance(value, SecretStr) else str(value or "")
         for value in (config.password, config.ssh_key, config.ssh_key_file, config.ssh_passphrase, config.python_path)
     )
     return f"{config.address}/{hmac.new(_KEY_SALT, secret.encode(), 'sha256').hexdigest()[:16]}"
@@ -144,7 +146,7 @@ class Machine:
         delay = 0.5
         while True:
             try:
-                await self._connect()
+                conn = await self._connect()
             except Exception as exc:  # noqa: BLE001 - every failure is a reason people read
                 before = self.error
                 self._lost(describe_error(exc, self.config, self.settings), permanent=is_permanent(exc))
@@ -157,7 +159,7 @@ class Machine:
                 self.up.set()
                 log.info("connected to %s (agent in %s, %d CPUs)", self.name, self.root, self.cpus)
                 self._on_up(self)
-                await self.conn.wait_closed()
+                await conn.wait_closed()
                 self._lost("the SSH connection dropped")
                 log.warning("%s; reconnecting", self.down_reason())
             self.tried = True
@@ -183,7 +185,7 @@ class Machine:
         self._agent = None
         self.files.lost()
 
-    async def _connect(self) -> None:
+    async def _connect(self) -> asyncssh.SSHClientConnection:
         config, settings = self.config, self.settings
         try:
             known_hosts, trusting = self._known_hosts()
@@ -205,6 +207,7 @@ class Machine:
                 if config.ssh_key is not None:
                     key = asyncssh.import_private_key(config.ssh_key.get_secret_value(), passphrase)
                 else:
+                    assert config.ssh_key_file  # no ssh_key: the elif's other half holds
                     key = asyncssh.read_private_key(os.path.expanduser(config.ssh_key_file), passphrase)
             except (OSError, asyncssh.KeyImportError, ValueError) as exc:
                 raise KeyProblem(key_problem(exc, config)) from None
@@ -215,12 +218,13 @@ class Machine:
                 self._remember(conn)
             self.conn = conn
             await self.files.install(conn, await conn.start_sftp_client())
-            await self._start_agent()
+            await self._start_agent(conn)
         except BaseException:
             conn.abort()
             self.conn = None
             raise
         self.down_since, self.error, self.permanent = None, None, False
+        return conn
 
     def _known_hosts(self) -> tuple[str | None, bool]:
         """The ``known_hosts`` argument, and whether this is a first connection we trust."""
@@ -257,20 +261,20 @@ class Machine:
         log.warning("trusted the new host key of %s (%s) on first use; added to %s", self.name,
                     key.get_fingerprint(), path)  # fmt: skip
 
-    async def _start_agent(self) -> None:
+    async def _start_agent(self, conn: asyncssh.SSHClientConnection) -> None:
         root = self.settings.remote_root.rstrip("/")
         path = self.config.python_path
         prefix = f"PATH={_quote(path)}:\"$PATH\" " if path else ""
         command = (f"{prefix}exec python3 -S -I {_quote(root)}/bin/{self.bundle.hash}/agent.py {_quote(root)} "
                    f"2>{_quote(root)}/agent.log")  # never a stderr pipe nobody reads
-        self._agent = await self.conn.create_process(command, encoding=None)
+        self._agent = await conn.create_process(command, encoding=None)
         try:
             async with asyncio.timeout(30):
                 line = await self._agent.stdout.readline()
         except TimeoutError:
             raise AgentProblem(f"the Trialbus agent did not start on {self.name} within 30s") from None
         if not line:
-            err = (await self.conn.run(f"tail -c 2000 {_quote(root)}/agent.log", check=False)).stdout or ""
+            err = (await conn.run(f"tail -c 2000 {_quote(root)}/agent.log", check=False)).stdout or ""
             err = err.strip() if isinstance(err, str) else err.decode(errors="replace").strip()
             if "not found" in err or self._agent.exit_status == 127:
                 where = f" (pythonPath {path})" if path else " (set pythonPath in machineList)"
@@ -304,8 +308,9 @@ class Machine:
 
     # ------------------------------------------------------------------ calls
 
-    async def call(self, op: str, timeout: float | None = None, **args) -> dict | list:
-        """One request to the agent; MachineDown when the machine is unreachable."""
+    async def call(self, op: str, timeout: float | None = None, **args) -> Any:
+        """One request to the agent (its answer: the op's JSON, whose shape the op decides); MachineDown
+        when the machine is unreachable."""
         if not self.up.is_set() or self._agent is None:
             raise MachineDown(self.down_reason(), delay=1.0)
         self._ids += 1

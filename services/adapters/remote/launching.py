@@ -43,7 +43,7 @@ class Launcher:
         self._pool, self._placement, self._trials, self._checkpoints = pool, placement, trials, checkpoints
         self._refresh = refresh
         self._bus: Bus | None = None  # for the code snapshots, from start
-        self._archives: dict[str, asyncio.Task] = {}  # code_ref → its fetch from the object store
+        self._archives: dict[str, asyncio.Task[bytes]] = {}  # code_ref → its fetch from the object store
 
     def start(self, bus: Bus) -> None:
         self._bus = bus
@@ -64,15 +64,15 @@ class Launcher:
         if (trial := self._trials.get(key)) is not None:  # launched concurrently meanwhile
             return trial.handle
         with self._placement.starting(machine, key, held, per_gpu):  # awaits below: its GPUs stay taken
-            return await self._start(request, machine, where, held, per_gpu)
+            return await self._start(request, service, machine, where, held, per_gpu)
 
-    async def _start(self, request: TrialRequest, machine: Machine, where: dict,
+    async def _start(self, request: TrialRequest, service: RemoteConfig, machine: Machine, where: dict,
                      held: tuple[int, ...], per_gpu: int) -> TrialHandle:  # fmt: skip
         key = (request.trial_id, request.attempt)
         env, files = await self._environment(request, machine, where)
         trials_dir = f"{machine.root}/trials"
         trial_dir = trialdir.attempt_dir(trials_dir, request.experiment_id, request.trial_id, request.attempt)
-        self._checkpoints.configure(request.experiment_id, request.training_service)
+        self._checkpoints.configure(request.experiment_id, service)
         restored = await self._checkpoints.restore(request, machine)  # before the keeper starts
         if held:
             files["gpus.json"] = json.dumps({"indices": list(held), "perGpu": per_gpu})
@@ -120,9 +120,9 @@ class Launcher:
             env["TRIALBUS_HEARTBEAT"] = str(request.heartbeat)
         if request.grace_period is not None:
             env["TRIALBUS_KILL_GRACE"] = str(request.grace_period)
-        if request.code_ref:
-            env["TRIALBUS_CODE_DIR"] = await machine.files.code_dir(request.code_ref.removeprefix("sha256:"),
-                                                              lambda: self._archive(request.code_ref))  # fmt: skip
+        if code_ref := request.code_ref:
+            env["TRIALBUS_CODE_DIR"] = await machine.files.code_dir(code_ref.removeprefix("sha256:"),
+                                                              lambda: self._archive(code_ref))  # fmt: skip
         return env, {"token": request.token.get_secret_value()}
 
     async def _archive(self, code_ref: str) -> bytes:
@@ -130,5 +130,6 @@ class Launcher:
         task = self._archives.get(code_ref)
         if task is None or (task.done() and task.exception() is not None):
             digest = code_ref.removeprefix("sha256:")
+            assert self._bus is not None  # started before any launch
             task = self._archives[code_ref] = asyncio.create_task(fetch_checked_code(self._bus, digest))
         return await asyncio.shield(task)

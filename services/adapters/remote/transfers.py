@@ -23,6 +23,7 @@ import secrets
 import shlex
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import asyncssh
 
@@ -38,7 +39,7 @@ class Transfers:
 
     def __init__(
         self, *, name: str, bundle: Bundle, remote_root: str, up: asyncio.Event, down_reason: Callable[[], str],
-        call: Callable[..., Awaitable[dict | list]],
+        call: Callable[..., Awaitable[Any]],
     ) -> None:  # fmt: skip
         """``up``, ``down_reason`` and ``call``: the machine's connection state, and its agent."""
         self.name, self.bundle, self.remote_root = name, bundle, remote_root
@@ -46,7 +47,7 @@ class Transfers:
         self.sftp: asyncssh.SFTPClient | None = None  # this connection's
         self.root = ""  # absolute, once the agent said where
         self.code: dict[str, str] = {}  # sha256 → unpacked folder on the machine
-        self._uploads: dict[str, asyncio.Task] = {}
+        self._uploads: dict[str, asyncio.Task[str]] = {}
 
     def lost(self) -> None:
         """The connection is gone, and its SFTP client and uploads with it."""
@@ -76,7 +77,7 @@ class Transfers:
             await conn.run(f"rm -rf {shlex.quote(tmp)}", check=False)
         log.info("installed Trialbus's files on %s (%s)", self.name, folder)
 
-    async def code_dir(self, digest: str, archive: Callable[[], asyncio.Future]) -> str:
+    async def code_dir(self, digest: str, archive: Callable[[], Awaitable[bytes]]) -> str:
         """The unpacked snapshot ``digest`` on the machine, uploaded unless it is there."""
         if (path := self.code.get(digest)) is not None:
             return path
@@ -87,13 +88,16 @@ class Transfers:
         self.code[digest] = path
         return path
 
-    async def _upload(self, digest: str, archive: Callable[[], asyncio.Future]) -> str:
+    async def _upload(self, digest: str, archive: Callable[[], Awaitable[bytes]]) -> str:
         dest = f"{self.root}/code/{digest}"
-        if not await self.sftp.isdir(dest):
+        sftp = self.sftp
+        if sftp is None:  # the connection went down meanwhile (as _transfer says)
+            raise MachineDown(self._down_reason(), delay=1.0)
+        if not await sftp.isdir(dest):
             data = await archive()
-            await self.sftp.makedirs(f"{self.root}/code", exist_ok=True)
+            await sftp.makedirs(f"{self.root}/code", exist_ok=True)
             tmp = f"{self.root}/code/.{digest}-{secrets.token_hex(4)}.tar.gz"
-            async with self.sftp.open(tmp, "wb") as f:
+            async with sftp.open(tmp, "wb") as f:
                 await f.write(data)
             try:
                 await self._call("unpack", archive=tmp, dest=dest, timeout=300)

@@ -26,6 +26,7 @@ class Trial:
     handle: TrialHandle
     machine: Machine
     dir: str
+    checkpoint: TrialCheckpoint  # its checkpoint directory's copies (checkpoints.py)
     outcome: TrialOutcome | None = None
     status: dict = field(default_factory=dict)  # the agent's last word: state, alive, spool
     gpus: tuple[int, ...] = ()
@@ -33,7 +34,6 @@ class Trial:
     kill: asyncio.TimerHandle | None = field(default=None, repr=False)
     relaying: bool = False
     grace: float | None = None  # its seconds from SIGTERM to SIGKILL (None: the adapter's kill_grace)
-    checkpoint: TrialCheckpoint | None = None  # its checkpoint directory's copies (checkpoints.py)
 
     @property
     def running(self) -> bool:
@@ -71,8 +71,7 @@ class TrialTable:
               started: datetime) -> Trial:  # fmt: skip
         """Keep a new attempt, its checkpoint directory followed."""
         handle = TrialHandle(experiment_id, trial_id, attempt, ref=f"{machine.key}#{trial_dir}", start_time=started)
-        trial = self._trials[(trial_id, attempt)] = Trial(handle, machine, trial_dir)
-        trial.checkpoint = self._follow(handle, machine)
+        trial = self._trials[(trial_id, attempt)] = Trial(handle, machine, trial_dir, self._follow(handle, machine))
         return trial
 
     def find(self, handle: TrialHandle) -> Trial:

@@ -161,6 +161,7 @@ class Watcher:
                 body = {"experimentId": trial.handle.experiment_id, "attempt": trial.handle.attempt, "records": records}
                 headers = {"Authorization": f"Bearer {found['token']}",
                            "X-Trialbus-Keeper-Version": trial.machine.keeper_version}  # fmt: skip
+                assert self._http is not None  # relays run between start and stop
                 reply = await self._http.post(url, json=body, headers=headers)
                 if reply.status_code != 200:
                     log.warning("the gateway refused relayed metrics of %s (%d): %s", trial.handle.trial_id,
