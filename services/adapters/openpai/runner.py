@@ -42,7 +42,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's folder out
 
-import trialdir  # noqa: E402 - shipped beside this file
+import trialdir  # type: ignore[import-not-found]  # noqa: E402 - shipped beside this file (services/adapters/trialdir.py)
 
 
 def parse(argv):
