@@ -63,6 +63,7 @@ $(NNI_SDK)/.torch-installed: $(NNI_SDK)/.installed
 
 test: $(STAMP) $(NNI_SDK)/.installed $(NNI_SDK)/.torch-installed sshd chromium docker  ## lint, layering, the docs, then the suite
 	$(BIN)/ruff check contracts services trialbus bench tests docs/gen
+	$(BIN)/ruff format --check contracts services trialbus bench tests docs/gen
 	$(BIN)/lint-imports
 	$(MAKE) typecheck
 	$(MAKE) docs

@@ -61,8 +61,12 @@ def main() -> None:
             return
     root = Path(tempfile.mkdtemp(prefix="trialbus-bench-"))
     options = StackOptions(
-        data_dir=root / "data", nats_port=free_port(), api_port=free_port(), gateway_port=free_port(),
-        webui_port=free_port(), stop_grace=5
+        data_dir=root / "data",
+        nats_port=free_port(),
+        api_port=free_port(),
+        gateway_port=free_port(),
+        webui_port=free_port(),
+        stop_grace=5,
     )
     stack = Stack(options, console)
     code = root / "code"
@@ -80,8 +84,16 @@ def main() -> None:
             stack.stop()
 
 
-def run(console: Console, options: StackOptions, stack: Stack, root: Path, code: Path, command: str,
-        machines: list[dict] | None, cluster: dict) -> None:
+def run(
+    console: Console,
+    options: StackOptions,
+    stack: Stack,
+    root: Path,
+    code: Path,
+    command: str,
+    machines: list[dict] | None,
+    cluster: dict,
+) -> None:
     """Every figure asked for on the command line (all by default), printed as it is measured."""
     parts = set(sys.argv[1:]) or set(PARTS)
     if "trials" in parts:
@@ -103,8 +115,16 @@ def run(console: Console, options: StackOptions, stack: Stack, root: Path, code:
     if "openpai" in parts:
         with openpai_service(root) as service:
             for mode, reuse, count in (("one job per trial", False, 40), ("reuse mode, 8 environments", True, 200)):
-                figures = asyncio.run(trial_rate(options.nats_url, "python3 noop.py", code, 8, count,
-                                                 {**service, "trialGpuNumber": 0, "reuseMode": reuse}))  # fmt: skip
+                figures = asyncio.run(
+                    trial_rate(
+                        options.nats_url,
+                        "python3 noop.py",
+                        code,
+                        8,
+                        count,
+                        {**service, "trialGpuNumber": 0, "reuseMode": reuse},
+                    )
+                )
                 console.print(
                     f"openpai (emulated cluster, {mode}), concurrency 8, {count} trials: [bold]{figures.rate:.1f}[/] "
                     f"trials/s (submit→RUNNING p50 {percentile([x * 1000 for x in figures.to_running], 50):.0f} ms)"

@@ -59,9 +59,11 @@ def start_times(runs: int = 21) -> StartTimes:
 
 def report(figures: StartTimes) -> str:
     verdict = "within" if round(figures.ratio, 1) <= TARGET else "[red]over[/]"  # as printed
-    return (f"trialbus --help: [bold]{figures.help * 1000:.0f}[/] ms, bare python3 -c pass "
-            f"{figures.bare * 1000:.0f} ms (medians of {figures.runs}): [bold]{figures.ratio:.1f}×[/], {verdict} "
-            f"the ≤{TARGET:g}× target")  # fmt: skip
+    return (
+        f"trialbus --help: [bold]{figures.help * 1000:.0f}[/] ms, bare python3 -c pass "
+        f"{figures.bare * 1000:.0f} ms (medians of {figures.runs}): [bold]{figures.ratio:.1f}×[/], {verdict} "
+        f"the ≤{TARGET:g}× target"
+    )
 
 
 def main() -> None:

@@ -110,22 +110,28 @@ def failover(
     code.mkdir(parents=True, exist_ok=True)
     (code / "trial.py").write_text(textwrap.dedent(TRIAL.format(metrics=metrics, pause=pause)))
     run_log = root / "runs.log"
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}, "SOAK_RUN_LOG": str(run_log),
-           "COLUMNS": "200"}  # fmt: skip
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")},
+        "SOAK_RUN_LOG": str(run_log),
+        "COLUMNS": "200",
+    }
     up = Up(root / "data", new_ports(), env, root / "up.log", ["--cluster", str(cluster)])
     result = FailoverResult(SoakResult(trials), planned=kills)
     try:
         up.wait_for("Trialbus is up", timeout=120)
-        console.print(f"stack up with {cluster} nats-servers (data {up.data_dir}); {trials} trials × {metrics + 1} "
-                      f"metrics at concurrency {concurrency}; killing the {STREAM} leader {kills} times, "
-                      f"{down:g} s down each")  # fmt: skip
+        console.print(
+            f"stack up with {cluster} nats-servers (data {up.data_dir}); {trials} trials × {metrics + 1} "
+            f"metrics at concurrency {concurrency}; killing the {STREAM} leader {kills} times, "
+            f"{down:g} s down each"
+        )
         began = time.monotonic()
         experiment = asyncio.run(_run(up, code, result, trials, concurrency, kills, down, timeout, console))
         result.soak.seconds = time.monotonic() - began
         asyncio.run(check(up, experiment, run_log, metrics, result.soak))
         asyncio.run(_pauses(up, experiment, result))
-        result.service_restarts = {p["name"]: p["restarts"] for p in up.state()["parts"]
-                                   if not p["name"].startswith("nats-server")}  # fmt: skip
+        result.service_restarts = {
+            p["name"]: p["restarts"] for p in up.state()["parts"] if not p["name"].startswith("nats-server")
+        }
     finally:
         began = time.monotonic()
         up.ctrl_c()
@@ -139,15 +145,28 @@ def failover(
     return result
 
 
-async def _run(up: Up, code: Path, result: FailoverResult, trials: int, concurrency: int, kills: int, down: float,
-               timeout: float, console: Console) -> str:  # fmt: skip
+async def _run(
+    up: Up,
+    code: Path,
+    result: FailoverResult,
+    trials: int,
+    concurrency: int,
+    kills: int,
+    down: float,
+    timeout: float,
+    console: Console,
+) -> str:
     """Create the experiment, kill the leader at its moments, wait for DONE; the experiment id."""
     config = {
-        "experimentName": "failover", "trialCommand": "python3 trial.py", "trialCodeDirectory": str(code),
-        "trialConcurrency": concurrency, "maxTrialNumber": trials, "trainingService": {"platform": "local"},
+        "experimentName": "failover",
+        "trialCommand": "python3 trial.py",
+        "trialCodeDirectory": str(code),
+        "trialConcurrency": concurrency,
+        "maxTrialNumber": trials,
+        "trainingService": {"platform": "local"},
         "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
         "tuner": {"name": "Random", "classArgs": {"seed": 7}},
-    }  # fmt: skip
+    }
     async with AsyncClient(up.nats_urls, request_timeout=5, **up.nats_auth) as client:
         experiment = await client.create_experiment(config)
         plan = [trials * (i + 1) // (kills + 1) for i in range(kills)]
@@ -230,8 +249,10 @@ async def _pauses(up: Up, experiment: str, result: FailoverResult) -> None:
         metrics = await stored_times(client, "METRICS", f"metrics.{experiment}.>")
         events = await stored_times(client, "EVENTS", f"events.{experiment}.>")
     ends = [k.killed for k in result.kills[1:]] + [float("inf")]  # a window ends at the next kill
-    windows = [(k.killed, min(k.killed + (k.back_after or 60.0) + AFTER, end)) for k, end in zip(result.kills, ends,
-                                                                                                   strict=True)]
+    windows = [
+        (k.killed, min(k.killed + (k.back_after or 60.0) + AFTER, end))
+        for k, end in zip(result.kills, ends, strict=True)
+    ]
     for kill, window in zip(result.kills, windows, strict=True):
         kill.metrics_pause, kill.events_pause = longest_gap(metrics, [window]), longest_gap(events, [window])
     result.metrics_gap = longest_gap(metrics, windows, outside=True)
@@ -269,29 +290,38 @@ async def stored_times(client: AsyncClient, stream: str, subject: str) -> list[f
 
 def report(result: FailoverResult, console: Console) -> None:
     soak = result.soak
-    table = Table(title=f"failover: {soak.trials} trials, the {STREAM} leader killed {len(result.kills)} of "
-                        f"{result.planned} times")  # fmt: skip
+    table = Table(
+        title=f"failover: {soak.trials} trials, the {STREAM} leader killed {len(result.kills)} of "
+        f"{result.planned} times"
+    )
     table.add_column("")
     table.add_column("figure", justify="right")
     rows = [
         ("trials succeeded", f"{soak.succeeded} / {soak.trials}"),
         ("trials lost / duplicated / stuck", f"{soak.lost} / {soak.duplicated} / {soak.stuck}"),
         ("metrics received / expected", f"{soak.metrics_stored} / {soak.metrics_expected}"),
-        ("metrics lost", str(soak.metrics_lost)), ("metrics duplicated", str(soak.metrics_duplicated)),
+        ("metrics lost", str(soak.metrics_lost)),
+        ("metrics duplicated", str(soak.metrics_duplicated)),
         ("metrics wrong, trial views wrong", f"{soak.metrics_wrong}, {soak.views_wrong}"),
         ("service restarts", str(sum(result.service_restarts.values()))),
         ("experiment time", f"{soak.seconds:.1f} s"),
-        ("longest gap between metrics / trial events away from the kills",
-         f"{result.metrics_gap:.2f} s / {result.events_gap:.2f} s"),
-    ]  # fmt: skip
+        (
+            "longest gap between metrics / trial events away from the kills",
+            f"{result.metrics_gap:.2f} s / {result.events_gap:.2f} s",
+        ),
+    ]
     for k in result.kills:
         rows += [
-            (f"kill of {k.node} at {k.at} ended: new {STREAM} leader after",
-             f"{k.new_leader_after:.2f} s ({k.new_leader})" if k.new_leader_after is not None else "never"),
-            ("  longest gap between metrics / trial events (the pause)",
-             f"{k.metrics_pause:.2f} s / {k.events_pause:.2f} s" if k.metrics_pause is not None else "-"),
+            (
+                f"kill of {k.node} at {k.at} ended: new {STREAM} leader after",
+                f"{k.new_leader_after:.2f} s ({k.new_leader})" if k.new_leader_after is not None else "never",
+            ),
+            (
+                "  longest gap between metrics / trial events (the pause)",
+                f"{k.metrics_pause:.2f} s / {k.events_pause:.2f} s" if k.metrics_pause is not None else "-",
+            ),
             ("  node back (restarted, caught up) after", f"{k.back_after:.1f} s" if k.back_after else "never"),
-        ]  # fmt: skip
+        ]
     rows.append(("stop (Ctrl-C) time, exit code", f"{soak.stop_seconds:.1f} s, {soak.stop_code}"))
     print_verdict(table, rows, soak.problems, result.ok(), console)
 
@@ -308,8 +338,17 @@ def main() -> None:
     args = parser.parse_args()
     console = Console()
     root = Path(tempfile.mkdtemp(prefix="trialbus-failover-"))
-    result = failover(root, args.trials, args.concurrency, args.metrics, kills=args.kills, down=args.down,
-                      cluster=args.cluster, timeout=args.timeout, console=console)  # fmt: skip
+    result = failover(
+        root,
+        args.trials,
+        args.concurrency,
+        args.metrics,
+        kills=args.kills,
+        down=args.down,
+        cluster=args.cluster,
+        timeout=args.timeout,
+        console=console,
+    )
     report(result, console)
     console.print(f"[dim]logs in {root / 'data' / 'logs'}[/]")
     raise SystemExit(0 if result.ok() and result.lost == result.duplicated == 0 else 1)

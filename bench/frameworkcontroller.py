@@ -26,8 +26,10 @@ def kubernetes_cluster(root: Path, command: str) -> Iterator[dict]:
     share = root / "fc-share"
     share.mkdir(parents=True, exist_ok=True)
     emulator = start_kubernetes(root / "k8s", token=secrets.token_hex(8), volumes={NFS: str(share)})
-    os.environ.update(TRIALBUS_KUBECONFIG=str(emulator.kubeconfig(root / "kubeconfig")),
-                      TRIALBUS_SHARE_MOUNTS=json.dumps({NFS: str(share)}))  # fmt: skip
+    os.environ.update(
+        TRIALBUS_KUBECONFIG=str(emulator.kubeconfig(root / "kubeconfig")),
+        TRIALBUS_SHARE_MOUNTS=json.dumps({NFS: str(share)}),
+    )
     try:
         role = {"name": "worker", "taskNumber": 1, "command": command, "cpuNumber": 1, "memorySize": "512mb"}
         yield {

@@ -50,7 +50,7 @@ _FINAL = (
 )
 
 SKLEARN_TRIAL = FIRST_LINE + textwrap.dedent(
-    '''
+    """
     # Scores one SVC configuration on scikit-learn's handwritten digits (NNI's sklearn classification example).
     import nni
     from sklearn.datasets import load_digits
@@ -71,7 +71,7 @@ SKLEARN_TRIAL = FIRST_LINE + textwrap.dedent(
         setattr(model, name, params[name])
     model.fit(x_fit, y_fit)
     nni.report_final_result({"default": model.score(x_held, y_held), FINAL})
-    '''
+    """
 ).lstrip().replace("FINAL", _FINAL)
 
 #: A no-op trial timed as the sklearn one is: its imports are ``nni``'s alone.
@@ -207,9 +207,17 @@ class TunerCrashed(RuntimeError):
 
 
 def nni_wall_time(
-    code_dir: Path, work_dir: Path, python: Path, trials: int = 40, concurrency: int = 4, timeout: float = 900,
-    attempts: int = 3, tuner: str = "TPE", text: str = SKLEARN_TRIAL, space: dict | None = None,
-) -> NniFigures:  # fmt: skip
+    code_dir: Path,
+    work_dir: Path,
+    python: Path,
+    trials: int = 40,
+    concurrency: int = 4,
+    timeout: float = 900,
+    attempts: int = 3,
+    tuner: str = "TPE",
+    text: str = SKLEARN_TRIAL,
+    space: dict | None = None,
+) -> NniFigures:
     """Run NNI 3.0 (TPE, local) on the sklearn trial in ``code_dir``, ``concurrency`` at a time, until
     ``trials`` have ended (``tuner``: NNI's name for it; ``text``: the trial, ``space``: its search
     space, NNI's example's by default); ``python`` (:func:`trial_python`) runs NNI and the trials;
@@ -226,8 +234,17 @@ def nni_wall_time(
         attempt = 0
         while True:
             try:
-                figures = _run_nni(command, code_dir, work_dir / f"run-{attempt}", python, trials, concurrency, timeout,
-                                   tuner, space or SKLEARN_SEARCH_SPACE)  # fmt: skip
+                figures = _run_nni(
+                    command,
+                    code_dir,
+                    work_dir / f"run-{attempt}",
+                    python,
+                    trials,
+                    concurrency,
+                    timeout,
+                    tuner,
+                    space or SKLEARN_SEARCH_SPACE,
+                )
             except TunerCrashed:
                 attempt += 1
                 if attempt == attempts:
@@ -245,17 +262,31 @@ def _exit(signum: int, frame: object) -> None:
 
 
 def _run_nni(
-    command: str, code_dir: Path, work_dir: Path, python: Path, trials: int, concurrency: int, timeout: float,
-    tuner: str = "TPE", space: dict | None = None,
-) -> NniFigures:  # fmt: skip
+    command: str,
+    code_dir: Path,
+    work_dir: Path,
+    python: Path,
+    trials: int,
+    concurrency: int,
+    timeout: float,
+    tuner: str = "TPE",
+    space: dict | None = None,
+) -> NniFigures:
     experiments_dir, home = work_dir / "nni-experiments", work_dir / "nni-home"
     home.mkdir(parents=True, exist_ok=True)
     result, log = work_dir / "nni-result.json", work_dir / "nni-driver.log"
     settings = {
-        "command": command, "code_dir": str(code_dir.resolve()), "search_space": space or SKLEARN_SEARCH_SPACE,
-        "tuner": tuner, "concurrency": concurrency, "trials": trials, "experiments_dir": str(experiments_dir.resolve()),
-        "port": free_port(), "timeout": timeout, "result": str(result),
-    }  # fmt: skip
+        "command": command,
+        "code_dir": str(code_dir.resolve()),
+        "search_space": space or SKLEARN_SEARCH_SPACE,
+        "tuner": tuner,
+        "concurrency": concurrency,
+        "trials": trials,
+        "experiments_dir": str(experiments_dir.resolve()),
+        "port": free_port(),
+        "timeout": timeout,
+        "result": str(result),
+    }
     # HOME and NNI_CONFIG_DIR: NNI keeps its experiment lists in ~/nni-experiments (manager) and
     # the config dir (the Python side, else inside the venv); both go under work_dir instead.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nni comes from the venv's .pth
@@ -264,8 +295,12 @@ def _run_nni(
     with log.open("wb") as out:
         driver = subprocess.Popen(
             [str(python), "-c", _DRIVER, json.dumps(settings)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         try:
             code = driver.wait(timeout + 60)
         except subprocess.TimeoutExpired:
@@ -298,8 +333,11 @@ def _run_nni(
 def _manager_pids(experiments_dir: Path) -> list[int]:
     """NNI's node processes started for ``experiments_dir`` (their command line names it)."""
     wanted = str(experiments_dir.resolve())
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if "--experiments-directory" in (p.info["cmdline"] or ()) and wanted in p.info["cmdline"]]  # fmt: skip
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if "--experiments-directory" in (p.info["cmdline"] or ()) and wanted in p.info["cmdline"]
+    ]
 
 
 def _end_groups(pids: list[int]) -> None:

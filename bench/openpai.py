@@ -22,9 +22,15 @@ def openpai_service(root: Path) -> Iterator[dict]:
     emulator = start_openpai(root / "pai", mounts={str(container): str(local)}, submit_limit=100_000)
     try:
         yield {
-            "platform": "openpai", "host": emulator.url, "username": "alice", "token": emulator.token("alice"),
-            "trialCpuNumber": 1, "trialMemorySize": "1gb", "storageConfigName": "confignfs",
-            "localStorageMountPoint": str(local), "containerStorageMountPoint": str(container),
-        }  # fmt: skip
+            "platform": "openpai",
+            "host": emulator.url,
+            "username": "alice",
+            "token": emulator.token("alice"),
+            "trialCpuNumber": 1,
+            "trialMemorySize": "1gb",
+            "storageConfigName": "confignfs",
+            "localStorageMountPoint": str(local),
+            "containerStorageMountPoint": str(container),
+        }
     finally:
         emulator.stop()

@@ -179,8 +179,13 @@ def soft_nofile(limit: int):
 
 
 def measure_running(
-    count: int = 1000, command: str = "python", sleep: float = 60, window: float = 20, say=print,
-    root: Path | None = None, adapter_env: dict[str, str] | None = None,
+    count: int = 1000,
+    command: str = "python",
+    sleep: float = 60,
+    window: float = 20,
+    say=print,
+    root: Path | None = None,
+    adapter_env: dict[str, str] | None = None,
 ) -> dict:
     """Run ``count`` sleeping trials at once and measure them (the module's docstring); the figures.
 
@@ -202,9 +207,14 @@ def measure_running(
             stack.start()
         assert nats.proc is not None  # started above
         services = {name: proc.pid for name, proc in stack.procs.items()} | {"nats-server": nats.proc.pid}
-        config = {"experimentName": "running", "trialCommand": trial_command, "trialCodeDirectory": str(code),
-                  "trialConcurrency": count, "maxTrialNumber": count,
-                  "trainingService": {"platform": "local"}}  # fmt: skip
+        config = {
+            "experimentName": "running",
+            "trialCommand": trial_command,
+            "trialCodeDirectory": str(code),
+            "trialConcurrency": count,
+            "maxTrialNumber": count,
+            "trainingService": {"platform": "local"},
+        }
         experiment = stack.rest("POST", "/experiments", json=config).json()["id"]
         say(f"{count:,} trials at once on the local adapter: {trial_command}; work dir {root}")
         begin = time.perf_counter()
@@ -247,9 +257,11 @@ def measure_window(services: dict[str, int], pids: list[tuple[int, int]], window
         figures[f"{who}_kib"] = {kind: summary([m[kind] for m in found]) for kind in ("rss", "pss", "uss")}
         figures[f"{who}_pss_total_mib"] = sum(m["pss"] for m in found) / 1024
         mem = figures[f"{who}_kib"]
-        say(f"  per {who} ({len(found):,}): PSS mean {mem['pss']['mean']:,.0f} KiB (max {mem['pss']['max']:,.0f}), "
+        say(
+            f"  per {who} ({len(found):,}): PSS mean {mem['pss']['mean']:,.0f} KiB (max {mem['pss']['max']:,.0f}), "
             f"USS mean {mem['uss']['mean']:,.0f} KiB, RSS mean {mem['rss']['mean']:,.0f} KiB; "
-            f"PSS of all: {figures[f'{who}_pss_total_mib']:,.0f} MiB")  # fmt: skip
+            f"PSS of all: {figures[f'{who}_pss_total_mib']:,.0f} MiB"
+        )
     time.sleep(max(0.0, window - (time.perf_counter() - start)))
     elapsed = time.perf_counter() - start
     after = {name: cpu_and_wakes(pid) for name, pid in tracked.items()}
@@ -260,17 +272,23 @@ def measure_window(services: dict[str, int], pids: list[tuple[int, int]], window
         return used / elapsed if wakes else 100 * used / elapsed
 
     figures["window_s"] = elapsed
-    figures["services"] = {name: {"cpu_percent": percent([name]), "rss_mib": rss_mib(pid),
-                                  "open_files": open_files(pid)} for name, pid in services.items()}  # fmt: skip
+    figures["services"] = {
+        name: {"cpu_percent": percent([name]), "rss_mib": rss_mib(pid), "open_files": open_files(pid)}
+        for name, pid in services.items()
+    }
     figures["keepers_cpu_percent"] = percent([f"k{pid}" for pid in keepers])
     figures["trials_cpu_percent"] = percent([f"t{pid}" for pid in trials])
     figures["keeper_wakes_per_s"] = percent([f"k{pid}" for pid in keepers], wakes=True) / max(1, len(keepers))
-    say(f"  CPU over {elapsed:.0f} s (% of one core; noisy on a shared 2-core host): "
+    say(
+        f"  CPU over {elapsed:.0f} s (% of one core; noisy on a shared 2-core host): "
         + ", ".join(f"{n} {v['cpu_percent']:.1f} % ({v['rss_mib']:.0f} MiB)" for n, v in figures["services"].items())
         + f"; all keepers {figures['keepers_cpu_percent']:.1f} % ({figures['keeper_wakes_per_s']:.1f} wake-ups/s "
-        f"each), all trials {figures['trials_cpu_percent']:.1f} %")
-    say("  open files (open / soft limit): "
-        + ", ".join(f"{n} {v['open_files'][0]:,} / {v['open_files'][1]:,}" for n, v in figures["services"].items()))
+        f"each), all trials {figures['trials_cpu_percent']:.1f} %"
+    )
+    say(
+        "  open files (open / soft limit): "
+        + ", ".join(f"{n} {v['open_files'][0]:,} / {v['open_files'][1]:,}" for n, v in figures["services"].items())
+    )
     return figures
 
 
@@ -294,8 +312,10 @@ def stop_all(stack: Stack, experiment: str, count: int, pids: list[tuple[int, in
         return not left, f"{len(left)} keeper or trial processes alive"
 
     wait_for(none_left, 30, "no keeper or trial left", say)
-    say(f"  stopped: the stop answered in {answered:.1f} s, every trial ended {to_end:.1f} s after it ({statuses}); "
-        "no keeper or trial left")
+    say(
+        f"  stopped: the stop answered in {answered:.1f} s, every trial ended {to_end:.1f} s after it ({statuses}); "
+        "no keeper or trial left"
+    )
     return {"stop_answer_s": answered, "to_end_s": to_end, "statuses": statuses}
 
 
@@ -305,8 +325,13 @@ def main() -> None:
     parser.add_argument("--command", choices=("python", "sleep"), default="python")
     parser.add_argument("--sleep", type=float, default=60)
     parser.add_argument("--window", type=float, default=20)
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="an adapter setting, e.g. TRIALBUS_WARM_START=false (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an adapter setting, e.g. TRIALBUS_WARM_START=false (repeatable)",
+    )
     args = parser.parse_args()
     settings = dict(item.split("=", 1) for item in args.set)
     measure_running(args.count, args.command, args.sleep, args.window, adapter_env=settings)

@@ -156,8 +156,15 @@ def first_trials(stack: Stack, experiment: str, count: int) -> list[str]:
     return ids
 
 
-def measure(trials: int, concurrency: int, say=print, metric_trials: int = 1000, per_trial: int = 1000,
-            tuner_trials: int = 0, webui: bool = False) -> Figures:  # fmt: skip
+def measure(
+    trials: int,
+    concurrency: int,
+    say=print,
+    metric_trials: int = 1000,
+    per_trial: int = 1000,
+    tuner_trials: int = 0,
+    webui: bool = False,
+) -> Figures:
     root = Path(tempfile.mkdtemp(prefix="trialbus-bench-scale-"))
     nats = NatsServer(root / "jetstream").start()
     stack = Stack(root=root, nats=nats, service_env={"fake": {"TRIALBUS_FAKE_CAPACITY": str(concurrency)}})
@@ -167,8 +174,13 @@ def measure(trials: int, concurrency: int, say=print, metric_trials: int = 1000,
         code = root / "code"
         code.mkdir()
         (code / "noop.py").write_text("")
-        config = {"experimentName": "scale", "trialCommand": "true", "trialCodeDirectory": str(code),
-                  "trialConcurrency": concurrency, "trainingService": {"platform": "local"}}  # fmt: skip
+        config = {
+            "experimentName": "scale",
+            "trialCommand": "true",
+            "trialCodeDirectory": str(code),
+            "trialConcurrency": concurrency,
+            "trainingService": {"platform": "local"},
+        }
         experiment = stack.rest("POST", "/experiments", json=config).json()["id"]
         say(f"{trials:,} trials, {concurrency:,} at once, through the fake adapter (no processes); work dir {root}")
         figures.submit_rate = asyncio.run(submit_all(nats.url, experiment, trials))
@@ -180,9 +192,11 @@ def measure(trials: int, concurrency: int, say=print, metric_trials: int = 1000,
             reporting = first_trials(stack, experiment, metric_trials)
             figures.metrics = metric_rate(nats.url, stack.gateway, stack.secret, experiment, reporting, per_trial)
             rate, mark = figures.metrics.rate, figures.metrics.rate >= TARGET_RECORDS
-            say(f"  metric records, {len(reporting):,} trials' keepers → gateway → a subscribed tuner: "
+            say(
+                f"  metric records, {len(reporting):,} trials' keepers → gateway → a subscribed tuner: "
                 f"{figures.metrics.records:,} records at {rate:,.0f} records/s "
-                f"({'ok' if mark else f'under the {TARGET_RECORDS:,} target'})")  # fmt: skip
+                f"({'ok' if mark else f'under the {TARGET_RECORDS:,} target'})"
+            )
         figures.reads = time_reads(stack, experiment, trials)
         for name, ms in figures.reads.items():
             p95 = percentile(ms, 95)
@@ -190,8 +204,10 @@ def measure(trials: int, concurrency: int, say=print, metric_trials: int = 1000,
             say(f"  {name:<32} p50 {statistics.median(ms):7.1f} ms   p95 {p95:7.1f} ms   ({verdict})")
         figures.restart_seconds = restart_dispatcher(stack, experiment, trials)
         records = f" and {figures.metrics.records:,} metric records" if figures.metrics else ""
-        say(f"  dispatcher restart with {trials:,} trials{records} (SIGTERM → the summary with every trial): "
-            f"{figures.restart_seconds:.1f} s")  # fmt: skip
+        say(
+            f"  dispatcher restart with {trials:,} trials{records} (SIGTERM → the summary with every trial): "
+            f"{figures.restart_seconds:.1f} s"
+        )
         if webui:
             stack.start("webui")  # it reads every trial at start
             figures.webui = measure_webui(stack.webui, experiment, stack.token, say=say)
@@ -209,12 +225,22 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1000)
     parser.add_argument("--metric-trials", type=int, default=1000, help="trials that report metrics (0: none)")
     parser.add_argument("--per-trial", type=int, default=1000, help="metric records each of them reports")
-    parser.add_argument("--tuner-trials", type=int, default=100_000,
-                        help="trials told to each built-in tuner before timing its asks (TPE: a tenth; 0: none)")
+    parser.add_argument(
+        "--tuner-trials",
+        type=int,
+        default=100_000,
+        help="trials told to each built-in tuner before timing its asks (TPE: a tenth; 0: none)",
+    )
     parser.add_argument("--no-webui", action="store_true", help="leave out the web UI's page (needs Chromium)")
     args = parser.parse_args()
-    measure(args.trials, args.concurrency, metric_trials=args.metric_trials, per_trial=args.per_trial,
-            tuner_trials=args.tuner_trials, webui=not args.no_webui)
+    measure(
+        args.trials,
+        args.concurrency,
+        metric_trials=args.metric_trials,
+        per_trial=args.per_trial,
+        tuner_trials=args.tuner_trials,
+        webui=not args.no_webui,
+    )
 
 
 if __name__ == "__main__":

@@ -40,22 +40,38 @@ class MetricFigures:
 
 def bodies(experiment: str, trial: str, count: int) -> list[bytes]:
     """The request bodies a keeper sends for ``count`` intermediate results of ``trial``."""
-    lines = [json.dumps({"parameter_id": 0, "trial_job_id": trial, "type": "PERIODICAL", "sequence": i,
-                         "value": json.dumps(i * 0.5)}) for i in range(count)]  # fmt: skip
-    return [json.dumps({"experimentId": experiment, "records": lines[i : i + BATCH]}).encode()
-            for i in range(0, count, BATCH)]  # fmt: skip
+    lines = [
+        json.dumps(
+            {
+                "parameter_id": 0,
+                "trial_job_id": trial,
+                "type": "PERIODICAL",
+                "sequence": i,
+                "value": json.dumps(i * 0.5),
+            }
+        )
+        for i in range(count)
+    ]
+    return [
+        json.dumps({"experimentId": experiment, "records": lines[i : i + BATCH]}).encode()
+        for i in range(0, count, BATCH)
+    ]
 
 
-def _post(gateway: str, secret: str, experiment: str, trials: list[str], per_trial: int, ready: Semaphore,
-          go: Event) -> None:  # fmt: skip
+def _post(
+    gateway: str, secret: str, experiment: str, trials: list[str], per_trial: int, ready: Semaphore, go: Event
+) -> None:
     """One poster process: its trials' records, a trial's batches in order (as its keeper sends them)."""
     prepared = [(trial, bodies(experiment, trial, per_trial)) for trial in trials]
     ready.release()
     go.wait()
     with httpx.Client(base_url=gateway, timeout=60) as http:
         for trial, batches in prepared:
-            headers = {"Authorization": f"Bearer {trial_token(secret, experiment, trial)}",
-                       "X-Trialbus-Keeper-Version": __version__, "Content-Type": "application/json"}  # fmt: skip
+            headers = {
+                "Authorization": f"Bearer {trial_token(secret, experiment, trial)}",
+                "X-Trialbus-Keeper-Version": __version__,
+                "Content-Type": "application/json",
+            }
             for body in batches:
                 http.post(f"/api/v1/trials/{trial}/metrics", content=body, headers=headers).raise_for_status()
 
@@ -74,15 +90,19 @@ async def _count(nats_url: str, experiment: str, total: int, started: asyncio.Ev
     return time.perf_counter()
 
 
-def metric_rate(nats_url: str, gateway: str, secret: str, experiment: str, trials: list[str], per_trial: int,
-                posters: int = 4) -> MetricFigures:  # fmt: skip
+def metric_rate(
+    nats_url: str, gateway: str, secret: str, experiment: str, trials: list[str], per_trial: int, posters: int = 4
+) -> MetricFigures:
     """``per_trial`` records for each of ``trials`` (ids of the experiment's trials: the dispatcher
     folds them into those trials), posted by ``posters`` processes; the tuner's rate."""
     context = multiprocessing.get_context("spawn")
     ready, go = context.Semaphore(0), context.Event()
     shares = [trials[i::posters] for i in range(posters)]
-    procs = [context.Process(target=_post, args=(gateway, secret, experiment, share, per_trial, ready, go))
-             for share in shares if share]  # fmt: skip
+    procs = [
+        context.Process(target=_post, args=(gateway, secret, experiment, share, per_trial, ready, go))
+        for share in shares
+        if share
+    ]
     for proc in procs:
         proc.start()
     for _ in procs:  # every poster has built its bodies

@@ -41,8 +41,12 @@ MEASURED = 1000  # asks at the end whose latency is reported
 
 def _fill(name: str, trials: int, history: int | None) -> dict[str, float]:
     args = {"R": 9} if name == "Hyperband" else {}
-    built = tuner({"name": name, "classArgs": args}, parse_search_space(GRID if name == "GridSearch" else SPACE),
-                  seed=0, history=history)  # fmt: skip
+    built = tuner(
+        {"name": name, "classArgs": args},
+        parse_search_space(GRID if name == "GridSearch" else SPACE),
+        seed=0,
+        history=history,
+    )
     rng = random.Random(0)
     asks: list[float] = []
     judges: list[float] = []
@@ -60,24 +64,31 @@ def _fill(name: str, trials: int, history: int | None) -> dict[str, float]:
             built.should_prune(number)
             judges.append((time.perf_counter() - begin) * 1000)
         built.finish([(number, TrialEnd(f"T{number}", TrialStatus.SUCCEEDED, rng.random()))])
-    figures = {"trials": trials, "ask_p50_ms": statistics.median(asks), "ask_p95_ms": percentile(asks, 95),
-               "kept_trials": len(built.study.get_trials(deepcopy=False)),
-               "rss_growth_mib": (process.memory_info().rss - rss) / 2**20}  # fmt: skip
+    figures = {
+        "trials": trials,
+        "ask_p50_ms": statistics.median(asks),
+        "ask_p95_ms": percentile(asks, 95),
+        "kept_trials": len(built.study.get_trials(deepcopy=False)),
+        "rss_growth_mib": (process.memory_info().rss - rss) / 2**20,
+    }
     if judges:
         figures["judge_p95_ms"] = percentile(judges[-MEASURED:], 95)
     return figures
 
 
-def tuner_ask_latency(say: Callable[[str], None] = print, trials: int = 100_000, tpe_trials: int = 10_000,
-                      history: int | None = 1000) -> dict[str, dict[str, float]]:
+def tuner_ask_latency(
+    say: Callable[[str], None] = print, trials: int = 100_000, tpe_trials: int = 10_000, history: int | None = 1000
+) -> dict[str, dict[str, float]]:
     """Each built-in tuner's ask latency (ms) and memory after ``trials`` (TPE: ``tpe_trials``) trials; the
     module's docstring says how. ``history`` is the tuners' bound (None: unbounded, as before issue 23)."""
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # as the tuner service runs
     results: dict[str, dict[str, float]] = {}
     try:
-        say(f"tuner ask latency (the built-in tuners driven directly, history {history or 'unbounded'}; "
-            "a shared 2-core machine: noisy)")  # fmt: skip
+        say(
+            f"tuner ask latency (the built-in tuners driven directly, history {history or 'unbounded'}; "
+            "a shared 2-core machine: noisy)"
+        )
         for name in ("Random", "GridSearch", "Hyperband", "TPE"):
             count = tpe_trials if name == "TPE" else trials
             begin = time.perf_counter()
@@ -85,10 +96,12 @@ def tuner_ask_latency(say: Callable[[str], None] = print, trials: int = 100_000,
             target = TARGET_MS[name]
             mark = "ok" if figures["ask_p95_ms"] <= target else f"over the {target:.0f} ms target"
             judged = f", judging p95 {figures['judge_p95_ms']:.2f} ms" if "judge_p95_ms" in figures else ""
-            say(f"  {name:<10} at {count:>7,} trials: ask p50 {figures['ask_p50_ms']:6.2f} ms  "
+            say(
+                f"  {name:<10} at {count:>7,} trials: ask p50 {figures['ask_p50_ms']:6.2f} ms  "
                 f"p95 {figures['ask_p95_ms']:6.2f} ms ({mark}){judged}; keeps {figures['kept_trials']:,.0f} "
                 f"trials, resident memory +{figures['rss_growth_mib']:.0f} MiB; filled in "
-                f"{time.perf_counter() - begin:.0f} s")  # fmt: skip
+                f"{time.perf_counter() - begin:.0f} s"
+            )
     finally:
         optuna.logging.set_verbosity(verbosity)
     return results

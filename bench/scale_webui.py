@@ -74,8 +74,9 @@ def _p50(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def measure_webui(webui_url: str, experiment_id: str, token: str | None = None, loads: int = 5,
-                  say=print) -> dict[str, Any]:  # fmt: skip
+def measure_webui(
+    webui_url: str, experiment_id: str, token: str | None = None, loads: int = 5, say=print
+) -> dict[str, Any]:
     """Open ``/experiments/<experiment_id>`` ``loads`` times (logged in with ``token``, the stack's
     API token, when given); the figures of the module docstring: p50 of each, and each load's."""
     from playwright.sync_api import sync_playwright  # a test dependency: imported where used
@@ -101,13 +102,18 @@ def measure_webui(webui_url: str, experiment_id: str, token: str | None = None, 
                 cdp.send("Performance.enable")
                 metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
                 renderers = {pid: mib for pid, mib in _renderers().items() if pid not in before}
-                runs.append({
-                    "first_rows_ms": first_rows, "interactive_ms": answered, "sort_ms": answered - began,
-                    "last_row_ms": last_row, "heap_mib": metrics.get("JSHeapUsedSize", 0) / 2**20,
-                    "renderer_mib": max(renderers.values()) if renderers else None,
-                    "dom_rows": page.locator("#trials tbody tr").count(),
-                    "total": int(page.get_attribute("#trials", "data-total") or 0),
-                })  # fmt: skip
+                runs.append(
+                    {
+                        "first_rows_ms": first_rows,
+                        "interactive_ms": answered,
+                        "sort_ms": answered - began,
+                        "last_row_ms": last_row,
+                        "heap_mib": metrics.get("JSHeapUsedSize", 0) / 2**20,
+                        "renderer_mib": max(renderers.values()) if renderers else None,
+                        "dom_rows": page.locator("#trials tbody tr").count(),
+                        "total": int(page.get_attribute("#trials", "data-total") or 0),
+                    }
+                )
                 context.close()
         finally:
             browser.close()
@@ -119,11 +125,15 @@ def measure_webui(webui_url: str, experiment_id: str, token: str | None = None, 
     figures["runs"] = runs
     mark = "ok" if figures["interactive_ms"] <= TARGET_MS else f"over the {TARGET_MS:.0f} ms target"
     renderer = f", renderer {figures['renderer_mib']:.0f} MiB resident" if figures["renderer_mib"] else ""
-    say(f"  web UI, {figures['trials']:,} trials, p50 of {loads} loads: first rows {figures['first_rows_ms']:.0f} ms, "
+    say(
+        f"  web UI, {figures['trials']:,} trials, p50 of {loads} loads: first rows {figures['first_rows_ms']:.0f} ms, "
         f"interactive {figures['interactive_ms']:.0f} ms ({mark}; max {figures['max_interactive_ms']:.0f} ms), "
-        f"sort {figures['sort_ms']:.0f} ms, last row {figures['last_row_ms']:.0f} ms")  # fmt: skip
-    say(f"  web UI memory: JS heap {figures['heap_mib']:.1f} MiB (max {figures['max_heap_mib']:.1f}){renderer}; "
-        f"{figures['dom_rows']:.0f} table rows in the DOM")  # fmt: skip
+        f"sort {figures['sort_ms']:.0f} ms, last row {figures['last_row_ms']:.0f} ms"
+    )
+    say(
+        f"  web UI memory: JS heap {figures['heap_mib']:.1f} MiB (max {figures['max_heap_mib']:.1f}){renderer}; "
+        f"{figures['dom_rows']:.0f} table rows in the DOM"
+    )
     return figures
 
 
@@ -142,16 +152,31 @@ def main() -> None:
     try:
         stack.start("webui")
         start = datetime(2020, 1, 1, tzinfo=UTC)
-        config = ExperimentConfig.model_validate({
-            "experimentName": "scale", "trialCommand": "true", "trialCodeDirectory": str(root),
-            "trialConcurrency": 1000, "trainingService": {"platform": "local"}})  # fmt: skip
+        config = ExperimentConfig.model_validate(
+            {
+                "experimentName": "scale",
+                "trialCommand": "true",
+                "trialCodeDirectory": str(root),
+                "trialConcurrency": 1000,
+                "trainingService": {"platform": "local"},
+            }
+        )
         statuses = [TrialStatus.SUCCEEDED, TrialStatus.FAILED, TrialStatus.RUNNING]
-        states = [ExperimentState(id="scale001", config=config, start_time=start)] + [TrialState(
-            id=f"T{i:06d}", experiment_id="scale001", sequence_id=i, status=statuses[i % 3], platform="local-gpu",
-            parameters={"x": i, "lr": 10 ** -(1 + i % 5)}, submit_time=start, start_time=start,
-            end_time=start + timedelta(milliseconds=i) if i % 3 != 2 else None,
-            final_metric=((i * 7919) % 100_003) / 1000 if i % 3 == 0 else None,
-        ) for i in range(args.trials)]  # fmt: skip
+        states = [ExperimentState(id="scale001", config=config, start_time=start)] + [
+            TrialState(
+                id=f"T{i:06d}",
+                experiment_id="scale001",
+                sequence_id=i,
+                status=statuses[i % 3],
+                platform="local-gpu",
+                parameters={"x": i, "lr": 10 ** -(1 + i % 5)},
+                submit_time=start,
+                start_time=start,
+                end_time=start + timedelta(milliseconds=i) if i % 3 != 2 else None,
+                final_metric=((i * 7919) % 100_003) / 1000 if i % 3 == 0 else None,
+            )
+            for i in range(args.trials)
+        ]
         began = time.perf_counter()
         put_states(nats.url, states)
         print(f"{args.trials:,} trials written in {time.perf_counter() - began:.0f} s; work dir {root}")

@@ -127,28 +127,49 @@ def experiment_run(stack: Stack, config: Path, timeout: float = 900) -> float:
     Raises RuntimeError with its output when it fails."""
     trialbus = Path(sys.executable).with_name("trialbus")
     begin = time.perf_counter()
-    done = subprocess.run([str(trialbus), "experiment", "run", "-f", str(config)], env=stack.client_env(),
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    done = subprocess.run(
+        [str(trialbus), "experiment", "run", "-f", str(config)],
+        env=stack.client_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     took = time.perf_counter() - begin
     if done.returncode:
         raise RuntimeError(f"trialbus experiment run exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr}")
     return took
 
 
-def sklearn_figure(console: Console, root: Path, trials: int = 40, concurrency: int = 4, sdk: Path = SDK,
-                   nni: bool = True) -> SklearnFigures:  # fmt: skip
+def sklearn_figure(
+    console: Console, root: Path, trials: int = 40, concurrency: int = 4, sdk: Path = SDK, nni: bool = True
+) -> SklearnFigures:
     """Measure and print the module docstring's figure; everything goes under ``root``."""
     python = trial_python(root, sdk)
     code = root / "sklearn-example"
     space = write_example(code)
     config = root / "sklearn-config.yml"
-    config.write_text(json.dumps({  # YAML's superset
-        "experimentName": "sklearn-classification", "trialCommand": f"{python} main.py",
-        "trialCodeDirectory": str(code), "trialConcurrency": concurrency, "maxTrialNumber": trials,
-        "searchSpace": space, "tuner": {"name": "Random"}, "trainingService": {"platform": "local"},
-    }))  # fmt: skip
-    options = StackOptions(data_dir=root / "sklearn-stack", nats_port=free_port(), api_port=free_port(),
-                           gateway_port=free_port(), webui_port=free_port(), stop_grace=5)  # fmt: skip
+    config.write_text(
+        json.dumps(
+            {  # YAML's superset
+                "experimentName": "sklearn-classification",
+                "trialCommand": f"{python} main.py",
+                "trialCodeDirectory": str(code),
+                "trialConcurrency": concurrency,
+                "maxTrialNumber": trials,
+                "searchSpace": space,
+                "tuner": {"name": "Random"},
+                "trainingService": {"platform": "local"},
+            }
+        )
+    )
+    options = StackOptions(
+        data_dir=root / "sklearn-stack",
+        nats_port=free_port(),
+        api_port=free_port(),
+        gateway_port=free_port(),
+        webui_port=free_port(),
+        stop_grace=5,
+    )
     stack = Stack(options, Console(quiet=True))  # its parts' start lines are not the figure
     stack.start()
     try:
@@ -160,8 +181,16 @@ def sklearn_figure(console: Console, root: Path, trials: int = 40, concurrency: 
         raise RuntimeError(f"of {trials} trials per experiment, (succeeded, forked): {outcomes}")
     wall = float("nan")
     if nni:
-        wall = nni_wall_time(root / "nni-code", root / "nni", python, trials, concurrency, tuner="Random",
-                             text=(code / "main.py").read_text(), space=space).command_wall  # fmt: skip
+        wall = nni_wall_time(
+            root / "nni-code",
+            root / "nni",
+            python,
+            trials,
+            concurrency,
+            tuner="Random",
+            text=(code / "main.py").read_text(),
+            space=space,
+        ).command_wall
     figures = SklearnFigures(first, second, wall, trials, concurrency, outcomes)
     console.print(
         f"NNI's sklearn example, Random, {trials} trials at concurrency {concurrency}, `trialbus experiment run` "

@@ -81,9 +81,16 @@ class SoakResult:
 
     def ok(self) -> bool:
         exact = self.metrics_lost == self.metrics_duplicated == self.metrics_wrong == self.views_wrong == 0
-        return (self.succeeded == self.trials and exact and self.duplicated == 0 and self.stuck == 0
-                and self.lost == 0 and self.stop_code == 0 and [k.part for k in self.kills] == list(self.planned)
-                and all(k.back_after is not None for k in self.kills))  # fmt: skip
+        return (
+            self.succeeded == self.trials
+            and exact
+            and self.duplicated == 0
+            and self.stuck == 0
+            and self.lost == 0
+            and self.stop_code == 0
+            and [k.part for k in self.kills] == list(self.planned)
+            and all(k.back_after is not None for k in self.kills)
+        )
 
 
 def soak(
@@ -102,14 +109,19 @@ def soak(
     code.mkdir(parents=True, exist_ok=True)
     (code / "trial.py").write_text(textwrap.dedent(TRIAL.format(metrics=metrics, pause=pause)))
     run_log = root / "runs.log"
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}, "SOAK_RUN_LOG": str(run_log),
-           "COLUMNS": "200"}  # fmt: skip
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")},
+        "SOAK_RUN_LOG": str(run_log),
+        "COLUMNS": "200",
+    }
     up = Up(root / "data", new_ports(), env, root / "up.log")
     result = SoakResult(trials, kills)
     try:
         up.wait_for("Trialbus is up", timeout=120)
-        console.print(f"stack up (data {up.data_dir}); {trials} trials × {metrics + 1} metrics at concurrency "
-                      f"{concurrency}; killing {', '.join(kills)} once each")  # fmt: skip
+        console.print(
+            f"stack up (data {up.data_dir}); {trials} trials × {metrics + 1} metrics at concurrency "
+            f"{concurrency}; killing {', '.join(kills)} once each"
+        )
         began = time.monotonic()
         experiment = asyncio.run(_run(up, code, result, trials, concurrency, kills, timeout, console))
         result.seconds = time.monotonic() - began
@@ -127,15 +139,27 @@ def soak(
     return result
 
 
-async def _run(up: Up, code: Path, result: SoakResult, trials: int, concurrency: int, kills: tuple[str, ...],
-               timeout: float, console: Console) -> str:  # fmt: skip
+async def _run(
+    up: Up,
+    code: Path,
+    result: SoakResult,
+    trials: int,
+    concurrency: int,
+    kills: tuple[str, ...],
+    timeout: float,
+    console: Console,
+) -> str:
     """Create the experiment, kill the parts at their moments, wait for DONE; the experiment id."""
     config = {
-        "experimentName": "soak", "trialCommand": "python3 trial.py", "trialCodeDirectory": str(code),
-        "trialConcurrency": concurrency, "maxTrialNumber": trials, "trainingService": {"platform": "local"},
+        "experimentName": "soak",
+        "trialCommand": "python3 trial.py",
+        "trialCodeDirectory": str(code),
+        "trialConcurrency": concurrency,
+        "maxTrialNumber": trials,
+        "trainingService": {"platform": "local"},
         "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
         "tuner": {"name": "Random", "classArgs": {"seed": 7}},
-    }  # fmt: skip
+    }
     async with AsyncClient(up.nats_url, request_timeout=5, **up.nats_auth) as client:
         experiment = await client.create_experiment(config)
         plan = [(part, trials * (i + 1) // (len(kills) + 2)) for i, part in enumerate(kills)]  # within 5/7 of it
@@ -218,8 +242,10 @@ async def check(up: Up, experiment: str, run_log: Path, metrics: int, result: So
             result.metrics_wrong += sum(v != value for v in got)
         if trial.status.value == "SUCCEEDED" and (trial.intermediate_count != metrics or trial.final_metric != x):
             result.views_wrong += 1
-            result.problems.append(f"trial {trial.id}: the view has {trial.intermediate_count} intermediate results "
-                                   f"and final {trial.final_metric}, it reported {metrics} and {x}")  # fmt: skip
+            result.problems.append(
+                f"trial {trial.id}: the view has {trial.intermediate_count} intermediate results "
+                f"and final {trial.final_metric}, it reported {metrics} and {x}"
+            )
     known = {t.id for t in states}
     result.metrics_wrong += sum(len(v) for (trial_id, _, _), v in stored.items() if trial_id not in known)
 
@@ -243,25 +269,33 @@ async def _stream_records(up: Up, experiment: str) -> list[MetricRecord]:
 
 
 def report(result: SoakResult, console: Console) -> None:
-    table = Table(title=f"soak: {result.trials} trials, {len(result.kills)} of {len(result.planned)} parts killed "
-                        "once each")
+    table = Table(
+        title=f"soak: {result.trials} trials, {len(result.kills)} of {len(result.planned)} parts killed once each"
+    )
     table.add_column("")
     table.add_column("figure", justify="right")
     rows = [
         ("trials succeeded", f"{result.succeeded} / {result.trials}"),
         ("trials ended otherwise", str(sum(result.ended_otherwise.values()))),
-        ("trials lost", str(result.lost)), ("trials duplicated", str(result.duplicated)),
+        ("trials lost", str(result.lost)),
+        ("trials duplicated", str(result.duplicated)),
         ("trials stuck", str(result.stuck)),
         ("metric records stored / expected", f"{result.metrics_stored} / {result.metrics_expected}"),
         ("metric records lost", str(result.metrics_lost)),
         ("metric records duplicated", str(result.metrics_duplicated)),
-        ("metric records wrong", str(result.metrics_wrong)), ("trial views wrong", str(result.views_wrong)),
+        ("metric records wrong", str(result.metrics_wrong)),
+        ("trial views wrong", str(result.views_wrong)),
         ("experiment time", f"{result.seconds:.1f} s"),
         ("trials per second", f"{result.trials / result.seconds:.1f}" if result.seconds else "-"),
         ("stop (Ctrl-C) time, exit code", f"{result.stop_seconds:.1f} s, {result.stop_code}"),
-    ]  # fmt: skip
-    rows += [(f"{k.part} killed at {k.at} ended, back after",
-              f"{k.back_after:.1f} s" if k.back_after is not None else "never") for k in result.kills]  # fmt: skip
+    ]
+    rows += [
+        (
+            f"{k.part} killed at {k.at} ended, back after",
+            f"{k.back_after:.1f} s" if k.back_after is not None else "never",
+        )
+        for k in result.kills
+    ]
     print_verdict(table, rows, result.problems, result.ok(), console)
 
 
@@ -286,8 +320,7 @@ def main() -> None:
     console = Console()
     root = Path(tempfile.mkdtemp(prefix="trialbus-soak-"))
     kills = tuple(k for k in args.kill.split(",") if k)
-    result = soak(root, args.trials, args.concurrency, args.metrics, kills=kills, timeout=args.timeout,
-                  console=console)  # fmt: skip
+    result = soak(root, args.trials, args.concurrency, args.metrics, kills=kills, timeout=args.timeout, console=console)
     report(result, console)
     console.print(f"[dim]logs in {root / 'data' / 'logs'}[/]")
     raise SystemExit(0 if result.ok() else 1)

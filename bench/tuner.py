@@ -33,17 +33,26 @@ class TunerFigures:
 async def tuner_rate(nats_url: str, command: str, code: Path, tuner: str, concurrency: int, count: int) -> TunerFigures:
     async with AsyncClient(nats_url) as client:
         begin = time.perf_counter()
-        experiment = await client.create_experiment({
-            "trialCommand": command, "trialCodeDirectory": str(code), "trialConcurrency": concurrency,
-            "maxTrialNumber": count, "searchSpace": SPACE, "tuner": {"name": tuner},
-            "trainingService": {"platform": "local"},
-        })  # fmt: skip
+        experiment = await client.create_experiment(
+            {
+                "trialCommand": command,
+                "trialCodeDirectory": str(code),
+                "trialConcurrency": concurrency,
+                "maxTrialNumber": count,
+                "searchSpace": SPACE,
+                "tuner": {"name": tuner},
+                "trainingService": {"platform": "local"},
+            }
+        )
         while (await client.get_experiment(experiment)).status.value == "RUNNING":
             await asyncio.sleep(0.05)
         elapsed = time.perf_counter() - begin
         trials = sorted(await client.list_trials(experiment), key=lambda t: t.sequence_id)
     ends = sorted(t.end_time for t in trials if t.end_time)
     # Trial n (n >= concurrency) took the slot the (n - concurrency + 1)-th end freed.
-    refill = [(t.submit_time - ends[t.sequence_id - concurrency]).total_seconds()
-              for t in trials[concurrency:] if t.sequence_id - concurrency < len(ends)]  # fmt: skip
+    refill = [
+        (t.submit_time - ends[t.sequence_id - concurrency]).total_seconds()
+        for t in trials[concurrency:]
+        if t.sequence_id - concurrency < len(ends)
+    ]
     return TunerFigures(count / elapsed, [max(r, 0.0) for r in refill])

@@ -127,9 +127,14 @@ class WarmFigures:
 
 
 def warm_start(
-    console: Console, nats_url: str, data_dir: Path, root: Path, sizes: Sizes = Sizes(), sdk: Path = SDK,
+    console: Console,
+    nats_url: str,
+    data_dir: Path,
+    root: Path,
+    sizes: Sizes = Sizes(),
+    sdk: Path = SDK,
     services: dict[str, int] | None = None,
-) -> WarmFigures:  # fmt: skip
+) -> WarmFigures:
     """Measure and print every figure of the module docstring against the stack at ``nats_url``
     (its data in ``data_dir``); trial code, NNI's state and the trial venv (``nni`` from ``sdk``) go
     under ``root``. ``services``: the stack's processes by name, whose CPU per no-op trial at
@@ -141,8 +146,10 @@ def warm_start(
     code = root / "sklearn-code"
     command = write_timed_trial(code, python)
     modes: dict[str, bool | dict[str, Any]] = {
-        "cold": False, "warm": True, "warm, preload": {"preload": SKLEARN_MODULES},
-    }  # fmt: skip
+        "cold": False,
+        "warm": True,
+        "warm, preload": {"preload": SKLEARN_MODULES},
+    }
     for name, warm in modes.items():
         figures.sklearn[name] = asyncio.run(tuned(nats_url, data_dir, command, code, c, n, name, warm))
     print_sklearn(console, figures, sizes)
@@ -166,9 +173,19 @@ def warm_start(
     for name in ("cold", "warm"):
         marks.clear()
         figures.wide[name] = asyncio.run(
-            direct(nats_url, data_dir, command, code, sizes.wide, sizes.wide_trials, name, modes[name],
-                   warmup=sizes.wide_warmup, timing=mark)
-        )  # fmt: skip
+            direct(
+                nats_url,
+                data_dir,
+                command,
+                code,
+                sizes.wide,
+                sizes.wide_trials,
+                name,
+                modes[name],
+                warmup=sizes.wide_warmup,
+                timing=mark,
+            )
+        )
         if marks and services:  # (marks are taken only with services)
             figures.wide_cpu[name] = _per_trial(marks[0], _cpu(services), sizes.wide_trials)
     figures.spawn_only = (spawned + spawn_rate(command, code, spawn_env, sizes.wide, sizes.wide_trials)) / 2
@@ -182,18 +199,32 @@ def start_mode(warm: bool | dict) -> dict[str, bool | dict]:
 
 
 async def tuned(
-    nats_url: str, data_dir: Path, command: str, code: Path, concurrency: int, count: int, name: str,
-    warm: bool | dict, timeout: float = 900,
-) -> Run:  # fmt: skip
+    nats_url: str,
+    data_dir: Path,
+    command: str,
+    code: Path,
+    concurrency: int,
+    count: int,
+    name: str,
+    warm: bool | dict,
+    timeout: float = 900,
+) -> Run:
     """``count`` trials of ``command`` proposed by the tuner service (TPE over NNI's sklearn space)."""
     async with AsyncClient(nats_url) as client:
         begin = time.time()
-        experiment = await client.create_experiment({
-            "experimentName": f"bench-sklearn-{name}", "trialCommand": command, "trialCodeDirectory": str(code),
-            "trialConcurrency": concurrency, "maxTrialNumber": count, "searchSpace": SKLEARN_SEARCH_SPACE,
-            "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}},
-            "trainingService": {"platform": "local"}, **start_mode(warm),
-        })  # fmt: skip
+        experiment = await client.create_experiment(
+            {
+                "experimentName": f"bench-sklearn-{name}",
+                "trialCommand": command,
+                "trialCodeDirectory": str(code),
+                "trialConcurrency": concurrency,
+                "maxTrialNumber": count,
+                "searchSpace": SKLEARN_SEARCH_SPACE,
+                "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}},
+                "trainingService": {"platform": "local"},
+                **start_mode(warm),
+            }
+        )
         while (await client.get_experiment(experiment)).status.value == "RUNNING":
             if time.time() - begin > timeout:
                 raise RuntimeError(f"experiment {experiment} did not end within {timeout:.0f} s")
@@ -202,20 +233,35 @@ async def tuned(
 
 
 async def direct(
-    nats_url: str, data_dir: Path, command: str, code: Path, concurrency: int, count: int, name: str,
-    warm: bool | dict, trial_timeout: float = 60, warmup: int = 0, timing: Callable[[], object] = lambda: None,
-) -> Run:  # fmt: skip
+    nats_url: str,
+    data_dir: Path,
+    command: str,
+    code: Path,
+    concurrency: int,
+    count: int,
+    name: str,
+    warm: bool | dict,
+    trial_timeout: float = 60,
+    warmup: int = 0,
+    timing: Callable[[], object] = lambda: None,
+) -> Run:
     """``count`` trials of ``command`` submitted by the client, ``concurrency`` lanes each submitting
     its next trial when its last one ended; one not ended after ``trial_timeout`` seconds is cancelled.
     The rate is the timed ``count``'s, once ``warmup`` trials of the same experiment ended (then
     ``timing`` is called, as the clock starts); the run's trials are all of them."""
     async with AsyncClient(nats_url) as client:
         begin = time.time()
-        experiment = await client.create_experiment({
-            "experimentName": f"bench-noop-c{concurrency}-{name}", "trialCommand": command,
-            "trialCodeDirectory": str(code), "trialConcurrency": concurrency, "maxTrialNumber": count + warmup,
-            "trainingService": {"platform": "local"}, **start_mode(warm),
-        })  # fmt: skip
+        experiment = await client.create_experiment(
+            {
+                "experimentName": f"bench-noop-c{concurrency}-{name}",
+                "trialCommand": command,
+                "trialCodeDirectory": str(code),
+                "trialConcurrency": concurrency,
+                "maxTrialNumber": count + warmup,
+                "trainingService": {"platform": "local"},
+                **start_mode(warm),
+            }
+        )
 
         async def lane(trials: int) -> None:
             for _ in range(trials):

@@ -16,8 +16,12 @@ if TYPE_CHECKING:
     from contracts import TrialState
 
 #: The stack's parts whose CPU per trial is printed apart (the others are summed), with their column names.
-CPU_PARTS = {"nats-server": "nats-server", "dispatcher": "dispatcher", "local-gpu": "the local adapter",
-             "metrics-gateway": "the metrics gateway"}
+CPU_PARTS = {
+    "nats-server": "nats-server",
+    "dispatcher": "dispatcher",
+    "local-gpu": "the local adapter",
+    "metrics-gateway": "the metrics gateway",
+}
 #: A trial whose imports took less CPU than this (s) found them loaded (cold: ~0.9 s here).
 PRELOADED = 0.05
 
@@ -66,8 +70,10 @@ def print_sklearn(console: Console, figures: WarmFigures, sizes: Sizes) -> None:
         soft_wrap=True,
     )
     if nni.crashed:
-        console.print(f"  NNI's TPE tuner crashed in {nni.crashed} run(s) before this one (microsoft/nni#5798): "
-                      "each was run again from the start")  # fmt: skip
+        console.print(
+            f"  NNI's TPE tuner crashed in {nni.crashed} run(s) before this one (microsoft/nni#5798): "
+            "each was run again from the start"
+        )
     per_trial = Table(title="per sklearn trial, ms, mean / p50")
     for column in ("", "NNI 3.0", *runs):
         per_trial.add_column(column, justify="right")
@@ -99,8 +105,12 @@ def print_slots(console: Console, nni: NniFigures, runs: dict[str, Run], concurr
     table.add_row("NNI 3.0", "–", "–", *(_p50([span(t) for t in nni.trials]) for span in own))
     for name, run in runs.items():
         starts = [t.start - submit for t, submit in zip(run.times, run.submits, strict=True)]
-        table.add_row(name, _p50(_refills(run.trials, concurrency)), _p50(starts),
-                      *(_p50([span(t) for t in run.times]) for span in own))  # fmt: skip
+        table.add_row(
+            name,
+            _p50(_refills(run.trials, concurrency)),
+            _p50(starts),
+            *(_p50([span(t) for t in run.times]) for span in own),
+        )
     console.print(table)
 
 
@@ -108,8 +118,11 @@ def _refills(trials: list[TrialState], concurrency: int) -> list[float]:
     """Seconds from a trial's end to the submit of the trial that took its slot (as bench.tuner)."""
     ends = sorted(t.end_time for t in trials if t.end_time)
     ordered = sorted(trials, key=lambda t: t.sequence_id)[concurrency:]
-    gaps = [(t.submit_time - ends[t.sequence_id - concurrency]).total_seconds()
-            for t in ordered if t.sequence_id - concurrency < len(ends)]  # fmt: skip
+    gaps = [
+        (t.submit_time - ends[t.sequence_id - concurrency]).total_seconds()
+        for t in ordered
+        if t.sequence_id - concurrency < len(ends)
+    ]
     return [max(gap, 0.0) for gap in gaps]
 
 
@@ -158,11 +171,18 @@ def print_cpu(console: Console, figures: WarmFigures, sizes: Sizes) -> None:
     table.add_column("")
     for name in figures.wide_cpu:
         table.add_column(name, justify="right")
-    labels = {**CPU_PARTS, "others": "the stack's other services", "bench": "the client (this bench)",
-              "rest": "the rest: keepers, templates, trials", "total": "total (the host's)"}  # fmt: skip
+    labels = {
+        **CPU_PARTS,
+        "others": "the stack's other services",
+        "bench": "the client (this bench)",
+        "rest": "the rest: keepers, templates, trials",
+        "total": "total (the host's)",
+    }
     for key, label in labels.items():
         table.add_row(label, *(f"{cpu[key] * 1000:.1f}" for cpu in figures.wide_cpu.values()))
-    own = (statistics.fmean([t.cpu_before + t.cpu_imports + t.cpu_work for t in run.times] or [0.0])
-           for run in figures.wide.values())  # fmt: skip
+    own = (
+        statistics.fmean([t.cpu_before + t.cpu_imports + t.cpu_work for t in run.times] or [0.0])
+        for run in figures.wide.values()
+    )
     table.add_row("of the rest, the trial to its report", *(f"{cpu * 1000:.1f}" for cpu in own))
     console.print(table)

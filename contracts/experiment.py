@@ -34,10 +34,24 @@ from contracts.retries import RetryPolicy
 from contracts.units import parse_seconds
 
 __all__ = [
-    "NOT_HERE", "PLATFORMS", "ExperimentConfig", "LocalConfig", "OpenpaiConfig", "RemoteConfig", "RemoteMachineConfig",
-    "RetryPolicy", "TrainingService", "WarmStart", "format_validation_error", "load_experiment_config",
-    "parse_gpu_indices", "parse_training_service", "read_job_template", "read_key_files", "secret_paths",
-]  # fmt: skip
+    "NOT_HERE",
+    "PLATFORMS",
+    "ExperimentConfig",
+    "LocalConfig",
+    "OpenpaiConfig",
+    "RemoteConfig",
+    "RemoteMachineConfig",
+    "RetryPolicy",
+    "TrainingService",
+    "WarmStart",
+    "format_validation_error",
+    "load_experiment_config",
+    "parse_gpu_indices",
+    "parse_training_service",
+    "read_job_template",
+    "read_key_files",
+    "secret_paths",
+]
 
 
 def secret_paths(config: ExperimentConfig) -> list[str]:
@@ -55,6 +69,7 @@ def _each_service(config: ExperimentConfig, change: Any) -> ExperimentConfig:
     """``config`` with every platform section replaced by ``change(section)``."""
     services = [change(s) for s in config.training_services]
     return config.model_copy(update={"training_service": services if config.hybrid else services[0]})
+
 
 class WarmStart(NniModel):
     """``warmStart: {preload: […]}`` (Trialbus extension): modules a trial's template imports
@@ -131,8 +146,7 @@ class ExperimentConfig(NniModel):
     shared_storage: dict[str, Any] | None = None
     experiment_type: str | None = None
 
-    _durations = field_validator("max_experiment_duration", "max_trial_duration", "trial_grace_period",
-                                 mode="before")(
+    _durations = field_validator("max_experiment_duration", "max_trial_duration", "trial_grace_period", mode="before")(
         lambda v: None if v is None else parse_seconds(v)
     )
 
@@ -152,17 +166,22 @@ class ExperimentConfig(NniModel):
     @classmethod
     def _no_annotation(cls, value: bool | None) -> bool | None:
         if value:
-            raise ValueError("NNI's annotation of trial code (useAnnotation: true) is not supported: read the "
-                             "parameters with nni.get_next_parameter() in the trial instead")  # fmt: skip
+            raise ValueError(
+                "NNI's annotation of trial code (useAnnotation: true) is not supported: read the "
+                "parameters with nni.get_next_parameter() in the trial instead"
+            )
         return value
 
     @field_validator("shared_storage")
     @classmethod
     def _no_shared_storage(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value:
-            raise ValueError("sharedStorage (storage NNI mounts on every machine) is not supported: mount it on the "
-                             "machines yourself and point the trials at it")  # fmt: skip
+            raise ValueError(
+                "sharedStorage (storage NNI mounts on every machine) is not supported: mount it on the "
+                "machines yourself and point the trials at it"
+            )
         return value
+
     _service = field_validator("training_service", mode="before")(parse_training_service)
 
     @model_validator(mode="before")
@@ -175,8 +194,10 @@ class ExperimentConfig(NniModel):
             if isinstance(service, dict) and service.get("platform") == "frameworkcontroller":
                 roles = next((v for k, v in service.items() if _canonical(k) == "taskroles"), None)
                 if isinstance(roles, list) and roles and isinstance(roles[0], dict):
-                    data = {**data, "trialCommand": next((v for k, v in roles[0].items()
-                                                          if _canonical(k) == "command"), None)}  # fmt: skip
+                    data = {
+                        **data,
+                        "trialCommand": next((v for k, v in roles[0].items() if _canonical(k) == "command"), None),
+                    }
         return data
 
     @model_validator(mode="after")
@@ -201,8 +222,10 @@ class ExperimentConfig(NniModel):
                             f"machine {machine.address}: maxTrialNumberPerGpu only applies when trialGpuNumber is set"
                         )
             if self.hybrid and service.trial_code_directory not in (None, self.trial_code_directory):
-                raise ValueError(f"{where}.trialCodeDirectory differs from trialCodeDirectory: an experiment has "
-                                 "one code snapshot for all its platforms; set it at the top level only")  # fmt: skip
+                raise ValueError(
+                    f"{where}.trialCodeDirectory differs from trialCodeDirectory: an experiment has "
+                    "one code snapshot for all its platforms; set it at the top level only"
+                )
         return self
 
     @property
@@ -288,9 +311,12 @@ def load_experiment_config(path: str | Path) -> ExperimentConfig:
         if _canonical(key) in ("trialcodedirectory", "searchspacefile") and isinstance(data[key], str):
             data[key] = str((base / Path(data[key]).expanduser()).resolve())
         if _canonical(key) in ("tuner", "assessor", "advisor") and isinstance(data[key], dict):
-            data[key] = {k: str((base / Path(v).expanduser()).resolve())
-                         if _canonical(str(k)) == "codedirectory" and isinstance(v, str) else v
-                         for k, v in data[key].items()}  # fmt: skip
+            data[key] = {
+                k: str((base / Path(v).expanduser()).resolve())
+                if _canonical(str(k)) == "codedirectory" and isinstance(v, str)
+                else v
+                for k, v in data[key].items()
+            }
     try:
         config = ExperimentConfig.model_validate(data)
     except ValidationError as exc:
@@ -334,8 +360,9 @@ def read_key_files(config: ExperimentConfig, base: Path | None = None) -> Experi
     def read(service: TrainingService) -> TrainingService:
         if not isinstance(service, RemoteConfig):
             return service
-        return service.model_copy(update={"machine_list": [_read_key(i, m, base)
-                                                           for i, m in enumerate(service.machine_list)]})  # fmt: skip
+        return service.model_copy(
+            update={"machine_list": [_read_key(i, m, base) for i, m in enumerate(service.machine_list)]}
+        )
 
     return _each_service(config, read)
 

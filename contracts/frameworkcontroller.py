@@ -80,8 +80,10 @@ class CompletionPolicy(NniModel):
     @classmethod
     def _spelling(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            data = {"minSucceedTaskCount" if k.lower().replace("_", "") == "minsucceededtaskcount" else k: v
-                    for k, v in data.items()}  # fmt: skip
+            data = {
+                "minSucceedTaskCount" if k.lower().replace("_", "") == "minsucceededtaskcount" else k: v
+                for k, v in data.items()
+            }
         return data
 
 
@@ -102,8 +104,10 @@ class FrameworkcontrollerRole(NniModel):
     @classmethod
     def _name(cls, value: str) -> str:
         if not K8S_NAME.match(value):
-            raise ValueError(f"task role name {value!r} must match ^[a-z0-9]{{1,63}}$ (FrameworkController's rule: "
-                             "lower-case letters and digits only)")  # fmt: skip
+            raise ValueError(
+                f"task role name {value!r} must match ^[a-z0-9]{{1,63}}$ (FrameworkController's rule: "
+                "lower-case letters and digits only)"
+            )
         return value
 
     @field_validator("memory_size")

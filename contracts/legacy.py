@@ -27,37 +27,52 @@ REFUSED = "legacy (v1) config: "
 
 TOP = Keys(
     moved={
-        "experimentName": "experimentName", "trialConcurrency": "trialConcurrency",
-        "maxExecDuration": "maxExperimentDuration", "maxTrialNum": "maxTrialNumber",
-        "maxTrialDuration": "maxTrialDuration", "searchSpacePath": "searchSpaceFile", "multiThread": "multiThread",
-        "nniManagerIp": "nniManagerIp", "logDir": "experimentWorkingDirectory", "debug": "debug",
-        "logLevel": "logLevel", "useAnnotation": "useAnnotation",
+        "experimentName": "experimentName",
+        "trialConcurrency": "trialConcurrency",
+        "maxExecDuration": "maxExperimentDuration",
+        "maxTrialNum": "maxTrialNumber",
+        "maxTrialDuration": "maxTrialDuration",
+        "searchSpacePath": "searchSpaceFile",
+        "multiThread": "multiThread",
+        "nniManagerIp": "nniManagerIp",
+        "logDir": "experimentWorkingDirectory",
+        "debug": "debug",
+        "logLevel": "logLevel",
+        "useAnnotation": "useAnnotation",
     },
     no_effect=frozenset({"authorName", "description", "versionCheck", "logCollection", "multiPhase"}),
-    refused={"sharedStorage": "Trialbus does not mount NNI's shared storage where trials run (it ships the trial "
-             "code itself); mount the storage on those machines yourself and remove this section"},
+    refused={
+        "sharedStorage": "Trialbus does not mount NNI's shared storage where trials run (it ships the trial "
+        "code itself); mount the storage on those machines yourself and remove this section"
+    },
     refused_if={
         "multiPhase": (truthy, "NNI 2 removed multi-phase trials (its converter refuses them too)"),
-        "useAnnotation": (truthy, "Trialbus does not expand NNI annotations (a search space written as comments "
-                          "in the trial code): give searchSpacePath and read parameters with "
-                          "nni.get_next_parameter()"),
+        "useAnnotation": (
+            truthy,
+            "Trialbus does not expand NNI annotations (a search space written as comments "
+            "in the trial code): give searchSpacePath and read parameters with "
+            "nni.get_next_parameter()",
+        ),
     },
     nested=frozenset({"trainingServicePlatform", "trial", *ALGORITHMS, *SECTIONS}),
-)  # fmt: skip
+)
 
 #: The trial keys every platform of ours has → top-level v2 keys.
 TRIAL = {"command": "trialCommand", "codeDir": "trialCodeDirectory", "gpuNum": "trialGpuNumber"}
-_NAS_MODE = (lambda v: v not in (None, "classic_mode"),
-             "NNI's NAS modes rewrite annotated trial code, which Trialbus does not do (classic_mode, the "
-             "default, is accepted)")  # fmt: skip
-_INTERMEDIATE = ("NNI 2 dropped it, and Trialbus does not hand the tuner an early-stopped trial's last "
-                 "intermediate result as its final one")  # fmt: skip
+_NAS_MODE = (
+    lambda v: v not in (None, "classic_mode"),
+    "NNI's NAS modes rewrite annotated trial code, which Trialbus does not do (classic_mode, the default, is accepted)",
+)
+_INTERMEDIATE = (
+    "NNI 2 dropped it, and Trialbus does not hand the tuner an early-stopped trial's last "
+    "intermediate result as its final one"
+)
 #: Trial keys of NNI's v1 platforms Trialbus does not have.
 OTHER_TRIAL = {
     **dict.fromkeys(("ps", "master", "worker"), "kubeflow"),
     **dict.fromkeys(("authFile", "shmMB", "dataDir", "outputDir", "portList"), "paiYarn"),
     **dict.fromkeys(("namespace", "imagePullSecrets", "nfs", "adaptive", "checkpoint", "memorySize"), "adl"),
-}  # fmt: skip
+}
 
 
 def is_legacy(data: dict[str, Any]) -> bool:
@@ -101,15 +116,21 @@ def _platforms(data: dict[str, Any]) -> tuple[list[str], bool]:
     if platform in PLATFORMS:
         return [platform], False
     if platform in NOT_HERE:
-        raise ValueError(f"{REFUSED}trainingServicePlatform: {platform} is an NNI platform Trialbus does not "
-                         f"have; {ours}")  # fmt: skip
+        raise ValueError(
+            f"{REFUSED}trainingServicePlatform: {platform} is an NNI platform Trialbus does not have; {ours}"
+        )
     if platform != "hybrid":
-        raise ValueError(f"{REFUSED}trainingServicePlatform: unknown platform {platform!r}; {ours}"
-                         + (" (v1 calls openpai pai)" if platform == "openpai" else ""))  # fmt: skip
+        raise ValueError(
+            f"{REFUSED}trainingServicePlatform: unknown platform {platform!r}; {ours}"
+            + (" (v1 calls openpai pai)" if platform == "openpai" else "")
+        )
     problems: list[str] = []
     hybrid = mapping(data.get("hybridConfig"), "hybridConfig", problems)
-    problems.extend(f"hybridConfig.{key}: unknown key; hybridConfig takes trainingServicePlatforms"
-                    for key in hybrid if key != "trainingServicePlatforms")  # fmt: skip
+    problems.extend(
+        f"hybridConfig.{key}: unknown key; hybridConfig takes trainingServicePlatforms"
+        for key in hybrid
+        if key != "trainingServicePlatforms"
+    )
     listed = hybrid.get("trainingServicePlatforms")
     if not listed or not isinstance(listed, list):
         problems.append("hybridConfig.trainingServicePlatforms: must list the platforms, e.g. [local, remote]")
@@ -117,8 +138,9 @@ def _platforms(data: dict[str, Any]) -> tuple[list[str], bool]:
     not_here = [str(p) for p in listed if p not in HYBRID]
     if not_here:
         why = ", ".join(f"{p} ({_why_not_hybrid(p)})" for p in not_here)
-        problems.append(f"hybridConfig.trainingServicePlatforms: {why}; a v1 hybrid config may list "
-                        f"{', '.join(HYBRID)}")  # fmt: skip
+        problems.append(
+            f"hybridConfig.trainingServicePlatforms: {why}; a v1 hybrid config may list {', '.join(HYBRID)}"
+        )
     twice = sorted({str(p) for p in listed if listed.count(p) > 1})
     if twice:
         problems.append(f"hybridConfig.trainingServicePlatforms: {', '.join(twice)} listed more than once")
@@ -147,14 +169,21 @@ def _unused(owner: str, platform: str, platforms: list[str]) -> str:
 def _trial_keys(platforms: list[str]) -> Keys:
     """The ``trial`` keys of NNI's v1 schema for ``platforms``: moved to the top, read by a
     platform's converter, or refused with the platform they belong to."""
-    refused = {key: f"a trial key of NNI's {owner} platform, which Trialbus does not have"
-               for key, owner in OTHER_TRIAL.items()}  # fmt: skip
+    refused = {
+        key: f"a trial key of NNI's {owner} platform, which Trialbus does not have"
+        for key, owner in OTHER_TRIAL.items()
+    }
     nested: set[str] = set()
     if "pai" in platforms:
         nested.update(PAI_TRIAL)
     else:
-        refused.update(dict.fromkeys(PAI_TRIAL, "an OpenPAI key (trainingServicePlatform pai, or hybrid with pai); "
-                                                f"this config runs on {', '.join(platforms)}"))  # fmt: skip
+        refused.update(
+            dict.fromkeys(
+                PAI_TRIAL,
+                "an OpenPAI key (trainingServicePlatform pai, or hybrid with pai); "
+                f"this config runs on {', '.join(platforms)}",
+            )
+        )
     moved = dict(TRIAL)
     if "frameworkcontroller" in platforms:
         nested.add("taskRoles")
@@ -172,8 +201,11 @@ def _algorithm(section: Any, kind: str, out: dict[str, Any], problems: list[str]
     ``gpuIndices`` → the top-level ``tunerGpuIndices`` (NNI's ``convert_algo`` and ``to_v2``)."""
     builtin = f"builtin{kind.title()}Name"
     custom = ("codeDir", "classFileName", "className")
-    keys = Keys(moved={"classArgs": "classArgs"}, nested=frozenset({builtin, *custom, "gpuIndices"}),
-                refused_if={"includeIntermediateResults": (truthy, _INTERMEDIATE)})  # fmt: skip
+    keys = Keys(
+        moved={"classArgs": "classArgs"},
+        nested=frozenset({builtin, *custom, "gpuIndices"}),
+        refused_if={"includeIntermediateResults": (truthy, _INTERMEDIATE)},
+    )
     args = convert(section, kind, keys, problems)
     if not isinstance(section, dict):
         return args

@@ -23,39 +23,73 @@ NOT_HERE = ("kubeflow", "aml", "dlts", "adl", "paiYarn")
 HYBRID = ("local", "remote", "pai")
 #: Each platform's own top-level sections; a section of a platform the config does not use is refused.
 SECTIONS = {
-    "localConfig": "local", "remoteConfig": "remote", "machineList": "remote", "paiConfig": "pai",
-    "frameworkcontrollerConfig": "frameworkcontroller", "hybridConfig": "hybrid",
-    "kubeflowConfig": "kubeflow", "amlConfig": "aml", "dltsConfig": "dlts", "paiYarnConfig": "paiYarn",
-}  # fmt: skip
+    "localConfig": "local",
+    "remoteConfig": "remote",
+    "machineList": "remote",
+    "paiConfig": "pai",
+    "frameworkcontrollerConfig": "frameworkcontroller",
+    "hybridConfig": "hybrid",
+    "kubeflowConfig": "kubeflow",
+    "amlConfig": "aml",
+    "dltsConfig": "dlts",
+    "paiYarnConfig": "paiYarn",
+}
 
-LOCAL = Keys(moved={"gpuIndices": "gpuIndices", "maxTrialNumPerGpu": "maxTrialNumberPerGpu",
-                    "useActiveGpu": "useActiveGpu"})  # fmt: skip
+LOCAL = Keys(
+    moved={"gpuIndices": "gpuIndices", "maxTrialNumPerGpu": "maxTrialNumberPerGpu", "useActiveGpu": "useActiveGpu"}
+)
 REMOTE = Keys(moved={"reuse": "reuseMode"})
-MACHINE = Keys(moved={
-    "ip": "host", "port": "port", "username": "user", "passwd": "password", "sshKeyPath": "sshKeyFile",
-    "passphrase": "sshPassphrase", "gpuIndices": "gpuIndices", "maxTrialNumPerGpu": "maxTrialNumberPerGpu",
-    "useActiveGpu": "useActiveGpu", "pythonPath": "pythonPath",
-})  # fmt: skip
+MACHINE = Keys(
+    moved={
+        "ip": "host",
+        "port": "port",
+        "username": "user",
+        "passwd": "password",
+        "sshKeyPath": "sshKeyFile",
+        "passphrase": "sshPassphrase",
+        "gpuIndices": "gpuIndices",
+        "maxTrialNumPerGpu": "maxTrialNumberPerGpu",
+        "useActiveGpu": "useActiveGpu",
+        "pythonPath": "pythonPath",
+    }
+)
 
 #: The OpenPAI keys under ``trial`` → the openpai section's.
 PAI_TRIAL = {
-    "nniManagerNFSMountPath": "localStorageMountPoint", "containerNFSMountPath": "containerStorageMountPoint",
-    "cpuNum": "trialCpuNumber", "memoryMB": "trialMemorySize", "image": "dockerImage",
-    "virtualCluster": "virtualCluster", "paiStorageConfigName": "storageConfigName",
+    "nniManagerNFSMountPath": "localStorageMountPoint",
+    "containerNFSMountPath": "containerStorageMountPoint",
+    "cpuNum": "trialCpuNumber",
+    "memoryMB": "trialMemorySize",
+    "image": "dockerImage",
+    "virtualCluster": "virtualCluster",
+    "paiStorageConfigName": "storageConfigName",
     "paiConfigPath": "openpaiConfigFile",
-}  # fmt: skip
+}
 _PASSWORD = "NNI 2 dropped password sign-in to OpenPAI: use an application token (paiConfig.token)"
 PAI = Keys(
-    moved={"userName": "username", "token": "token", "host": "host", "reuse": "reuseMode",
-           "gpuNum": "trialGpuNumber", "cpuNum": "trialCpuNumber", "memoryMB": "trialMemorySize"},
+    moved={
+        "userName": "username",
+        "token": "token",
+        "host": "host",
+        "reuse": "reuseMode",
+        "gpuNum": "trialGpuNumber",
+        "cpuNum": "trialCpuNumber",
+        "memoryMB": "trialMemorySize",
+    },
     no_effect=frozenset({"useActiveGpu"}),
     refused={"passWord": _PASSWORD, "password": _PASSWORD},
-    refused_if={"maxTrialNumPerGpu": (lambda v: v not in (None, 1), "several trials per GPU in one OpenPAI job "
-                                      "is not done here (each trial has its job's GPUs); remove it")},
-)  # fmt: skip
+    refused_if={
+        "maxTrialNumPerGpu": (
+            lambda v: v not in (None, 1),
+            "several trials per GPU in one OpenPAI job is not done here (each trial has its job's GPUs); remove it",
+        )
+    },
+)
 
-TEMPLATE = ("a pvc storage or a configPath template is not converted by NNI either; use storage nfs or "
-            "azureStorage, and trial.taskRoles")  # fmt: skip
+TEMPLATE = (
+    "a pvc storage or a configPath template is not converted by NNI either; use storage nfs or "
+    "azureStorage, and trial.taskRoles"
+)
 FRAMEWORKCONTROLLER = Keys(
     moved={"serviceAccountName": "serviceAccountName", "namespace": "namespace", "reuse": "reuseMode"},
     no_effect=frozenset({"uploadRetryCount"}),
@@ -66,12 +100,21 @@ NFS = Keys(moved={"server": "server", "path": "path"})
 KEY_VAULT = Keys(moved={"vaultName": "keyVaultName", "name": "keyVaultKey"})
 AZURE = Keys(moved={"accountName": "azureAccount", "azureShare": "azureShare"})
 ROLE = Keys(
-    moved={"name": "name", "taskNum": "taskNumber", "command": "command", "gpuNum": "gpuNumber",
-           "cpuNum": "cpuNumber", "memoryMB": "memorySize", "image": "dockerImage"},
-    refused={"privateRegistryAuthPath": "Trialbus does not create image pull secrets from a registry auth file; "
-             "give the pods' service account (serviceAccountName) imagePullSecrets instead"},
+    moved={
+        "name": "name",
+        "taskNum": "taskNumber",
+        "command": "command",
+        "gpuNum": "gpuNumber",
+        "cpuNum": "cpuNumber",
+        "memoryMB": "memorySize",
+        "image": "dockerImage",
+    },
+    refused={
+        "privateRegistryAuthPath": "Trialbus does not create image pull secrets from a registry auth file; "
+        "give the pods' service account (serviceAccountName) imagePullSecrets instead"
+    },
     nested=frozenset({"frameworkAttemptCompletionPolicy"}),
-)  # fmt: skip
+)
 POLICY = Keys(moved={"minFailedTaskCount": "minFailedTaskCount", "minSucceededTaskCount": "minSucceedTaskCount"})
 
 
@@ -141,8 +184,11 @@ def _storage(fc: dict[str, Any], problems: list[str]) -> dict[str, Any] | None:
         problems.append(f"{where}.storage: {kind!r} is not one of nfs, azureStorage")
         return None
     other = ("keyVault", "azureStorage") if kind == "nfs" else ("nfs",)
-    problems.extend(f"{where}.{key}: only read with storage {key if key == 'nfs' else 'azureStorage'} "
-                    f"(storage is {kind})" for key in other if key in fc)  # fmt: skip
+    problems.extend(
+        f"{where}.{key}: only read with storage {key if key == 'nfs' else 'azureStorage'} (storage is {kind})"
+        for key in other
+        if key in fc
+    )
     if kind == "nfs":
         return {"storageType": "nfs", **convert(fc.get("nfs"), f"{where}.nfs", NFS, problems)}
     azure = convert(fc.get("azureStorage"), f"{where}.azureStorage", AZURE, problems)
@@ -154,12 +200,16 @@ def _role(role: Any, where: str, problems: list[str]) -> dict[str, Any]:
     out = convert(role, where, ROLE, problems)
     policy = role.get("frameworkAttemptCompletionPolicy") if isinstance(role, dict) else None
     if policy:
-        out["frameworkAttemptCompletionPolicy"] = convert(policy, f"{where}.frameworkAttemptCompletionPolicy",
-                                                          POLICY, problems)  # fmt: skip
+        out["frameworkAttemptCompletionPolicy"] = convert(
+            policy, f"{where}.frameworkAttemptCompletionPolicy", POLICY, problems
+        )
     return out
 
 
 #: v1 platform → its converter: (the whole v1 config, hybrid?, problems) → the v2 section.
 CONVERTERS: dict[str, Callable[[dict[str, Any], bool, list[str]], dict[str, Any]]] = {
-    "local": local, "remote": remote, "pai": pai, "frameworkcontroller": frameworkcontroller,
-}  # fmt: skip
+    "local": local,
+    "remote": remote,
+    "pai": pai,
+    "frameworkcontroller": frameworkcontroller,
+}

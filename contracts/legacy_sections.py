@@ -66,8 +66,10 @@ def unknown(key: str, keys: Keys) -> str:
     """Why ``key`` is refused, with the v1 key the user probably meant."""
     v1_of = {v2: v1 for v1, v2 in keys.moved.items() if v1 != v2}
     if key in v1_of:
-        return (f"the v2 name of {v1_of[key]}; a file with trainingServicePlatform is read as NNI's v1 layout: "
-                f"write {v1_of[key]}, or convert the whole file to v2")  # fmt: skip
+        return (
+            f"the v2 name of {v1_of[key]}; a file with trainingServicePlatform is read as NNI's v1 layout: "
+            f"write {v1_of[key]}, or convert the whole file to v2"
+        )
     canonical = {k.lower().replace("_", ""): k for k in keys.known}
     near = canonical.get(key.lower().replace("_", ""))
     if near is not None:

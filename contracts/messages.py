@@ -98,7 +98,7 @@ def error_line(text: object) -> str | None:
     if not lines:
         return None
     line = "".join(c if c.isprintable() else " " for c in _ANSI.sub("", lines[-1])).strip()
-    return line if len(line) <= ERROR_LINE_MAX else "…" + line[-(ERROR_LINE_MAX - 1):]
+    return line if len(line) <= ERROR_LINE_MAX else "…" + line[-(ERROR_LINE_MAX - 1) :]
 
 
 class MetricType(StrEnum):

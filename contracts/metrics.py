@@ -88,8 +88,12 @@ def raw_records_of(data: bytes) -> list[dict[str, Any]]:
         return [message]
     if message.get("kind") != BATCH_KIND or not isinstance(message.get("records"), list):
         raise ValueError(f"not a metric record or batch: kind {message.get('kind')!r}")
-    shared = {"experimentId": message["experimentId"], "trialId": message["trialId"],
-              "attempt": message.get("attempt", 0), "timestamp": message.get("timestamp")}  # fmt: skip
+    shared = {
+        "experimentId": message["experimentId"],
+        "trialId": message["trialId"],
+        "attempt": message.get("attempt", 0),
+        "timestamp": message.get("timestamp"),
+    }
     return [{**shared, **record} for record in message["records"]]
 
 

@@ -256,7 +256,8 @@ def _job_secrets(template: dict[str, Any] | None, change: Any) -> dict[str, Any]
     if isinstance(shown.get("prerequisites"), list):
         shown["prerequisites"] = [
             {**p, "auth": {**p["auth"], "password": change(f"prerequisites.{i}.auth.password", p["auth"]["password"])}}
-            if isinstance(p, dict) and isinstance(p.get("auth"), dict) and "password" in p["auth"] else p
+            if isinstance(p, dict) and isinstance(p.get("auth"), dict) and "password" in p["auth"]
+            else p
             for i, p in enumerate(shown["prerequisites"])
         ]
     return shown
@@ -264,9 +265,11 @@ def _job_secrets(template: dict[str, Any] | None, change: Any) -> dict[str, Any]
 
 #: platform name → its config model. A new platform registers here.
 PLATFORMS: dict[str, type[TrainingService]] = {
-    "local": LocalConfig, "remote": RemoteConfig, "openpai": OpenpaiConfig,
+    "local": LocalConfig,
+    "remote": RemoteConfig,
+    "openpai": OpenpaiConfig,
     "frameworkcontroller": FrameworkcontrollerConfig,
-}  # fmt: skip
+}
 
 
 #: NNI platforms Trialbus has no adapter for: named in the error when a config asks for one.
@@ -286,14 +289,17 @@ def parse_training_service(value: Any, info: ValidationInfo) -> ParsedService:
     if isinstance(value, list):
         return _parse_hybrid(value, info)
     if not isinstance(value, dict) or "platform" not in {_canonical(k) for k in value}:
-        raise ValueError("trainingService must be a mapping with a 'platform' key, e.g. {platform: local}, "
-                         "or a list of them (NNI's hybrid mode)")  # fmt: skip
+        raise ValueError(
+            "trainingService must be a mapping with a 'platform' key, e.g. {platform: local}, "
+            "or a list of them (NNI's hybrid mode)"
+        )
     platform = next(v for k, v in value.items() if _canonical(k) == "platform")
     model = PLATFORMS.get(str(platform))
     if model is None:
         if str(platform) in NOT_HERE:
-            raise ValueError(f"platform {platform!r} is not available in Trialbus; the platforms are "
-                             f"{', '.join(PLATFORMS)}")  # fmt: skip
+            raise ValueError(
+                f"platform {platform!r} is not available in Trialbus; the platforms are {', '.join(PLATFORMS)}"
+            )
         raise ValueError(f"unknown platform {platform!r}; available: {', '.join(PLATFORMS)}")
     return model.model_validate(value, context=info.context)
 
@@ -302,16 +308,24 @@ def _parse_hybrid(value: list[Any], info: ValidationInfo) -> list[ParsedService]
     """NNI's hybrid mode: each trial runs on one of the listed platforms (the dispatcher chooses)."""
     if not value:
         raise ValueError("trainingService is an empty list: name at least one platform")
-    platforms = [next((v for k, v in item.items() if _canonical(k) == "platform"), None) if isinstance(item, dict)
-                 else getattr(item, "platform", None) for item in value]  # fmt: skip
+    platforms = [
+        next((v for k, v in item.items() if _canonical(k) == "platform"), None)
+        if isinstance(item, dict)
+        else getattr(item, "platform", None)
+        for item in value
+    ]
     missing = [str(p) for p in platforms if p is not None and str(p) not in PLATFORMS]
     if missing:
-        raise ValueError(f"trainingService lists platform(s) {', '.join(missing)} that Trialbus does not have; "
-                         f"a hybrid list may hold {', '.join(PLATFORMS)}")  # fmt: skip
+        raise ValueError(
+            f"trainingService lists platform(s) {', '.join(missing)} that Trialbus does not have; "
+            f"a hybrid list may hold {', '.join(PLATFORMS)}"
+        )
     twice = sorted({str(p) for p in platforms if p is not None and platforms.count(p) > 1})
     if twice:
-        raise ValueError(f"trainingService lists platform {', '.join(twice)} more than once: give each platform one "
-                         "section (all SSH machines in one machineList)")  # fmt: skip
+        raise ValueError(
+            f"trainingService lists platform {', '.join(twice)} more than once: give each platform one "
+            "section (all SSH machines in one machineList)"
+        )
     services: list[ParsedService] = []
     for i, item in enumerate(value):
         try:

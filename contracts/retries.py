@@ -74,8 +74,9 @@ class RetryPolicy(NniModel):
     @model_validator(mode="after")
     def _ordered(self) -> RetryPolicy:
         if self.max_backoff < self.backoff:
-            raise ValueError(f"retry.maxBackoff ({self.max_backoff:g}s) is shorter than retry.backoff "
-                             f"({self.backoff:g}s)")  # fmt: skip
+            raise ValueError(
+                f"retry.maxBackoff ({self.max_backoff:g}s) is shorter than retry.backoff ({self.backoff:g}s)"
+            )
         return self
 
 

@@ -156,8 +156,16 @@ class ExperimentState(Contract):
         body = self.model_dump(
             mode="json",
             by_alias=True,
-            include={"id", "status", "code_ref", "start_time", "end_time", "message", "no_more_trials",
-                     "stopped_seconds"},
+            include={
+                "id",
+                "status",
+                "code_ref",
+                "start_time",
+                "end_time",
+                "message",
+                "no_more_trials",
+                "stopped_seconds",
+            },
         )
         body["config"] = self.config.public_json()
         body["trialCount"] = sum(trial_counts.values())

@@ -75,9 +75,11 @@ CODE_STORE = ObjectStoreConfig(bucket="code", description="trialCodeDirectory sn
 #: attempt stopped. An object not written for ``ttl`` seconds expires: a trial retried by hand
 #: after that, on another machine, starts without its checkpoint.
 CHECKPOINT_STORE = ObjectStoreConfig(
-    bucket="checkpoints", description="Trials' checkpoint directories (remote adapter), by experiment/trial",
-    ttl=7 * DAY, storage=StorageType.FILE,
-)  # fmt: skip
+    bucket="checkpoints",
+    description="Trials' checkpoint directories (remote adapter), by experiment/trial",
+    ttl=7 * DAY,
+    storage=StorageType.FILE,
+)
 OBJECT_STORES = (CODE_STORE, CHECKPOINT_STORE)
 
 
@@ -140,8 +142,10 @@ class StreamLimits:
     metrics_max_bytes: int = -1
 
     def apply(self, config: StreamConfig) -> StreamConfig:
-        kept = {"EVENTS": (self.events_max_age, self.events_max_bytes),
-                "METRICS": (self.metrics_max_age, self.metrics_max_bytes)}.get(stream_name(config))  # fmt: skip
+        kept = {
+            "EVENTS": (self.events_max_age, self.events_max_bytes),
+            "METRICS": (self.metrics_max_age, self.metrics_max_bytes),
+        }.get(stream_name(config))
         if kept is None:
             return config
         return dataclasses.replace(config, max_age=kept[0] or None, max_bytes=kept[1])

@@ -50,26 +50,40 @@ app = typer.Typer(
 def main(
     ctx: typer.Context,
     nats_url: Annotated[
-        str | None, typer.Option("--nats-url", envvar="TRIALBUS_NATS_URL", show_default=False,
-                                 help=f"NATS server(s), comma-separated [default: the NATS of --data-dir's "
-                                      f"stack, else {DEFAULT_NATS_URL}].")  # fmt: skip
+        str | None,
+        typer.Option(
+            "--nats-url",
+            envvar="TRIALBUS_NATS_URL",
+            show_default=False,
+            help=f"NATS server(s), comma-separated [default: the NATS of --data-dir's stack, else {DEFAULT_NATS_URL}].",
+        ),
     ] = None,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the dispatcher.")] = 10.0,
     nats_user: Annotated[
         str | None, typer.Option("--nats-user", envvar="TRIALBUS_NATS_USER", help="NATS user (compose: client).")
     ] = None,
     nats_password: Annotated[
-        str | None, typer.Option("--nats-password", envvar="TRIALBUS_NATS_PASSWORD", help="Its password.",
-                                 show_default=False)  # fmt: skip
+        str | None,
+        typer.Option("--nats-password", envvar="TRIALBUS_NATS_PASSWORD", help="Its password.", show_default=False),
     ] = None,
     data_dir: Annotated[
-        Path | None, typer.Option("--data-dir", envvar="TRIALBUS_DATA_DIR", show_default=False,
-                                  help="Data dir of the `trialbus up` to use, from any directory [default: this "
-                                       "user's running stack at --nats-url].")  # fmt: skip
+        Path | None,
+        typer.Option(
+            "--data-dir",
+            envvar="TRIALBUS_DATA_DIR",
+            show_default=False,
+            help="Data dir of the `trialbus up` to use, from any directory [default: this "
+            "user's running stack at --nats-url].",
+        ),
     ] = None,
 ) -> None:
-    ctx.obj = Options(nats_url=local.nats_url(nats_url, data_dir), timeout=timeout, nats_user=nats_user,
-                      nats_password=nats_password, data_dir=data_dir)  # fmt: skip
+    ctx.obj = Options(
+        nats_url=local.nats_url(nats_url, data_dir),
+        timeout=timeout,
+        nats_user=nats_user,
+        nats_password=nats_password,
+        data_dir=data_dir,
+    )
 
 
 @app.command()

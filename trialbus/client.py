@@ -42,8 +42,16 @@ from trialbus.sync import Client
 from trialbus.watcher import ExperimentWatcher, TrialOutcome
 
 __all__ = [
-    "DEFAULT_NATS_URL", "AsyncClient", "Client", "CodeUpload", "ExperimentView", "SubmittedTrial",
-    "TrialMetric", "TrialOutcome", "TrialbusError", "as_config",
+    "DEFAULT_NATS_URL",
+    "AsyncClient",
+    "Client",
+    "CodeUpload",
+    "ExperimentView",
+    "SubmittedTrial",
+    "TrialMetric",
+    "TrialOutcome",
+    "TrialbusError",
+    "as_config",
 ]
 
 log = logging.getLogger(__name__)
@@ -261,8 +269,13 @@ class AsyncClient:
         return trial
 
     async def trial_page(
-        self, experiment_id: str, *, limit: int | None = None, cursor: str | None = None,
-        status: str | TrialStatus | list[TrialStatus | str] | None = None, sort: str = "sequence",
+        self,
+        experiment_id: str,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        status: str | TrialStatus | list[TrialStatus | str] | None = None,
+        sort: str = "sequence",
     ) -> TrialPage:
         """One page of the experiment's trials (``limit``, default 500, at most 5,000), after
         ``cursor``; ``status`` filters (one or several), ``sort`` is ``sequence`` (submission
@@ -280,8 +293,12 @@ class AsyncClient:
         return TrialPage(trials, answer.get("nextCursor"))
 
     async def iter_trials(
-        self, experiment_id: str, *, status: str | TrialStatus | list[TrialStatus | str] | None = None,
-        sort: str = "sequence", page_size: int | None = None,
+        self,
+        experiment_id: str,
+        *,
+        status: str | TrialStatus | list[TrialStatus | str] | None = None,
+        sort: str = "sequence",
+        page_size: int | None = None,
     ) -> AsyncIterator[TrialState]:
         """Every trial of the experiment, a page at a time (see :meth:`trial_page`); in submission
         order no trial is missed or repeated while trials keep ending."""
@@ -294,7 +311,10 @@ class AsyncClient:
                 return
 
     async def list_trials(
-        self, experiment_id: str, *, status: str | TrialStatus | list[TrialStatus | str] | None = None,
+        self,
+        experiment_id: str,
+        *,
+        status: str | TrialStatus | list[TrialStatus | str] | None = None,
         sort: str = "sequence",
     ) -> list[TrialState]:
         """The experiment's trials (all of them, read a page at a time; ``status``, ``sort`` as
@@ -389,9 +409,7 @@ class AsyncClient:
         finally:
             watcher.forget(trial_id, future)
 
-    async def wait_final(
-        self, trial_id: str, timeout: float | None = None, *, experiment_id: str | None = None
-    ) -> Any:
+    async def wait_final(self, trial_id: str, timeout: float | None = None, *, experiment_id: str | None = None) -> Any:
         """The trial's FINAL metric, decoded, as soon as it is reported; None if the trial
         ended without one. Raises TimeoutError after ``timeout`` seconds (None: no limit)."""
         return await self._await(trial_id, experiment_id, timeout, final=True)

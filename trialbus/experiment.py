@@ -52,15 +52,20 @@ def check_tuner(config: ExperimentConfig) -> None:
     the nni package live there), and gets the search space as written, in whatever format it reads.
     """
     if not (config.tuner or config.advisor):
-        raise ValueError("the config has no tuner: add one, e.g. `tuner: {name: TPE, classArgs: {optimize_mode: "
-                         "maximize}}` (or submit trials yourself with trialbus.Client)")
+        raise ValueError(
+            "the config has no tuner: add one, e.g. `tuner: {name: TPE, classArgs: {optimize_mode: "
+            "maximize}}` (or submit trials yourself with trialbus.Client)"
+        )
     checks.check(config)
 
 
 def best_trial(trials: list[TrialState], config: ExperimentConfig) -> TrialState | None:
     """The succeeded trial with the best default metric for the tuner's ``optimize_mode``; None if none has one."""
-    scored = [(m, t) for t in trials if t.status == TrialStatus.SUCCEEDED
-              and (m := default_metric(t.final_metric)) is not None]  # fmt: skip
+    scored = [
+        (m, t)
+        for t in trials
+        if t.status == TrialStatus.SUCCEEDED and (m := default_metric(t.final_metric)) is not None
+    ]
     if not scored:
         return None
     pick = min if config.optimize_mode == "minimize" else max
@@ -87,9 +92,12 @@ def _draft(platform: str | list[str]) -> _Section:
     """NNI's ``Experiment("local")``, or ``Experiment(["local", "remote"])`` for hybrid mode."""
     service = [_Section(platform=p) for p in platform] if isinstance(platform, list) else _Section(platform=platform)
     return _Section(
-        trial_concurrency=1, trial_code_directory=".", training_service=service,
-        tuner=_Section(name=None, class_args={}), assessor=None,
-    )  # fmt: skip
+        trial_concurrency=1,
+        trial_code_directory=".",
+        training_service=service,
+        tuner=_Section(name=None, class_args={}),
+        assessor=None,
+    )
 
 
 class Experiment:
@@ -114,9 +122,12 @@ class Experiment:
             self.config = as_config(cast(Mapping[str, Any], config) if isinstance(config, list) else config)
         self.id: str | None = None
         self._client = Client(
-            nats_url or os.environ.get("TRIALBUS_NATS_URL"), user=user, password=password,
-            request_timeout=request_timeout, data_dir=data_dir,
-        )  # fmt: skip
+            nats_url or os.environ.get("TRIALBUS_NATS_URL"),
+            user=user,
+            password=password,
+            request_timeout=request_timeout,
+            data_dir=data_dir,
+        )
         self._connected = False
 
     @classmethod
@@ -131,8 +142,15 @@ class Experiment:
         return experiment
 
     @classmethod
-    def resume(cls, experiment_id: str, port: int | None = None, *, wait_completion: bool = True,
-               debug: bool = False, **options: Any) -> Experiment:  # fmt: skip
+    def resume(
+        cls,
+        experiment_id: str,
+        port: int | None = None,
+        *,
+        wait_completion: bool = True,
+        debug: bool = False,
+        **options: Any,
+    ) -> Experiment:
         """Run a STOPPED experiment again (NNI's ``Experiment.resume``); with ``wait_completion``,
         block until it is DONE or STOPPED (Ctrl-C stops it). ``port`` and ``debug`` are NNI's, unused."""
         experiment = cls.connect(experiment_id, **options)
@@ -177,8 +195,12 @@ class Experiment:
             self.stop()
             raise
 
-    def wait(self, progress: Callable[[ExperimentView, list[TrialState]], None] | None = None,
-             poll: float = POLL, look: float = LOOK) -> ExperimentStatus:
+    def wait(
+        self,
+        progress: Callable[[ExperimentView, list[TrialState]], None] | None = None,
+        poll: float = POLL,
+        look: float = LOOK,
+    ) -> ExperimentStatus:
         """Block until the experiment is DONE or STOPPED, at most ``look`` seconds after it ended; ``progress``
         sees it and its trials every ``poll`` seconds, and once more at the end."""
         listed = None
@@ -237,8 +259,10 @@ class Experiment:
 
     def export_data(self) -> list[dict[str, Any]]:
         """NNI's ``export_data``: each succeeded trial's parameters and final value."""
-        return [{"trial_id": t.id, "parameter": t.parameters, "value": t.final_metric}
-                for t in self.list_trial_jobs(TrialStatus.SUCCEEDED.value)]  # fmt: skip
+        return [
+            {"trial_id": t.id, "parameter": t.parameters, "value": t.final_metric}
+            for t in self.list_trial_jobs(TrialStatus.SUCCEEDED.value)
+        ]
 
     def best_trial(self) -> TrialState | None:
         """The succeeded trial with the best default metric in the tuner's ``optimize_mode``."""

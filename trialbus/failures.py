@@ -49,8 +49,10 @@ def failure_line(trial: TrialState) -> str:
 def said(trial_id: str, exit_code: int | None, why: str | None) -> str:
     """:func:`failure_line` from its parts (a FAILED event's, in ``trialbus watch``)."""
     code = f" (exit {exit_code})" if exit_code is not None else ""
-    return (f"[red]trial {trial_id} failed{code}:[/] {escape(why or 'no reason recorded')}; whole log: "
-            f"[bold]trialbus log trial {trial_id}[/]")  # fmt: skip
+    return (
+        f"[red]trial {trial_id} failed{code}:[/] {escape(why or 'no reason recorded')}; whole log: "
+        f"[bold]trialbus log trial {trial_id}[/]"
+    )
 
 
 async def first_failure(client: AsyncClient, experiment_id: str) -> TrialState | None:

@@ -59,7 +59,11 @@ async def follow(
     try:
         several = ConsumerConfig(filter_subjects=filters) if len(filters) > 1 else None
         sub = await js.subscribe(
-            filters[0], stream=stream, cb=on_message, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL,
+            filters[0],
+            stream=stream,
+            cb=on_message,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
             config=several,
         )
     except NotFoundError:

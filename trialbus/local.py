@@ -114,11 +114,15 @@ def refused(url: str, reason: str, credentials: str | None, directory: str | Pat
         if credentials == "given":
             return f"{said}: it refused the credentials given (TRIALBUS_NATS_USER, TRIALBUS_NATS_PASSWORD)"
         if credentials == "found":
-            return (f"{said}: it refused the client user found in {where}: another stack than that one may run "
-                    f"there now; name its data dir (--data-dir or TRIALBUS_DATA_DIR)")  # fmt: skip
-        return (f"{said}: it needs credentials; none were given, and none of this user's `trialbus up` with NATS "
-                f"at {url} were found in {where}. Name its data dir (--data-dir or TRIALBUS_DATA_DIR), or set "
-                f"TRIALBUS_NATS_USER and TRIALBUS_NATS_PASSWORD")  # fmt: skip
+            return (
+                f"{said}: it refused the client user found in {where}: another stack than that one may run "
+                f"there now; name its data dir (--data-dir or TRIALBUS_DATA_DIR)"
+            )
+        return (
+            f"{said}: it needs credentials; none were given, and none of this user's `trialbus up` with NATS "
+            f"at {url} were found in {where}. Name its data dir (--data-dir or TRIALBUS_DATA_DIR), or set "
+            f"TRIALBUS_NATS_USER and TRIALBUS_NATS_PASSWORD"
+        )
     others = [f"{r.stack.nats_url} (data dir {r.data_dir})" for r in running() if r.stack.nats_url != url]
     if others:
         return f"{said}; this user's `trialbus up` runs with NATS at {', '.join(others)}: name it with --nats-url"

@@ -23,9 +23,14 @@ from trialbus.failures import failure_line, first_failures
 NO_TUNER_AFTER = 10.0
 #: Statuses in the order the counts line shows them, with their colour.
 STATUSES = {
-    "WAITING": "dim", "RUNNING": "cyan", "SUCCEEDED": "green", "FAILED": "red", "EARLY_STOPPED": "magenta",
-    "USER_CANCELED": "yellow", "SYS_CANCELED": "yellow",
-}  # fmt: skip
+    "WAITING": "dim",
+    "RUNNING": "cyan",
+    "SUCCEEDED": "green",
+    "FAILED": "red",
+    "EARLY_STOPPED": "magenta",
+    "USER_CANCELED": "yellow",
+    "SYS_CANCELED": "yellow",
+}
 
 
 class RunView:
@@ -35,9 +40,13 @@ class RunView:
         self.experiment_id = experiment_id
         self.config = config
         self.progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("trials"), TimeElapsedColumn(),
-        )  # fmt: skip
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("trials"),
+            TimeElapsedColumn(),
+        )
         name = f" {escape(config.experiment_name)}" if config.experiment_name else ""
         self.task = self.progress.add_task(f"experiment [bold]{experiment_id}[/]{name}", total=config.max_trial_number)
         self.counts: dict[str, int] = {}
@@ -61,8 +70,12 @@ class RunView:
             self.failed = None
 
     def __rich__(self) -> RenderableType:
-        counts = "  ".join(f"[{STATUSES.get(s, 'white')}]{s.lower()}[/] {self.counts[s]}"
-                           for s in STATUSES if s in self.counts) or self._no_trials()
+        counts = (
+            "  ".join(
+                f"[{STATUSES.get(s, 'white')}]{s.lower()}[/] {self.counts[s]}" for s in STATUSES if s in self.counts
+            )
+            or self._no_trials()
+        )
         lines: list[RenderableType] = [self.progress, Text.from_markup(f"  {counts}")]
         if self.best is not None:
             lines.append(Text.from_markup(f"  best {_best_line(self.best)}"))
@@ -70,17 +83,20 @@ class RunView:
             lines.append(Text.from_markup(f"  {failure_line(self.failed)}"))
         return Group(*lines)
 
-
     def _no_trials(self) -> str:
         if time.monotonic() - self.started < NO_TUNER_AFTER:
             return "[dim]waiting for the tuner's first trial[/]"
-        return (f"[yellow]no trial after {NO_TUNER_AFTER:.0f} s: is the tuner service running? (`trialbus up` "
-                "starts it; alone: `python -m services.tuner`)[/]")
+        return (
+            f"[yellow]no trial after {NO_TUNER_AFTER:.0f} s: is the tuner service running? (`trialbus up` "
+            "starts it; alone: `python -m services.tuner`)[/]"
+        )
 
 
 def _best_line(trial: TrialState) -> str:
-    return (f"[bold]{_number(default_metric(trial.final_metric))}[/] trial {trial.id} (#{trial.sequence_id}) "
-            f"{escape(json.dumps(trial.parameters))}")
+    return (
+        f"[bold]{_number(default_metric(trial.final_metric))}[/] trial {trial.id} (#{trial.sequence_id}) "
+        f"{escape(json.dumps(trial.parameters))}"
+    )
 
 
 def _number(value: float | None) -> str:
@@ -97,22 +113,30 @@ def summary(view: ExperimentView, trials: list[TrialState], config: ExperimentCo
         f"experiment [bold]{view.id}[/] [{status}]{view.status.value}[/] after {seconds // 60}m{seconds % 60:02d}s: "
         + ", ".join(f"{n} {s.lower()}" for s, n in view.trial_counts.items() if n)
         + (f"\n[yellow]{escape(view.message)}[/]" if view.message else "")
-        + (f"\nto run it again: [bold]trialbus resume {view.id}[/]" if view.message and view.status.value == "STOPPED"
-           else "")
+        + (
+            f"\nto run it again: [bold]trialbus resume {view.id}[/]"
+            if view.message and view.status.value == "STOPPED"
+            else ""
+        )
         + "".join(f"\n{failure_line(t)}" for t in first_failures(trials))
     )
     ranked = sorted(
         (t for t in trials if t.status == TrialStatus.SUCCEEDED and default_metric(t.final_metric) is not None),
-        key=lambda t: default_metric(t.final_metric) or 0.0, reverse=config.optimize_mode == "maximize",
-    )  # fmt: skip
+        key=lambda t: default_metric(t.final_metric) or 0.0,
+        reverse=config.optimize_mode == "maximize",
+    )
     if not ranked:
         return Group(head, Text("no trial reported a final result", style="yellow"))
     names = sorted({name for t in ranked[:6] for name in t.parameters})
     table = Table("", "trial", "#", "final", *names, title=f"best trials ({config.optimize_mode})", box=None)
     for rank, trial in enumerate(ranked[:6]):
-        table.add_row("best" if rank == 0 else str(rank + 1), trial.id, str(trial.sequence_id),
-                      _number(default_metric(trial.final_metric)),
-                      *(_value(trial.parameters.get(name)) for name in names))  # fmt: skip
+        table.add_row(
+            "best" if rank == 0 else str(rank + 1),
+            trial.id,
+            str(trial.sequence_id),
+            _number(default_metric(trial.final_metric)),
+            *(_value(trial.parameters.get(name)) for name in names),
+        )
     return Group(head, table)
 
 

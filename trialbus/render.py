@@ -54,20 +54,34 @@ def render(config: ExperimentConfig) -> str:
         return framework(service)
     if not isinstance(service, OpenpaiConfig):
         how = RUNS_AS.get(service.platform, "submits no job")
-        raise NoJob(f"trialbus render shows the job of platforms that submit jobs (openpai, frameworkcontroller); "
-                    f"platform {service.platform!r} {how}")  # fmt: skip
+        raise NoJob(
+            f"trialbus render shows the job of platforms that submit jobs (openpai, frameworkcontroller); "
+            f"platform {service.platform!r} {how}"
+        )
     gpus = config.gpus_for(service) or 0
     if service.reuse_mode:
         defaults = OpenpaiSettings.model_construct()  # the adapter's defaults; this shell's TRIALBUS_* unread
-        _, _, job = jobs.environment_job(service, EXPERIMENT_ID, ENVIRONMENT_ID, config.command_for(service), gpus,
-                                         bundle().hash, defaults.reuse_poll, defaults.reuse_orphan_timeout)  # fmt: skip
-        header = (f"# reuseMode: the OpenPAI job of environment {ENVIRONMENT_ID} of experiment {EXPERIMENT_ID}, which\n"
-                  f"# runs trials one after another; the ids stand for the ones assigned at run time.\n")  # fmt: skip
+        _, _, job = jobs.environment_job(
+            service,
+            EXPERIMENT_ID,
+            ENVIRONMENT_ID,
+            config.command_for(service),
+            gpus,
+            bundle().hash,
+            defaults.reuse_poll,
+            defaults.reuse_orphan_timeout,
+        )
+        header = (
+            f"# reuseMode: the OpenPAI job of environment {ENVIRONMENT_ID} of experiment {EXPERIMENT_ID}, which\n"
+            f"# runs trials one after another; the ids stand for the ones assigned at run time.\n"
+        )
     else:
         command = config.command_for(service)
         _, _, job = jobs.trial_job(service, EXPERIMENT_ID, TRIAL_ID, 0, command, gpus, bundle().hash)
-        header = (f"# The OpenPAI job of trial {TRIAL_ID} of experiment {EXPERIMENT_ID}, attempt 0; {TRIAL_ID} and\n"
-                  f"# {EXPERIMENT_ID} stand for the ids the dispatcher assigns. Secrets show as ******.\n")  # fmt: skip
+        header = (
+            f"# The OpenPAI job of trial {TRIAL_ID} of experiment {EXPERIMENT_ID}, attempt 0; {TRIAL_ID} and\n"
+            f"# {EXPERIMENT_ID} stand for the ids the dispatcher assigns. Secrets show as ******.\n"
+        )
     return header + yaml.safe_dump(masked(service, job), sort_keys=False)
 
 
@@ -77,6 +91,8 @@ def framework(service: FrameworkcontrollerConfig) -> str:
     trial_dir = f"{service.container_mount_path}/trialbus/trials/{EXPERIMENT_ID}/{TRIAL_ID}-0"
     keeper = f"{service.container_mount_path}/trialbus/bin/{fc_adapter.bundle().hash}/trial_keeper.py"
     body = frameworks.render(service, EXPERIMENT_ID, TRIAL_ID, 0, REPLICA, trial_dir, keeper)
-    header = (f"# The Framework of trial {TRIAL_ID} of experiment {EXPERIMENT_ID}, attempt 0, made by adapter replica\n"
-              f"# {REPLICA}; the ids stand for the ones assigned at run time.\n")  # fmt: skip
+    header = (
+        f"# The Framework of trial {TRIAL_ID} of experiment {EXPERIMENT_ID}, attempt 0, made by adapter replica\n"
+        f"# {REPLICA}; the ids stand for the ones assigned at run time.\n"
+    )
     return header + yaml.safe_dump(body, sort_keys=False)

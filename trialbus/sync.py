@@ -89,16 +89,30 @@ class Client:
     ) -> SubmittedTrial:
         return self._run(self._client.submit_trial(experiment_id, parameters, parameter_id))
 
-    def list_trials(self, experiment_id: str, *, status: str | list[str] | None = None,
-                    sort: str = "sequence") -> list[TrialState]:  # fmt: skip
+    def list_trials(
+        self, experiment_id: str, *, status: str | list[str] | None = None, sort: str = "sequence"
+    ) -> list[TrialState]:
         return self._run(self._client.list_trials(experiment_id, status=status, sort=sort))
 
-    def trial_page(self, experiment_id: str, *, limit: int | None = None, cursor: str | None = None,
-                   status: str | list[str] | None = None, sort: str = "sequence") -> TrialPage:  # fmt: skip
+    def trial_page(
+        self,
+        experiment_id: str,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        status: str | list[str] | None = None,
+        sort: str = "sequence",
+    ) -> TrialPage:
         return self._run(self._client.trial_page(experiment_id, limit=limit, cursor=cursor, status=status, sort=sort))
 
-    def iter_trials(self, experiment_id: str, *, status: str | list[str] | None = None, sort: str = "sequence",
-                    page_size: int | None = None) -> Iterator[TrialState]:  # fmt: skip
+    def iter_trials(
+        self,
+        experiment_id: str,
+        *,
+        status: str | list[str] | None = None,
+        sort: str = "sequence",
+        page_size: int | None = None,
+    ) -> Iterator[TrialState]:
         """Every trial of the experiment, a page at a time (each page asked for when needed)."""
         cursor = None
         while True:

@@ -104,9 +104,12 @@ class ExperimentWatcher:
             # A callback per message: nats-py's ``sub.messages`` spends a task and two loop
             # turns on each, and a tuner waiting on trials reads every metric they report.
             sub = await self._js.subscribe(
-                subject, stream=stream, cb=self._callback(handle), ordered_consumer=True,
+                subject,
+                stream=stream,
+                cb=self._callback(handle),
+                ordered_consumer=True,
                 deliver_policy=DeliverPolicy.ALL,
-            )  # fmt: skip
+            )
             self._subs.append(sub)
 
     async def stop(self) -> None:

@@ -26,12 +26,18 @@ SERVICES: list[tuple[str, str, str]] = [
     ("metrics gateway", "python -m services.metrics_gateway", "services.metrics_gateway.settings:GatewaySettings"),
     ("web UI", "python -m services.webui", "services.webui.settings:WebuiSettings"),
     ("tuner", "python -m services.tuner", "services.tuner.settings:TunerSettings"),
-    ("local-gpu adapter", "python -m services.adapters.local_gpu",
-     "services.adapters.local_gpu.settings:LocalGpuSettings"),
+    (
+        "local-gpu adapter",
+        "python -m services.adapters.local_gpu",
+        "services.adapters.local_gpu.settings:LocalGpuSettings",
+    ),
     ("remote adapter", "python -m services.adapters.remote", "services.adapters.remote.settings:RemoteSettings"),
     ("openpai adapter", "python -m services.adapters.openpai", "services.adapters.openpai.settings:OpenpaiSettings"),
-    ("frameworkcontroller adapter", "python -m services.adapters.frameworkcontroller",
-     "services.adapters.frameworkcontroller.settings:FrameworkcontrollerSettings"),
+    (
+        "frameworkcontroller adapter",
+        "python -m services.adapters.frameworkcontroller",
+        "services.adapters.frameworkcontroller.settings:FrameworkcontrollerSettings",
+    ),
     ("fake adapter", "python -m services.adapters.fake", "services.adapters.fake.__main__:FakeSettings"),
 ]
 
@@ -54,7 +60,8 @@ def cli_page() -> str:
 
     root = typer.main.get_command(app)
     lines = [
-        "# CLI reference\n\n", GENERATED,
+        "# CLI reference\n\n",
+        GENERATED,
         "Every command of `trialbus` with the help it prints for `--help`. The options of `trialbus` itself "
         "(`--nats-url`, `--data-dir`, …) come before the command: `trialbus --data-dir /srv/tb experiment list`.\n\n",
     ]
@@ -105,10 +112,18 @@ def _webui_schema() -> dict[str, Any]:
 
 #: (title, file stem, what serves it, how the schema is built)
 APIS: list[tuple[str, str, str, Callable[[], dict[str, Any]]]] = [
-    ("Dispatcher", "dispatcher", "the dispatcher (`TRIALBUS_API_PORT`, 8080); `GET /api/openapi.json`, "
-     "browsable at `/api/docs`", _dispatcher_schema),
-    ("Metrics gateway", "gateway", "the metrics gateway (`TRIALBUS_GATEWAY_PORT`, 8081), called by trial keepers",
-     _gateway_schema),
+    (
+        "Dispatcher",
+        "dispatcher",
+        "the dispatcher (`TRIALBUS_API_PORT`, 8080); `GET /api/openapi.json`, browsable at `/api/docs`",
+        _dispatcher_schema,
+    ),
+    (
+        "Metrics gateway",
+        "gateway",
+        "the metrics gateway (`TRIALBUS_GATEWAY_PORT`, 8081), called by trial keepers",
+        _gateway_schema,
+    ),
     ("Web UI", "webui", "the web UI (`TRIALBUS_WEBUI_PORT`, 8082); `GET /api/openapi.json`", _webui_schema),
 ]
 
@@ -117,7 +132,8 @@ def rest_pages() -> dict[str, str]:
     """The REST reference page and each service's OpenAPI schema as JSON beside it."""
     pages = {}
     lines = [
-        "# REST reference\n\n", GENERATED,
+        "# REST reference\n\n",
+        GENERATED,
         "Every HTTP operation of the dispatcher, the metrics gateway and the web UI, from the OpenAPI schema "
         "each serves (the same schema `make fuzz` drives). Conventions, and what each dispatcher call "
         "answers in words: [REST API](../api.md).\n\n",
@@ -146,9 +162,11 @@ def _operation(method: str, path: str, operation: dict[str, Any], schema: dict[s
         for parameter in parameters:
             parameter = _resolve(parameter, schema)
             kind = parameter.get("schema", {})
-            yield (f"| `{parameter['name']}` | {parameter.get('in', '')} | {_type(kind, schema)} "
-                   f"| {'yes' if parameter.get('required') else 'no'} "
-                   f"| {_cell(parameter.get('description') or kind.get('description', ''))} |\n")
+            yield (
+                f"| `{parameter['name']}` | {parameter.get('in', '')} | {_type(kind, schema)} "
+                f"| {'yes' if parameter.get('required') else 'no'} "
+                f"| {_cell(parameter.get('description') or kind.get('description', ''))} |\n"
+            )
         yield "\n"
     body = operation.get("requestBody")
     if body:
@@ -183,8 +201,10 @@ def _properties(described: dict[str, Any], schema: dict[str, Any]) -> Iterator[s
     yield "| field | type | required | description |\n|---|---|---|---|\n"
     for name, prop in properties.items():
         resolved = _resolve(prop, schema)
-        yield (f"| `{name}` | {_type(prop, schema)} | {'yes' if name in required else 'no'} "
-               f"| {_cell(resolved.get('description', ''))} |\n")
+        yield (
+            f"| `{name}` | {_type(prop, schema)} | {'yes' if name in required else 'no'} "
+            f"| {_cell(resolved.get('description', ''))} |\n"
+        )
     yield "\n"
 
 
@@ -245,7 +265,8 @@ def settings_page() -> str:
             if issubclass(base, BaseSettings) and base is not BaseSettings and _own_fields(base):
                 shared.setdefault(base, []).append(name)
     lines = [
-        "# Settings reference\n\n", GENERATED,
+        "# Settings reference\n\n",
+        GENERATED,
         "Every service reads its settings from the environment, each a `TRIALBUS_` variable named after its "
         "field. Each service's class is in `services/<service>/settings.py` (the fake adapter's in "
         "`services/adapters/fake/__main__.py`); classes shared by several services come first. Durations "
@@ -280,8 +301,10 @@ def _settings_table(cls: Any) -> Iterator[str]:
     yield "| variable | type | default | description |\n|---|---|---|---|\n"
     for name in _own_fields(cls):
         field = cls.model_fields[name]
-        yield (f"| `{(prefix + name).upper()}` | {_cell(_annotation(field.annotation))} | {_default(field)} "
-               f"| {_cell(comments.get(name, ''))} |\n")
+        yield (
+            f"| `{(prefix + name).upper()}` | {_cell(_annotation(field.annotation))} | {_default(field)} "
+            f"| {_cell(comments.get(name, ''))} |\n"
+        )
     yield "\n"
 
 

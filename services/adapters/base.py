@@ -35,8 +35,15 @@ from services.adapters.errors import PermanentError, TransientError
 from services.common.bus import Bus
 from services.common.settings import ServiceSettings
 
-__all__ = ["AdapterSettings", "PermanentError", "PlatformAdapter", "TransientError", "TrialHandle", "TrialOutcome",
-           "find_attempt"]  # fmt: skip
+__all__ = [
+    "AdapterSettings",
+    "PermanentError",
+    "PlatformAdapter",
+    "TransientError",
+    "TrialHandle",
+    "TrialOutcome",
+    "find_attempt",
+]
 
 #: Why an attempt failed, for the dispatcher's retry policy (:data:`contracts.retries.Failure`).
 Failure = Literal["trial", "infrastructure", "preempted", "lost", "permanent"]
@@ -253,9 +260,11 @@ class PlatformAdapter(ABC):
         return {}
 
     def listen(
-        self, callback: Callable[[TrialHandle | None], None] | None, capacity: Callable[[], None] | None = None,
+        self,
+        callback: Callable[[TrialHandle | None], None] | None,
+        capacity: Callable[[], None] | None = None,
         found: Callable[[TrialHandle], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Used by the service (and tests) to receive :meth:`notify`, :meth:`capacity_freed`
         and :meth:`found` calls."""
         self._listener, self._capacity_listener, self._found_listener = callback, capacity, found

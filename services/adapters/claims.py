@@ -62,8 +62,9 @@ class Claims:
         self._buckets: _Buckets | None = None
 
     async def start(self, bus: Bus) -> None:
-        self._buckets = _Buckets(bus, await bus.kv(streams.CLAIMS_BUCKET.bucket),
-                                 await bus.kv(streams.TRIALS_BUCKET.bucket))  # fmt: skip
+        self._buckets = _Buckets(
+            bus, await bus.kv(streams.CLAIMS_BUCKET.bucket), await bus.kv(streams.TRIALS_BUCKET.bucket)
+        )
 
     @property
     def _on(self) -> _Buckets:
@@ -97,8 +98,12 @@ class Claims:
                     await self._on.claims.update(key, mine, last=entry.revision)
                 except KeyWrongLastSequenceError:
                     continue
-                log.warning("attempt %s of trial %s was claimed by replica %s, which is gone: launching it here",
-                            request.attempt, request.trial_id, holder)  # fmt: skip
+                log.warning(
+                    "attempt %s of trial %s was claimed by replica %s, which is gone: launching it here",
+                    request.attempt,
+                    request.trial_id,
+                    holder,
+                )
                 return None
             return await self._elsewhere(request, holder)
         raise nats.errors.Error(f"the claim on attempt {request.attempt} keeps changing")

@@ -33,8 +33,11 @@ class Drain:
         """Drain (no new trials here; each running one preempted, saying ``why``) or undrain;
         how many trials were preempted."""
         self.active, preempted = drain, 0
-        log.warning(f"draining ({why}): no more trials here, and the running ones are preempted" if drain
-                    else "undrained: taking trials again")  # fmt: skip
+        log.warning(
+            f"draining ({why}): no more trials here, and the running ones are preempted"
+            if drain
+            else "undrained: taking trials again"
+        )
         if drain:
             self._because = why
             for owned in list(self.trials.by_key.values()):
@@ -52,5 +55,10 @@ class Drain:
     def preemption(self, owned: Owned) -> CancelRequest:
         """The cancel that preempts a trial of this draining replica."""
         why = f"preempted: {self._because}"
-        return CancelRequest(experiment_id=owned.experiment_id, trial_id=owned.trial_id,
-                             status=TrialStatus.SYS_CANCELED, message=why, preempt=True)  # fmt: skip
+        return CancelRequest(
+            experiment_id=owned.experiment_id,
+            trial_id=owned.trial_id,
+            status=TrialStatus.SYS_CANCELED,
+            message=why,
+            preempt=True,
+        )

@@ -73,9 +73,17 @@ class Intake:
     """
 
     def __init__(
-        self, adapter: PlatformAdapter, settings: AdapterSettings, trials: OwnedTrials, claims_: claims.Claims,
-        drain: Drain, capacity: Signal, changed: Callable[[], None], launched: Counter, launch_seconds: Histogram,
-    ) -> None:  # fmt: skip
+        self,
+        adapter: PlatformAdapter,
+        settings: AdapterSettings,
+        trials: OwnedTrials,
+        claims_: claims.Claims,
+        drain: Drain,
+        capacity: Signal,
+        changed: Callable[[], None],
+        launched: Counter,
+        launch_seconds: Histogram,
+    ) -> None:
         self.adapter, self.settings, self.trials, self.claims = adapter, settings, trials, claims_
         self.drain, self.capacity, self._changed = drain, capacity, changed
         self._launched, self._launch_seconds = launched, launch_seconds

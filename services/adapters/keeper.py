@@ -83,8 +83,7 @@ def _outcome_of(state: dict, keeper_status: int | None, keeper_out: str | None) 
         note = "the trial keeper was killed before it finished: metrics may be incomplete"
         return TrialOutcome.exited(exit_code, end, note=note)
     if state.get("done") and state.get("canceled"):
-        return TrialOutcome(TrialStatus.FAILED, None, "stopped before the trial command started", "infrastructure",
-                            end)  # fmt: skip
+        return TrialOutcome(TrialStatus.FAILED, None, "stopped before the trial command started", "infrastructure", end)
     if keeper_status is None:
         why = "no exit status recorded"
     elif keeper_status < 0:
@@ -93,5 +92,6 @@ def _outcome_of(state: dict, keeper_status: int | None, keeper_out: str | None) 
         why = f"exit status {keeper_status}"
     last = (keeper_out or "").strip().splitlines()[-1:]
     detail = f": {last[0][:200]}" if last else ""
-    return TrialOutcome(TrialStatus.FAILED, None, f"trial keeper exited unexpectedly ({why}){detail}",
-                        "infrastructure", end)  # fmt: skip
+    return TrialOutcome(
+        TrialStatus.FAILED, None, f"trial keeper exited unexpectedly ({why}){detail}", "infrastructure", end
+    )

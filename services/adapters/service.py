@@ -78,12 +78,16 @@ class AdapterMetrics:
             "trialbus_adapter_trials_launched", "Trial attempts launched", ["platform"], registry=registry
         ).labels(platform)
         self.ended = Counter(
-            "trialbus_adapter_trials_ended", "Trial attempts ended, by status", ["platform", "status"],
+            "trialbus_adapter_trials_ended",
+            "Trial attempts ended, by status",
+            ["platform", "status"],
             registry=registry,
         )
         self.launch_seconds = Histogram(
-            "trialbus_adapter_launch_seconds", "Seconds from pulling a request to the trial launched",
-            ["platform"], registry=registry,
+            "trialbus_adapter_launch_seconds",
+            "Seconds from pulling a request to the trial launched",
+            ["platform"],
+            registry=registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         ).labels(platform)
 
@@ -105,8 +109,17 @@ class AdapterService(Service):
         self.capacity = Signal()
         self.status = StatusPublisher(adapter.name, settings.replica, settings.status_interval, self._status_fields)
         self.drainer = Drain(self.trials, self.capacity.fire, self.status.due)
-        self.intake = Intake(adapter, settings, self.trials, self.claims, self.drainer, self.capacity,
-                             self.status.due, self.metrics.launched, self.metrics.launch_seconds)  # fmt: skip
+        self.intake = Intake(
+            adapter,
+            settings,
+            self.trials,
+            self.claims,
+            self.drainer,
+            self.capacity,
+            self.status.due,
+            self.metrics.launched,
+            self.metrics.launch_seconds,
+        )
         self.control = ControlRequests(adapter, settings.replica, self.trials, self.drainer, self.capacity.fire)
         self._bus: Bus | None = None
         self._loops: list[asyncio.Task] = []
@@ -135,8 +148,12 @@ class AdapterService(Service):
     def _status_fields(self) -> dict:
         """This replica's status beyond its name (:class:`StatusPublisher`)."""
         running = sum(1 for o in self.owned.values() if o.handle is not None and o.outcome is None)
-        return {"running": running, "waiting": self.intake.waiting(), "draining": self.drainer.active,
-                **self.adapter.describe()}  # fmt: skip
+        return {
+            "running": running,
+            "waiting": self.intake.waiting(),
+            "draining": self.drainer.active,
+            **self.adapter.describe(),
+        }
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -165,8 +182,12 @@ class AdapterService(Service):
         await self.claims.start(bus)
         loops = [self.intake.run, self.trials.watch, self.intake.heartbeat, self.status.run]
         if self.settings.spot_notice is not None:
-            watcher = spot.SpotWatcher(self.settings.spot_notice, self.settings.spot_notice_url,
-                                       self.settings.spot_notice_interval, self._spot_notice)  # fmt: skip
+            watcher = spot.SpotWatcher(
+                self.settings.spot_notice,
+                self.settings.spot_notice_url,
+                self.settings.spot_notice_interval,
+                self._spot_notice,
+            )
             loops.append(watcher.run)
         self._loops = [asyncio.create_task(c()) for c in loops]
 

@@ -103,20 +103,25 @@ async def unpack_code(bus: Bus, root: str, code_ref: str) -> str:
     return digest
 
 
-def keeper_settings(request: TrialRequest, root: Share, bin_hash: str, code: str | None, platform: str,
-                    flush_timeout: float) -> dict[str, str]:  # fmt: skip
+def keeper_settings(
+    request: TrialRequest, root: Share, bin_hash: str, code: str | None, platform: str, flush_timeout: float
+) -> dict[str, str]:
     """The keeper's settings every task of the trial gets (``quiet.env``)."""
     settings = {
-        "TRIALBUS_EXPERIMENT_ID": request.experiment_id, "TRIALBUS_TRIAL_ID": request.trial_id,
-        "TRIALBUS_SEQUENCE_ID": str(request.sequence_id), "TRIALBUS_ATTEMPT": str(request.attempt),
+        "TRIALBUS_EXPERIMENT_ID": request.experiment_id,
+        "TRIALBUS_TRIAL_ID": request.trial_id,
+        "TRIALBUS_SEQUENCE_ID": str(request.sequence_id),
+        "TRIALBUS_ATTEMPT": str(request.attempt),
         # on the share, so every attempt finds it wherever it runs
         "TRIALBUS_CHECKPOINT_DIR": f"{root.container}/trialbus/checkpoints/{request.experiment_id}/{request.trial_id}",
-        "TRIALBUS_PARAMETERS": request.parameter_record, "TRIALBUS_NNI_PLATFORM": platform,
+        "TRIALBUS_PARAMETERS": request.parameter_record,
+        "TRIALBUS_NNI_PLATFORM": platform,
         "TRIALBUS_FLUSH_TIMEOUT": str(flush_timeout),
         "TRIALBUS_PYTHONPATH_PREPEND": f"{root.container}/trialbus/bin/{bin_hash}/nni_shim",
         # for a reuse-mode environment's runner: fork the trial from its warm template (docs/warm-start.md)
-        "TRIALBUS_WARM": "1" if request.warm_start else "0", "TRIALBUS_WARM_PRELOAD": ",".join(request.warm_preload),
-    }  # fmt: skip
+        "TRIALBUS_WARM": "1" if request.warm_start else "0",
+        "TRIALBUS_WARM_PRELOAD": ",".join(request.warm_preload),
+    }
     if code is not None:
         settings["TRIALBUS_CODE_DIR"] = f"{root.container}/trialbus/code/{code}"
     if request.heartbeat:
@@ -126,16 +131,20 @@ def keeper_settings(request: TrialRequest, root: Share, bin_hash: str, code: str
     return settings
 
 
-async def prepare(bus: Bus, bundle: Bundle, root: Share, share: Share, request: TrialRequest, platform: str,
-                  settings: ShareSettings) -> tuple[str, bool]:  # fmt: skip
+async def prepare(
+    bus: Bus, bundle: Bundle, root: Share, share: Share, request: TrialRequest, platform: str, settings: ShareSettings
+) -> tuple[str, bool]:
     """Everything an attempt needs on the storage: the bundle and the code (once each), and
     the attempt's folder ``share`` with the keeper's settings. The bundle's hash, and False
     when the folder existed (the attempt was launched before)."""
     bin_hash = await asyncio.to_thread(install, bundle, root.local)
     code = await unpack_code(bus, root.local, request.code_ref) if request.code_ref else None
     quiet = keeper_settings(request, root, bin_hash, code, platform, settings.flush_timeout)
-    report = {**quiet, "TRIALBUS_GATEWAY_URL": settings.gateway_url,
-              "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value()}  # fmt: skip
+    report = {
+        **quiet,
+        "TRIALBUS_GATEWAY_URL": settings.gateway_url,
+        "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value(),
+    }
     fresh = await asyncio.to_thread(write_trial_dir, share.local, quiet, report, settings.replica)
     return bin_hash, fresh
 
@@ -168,9 +177,11 @@ def owned_by(folder: Path, replica: str) -> bool:
 
 def unreported(root: str, experiment_id: str, replica: str) -> list[tuple[str, int, Path]]:
     """(trial, attempt, folder) of this replica's attempts of an experiment whose end was never published."""
-    return [(trial_id, attempt, Path(folder))
-            for trial_id, attempt, folder in trialdir.attempts(f"{root}/trialbus/trials/{experiment_id}")
-            if owned_by(Path(folder, trialdir.META), replica) and not trialdir.is_reported(folder)]
+    return [
+        (trial_id, attempt, Path(folder))
+        for trial_id, attempt, folder in trialdir.attempts(f"{root}/trialbus/trials/{experiment_id}")
+        if owned_by(Path(folder, trialdir.META), replica) and not trialdir.is_reported(folder)
+    ]
 
 
 def newest_attempt(root: str, experiment_id: str, trial_id: str, attempt: int | None = None) -> tuple[int, Path] | None:
@@ -227,14 +238,14 @@ def wrap(commands: list[str], reports: bool, trial_dir: str, keeper: str, role_v
     if reports:
         settings = f'"$([ "${index_var}" = 0 ] && echo {meta}/report.env || echo {meta}/quiet.env)"'
     return [
-        f"T={task} && mkdir -p \"$T/{trialdir.META}\" && C=$(mktemp) && cat > \"$C\" <<'{MARK}'",
+        f'T={task} && mkdir -p "$T/{trialdir.META}" && C=$(mktemp) && cat > "$C" <<\'{MARK}\'',
         # SIGTERM to the trial's group: this shell waits for the command it runs (which gets the signal
         # too, and may save a checkpoint in its grace period) before it ends, rather than at once
         "trap 'exit 143' TERM",
         *(command.strip() for command in commands),
         MARK,
         f'TRIALBUS_TRIAL_DIR="$T" TRIALBUS_TRIAL_COMMAND="sh $C" python3 -S -I {keeper} --env {settings} & '
-        "K=$!; trap 'kill -TERM \"$K\" 2>/dev/null' TERM INT; wait \"$K\"; S=$?; "
+        'K=$!; trap \'kill -TERM "$K" 2>/dev/null\' TERM INT; wait "$K"; S=$?; '
         'while kill -0 "$K" 2>/dev/null; do wait "$K"; S=$?; done; rm -f "$C"; exit $S',
     ]
 

@@ -43,8 +43,9 @@ TOKEN_TTL = 21600
 class SpotWatcher:
     """Polls the metadata service; calls ``on_notice(why)`` once, at the first notice."""
 
-    def __init__(self, provider: Provider, url: str | None, interval: float,
-                 on_notice: Callable[[str], Awaitable[None]]) -> None:  # fmt: skip
+    def __init__(
+        self, provider: Provider, url: str | None, interval: float, on_notice: Callable[[str], Awaitable[None]]
+    ) -> None:
         self.provider, self.base, self.interval = provider, (url or METADATA).rstrip("/"), interval
         self.on_notice = on_notice
         self._token: str | None = None
@@ -69,12 +70,14 @@ class SpotWatcher:
         if self.provider == "aws":
             return await self._aws(http)
         if self.provider == "gcp":
-            answer = await http.get(f"{self.base}/computeMetadata/v1/instance/preempted",
-                                    headers={"Metadata-Flavor": "Google"})  # fmt: skip
+            answer = await http.get(
+                f"{self.base}/computeMetadata/v1/instance/preempted", headers={"Metadata-Flavor": "Google"}
+            )
             answer.raise_for_status()
             return "the VM is being preempted" if answer.text.strip().upper() == "TRUE" else None
-        answer = await http.get(f"{self.base}/metadata/scheduledevents", params={"api-version": "2020-07-01"},
-                                headers={"Metadata": "true"})  # fmt: skip
+        answer = await http.get(
+            f"{self.base}/metadata/scheduledevents", params={"api-version": "2020-07-01"}, headers={"Metadata": "true"}
+        )
         answer.raise_for_status()
         for event in answer.json().get("Events") or []:
             if event.get("EventType") == "Preempt":
@@ -83,8 +86,9 @@ class SpotWatcher:
 
     async def _aws(self, http: httpx.AsyncClient) -> str | None:
         if self._token is None:
-            got = await http.put(f"{self.base}/latest/api/token",
-                                 headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL)})  # fmt: skip
+            got = await http.put(
+                f"{self.base}/latest/api/token", headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL)}
+            )
             self._token = got.text if got.status_code == 200 else ""  # "": IMDSv1
         headers = {"X-aws-ec2-metadata-token": self._token} if self._token else {}
         answer = await http.get(f"{self.base}/latest/meta-data/spot/instance-action", headers=headers)
@@ -99,6 +103,12 @@ class SpotWatcher:
 
     def _unreachable(self, exc: Exception) -> None:
         level = logging.DEBUG if self._unreachable_said else logging.WARNING
-        log.log(level, "cannot read the %s spot notice at %s (%s); asking again in %.0fs",
-                self.provider, self.base, exc, self.interval)  # fmt: skip
+        log.log(
+            level,
+            "cannot read the %s spot notice at %s (%s); asking again in %.0fs",
+            self.provider,
+            self.base,
+            exc,
+            self.interval,
+        )
         self._unreachable_said = True

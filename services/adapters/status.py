@@ -53,8 +53,9 @@ class StatusPublisher:
         while True:
             self._due.clear()
             try:
-                status = PlatformStatus(adapter=self._adapter, replica=self._replica, host=host, time=utcnow(),
-                                        **self._fields())  # fmt: skip
+                status = PlatformStatus(
+                    adapter=self._adapter, replica=self._replica, host=host, time=utcnow(), **self._fields()
+                )
                 await self._bucket.put(self._key, status.encode())
             except (nats.errors.Error, OSError) as exc:  # the broker restarts: next round
                 log.debug("cannot publish the platform status: %s", exc)

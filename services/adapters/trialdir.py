@@ -85,16 +85,22 @@ def unreported(trials_dir):
     found: list[tuple[str, str, int, str]] = []  # (a local's annotation is never evaluated: 3.9 runs it)
     for experiment in sorted(os.scandir(trials_dir), key=lambda e: e.name):
         if experiment.is_dir():
-            found.extend((experiment.name, trial_id, attempt, path)
-                         for trial_id, attempt, path in attempts(experiment.path) if not is_reported(path))
+            found.extend(
+                (experiment.name, trial_id, attempt, path)
+                for trial_id, attempt, path in attempts(experiment.path)
+                if not is_reported(path)
+            )
     return found
 
 
 def newest(experiment_dir, trial_id, attempt=None):
     """``(attempt, path)`` of a trial's attempt, the newest unless ``attempt`` names one; None when
     there is none (the caller checks that the ids are safe path parts)."""
-    found = [(number, path) for name, number, path in attempts(experiment_dir)
-             if name == trial_id and attempt in (None, number)]
+    found = [
+        (number, path)
+        for name, number, path in attempts(experiment_dir)
+        if name == trial_id and attempt in (None, number)
+    ]
     return max(found) if found else None
 
 

@@ -208,8 +208,13 @@ class OwnedTrials:
             failure = "preempted" if owned.cancel.preempt else None  # a preemption runs again
         last_error = outcome.last_error if status is TrialStatus.FAILED else None
         await self.publish(
-            owned, status, time=outcome.end_time or utcnow(), exit_code=outcome.exit_code, message=message,
-            failure=failure, last_error=last_error,
+            owned,
+            status,
+            time=outcome.end_time or utcnow(),
+            exit_code=outcome.exit_code,
+            message=message,
+            failure=failure,
+            last_error=last_error,
         )
         self._ended_count.labels(self.adapter.name, status.value).inc()
         self.trial_ended.set()
@@ -241,8 +246,13 @@ class OwnedTrials:
     async def publish(self, owned: Owned, status: TrialStatus, msg_id: str | None = None, **fields) -> None:
         """Publish one event and wait for JetStream's ack, retrying until it is stored."""
         event = TrialEvent(
-            experiment_id=owned.experiment_id, trial_id=owned.trial_id, attempt=owned.attempt, status=status,
-            platform=self.adapter.name, replica=self.settings.replica, **fields,
+            experiment_id=owned.experiment_id,
+            trial_id=owned.trial_id,
+            attempt=owned.attempt,
+            status=status,
+            platform=self.adapter.name,
+            replica=self.settings.replica,
+            **fields,
         )
         subject = subjects.events(owned.experiment_id, owned.trial_id, self.adapter.name)  # its own only
         headers = {"Nats-Msg-Id": msg_id or subjects.event_id(owned.trial_id, status.value, owned.attempt)}

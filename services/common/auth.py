@@ -86,8 +86,10 @@ class AccessSettings(ServiceSettings):
     @classmethod
     def _long_enough(cls, token: SecretStr | None) -> SecretStr | None:
         if token is not None and len(token.get_secret_value()) < MIN_TOKEN:
-            raise ValueError(f"a token must have at least {MIN_TOKEN} characters (a guessable token is no token); "
-                             "make one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+            raise ValueError(
+                f"a token must have at least {MIN_TOKEN} characters (a guessable token is no token); "
+                "make one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            )
         return token
 
     @model_validator(mode="after")
@@ -114,8 +116,11 @@ def bind_host(settings: AccessSettings, host: str, service: str) -> str:
     if not _is_loopback(host):
         log.warning("%s: TRIALBUS_API_AUTH=none, so it binds %s, not %s", service, LOOPBACK, host)
         host = LOOPBACK
-    log.warning("%s runs WITHOUT an API token (TRIALBUS_API_AUTH=none): any program or user on this machine "
-                "can run commands through it", service)  # fmt: skip
+    log.warning(
+        "%s runs WITHOUT an API token (TRIALBUS_API_AUTH=none): any program or user on this machine "
+        "can run commands through it",
+        service,
+    )
     return host
 
 
@@ -128,8 +133,9 @@ def require_content_type(connection: HTTPConnection, *accepted: str) -> None:
     """The request's body is one of ``accepted`` media types, else 415 naming them."""
     declared = connection.headers.get("content-type", "").partition(";")[0].strip().lower()
     if declared not in accepted:
-        raise AccessDenied(415, f"send the body with Content-Type: {' or '.join(accepted)}"
-                                f"{f', not {declared}' if declared else ''}")  # fmt: skip
+        raise AccessDenied(
+            415, f"send the body with Content-Type: {' or '.join(accepted)}{f', not {declared}' if declared else ''}"
+        )
 
 
 @dataclass(frozen=True)
@@ -179,8 +185,11 @@ class Access:
         name = _hostname(host)
         if "*" in self.settings.allowed_hosts or name in served_names(tuple(self.settings.allowed_hosts)):
             return
-        raise AccessDenied(400, f"this service does not answer to Host {host!r}: use localhost or this machine's "
-                                "name or address, or add the name to TRIALBUS_ALLOWED_HOSTS")  # fmt: skip
+        raise AccessDenied(
+            400,
+            f"this service does not answer to Host {host!r}: use localhost or this machine's "
+            "name or address, or add the name to TRIALBUS_ALLOWED_HOSTS",
+        )
 
     def check_origin(self, connection: HTTPConnection) -> None:
         origin = connection.headers.get("origin")
@@ -189,8 +198,11 @@ class Access:
         parts = urlsplit(origin)
         if parts.netloc and parts.netloc.lower() == connection.headers.get("host", "").lower():
             return
-        raise AccessDenied(403, f"cross-site request from {origin} refused: call from this service's own pages, "
-                                "or add the origin to TRIALBUS_ALLOWED_ORIGINS")  # fmt: skip
+        raise AccessDenied(
+            403,
+            f"cross-site request from {origin} refused: call from this service's own pages, "
+            "or add the origin to TRIALBUS_ALLOWED_ORIGINS",
+        )
 
     @staticmethod
     def _secret(value: SecretStr | None) -> str | None:
@@ -228,5 +240,9 @@ def _interface_addresses() -> Iterable[str]:
         import psutil
     except ImportError:  # pragma: no cover - psutil is a dependency
         return ()
-    return [a.address.split("%")[0].lower() for addrs in psutil.net_if_addrs().values() for a in addrs
-            if a.family in (socket.AF_INET, socket.AF_INET6)]  # fmt: skip
+    return [
+        a.address.split("%")[0].lower()
+        for addrs in psutil.net_if_addrs().values()
+        for a in addrs
+        if a.family in (socket.AF_INET, socket.AF_INET6)
+    ]

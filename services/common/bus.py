@@ -184,8 +184,12 @@ async def bootstrap(bus: Bus | JetStreamContext, replicas: int = 1, limits: Stre
     js = bus.js if isinstance(bus, Bus) else bus
     try:
         # A cluster just started may not answer JetStream requests until it has elected its leaders.
-        async for attempt in AsyncRetrying(retry=retry_if_exception_type(NO_ANSWER), wait=wait_exponential(max=2),
-                                           stop=stop_after_delay(BOOTSTRAP_PATIENCE), reraise=True):  # fmt: skip
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(NO_ANSWER),
+            wait=wait_exponential(max=2),
+            stop=stop_after_delay(BOOTSTRAP_PATIENCE),
+            reraise=True,
+        ):
             with attempt:
                 made = _create(js, replicas, limits)
                 await (bus.unless_denied(made) if isinstance(bus, Bus) else made)

@@ -236,8 +236,9 @@ def pack_code(directory: str | Path, *, max_files: int = MAX_FILES, max_bytes: i
                 with path.open("rb") as f:
                     tar.addfile(info, f)
             except OSError as exc:  # unreadable, or not the size it said (/proc, a file being written)
-                raise PackingError(f"cannot read {path}: {exc.strerror or exc}; remove it or list it in "
-                                   f"{IGNORE_FILE}") from None  # fmt: skip
+                raise PackingError(
+                    f"cannot read {path}: {exc.strerror or exc}; remove it or list it in {IGNORE_FILE}"
+                ) from None
     data = buffer.getvalue()
     return CodeArchive(data, "sha256:" + hashlib.sha256(data).hexdigest())
 

@@ -58,9 +58,14 @@ async def watch(
         queue.put_nowait(msg)
 
     sub = await bus.js.subscribe(
-        prefix + keys, stream=f"KV_{bucket}", cb=enqueue, ordered_consumer=True,
-        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, headers_only=meta_only, inactive_threshold=INACTIVE,
-    )  # fmt: skip
+        prefix + keys,
+        stream=f"KV_{bucket}",
+        cb=enqueue,
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        headers_only=meta_only,
+        inactive_threshold=INACTIVE,
+    )
     try:
         info = await sub.consumer_info()
         delivered = info.delivered  # the server always says; without it, nothing was delivered
@@ -72,8 +77,9 @@ async def watch(
             headers = msg.headers or {}
             deleted = headers.get("KV-Operation") in _REMOVED or "Nats-Marker-Reason" in headers
             if deletes or not deleted:
-                yield Entry(msg.subject[len(prefix) :], b"" if meta_only else msg.data,
-                            msg.metadata.sequence.stream, deleted)  # fmt: skip
+                yield Entry(
+                    msg.subject[len(prefix) :], b"" if meta_only else msg.data, msg.metadata.sequence.stream, deleted
+                )
             if not caught_up and msg.metadata.num_pending == 0:
                 caught_up = True
                 yield None

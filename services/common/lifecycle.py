@@ -71,8 +71,11 @@ def _install_secrets_key(service: Service, settings: ServiceSettings) -> None:
     if count:
         log.info("platform secrets are sealed on the bus (%s: %d key(s))", sealing.ENV, count)
     else:
-        log.warning("no %s: platform secrets (tokens, passwords, keys) can be neither sealed nor unsealed here; "
-                    "an experiment holding one is refused, and its trials fail, saying so", sealing.ENV)  # fmt: skip
+        log.warning(
+            "no %s: platform secrets (tokens, passwords, keys) can be neither sealed nor unsealed here; "
+            "an experiment holding one is refused, and its trials fail, saying so",
+            sealing.ENV,
+        )
 
 
 async def _main(service: Service, settings: ServiceSettings) -> int:

@@ -61,8 +61,13 @@ def answer(
 
 def json_body(schema: dict[str, Any], description: str) -> dict[str, Any]:
     """``openapi_extra=`` for a route that reads a JSON body itself (``Content-Type: application/json``)."""
-    return {"requestBody": {"required": True, "description": description,
-                            "content": {"application/json": {"schema": schema}}}}  # fmt: skip
+    return {
+        "requestBody": {
+            "required": True,
+            "description": description,
+            "content": {"application/json": {"schema": schema}},
+        }
+    }
 
 
 def binary_body(media_types: tuple[str, ...], description: str) -> dict[str, Any]:

@@ -244,13 +244,19 @@ def _decode(cursor: str | None, order: Order) -> list[Any] | None:
     try:
         found = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
         key: list[Any] = found["k"]  # a list when valid, checked next
-        valid = found["o"] == order and isinstance(key, list) and (
-            [type(k) for k in key] == [int] if order == "sequence" else
-            len(key) == 3 and type(key[0]) is int and isinstance(key[1], int | float) and type(key[2]) is int
-        )  # fmt: skip
+        valid = (
+            found["o"] == order
+            and isinstance(key, list)
+            and (
+                [type(k) for k in key] == [int]
+                if order == "sequence"
+                else len(key) == 3 and type(key[0]) is int and isinstance(key[1], int | float) and type(key[2]) is int
+            )
+        )
     except (ValueError, TypeError, KeyError):
         valid = False
     if not valid:
-        raise BadCursor(f"cursor {cursor[:40]!r} is not one this list gave out for sort={order}; "
-                        "start again without a cursor")  # fmt: skip
+        raise BadCursor(
+            f"cursor {cursor[:40]!r} is not one this list gave out for sort={order}; start again without a cursor"
+        )
     return key

@@ -39,13 +39,15 @@ def home_page(webui_url: str | None) -> str:
     if webui_url:
         where = f'<p>The web UI is at <a id="webui" href="{html.escape(webui_url)}">{html.escape(webui_url)}</a>.</p>'
     else:
-        where = ("<p>The web UI runs on a port of its own; this dispatcher was not told its address "
-                 "(<code>TRIALBUS_WEBUI_URL</code>). <code>trialbus up</code> prints it, and "
-                 "<code>trialbus view EXPERIMENT</code> prints an experiment's page in it.</p>")  # fmt: skip
+        where = (
+            "<p>The web UI runs on a port of its own; this dispatcher was not told its address "
+            "(<code>TRIALBUS_WEBUI_URL</code>). <code>trialbus up</code> prints it, and "
+            "<code>trialbus view EXPERIMENT</code> prints an experiment's page in it.</p>"
+        )
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Trialbus API</title></head>'
         f"<body><main><h1>Trialbus API</h1>{where}"
-        '<p>This address serves the REST API under <code>/api/v1</code> (a bearer token is required): '
+        "<p>This address serves the REST API under <code>/api/v1</code> (a bearer token is required): "
         '<a id="docs" href="/api/docs">API docs</a>, <a href="/api/openapi.json">OpenAPI schema</a>, '
         '<a href="/healthz">health</a>.</p></main></body></html>'
     )
@@ -57,8 +59,12 @@ def create_app(
     app = FastAPI(title="Trialbus dispatcher", version="1", docs_url="/api/docs", openapi_url="/api/openapi.json")
     app.include_router(health_routes(bus))
     if settings.allowed_origins:  # CORS only where configured, for those origins only
-        app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins, allow_methods=["*"],
-                           allow_headers=["Authorization", "Content-Type"])  # fmt: skip
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.allowed_origins,
+            allow_methods=["*"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -110,16 +116,23 @@ def create_app(
 
     api = APIRouter(prefix="/api/v1", dependencies=[Depends(authorize), Security(BEARER)])
 
-    @api.post("/code", status_code=201, openapi_extra=spec.code_body,
-              responses={**doc.answer(201, "stored", spec.CREATED_CODE), **doc.refusals(*CHANGE, 413, 415)})
+    @api.post(
+        "/code",
+        status_code=201,
+        openapi_extra=spec.code_body,
+        responses={**doc.answer(201, "stored", spec.CREATED_CODE), **doc.refusals(*CHANGE, 413, 415)},
+    )
     async def put_code(request: Request) -> dict:
         require_content_type(request, *CODE_TYPES)
         archive = await body(request, settings.api_max_code)
         return {"codeRef": await dispatcher().put_code(archive)}
 
-    @api.post("/experiments", status_code=201, openapi_extra=spec.experiment_body,
-              responses={**doc.answer(201, "created", spec.CREATED_EXPERIMENT),
-                         **doc.refusals(*CHANGE, 413, 415)})
+    @api.post(
+        "/experiments",
+        status_code=201,
+        openapi_extra=spec.experiment_body,
+        responses={**doc.answer(201, "created", spec.CREATED_EXPERIMENT), **doc.refusals(*CHANGE, 413, 415)},
+    )
     async def create_experiment(request: Request) -> dict:
         state = await dispatcher().create_experiment(await json_body(request))
         return {"id": state.id}
@@ -150,9 +163,15 @@ def create_app(
         (nnictl experiment delete); 409 while it runs or its trials are still stopping."""
         return await dispatcher().delete_experiment(experiment_id)
 
-    @api.post("/experiments/{experiment_id}/trials", status_code=201, openapi_extra=spec.trial_body,
-              responses={**doc.answer(201, "submitted (WAITING)", spec.SUBMITTED_TRIAL),
-                         **doc.refusals(*CHANGE, 404, 409, 413, 415)})
+    @api.post(
+        "/experiments/{experiment_id}/trials",
+        status_code=201,
+        openapi_extra=spec.trial_body,
+        responses={
+            **doc.answer(201, "submitted (WAITING)", spec.SUBMITTED_TRIAL),
+            **doc.refusals(*CHANGE, 404, 409, 413, 415),
+        },
+    )
     async def submit_trial(experiment_id: str, request: Request) -> dict:
         data = await json_body(request)
         unknown = set(data) - {"parameters", "parameterId"}
@@ -165,7 +184,10 @@ def create_app(
 
     @api.get("/experiments/{experiment_id}/trials", responses=doc.refusals(*READ, 404))
     async def list_trials(
-        experiment_id: str, limit: int = PAGE_DEFAULT, cursor: str | None = None, status: str | None = None,
+        experiment_id: str,
+        limit: int = PAGE_DEFAULT,
+        cursor: str | None = None,
+        status: str | None = None,
         sort: str = "sequence",
     ) -> dict:
         """A page of the experiment's trials, ``{"trials": [...], "nextCursor": ...}``: pass
@@ -182,21 +204,32 @@ def create_app(
     async def trial_metrics(trial_id: str) -> list[dict]:
         return await dispatcher().trial_metrics(trial_id)
 
-    @api.post("/trials/{trial_id}/cancel", status_code=202,
-              responses={**doc.answer(202, "canceling", spec.CANCELED_TRIAL), **doc.refusals(*CHANGE, 404, 409)})
+    @api.post(
+        "/trials/{trial_id}/cancel",
+        status_code=202,
+        responses={**doc.answer(202, "canceling", spec.CANCELED_TRIAL), **doc.refusals(*CHANGE, 404, 409)},
+    )
     async def cancel_trial(trial_id: str) -> dict:
         trial = await dispatcher().cancel_trial(trial_id)
         return {"id": trial.id, "status": trial.status.value}
 
-    @api.post("/trials/{trial_id}/retry", status_code=202,
-              responses={**doc.answer(202, "its next attempt waits for a slot", spec.RETRIED_TRIAL),
-                         **doc.refusals(*CHANGE, 404, 409)})  # fmt: skip
+    @api.post(
+        "/trials/{trial_id}/retry",
+        status_code=202,
+        responses={
+            **doc.answer(202, "its next attempt waits for a slot", spec.RETRIED_TRIAL),
+            **doc.refusals(*CHANGE, 404, 409),
+        },
+    )
     async def retry_trial(trial_id: str) -> dict:
         trial = await dispatcher().retry_trial(trial_id)
         return {"id": trial.id, "status": trial.status.value, "attempt": trial.attempt}
 
-    @api.get("/trials/{trial_id}/log", response_class=PlainTextResponse,
-             responses=doc.refusals(*READ, 404, 409, 503, why=spec.NO_ADAPTER))
+    @api.get(
+        "/trials/{trial_id}/log",
+        response_class=PlainTextResponse,
+        responses=doc.refusals(*READ, 404, 409, 503, why=spec.NO_ADAPTER),
+    )
     async def trial_log(trial_id: str, maxBytes: int = 64 * 1024, attempt: int | None = None) -> str:  # noqa: N803
         """The tail of the trial's stdout and stderr; ``attempt`` for an earlier attempt's."""
         if not 0 < maxBytes <= 4 * 1024 * 1024:
@@ -209,14 +242,20 @@ def create_app(
     async def list_platforms() -> list[dict]:
         return [status.to_json() for status in await platforms.statuses(dispatcher().bus)]
 
-    @api.post("/platforms/{adapter}/{replica}/drain",
-              responses={**doc.answer(200, "drained: its trials are being preempted", spec.DRAINED),
-                         **doc.refusals(*CHANGE, 404)})  # fmt: skip
+    @api.post(
+        "/platforms/{adapter}/{replica}/drain",
+        responses={
+            **doc.answer(200, "drained: its trials are being preempted", spec.DRAINED),
+            **doc.refusals(*CHANGE, 404),
+        },
+    )
     async def drain_platform(adapter: str, replica: str) -> dict:
         return await _drain(adapter, replica, True)
 
-    @api.post("/platforms/{adapter}/{replica}/undrain",
-              responses={**doc.answer(200, "taking trials again", spec.DRAINED), **doc.refusals(*CHANGE, 404)})
+    @api.post(
+        "/platforms/{adapter}/{replica}/undrain",
+        responses={**doc.answer(200, "taking trials again", spec.DRAINED), **doc.refusals(*CHANGE, 404)},
+    )
     async def undrain_platform(adapter: str, replica: str) -> dict:
         return await _drain(adapter, replica, False)
 

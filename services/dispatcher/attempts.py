@@ -32,8 +32,17 @@ log = logging.getLogger(__name__)
 class Attempts:
     """A trial's attempts (the module's docstring); ``locks``: experiment → its lock."""
 
-    def __init__(self, *, bus: Bus, store: StateStore, slots: Slots, liveness: Liveness, cancels: CancelRequests,
-                 ends: Ends, locks: Mapping[str, asyncio.Lock]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        store: StateStore,
+        slots: Slots,
+        liveness: Liveness,
+        cancels: CancelRequests,
+        ends: Ends,
+        locks: Mapping[str, asyncio.Lock],
+    ) -> None:
         self._bus = bus
         self._store = store
         self._slots = slots
@@ -43,20 +52,45 @@ class Attempts:
         self._locks = locks
 
     async def ended(
-        self, trial: TrialState, status: TrialStatus, failure: Failure | None, message: str | None, *,
-        sends: list[TrialState] | None = None, exit_code: int | None = None, when=None, publish: bool,
+        self,
+        trial: TrialState,
+        status: TrialStatus,
+        failure: Failure | None,
+        message: str | None,
+        *,
+        sends: list[TrialState] | None = None,
+        exit_code: int | None = None,
+        when=None,
+        publish: bool,
         last_error: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """The trial's current attempt ended so: run it again if the retry policy says so, else end it
         (with its last stderr line, ``last_error``)."""
         state = self._store.experiments[trial.experiment_id]
-        retry = retries.decide(trial, status, failure, state.config.retry_policy, when=when or utcnow(),
-                               exit_code=exit_code, message=message, hybrid=state.config.hybrid)  # fmt: skip
+        retry = retries.decide(
+            trial,
+            status,
+            failure,
+            state.config.retry_policy,
+            when=when or utcnow(),
+            exit_code=exit_code,
+            message=message,
+            hybrid=state.config.hybrid,
+        )
         if retry is not None and state.status == ExperimentStatus.RUNNING:
             await self.again(trial, retry.trial, sends)
         else:
-            await self._ends.end(trial, status, message, exit_code=exit_code, when=when, publish=publish, sends=sends,
-                                 failure=failure, last_error=last_error)  # fmt: skip
+            await self._ends.end(
+                trial,
+                status,
+                message,
+                exit_code=exit_code,
+                when=when,
+                publish=publish,
+                sends=sends,
+                failure=failure,
+                last_error=last_error,
+            )
 
     async def silence(self, trial: TrialState, timeout: float) -> None:
         """Sweep: a running trial silent past ``timeout`` is stopped, to run again once it ended;
@@ -69,13 +103,21 @@ class Attempts:
         if not self._liveness.silent(trial, timeout):
             return
         self._liveness.declare_lost(trial.id)
-        message = (f"no sign of life from its keeper for {timeout:g}s (retry.heartbeatTimeout): stopping attempt "
-                   f"{trial.attempt} to run it again")  # fmt: skip
+        message = (
+            f"no sign of life from its keeper for {timeout:g}s (retry.heartbeatTimeout): stopping attempt "
+            f"{trial.attempt} to run it again"
+        )
         trial = trial.model_copy(update={"message": message, "failure": "lost"})  # kept across a restart
         await self._store.put_trial(trial)
         log.warning("trial %s: %s", trial.id, message)
-        stop = CancelRequest(experiment_id=trial.experiment_id, trial_id=trial.id, status=TrialStatus.SYS_CANCELED,
-                             message=message, attempt=trial.attempt, replica=trial.replica)  # fmt: skip
+        stop = CancelRequest(
+            experiment_id=trial.experiment_id,
+            trial_id=trial.id,
+            status=TrialStatus.SYS_CANCELED,
+            message=message,
+            attempt=trial.attempt,
+            replica=trial.replica,
+        )
         try:
             await self._bus.nc.publish(subjects.control(trial.platform, "cancel"), stop.encode())
         except Exception as exc:  # the sweep gives it up after the timeout all the same
@@ -100,8 +142,13 @@ class Attempts:
     def another_copy(trial: TrialState, event: TrialEvent) -> bool:
         """Whether ``event`` (of the trial's current attempt) comes from a replica other than the one that
         started the attempt: a second copy (its request redelivered to another replica), fenced off."""
-        return bool(trial.replica and event.replica and event.replica != trial.replica
-                    and event.status != TrialStatus.WAITING and event.platform == trial.platform)  # fmt: skip
+        return bool(
+            trial.replica
+            and event.replica
+            and event.replica != trial.replica
+            and event.status != TrialStatus.WAITING
+            and event.platform == trial.platform
+        )
 
     async def stop_copy(self, subject: str, event: TrialEvent, why: str) -> None:
         """Stop the copy of an attempt that must not run (an older attempt, or a second copy of the current
@@ -110,9 +157,14 @@ class Attempts:
         if not adapter or adapter == subjects.DISPATCHER or not event.replica:
             return
         log.warning("trial %s: stopping replica %s's copy: %s", event.trial_id, event.replica, why)
-        stop = CancelRequest(experiment_id=event.experiment_id, trial_id=event.trial_id,
-                             status=TrialStatus.SYS_CANCELED, message=f"stopped: {why}", attempt=event.attempt,
-                             replica=event.replica)  # fmt: skip
+        stop = CancelRequest(
+            experiment_id=event.experiment_id,
+            trial_id=event.trial_id,
+            status=TrialStatus.SYS_CANCELED,
+            message=f"stopped: {why}",
+            attempt=event.attempt,
+            replica=event.replica,
+        )
         try:
             await self._bus.nc.publish(subjects.control(adapter, "cancel"), stop.encode())
         except Exception as exc:  # its next RUNNING event (an adoption, a note) asks again
@@ -124,11 +176,17 @@ class Attempts:
         async with self._locks[trial.experiment_id]:
             trial, state = self._store.trials[trial_id], find_experiment(self._store, trial.experiment_id)
             if not trial.status.terminal:
-                raise ApiError(409, f"trial {trial_id} is {trial.status.value}: only a trial that has ended can be "
-                                    "retried (cancel it first to start it over)")  # fmt: skip
+                raise ApiError(
+                    409,
+                    f"trial {trial_id} is {trial.status.value}: only a trial that has ended can be "
+                    "retried (cancel it first to start it over)",
+                )
             if state.status != ExperimentStatus.RUNNING:
-                raise ApiError(409, f"experiment {state.id} is {state.status.value}; it runs no trials, so a retry "
-                                    "would never start (resume the experiment first, if it can be)")  # fmt: skip
+                raise ApiError(
+                    409,
+                    f"experiment {state.id} is {state.status.value}; it runs no trials, so a retry "
+                    "would never start (resume the experiment first, if it can be)",
+                )
             again = retries.manual(trial, hybrid=state.config.hybrid, when=utcnow())
             await self.again(trial, again)
             return self._store.trials[trial_id]

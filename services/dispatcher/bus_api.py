@@ -61,8 +61,9 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
         drain = body.get("drain", True)
         if not isinstance(drain, bool):
             raise ApiError(422, "drain must be true (drain the replica) or false (take trials again)")
-        reply = await history.drain(core.bus, _text(body, "adapter"), _text(body, "replica"), drain,
-                                    core.settings.control_timeout)  # fmt: skip
+        reply = await history.drain(
+            core.bus, _text(body, "adapter"), _text(body, "replica"), drain, core.settings.control_timeout
+        )
         return {"replica": reply.replica, "draining": reply.draining, "preempted": reply.preempted}
 
     async def trial_page(body: dict) -> Any:

@@ -45,8 +45,9 @@ class CancelRequests:
             message=trial.message,
         )
         try:
-            await self._bus.nc.request(subjects.control(trial.platform, "cancel"), request.encode(),
-                                       timeout=self._timeout)  # fmt: skip
+            await self._bus.nc.request(
+                subjects.control(trial.platform, "cancel"), request.encode(), timeout=self._timeout
+            )
         except Exception:
             log.info("no %s replica answered the cancel of %s yet; will retry", trial.platform, trial.id)
 

@@ -186,15 +186,22 @@ class StreamReader:
                     except asyncio.CancelledError:
                         raise
                     except Exception:
-                        log.exception("applying %d %s messages failed; reading again from the last one applied",
-                                      len(msgs), self.stream)  # fmt: skip
+                        log.exception(
+                            "applying %d %s messages failed; reading again from the last one applied",
+                            len(msgs),
+                            self.stream,
+                        )
                         await asyncio.sleep(0.5)
                         return
                     applied = max(m.metadata.sequence.stream for m in msgs)
                     last = applied if last is None else max(last, applied)
                 if gap is not None:
-                    log.warning("%s: messages after %s were counted delivered but never arrived; reading again "
-                                "from the last one applied", self.stream, last)  # fmt: skip
+                    log.warning(
+                        "%s: messages after %s were counted delivered but never arrived; reading again "
+                        "from the last one applied",
+                        self.stream,
+                        last,
+                    )
                     return
 
     async def _subscribe(self, collect: Callable[[Msg], Awaitable[None]]) -> int:
@@ -204,9 +211,15 @@ class StreamReader:
             try:
                 config = await self._from_ack_floor()
                 self._sub = sub = await self.js.subscribe(
-                    f"{self.stream.lower()}.>", durable=config.durable_name, stream=self.stream, config=config,
-                    manual_ack=True, cb=collect, flow_control=True, idle_heartbeat=5.0,
-                )  # fmt: skip
+                    f"{self.stream.lower()}.>",
+                    durable=config.durable_name,
+                    stream=self.stream,
+                    config=config,
+                    manual_ack=True,
+                    cb=collect,
+                    flow_control=True,
+                    idle_heartbeat=5.0,
+                )
                 floor = (await sub.consumer_info()).ack_floor
                 if floor is None:  # optional in nats.py's types; the server always reports it
                     raise ValueError(f"no ack floor in the consumer info of {self.stream}")
@@ -244,11 +257,20 @@ class StreamReader:
         if info.delivered.stream_seq <= floor and ours:
             return config
         if not ours:  # e.g. made before the broker had users: we could not subscribe to it
-            log.info("%s: making the consumer %s again, to deliver to this user's inbox (from message %d)",
-                     self.stream, config.durable_name, floor + 1)  # fmt: skip
+            log.info(
+                "%s: making the consumer %s again, to deliver to this user's inbox (from message %d)",
+                self.stream,
+                config.durable_name,
+                floor + 1,
+            )
         else:
-            log.info("%s: messages %d to %d were delivered but never acked (a previous run died holding them); "
-                     "reading them again", self.stream, floor + 1, info.delivered.stream_seq)  # fmt: skip
+            log.info(
+                "%s: messages %d to %d were delivered but never acked (a previous run died holding them); "
+                "reading them again",
+                self.stream,
+                floor + 1,
+                info.delivered.stream_seq,
+            )
         await self.js.delete_consumer(self.stream, durable)
         if floor == 0:
             return config

@@ -58,21 +58,53 @@ class Dispatcher:
         #: whether each experiment's first trials failed alike (:mod:`.failfast`); it stops one as a user does
         self.fail_fast = FailFast(self.stop_experiment)
         self.cancels = CancelRequests(bus, settings.control_timeout)
-        self.ends = Ends(bus=bus, store=store, slots=self.slots, liveness=self.liveness, cancels=self.cancels,
-                         fail_fast=self.fail_fast)  # fmt: skip
-        self.attempts = Attempts(bus=bus, store=store, slots=self.slots, liveness=self.liveness,
-                                 cancels=self.cancels, ends=self.ends, locks=self._locks)  # fmt: skip
+        self.ends = Ends(
+            bus=bus,
+            store=store,
+            slots=self.slots,
+            liveness=self.liveness,
+            cancels=self.cancels,
+            fail_fast=self.fail_fast,
+        )
+        self.attempts = Attempts(
+            bus=bus,
+            store=store,
+            slots=self.slots,
+            liveness=self.liveness,
+            cancels=self.cancels,
+            ends=self.ends,
+            locks=self._locks,
+        )
         self.submissions = Submissions(store=store, slots=self.slots, ends=self.ends, locks=self._locks)
-        self.experiments = Experiments(bus=bus, store=store, slots=self.slots, ends=self.ends, locks=self._locks,
-                                       check_timeout=settings.check_timeout)  # fmt: skip
-        self.inputs = Inputs(bus=bus, store=store, slots=self.slots, liveness=self.liveness, cancels=self.cancels,
-                             attempts=self.attempts, locks=self._locks)  # fmt: skip
+        self.experiments = Experiments(
+            bus=bus,
+            store=store,
+            slots=self.slots,
+            ends=self.ends,
+            locks=self._locks,
+            check_timeout=settings.check_timeout,
+        )
+        self.inputs = Inputs(
+            bus=bus,
+            store=store,
+            slots=self.slots,
+            liveness=self.liveness,
+            cancels=self.cancels,
+            attempts=self.attempts,
+            locks=self._locks,
+        )
         #: how far the METRICS stream is applied (a trial's end waits for its metrics)
         self.metrics = self.inputs.metrics
         #: which events may change a trial: its owner's only (:mod:`.ownership`)
         self.gate = self.inputs.gate
-        self.sweeper = Sweep(store=store, slots=self.slots, cancels=self.cancels, ends=self.ends,
-                             attempts=self.attempts, locks=self._locks)  # fmt: skip
+        self.sweeper = Sweep(
+            store=store,
+            slots=self.slots,
+            cancels=self.cancels,
+            ends=self.ends,
+            attempts=self.attempts,
+            locks=self._locks,
+        )
         self.retention = Retention(bus=bus, store=store, locks=self._locks, forget=self._forget)
         self.queries = Queries(bus, store, settings.control_timeout)
 
@@ -163,8 +195,14 @@ class Dispatcher:
     def trial(self, trial_id: str) -> TrialState:
         return self.queries.trial(trial_id)
 
-    def list_trials(self, experiment_id: str, limit: int = PAGE_DEFAULT, cursor: str | None = None,
-                    status: str | None = None, sort: str = "sequence") -> dict[str, Any]:  # fmt: skip
+    def list_trials(
+        self,
+        experiment_id: str,
+        limit: int = PAGE_DEFAULT,
+        cursor: str | None = None,
+        status: str | None = None,
+        sort: str = "sequence",
+    ) -> dict[str, Any]:
         return self.queries.list_trials(experiment_id, limit, cursor, status, sort)
 
     async def trial_metrics(self, trial_id: str) -> list[dict[str, Any]]:

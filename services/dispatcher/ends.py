@@ -39,8 +39,16 @@ def duration_over(state: ExperimentState) -> bool:
 class Ends:
     """Ending and canceling trials, finishing experiments (the module's docstring)."""
 
-    def __init__(self, *, bus: Bus, store: StateStore, slots: Slots, liveness: Liveness, cancels: CancelRequests,
-                 fail_fast: FailFast) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        store: StateStore,
+        slots: Slots,
+        liveness: Liveness,
+        cancels: CancelRequests,
+        fail_fast: FailFast,
+    ) -> None:
         self._bus = bus
         self._store = store
         self._slots = slots
@@ -118,8 +126,11 @@ class Ends:
         for trial in [t for t in trials if not t.dispatched]:
             await self.end(trial, status, message)
         dispatched = [self._store.trials[t.id] for t in trials if t.dispatched]
-        marked = [t.model_copy(update={"cancel_status": status, "message": message})
-                  for t in dispatched if t.cancel_status is None]  # fmt: skip
+        marked = [
+            t.model_copy(update={"cancel_status": status, "message": message})
+            for t in dispatched
+            if t.cancel_status is None
+        ]
         await at_most(AT_ONCE, (self._store.put_trial(t) for t in marked))
         asking = []
         for trial in (self._store.trials[t.id] for t in dispatched):

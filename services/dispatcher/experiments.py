@@ -35,8 +35,16 @@ class Experiments:
     """Creating, stopping, closing and resuming experiments (the module's docstring); ``locks``: experiment →
     its lock; ``check_timeout``: seconds to wait for the platform's adapter to check a new experiment."""
 
-    def __init__(self, *, bus: Bus, store: StateStore, slots: Slots, ends: Ends, locks: Mapping[str, asyncio.Lock],
-                 check_timeout: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        store: StateStore,
+        slots: Slots,
+        ends: Ends,
+        locks: Mapping[str, asyncio.Lock],
+        check_timeout: float,
+    ) -> None:
         self._bus = bus
         self._store = store
         self._slots = slots
@@ -113,11 +121,18 @@ class Experiments:
             elif state.status == ExperimentStatus.DONE:
                 why = "it has ended"
             if why is not None:
-                raise ApiError(409, f"experiment {experiment_id} is {state.status.value}: {why}, so a resume would run "
-                                    "nothing; create a new experiment to run more trials")
+                raise ApiError(
+                    409,
+                    f"experiment {experiment_id} is {state.status.value}: {why}, so a resume would run "
+                    "nothing; create a new experiment to run more trials",
+                )
             stopped_for = now - state.end_time if state.end_time else timedelta(0)
-            update = {"status": ExperimentStatus.RUNNING, "end_time": None, "message": None,
-                      "stopped_seconds": state.stopped_seconds + stopped_for.total_seconds()}  # fmt: skip
+            update = {
+                "status": ExperimentStatus.RUNNING,
+                "end_time": None,
+                "message": None,
+                "stopped_seconds": state.stopped_seconds + stopped_for.total_seconds(),
+            }
             state = state.model_copy(update=update)
             await self._store.put_experiment(state)
             log.info("experiment %s resumed after %.0fs stopped", experiment_id, stopped_for.total_seconds())

@@ -82,9 +82,11 @@ class FailFast:
         if watch is None or watch.off or watch.count < limit:
             return None
         watch.off = True
-        return (f"failFast: its first {limit} trials failed the same way: {watch.line} (see the log of trial "
-                f"{watch.first}); fix the cause and resume the experiment (failFast: 0 runs every trial however "
-                "they fail)")  # fmt: skip
+        return (
+            f"failFast: its first {limit} trials failed the same way: {watch.line} (see the log of trial "
+            f"{watch.first}); fix the cause and resume the experiment (failFast: 0 runs every trial however "
+            "they fail)"
+        )
 
     def load(self, trial: TrialState, limit: int) -> None:
         """At start: count an end applied before (the guard never fires here; a stop it decided is done)."""

@@ -38,8 +38,13 @@ async def trial_metrics(bus: Bus, trial: TrialState) -> list[dict[str, Any]]:
         finally:
             await sub.unsubscribe()
     return [
-        {"attempt": r.attempt, "type": r.type.value, "sequence": r.sequence, "value": r.decoded(),
-         "timestamp": r.timestamp.isoformat()}
+        {
+            "attempt": r.attempt,
+            "type": r.type.value,
+            "sequence": r.sequence,
+            "value": r.decoded(),
+            "timestamp": r.timestamp.isoformat(),
+        }
         for r in records.values()
     ]
 
@@ -68,8 +73,11 @@ async def check_platform(bus: Bus, config: ExperimentConfig, timeout: float) -> 
     No adapter running, or none answering in time, is no error: the trials wait for one.
     """
     found = await asyncio.gather(*(_check(bus, service, timeout) for service in config.training_services))
-    problems = [f"the {service.adapter} platform cannot run this experiment: " + "; ".join(p)
-                for service, p in zip(config.training_services, found, strict=True) if p]  # fmt: skip
+    problems = [
+        f"the {service.adapter} platform cannot run this experiment: " + "; ".join(p)
+        for service, p in zip(config.training_services, found, strict=True)
+        if p
+    ]
     if problems:
         raise ApiError(422, "; ".join(problems))
 
@@ -97,7 +105,8 @@ async def drain(bus: Bus, adapter: str, replica: str, drain: bool, timeout: floa
     try:
         reply = await bus.nc.request(subjects.control(adapter, "drain"), request.encode(), timeout=timeout)
     except Exception:
-        raise ApiError(404, f"no replica {replica!r} of the {adapter} adapter answered; `trialbus platform list` "
-                            "shows the live ones") from None  # fmt: skip
+        raise ApiError(
+            404,
+            f"no replica {replica!r} of the {adapter} adapter answered; `trialbus platform list` shows the live ones",
+        ) from None
     return DrainReply.decode(reply.data)
-

@@ -32,8 +32,17 @@ log = logging.getLogger(__name__)
 class Inputs:
     """The bus inputs of the dispatcher (the module's docstring); ``locks``: experiment → its lock."""
 
-    def __init__(self, *, bus: Bus, store: StateStore, slots: Slots, liveness: Liveness, cancels: CancelRequests,
-                 attempts: Attempts, locks: Mapping[str, asyncio.Lock]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        store: StateStore,
+        slots: Slots,
+        liveness: Liveness,
+        cancels: CancelRequests,
+        attempts: Attempts,
+        locks: Mapping[str, asyncio.Lock],
+    ) -> None:
         self._bus = bus
         self._store = store
         self._slots = slots
@@ -109,13 +118,29 @@ class Inputs:
                         await self._cancels.ask(trial)
                     return
                 if trial.id in self._liveness.lost:  # the end of an attempt we stopped for its silence
-                    await self._attempts.ended(trial, TrialStatus.FAILED, "lost", trial.message, sends=sends,
-                                               exit_code=event.exit_code, when=event.time, publish=True)  # fmt: skip
+                    await self._attempts.ended(
+                        trial,
+                        TrialStatus.FAILED,
+                        "lost",
+                        trial.message,
+                        sends=sends,
+                        exit_code=event.exit_code,
+                        when=event.time,
+                        publish=True,
+                    )
                     return
                 failure = event.failure or (None if event.status != TrialStatus.FAILED else "trial")
-                await self._attempts.ended(trial, event.status, failure, event.message, sends=sends,
-                                           exit_code=event.exit_code, when=event.time, publish=False,
-                                           last_error=event.last_error)  # fmt: skip
+                await self._attempts.ended(
+                    trial,
+                    event.status,
+                    failure,
+                    event.message,
+                    sends=sends,
+                    exit_code=event.exit_code,
+                    when=event.time,
+                    publish=False,
+                    last_error=event.last_error,
+                )
 
     async def on_metrics(self, records: list[MetricFold], stream_seq: int = 0) -> set[str]:
         """Fold a batch of metric records into trial state (final metric, intermediate count) in

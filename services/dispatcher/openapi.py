@@ -78,7 +78,7 @@ def experiment_config() -> dict[str, Any]:
 TRIAL_SUBMISSION: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "parameters": {"type": "object", "description": "the trial's hyperparameters, e.g. {\"lr\": 0.01}"},
+        "parameters": {"type": "object", "description": 'the trial\'s hyperparameters, e.g. {"lr": 0.01}'},
         "parameterId": {
             "anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}],
             "description": "the tuner's id of these parameters (default: the trial's sequence id); resending the "
@@ -98,13 +98,25 @@ SUBMITTED_TRIAL = {
     "properties": {"id": {"type": "string"}, "sequenceId": {"type": "integer"}, "status": _STATUS},
     "required": ["id", "sequenceId", "status"],
 }
-CANCELED_TRIAL = {"type": "object", "properties": {"id": {"type": "string"}, "status": _STATUS},
-                  "required": ["id", "status"]}  # fmt: skip
-DRAINED = {"type": "object", "required": ["replica", "draining", "preempted"],
-           "properties": {"replica": {"type": "string"}, "draining": {"type": "boolean"},
-                          "preempted": {"type": "integer", "description": "trials it began to stop"}}}
-RETRIED_TRIAL = {"type": "object", "required": ["id", "status", "attempt"],
-                 "properties": {"id": {"type": "string"}, "status": _STATUS, "attempt": {"type": "integer"}}}
+CANCELED_TRIAL = {
+    "type": "object",
+    "properties": {"id": {"type": "string"}, "status": _STATUS},
+    "required": ["id", "status"],
+}
+DRAINED = {
+    "type": "object",
+    "required": ["replica", "draining", "preempted"],
+    "properties": {
+        "replica": {"type": "string"},
+        "draining": {"type": "boolean"},
+        "preempted": {"type": "integer", "description": "trials it began to stop"},
+    },
+}
+RETRIED_TRIAL = {
+    "type": "object",
+    "required": ["id", "status", "attempt"],
+    "properties": {"id": {"type": "string"}, "status": _STATUS, "attempt": {"type": "integer"}},
+}
 
 #: Every route of ``/api/v1`` may be refused by the authorisation (400 Host, 401 token), a state
 #: change also by 403 (Origin, read-only token); 422 is a parameter that does not parse.

@@ -56,21 +56,31 @@ class EventGate:
             named = None
         if named != (event.experiment_id, event.trial_id):
             self._refuse(
-                SUBJECT_MISMATCH, event.trial_id,
+                SUBJECT_MISMATCH,
+                event.trial_id,
                 "ignoring an event on %s whose payload is about trial %s of experiment %s: each trial's "
                 "events go on its own subject (a publisher may not speak for another trial there)",
-                subject, event.trial_id, event.experiment_id,
-            )  # fmt: skip
+                subject,
+                event.trial_id,
+                event.experiment_id,
+            )
             return False
         source = subjects.source_from_subject(subject)
         if owner is None or source is None or source in (owner, subjects.DISPATCHER):
             return True
         self._refuse(
-            NOT_OWNER, event.trial_id,
+            NOT_OWNER,
+            event.trial_id,
             "ignoring %s's %s event for trial %s of experiment %s: the trial was dispatched to %s, and "
             "only %s or the dispatcher may report its status (check who holds the %s NATS credentials)",
-            source, event.status.value, event.trial_id, event.experiment_id, owner, owner, source,
-        )  # fmt: skip
+            source,
+            event.status.value,
+            event.trial_id,
+            event.experiment_id,
+            owner,
+            owner,
+            source,
+        )
         return False
 
     def _refuse(self, reason: str, trial: str, message: str, *args: object) -> None:
@@ -81,5 +91,6 @@ class EventGate:
         self._warned[key] = None
         if len(self._warned) > REMEMBERED:
             self._warned.popitem(last=False)
-        log.warning(message + "; further ones for this trial are only counted "
-                    "(trialbus_dispatcher_events_refused_total)", *args)  # fmt: skip
+        log.warning(
+            message + "; further ones for this trial are only counted (trialbus_dispatcher_events_refused_total)", *args
+        )

@@ -117,8 +117,9 @@ class Placement:
                 return 0
             if gpus:
                 per_gpu = {m.address: m.max_trial_number_per_gpu for m in service.machine_list}
-                capacity = sum(len(m.gpus) * per_gpu[name] // gpus if m else 1 for name, m in machines.items()
-                               if m is None or m.up)  # fmt: skip
+                capacity = sum(
+                    len(m.gpus) * per_gpu[name] // gpus if m else 1 for name, m in machines.items() if m is None or m.up
+                )
             else:
                 capacity = sum(m.cpus if m else 1 for m in usable)
             return capacity - self.sent[service.adapter]
@@ -151,8 +152,9 @@ class Placement:
         oldest, forgotten = now - timedelta(seconds=self.stale_after), now - timedelta(seconds=10 * self.stale_after)
         for key in [k for k, s in self.statuses.items() if s.time < forgotten]:  # a replica gone for good
             del self.statuses[key]
-        return [s for s in self.statuses.values()
-                if s.adapter == adapter and s.time >= oldest and s.draining == drained]  # fmt: skip
+        return [
+            s for s in self.statuses.values() if s.adapter == adapter and s.time >= oldest and s.draining == drained
+        ]
 
     @staticmethod
     def _machines(service: RemoteConfig, replicas: list[PlatformStatus]) -> dict:

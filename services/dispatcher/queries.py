@@ -66,8 +66,12 @@ class Queries:
         return find_trial(self._store, trial_id)
 
     def list_trials(
-        self, experiment_id: str, limit: int = PAGE_DEFAULT, cursor: str | None = None,
-        status: str | None = None, sort: str = "sequence",
+        self,
+        experiment_id: str,
+        limit: int = PAGE_DEFAULT,
+        cursor: str | None = None,
+        status: str | None = None,
+        sort: str = "sequence",
     ) -> dict[str, Any]:
         """A page of the experiment's trials (:mod:`services.common.trial_index`): ``status`` a comma-separated filter,
         ``sort`` ``sequence`` (submission order) or ``metric`` (best final metric first)."""
@@ -81,8 +85,10 @@ class Queries:
             names = [name.strip().upper() for name in str(status).split(",") if name.strip()]
             unknown = [name for name in names if name not in TrialStatus.__members__]
             if unknown:
-                raise ApiError(422, f"unknown trial status {', '.join(unknown)}: the statuses are "
-                                    f"{', '.join(TrialStatus.__members__)}")  # fmt: skip
+                raise ApiError(
+                    422,
+                    f"unknown trial status {', '.join(unknown)}: the statuses are {', '.join(TrialStatus.__members__)}",
+                )
             statuses = [TrialStatus(name) for name in names]
         try:
             page = self._store.of(experiment_id).page(sort, statuses, cursor, limit)

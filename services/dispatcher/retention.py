@@ -29,8 +29,14 @@ log = logging.getLogger(__name__)
 class Retention:
     """Deleting experiments (the module's docstring); ``locks``: experiment → its lock (dropped with it)."""
 
-    def __init__(self, *, bus: Bus, store: StateStore, locks: dict[str, asyncio.Lock],
-                 forget: Callable[[str, list[TrialState]], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        store: StateStore,
+        locks: dict[str, asyncio.Lock],
+        forget: Callable[[str, list[TrialState]], None],
+    ) -> None:
         self._bus = bus
         self._store = store
         self._locks = locks
@@ -40,13 +46,20 @@ class Retention:
         async with self._locks[experiment_id]:
             state = find_experiment(self._store, experiment_id)
             if state.status == ExperimentStatus.RUNNING:
-                raise ApiError(409, f"experiment {experiment_id} is running: stop it first "
-                                    f"(trialbus experiment stop {experiment_id})")  # fmt: skip
+                raise ApiError(
+                    409,
+                    f"experiment {experiment_id} is running: stop it first (trialbus experiment stop {experiment_id})",
+                )
             if unfinished := len(self._store.of(experiment_id).unfinished):
-                raise ApiError(409, f"experiment {experiment_id} still has {unfinished} trial(s) stopping; "
-                                    "delete it once they have ended")  # fmt: skip
-            for stream, subject in ((streams.EVENTS, subjects.experiment_events(experiment_id)),
-                                    (streams.METRICS, subjects.metrics(experiment_id, ">"))):  # fmt: skip
+                raise ApiError(
+                    409,
+                    f"experiment {experiment_id} still has {unfinished} trial(s) stopping; "
+                    "delete it once they have ended",
+                )
+            for stream, subject in (
+                (streams.EVENTS, subjects.experiment_events(experiment_id)),
+                (streams.METRICS, subjects.metrics(experiment_id, ">")),
+            ):
                 await self._bus.js.purge_stream(streams.stream_name(stream), subject=subject)
             ended = self._store.trials_for(experiment_id)  # all ended: nothing holds a slot
             trials = await self._store.purge(experiment_id)

@@ -28,13 +28,26 @@ class Retry(NamedTuple):
     delay: float
 
 
-def ended_attempt(trial: TrialState, status: TrialStatus, failure: Failure | None, when: datetime,
-                  exit_code: int | None, message: str | None) -> Attempt:  # fmt: skip
+def ended_attempt(
+    trial: TrialState,
+    status: TrialStatus,
+    failure: Failure | None,
+    when: datetime,
+    exit_code: int | None,
+    message: str | None,
+) -> Attempt:
     """The record of the trial's current attempt, ended as said."""
     return Attempt(
-        attempt=trial.attempt, platform=trial.platform, replica=trial.replica, start_time=trial.start_time,
-        end_time=when, status=status.value, exit_code=exit_code, failure=failure, message=message,
-    )  # fmt: skip
+        attempt=trial.attempt,
+        platform=trial.platform,
+        replica=trial.replica,
+        start_time=trial.start_time,
+        end_time=when,
+        status=status.value,
+        exit_code=exit_code,
+        failure=failure,
+        message=message,
+    )
 
 
 def budget_left(policy: RetryPolicy, past: list[Attempt], failure: Failure) -> tuple[bool, int]:
@@ -52,8 +65,17 @@ def budget_left(policy: RetryPolicy, past: list[Attempt], failure: Failure) -> t
     return False, 0  # permanent
 
 
-def decide(trial: TrialState, status: TrialStatus, failure: Failure | None, policy: RetryPolicy, *, when: datetime,
-           exit_code: int | None, message: str | None, hybrid: bool) -> Retry | None:  # fmt: skip
+def decide(
+    trial: TrialState,
+    status: TrialStatus,
+    failure: Failure | None,
+    policy: RetryPolicy,
+    *,
+    when: datetime,
+    exit_code: int | None,
+    message: str | None,
+    hybrid: bool,
+) -> Retry | None:
     """The retry of ``trial`` after its current attempt ended with ``status`` (and ``failure``),
     or None when the trial ends here."""
     if status not in RETRIABLE or trial.cancel_status is not None:
@@ -69,13 +91,25 @@ def decide(trial: TrialState, status: TrialStatus, failure: Failure | None, poli
         return None
     delay = policy.backoff if failure == "preempted" else min(policy.backoff * 2**used, policy.max_backoff)
     why = f"attempt {trial.attempt} {_how(status, failure)}" + (f": {message}" if message else "")
-    retry = trial.model_copy(update={
-        "attempt": trial.attempt + 1, "attempts": past, "status": TrialStatus.WAITING, "dispatched": False,
-        "platform": "" if hybrid else trial.platform, "replica": None, "start_time": None, "end_time": None,
-        "exit_code": None, "final_metric": None, "intermediate_count": 0, "failure": None,
-        "retry_at": when + timedelta(seconds=delay) if delay else None,
-        "message": f"{why}; attempt {trial.attempt + 1} " + (f"starts in {delay:g}s" if delay else "waits for a slot"),
-    })  # fmt: skip
+    retry = trial.model_copy(
+        update={
+            "attempt": trial.attempt + 1,
+            "attempts": past,
+            "status": TrialStatus.WAITING,
+            "dispatched": False,
+            "platform": "" if hybrid else trial.platform,
+            "replica": None,
+            "start_time": None,
+            "end_time": None,
+            "exit_code": None,
+            "final_metric": None,
+            "intermediate_count": 0,
+            "failure": None,
+            "retry_at": when + timedelta(seconds=delay) if delay else None,
+            "message": f"{why}; attempt {trial.attempt + 1} "
+            + (f"starts in {delay:g}s" if delay else "waits for a slot"),
+        }
+    )
     return Retry(retry, delay)
 
 
@@ -83,14 +117,26 @@ def manual(trial: TrialState, *, hybrid: bool, when: datetime) -> TrialState:
     """A new attempt of a trial that has ended, asked for by a user (``trialbus trial retry``):
     no budget, no back-off."""
     record = ended_attempt(trial, trial.status, trial.failure, trial.end_time or when, trial.exit_code, trial.message)
-    return trial.model_copy(update={
-        "attempt": trial.attempt + 1, "attempts": [*trial.attempts, record], "status": TrialStatus.WAITING,
-        "dispatched": False, "platform": "" if hybrid else trial.platform, "replica": None, "start_time": None,
-        "end_time": None, "exit_code": None, "final_metric": None, "intermediate_count": 0, "failure": None,
-        "retry_at": None, "cancel_status": None,
-        "message": f"retried by hand after attempt {trial.attempt} ended {trial.status.value}; "
-                   f"attempt {trial.attempt + 1} waits for a slot",
-    })  # fmt: skip
+    return trial.model_copy(
+        update={
+            "attempt": trial.attempt + 1,
+            "attempts": [*trial.attempts, record],
+            "status": TrialStatus.WAITING,
+            "dispatched": False,
+            "platform": "" if hybrid else trial.platform,
+            "replica": None,
+            "start_time": None,
+            "end_time": None,
+            "exit_code": None,
+            "final_metric": None,
+            "intermediate_count": 0,
+            "failure": None,
+            "retry_at": None,
+            "cancel_status": None,
+            "message": f"retried by hand after attempt {trial.attempt} ended {trial.status.value}; "
+            f"attempt {trial.attempt + 1} waits for a slot",
+        }
+    )
 
 
 def _how(status: TrialStatus, failure: str) -> str:

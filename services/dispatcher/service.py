@@ -74,10 +74,18 @@ class DispatcherService(Service):
         self._events_commit = GroupCommit(store.flush, self.settings.state_write_delay)
         self._metrics_commit = GroupCommit(store.flush, self.settings.state_write_delay)
         self._readers = [
-            StreamReader(bus.js, "EVENTS", self._on_events, batch=64, inbox_prefix=inbox,
-                         settle=self._events_commit.settle),
-            StreamReader(bus.js, "METRICS", self._on_metrics, batch=1000, on_floor=self.core.metrics.applied,
-                         inbox_prefix=inbox, settle=self._metrics_commit.settle),  # fmt: skip
+            StreamReader(
+                bus.js, "EVENTS", self._on_events, batch=64, inbox_prefix=inbox, settle=self._events_commit.settle
+            ),
+            StreamReader(
+                bus.js,
+                "METRICS",
+                self._on_metrics,
+                batch=1000,
+                on_floor=self.core.metrics.applied,
+                inbox_prefix=inbox,
+                settle=self._metrics_commit.settle,
+            ),
         ]
         self._tasks = [
             *(asyncio.create_task(reader.run(self._stopping)) for reader in self._readers),
@@ -90,8 +98,11 @@ class DispatcherService(Service):
         app = create_app(self.settings, lambda: self._core, lambda: self.bus)
         self.http = HttpServer(app, host, self.settings.api_port)
         await self.http.start()
-        roles = "no token" if self.settings.api_token is None else (
-            "full and read-only tokens" if self.settings.api_read_token else "token required")
+        roles = (
+            "no token"
+            if self.settings.api_token is None
+            else ("full and read-only tokens" if self.settings.api_read_token else "token required")
+        )
         log.info("REST API on http://%s:%d/api/v1 (%s)", host, self.http.port, roles)
 
     def failed(self) -> BaseException | None:

@@ -65,8 +65,9 @@ class DispatcherSettings(AccessSettings):
         return parse_megabytes(value if not str(value).isdigit() else f"{value}b") * 1024 * 1024
 
     def stream_limits(self) -> StreamLimits:
-        return StreamLimits(self.events_max_age, self.events_max_bytes or -1, self.metrics_max_age,
-                            self.metrics_max_bytes or -1)  # fmt: skip
+        return StreamLimits(
+            self.events_max_age, self.events_max_bytes or -1, self.metrics_max_age, self.metrics_max_bytes or -1
+        )
 
     @field_validator("webui_url")
     @classmethod
@@ -74,6 +75,7 @@ class DispatcherSettings(AccessSettings):
         if not url:  # compose's ``${TRIALBUS_WEBUI_URL:-}``: unset
             return None
         if not re.fullmatch(r"https?://[^\s/?#]+(/\S*)?", url):
-            raise ValueError(f"{url!r} is not an address a browser opens: give http(s)://HOST:PORT, e.g. "
-                             "http://127.0.0.1:8082")
+            raise ValueError(
+                f"{url!r} is not an address a browser opens: give http(s)://HOST:PORT, e.g. http://127.0.0.1:8082"
+            )
         return url

@@ -212,14 +212,18 @@ class Slots:
             if not await self.withdraw(trial):
                 continue
             message = f"taken back from {trial.platform}, which went down before starting it"
-            cancel = CancelRequest(experiment_id=state.id, trial_id=trial_id, status=TrialStatus.SYS_CANCELED,
-                                   message=message)  # fmt: skip
+            cancel = CancelRequest(
+                experiment_id=state.id, trial_id=trial_id, status=TrialStatus.SYS_CANCELED, message=message
+            )
             await self.bus.nc.publish(subjects.control(trial.platform, "cancel"), cancel.encode())
             self.active[state.id].discard(trial_id)
             self.placement.release(state.id, trial.platform)
             self.seq.pop(trial_id, None)
-            back.append(trial.model_copy(update={"dispatched": False, "platform": "", "attempt": trial.attempt + 1,
-                                                 "message": message}))  # fmt: skip
+            back.append(
+                trial.model_copy(
+                    update={"dispatched": False, "platform": "", "attempt": trial.attempt + 1, "message": message}
+                )
+            )
             log.info("trial %s: %s", trial_id, message)
         for trial in reversed(back):
             self.store.defer(trial)

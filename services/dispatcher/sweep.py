@@ -31,8 +31,16 @@ CANCEL_RETRY = 3.0
 class Sweep:
     """The sweep of the dispatcher (the module's docstring); ``locks``: experiment → its lock."""
 
-    def __init__(self, *, store: StateStore, slots: Slots, cancels: CancelRequests, ends: Ends, attempts: Attempts,
-                 locks: Mapping[str, asyncio.Lock]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        store: StateStore,
+        slots: Slots,
+        cancels: CancelRequests,
+        ends: Ends,
+        attempts: Attempts,
+        locks: Mapping[str, asyncio.Lock],
+    ) -> None:
         self._store = store
         self._slots = slots
         self._cancels = cancels

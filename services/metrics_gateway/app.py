@@ -201,14 +201,21 @@ def parse_record(raw: object, index: int, trial_id: str) -> Metric | None:
 MESSAGE_BYTES = 256 * 1024
 
 
-def encode_batches(experiment_id: str, trial_id: str, metrics: list[Metric], timestamp: datetime,
-                   attempt: int = 0) -> list[tuple[bytes, str]]:  # fmt: skip
+def encode_batches(
+    experiment_id: str, trial_id: str, metrics: list[Metric], timestamp: datetime, attempt: int = 0
+) -> list[tuple[bytes, str]]:
     """The records as ``MetricBatch`` messages (``(payload, Nats-Msg-Id)``), in order, each
     under :data:`MESSAGE_BYTES` of values (or one record), built with orjson: exactly
     ``MetricBatch(...).encode()``, which costs 3× more through pydantic (a test holds the
     two equal). O(records)."""
-    head = {"kind": BATCH_KIND, "v": 1, "experimentId": experiment_id, "trialId": trial_id, "attempt": attempt,
-            "timestamp": timestamp}  # fmt: skip
+    head = {
+        "kind": BATCH_KIND,
+        "v": 1,
+        "experimentId": experiment_id,
+        "trialId": trial_id,
+        "attempt": attempt,
+        "timestamp": timestamp,
+    }
     messages: list[tuple[bytes, str]] = []
     part: list[Metric] = []
     size = 0
@@ -225,10 +232,11 @@ def encode_batches(experiment_id: str, trial_id: str, metrics: list[Metric], tim
 
 def _message(head: dict, trial_id: str, attempt: int, part: list[Metric]) -> tuple[bytes, str]:
     records = [
-        {"type": m.type, "sequence": m.sequence, "value": m.value} if m.parameter_id is None
+        {"type": m.type, "sequence": m.sequence, "value": m.value}
+        if m.parameter_id is None
         else {"parameterId": m.parameter_id, "type": m.type, "sequence": m.sequence, "value": m.value}
         for m in part
-    ]  # fmt: skip
+    ]
     payload = orjson.dumps({**head, "records": records}, option=orjson.OPT_UTC_Z)
     return payload, batch_id(trial_id, attempt, ((m.type, m.sequence) for m in part))
 
@@ -305,8 +313,12 @@ def create_app(settings: GatewaySettings, bus: Callable[[], Bus | None], publish
     app.include_router(health_routes(bus))
     intake = Intake(settings, bus, publish)
 
-    @app.post(METRICS_PATH, dependencies=[Security(TRIAL_TOKEN)], responses=spec.RESPONSES,
-              openapi_extra=spec.batch_body(settings.gateway_max_records, RECORD_TYPES))
+    @app.post(
+        METRICS_PATH,
+        dependencies=[Security(TRIAL_TOKEN)],
+        responses=spec.RESPONSES,
+        openapi_extra=spec.batch_body(settings.gateway_max_records, RECORD_TYPES),
+    )
     async def post_metrics(trial_id: str, request: Request) -> Response:
         return await answer(intake, trial_id, request)
 

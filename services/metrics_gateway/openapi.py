@@ -45,22 +45,33 @@ def batch_body(max_records: int, types: frozenset[str]) -> dict[str, Any]:
         "required": ["experimentId", "records"],
     }
     version = doc.parameter(
-        "X-Trialbus-Keeper-Version", "header", {"type": "string", "example": VERSION},
-        f"the trial keeper's version: its major.minor must be this gateway's ({VERSION}), else 409", required=True,
-    )  # fmt: skip
+        "X-Trialbus-Keeper-Version",
+        "header",
+        {"type": "string", "example": VERSION},
+        f"the trial keeper's version: its major.minor must be this gateway's ({VERSION}), else 409",
+        required=True,
+    )
     return doc.merge(doc.parameters(version), doc.json_body(batch, "a batch of one trial's metric records"))
 
 
 ACCEPTED = {"type": "object", "properties": {"accepted": {"type": "integer", "minimum": 0}}, "required": ["accepted"]}
 
 RESPONSES = {
-    **doc.answer(200, "every record published and acked by JetStream (resent records are dropped as duplicates)",
-                 ACCEPTED),  # fmt: skip
-    **doc.refusals(400, 401, 409, 413, 503, why={
-        400: "no version header, a body that is not a batch, or a bad record (the message names its index)",
-        401: "no trial token, or not this trial's",
-        409: "the keeper's major.minor version is not the gateway's: run the keeper of this release",
-        413: "the body or the number of records is over the limit: split the batch",
-        503: "NATS is unavailable or JetStream did not ack in time: retry (records are deduplicated)",
-    }),  # fmt: skip
+    **doc.answer(
+        200, "every record published and acked by JetStream (resent records are dropped as duplicates)", ACCEPTED
+    ),
+    **doc.refusals(
+        400,
+        401,
+        409,
+        413,
+        503,
+        why={
+            400: "no version header, a body that is not a batch, or a bad record (the message names its index)",
+            401: "no trial token, or not this trial's",
+            409: "the keeper's major.minor version is not the gateway's: run the keeper of this release",
+            413: "the body or the number of records is over the limit: split the batch",
+            503: "NATS is unavailable or JetStream did not ack in time: retry (records are deduplicated)",
+        },
+    ),
 }

@@ -120,8 +120,11 @@ class GatewayService(Service):
         self.app = create_app(self.settings, lambda: self.bus, self.publisher.publish)
         self.http = HttpServer(MetricsRoute(self.app), self.settings.gateway_host, self.settings.gateway_port)
         await self.http.start()
-        log.info("metrics gateway on http://%s:%d/api/v1/trials/{trialId}/metrics", self.settings.gateway_host,
-                 self.http.port)
+        log.info(
+            "metrics gateway on http://%s:%d/api/v1/trials/{trialId}/metrics",
+            self.settings.gateway_host,
+            self.http.port,
+        )
 
     @property
     def port(self) -> int:

@@ -15,7 +15,9 @@ KEEPER_PATH = Path(__file__).with_name("trial_keeper.py")
 #: The directory holding the ``nni`` shim package (put it on the trial's PYTHONPATH).
 SHIM_PATH = Path(__file__).with_name("nni_shim")
 #: What a host needs beside the keeper to fork warm trials (the remote agent's machines).
-WARM_FILES = {name: Path(__file__).with_name(name)
-              for name in ("trial_template.py", "warm_trial.py", "warm_pool.py", "script_imports.py", "kept.py")}
+WARM_FILES = {
+    name: Path(__file__).with_name(name)
+    for name in ("trial_template.py", "warm_trial.py", "warm_pool.py", "script_imports.py", "kept.py")
+}
 
 __all__ = ["KEEPER_PATH", "SHIM_PATH", "WARM_FILES"]

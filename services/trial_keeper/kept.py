@@ -280,8 +280,13 @@ class Relayed:
 def request(keeper, out_w, env):
     """In a kept keeper: ask the template to fork the trial; its pid (0: start it cold). The
     request: command, PATH, code directory, trial directory, stderr file, then the environment."""
-    fields = [keeper.command, env.get(b"PATH") or b"", keeper.code_dir.encode("utf-8", "surrogateescape"),
-              keeper.dir.encode("utf-8", "surrogateescape"), keeper.path("stderr").encode("utf-8", "surrogateescape")]
+    fields = [
+        keeper.command,
+        env.get(b"PATH") or b"",
+        keeper.code_dir.encode("utf-8", "surrogateescape"),
+        keeper.dir.encode("utf-8", "surrogateescape"),
+        keeper.path("stderr").encode("utf-8", "surrogateescape"),
+    ]
     payload = b"\0".join(fields + [k + b"=" + v for k, v in env.items()])
     fd = out_w.to_bytes(4, sys.byteorder, signed=True)
     channel.sendmsg([b"t%08d" % len(payload) + payload], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fd)])
@@ -312,8 +317,11 @@ def next_trial(status):
     try:
         notice = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
         try:
-            notice.sendto(keeper.dir.encode("utf-8", "surrogateescape"), _socket.MSG_DONTWAIT,
-                          b"\0" + address[1:] if address.startswith(b"@") else address)  # fmt: skip
+            notice.sendto(
+                keeper.dir.encode("utf-8", "surrogateescape"),
+                _socket.MSG_DONTWAIT,
+                b"\0" + address[1:] if address.startswith(b"@") else address,
+            )
         finally:
             notice.close()
         channel.send(b"f")

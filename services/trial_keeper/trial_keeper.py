@@ -129,7 +129,7 @@ def write_file(path, data, atomic=False):
     try:
         view = memoryview(data)
         while view:
-            view = view[posix.write(fd, view):]
+            view = view[posix.write(fd, view) :]
     finally:
         posix.close(fd)
     if atomic:
@@ -720,8 +720,9 @@ class Keeper:
             self.fail([])
         flushed = not self.queue and not self.spool and self.unsent == 0
         # keeperPid also when the trial never started: a restarted adapter knows the keeper is gone
-        self.update_state(keeperPid=posix.getpid(), done=True, metricsFlushed=flushed, canceled=self.canceled,
-                          error=self.error)  # fmt: skip
+        self.update_state(
+            keeperPid=posix.getpid(), done=True, metricsFlushed=flushed, canceled=self.canceled, error=self.error
+        )
         if not flushed or self.canceled or self.error:
             self.log("done: metricsFlushed=%s canceled=%s error=%s" % (flushed, self.canceled, self.error))
         code = 1 if self.exit_code is None else self.exit_code
@@ -736,8 +737,9 @@ class Keeper:
         self.error = "keeper failed: %r" % (exc,)
         sys.stderr.write("".join(traceback.format_exception(exc)))
         try:
-            self.update_state(keeperPid=posix.getpid(), done=True, metricsFlushed=False, canceled=self.canceled,
-                              error=self.error)  # fmt: skip
+            self.update_state(
+                keeperPid=posix.getpid(), done=True, metricsFlushed=False, canceled=self.canceled, error=self.error
+            )
         except OSError:
             pass
 
@@ -821,8 +823,11 @@ def fork_keeper(environ, close_fds=(), next_trial=None):
                 environ = parse_settings(environ)
             if b"PATH" in environ:  # the trial's command is looked up on the keeper's own PATH
                 posix.putenv(b"PATH", environ[b"PATH"])
-            out = posix.open(environ[b"TRIALBUS_TRIAL_DIR"] + b"/.trialbus/keeper.out",
-                             posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND, 0o644)
+            out = posix.open(
+                environ[b"TRIALBUS_TRIAL_DIR"] + b"/.trialbus/keeper.out",
+                posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND,
+                0o644,
+            )
             posix.dup2(out, 1)
             posix.dup2(out, 2)
             posix.close(out)

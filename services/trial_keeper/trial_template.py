@@ -51,9 +51,17 @@ SHELL_BYTES = frozenset(b"|&;<>()$`\\\"'*?[]#~=%{}!\n\r\v\f")  # as the keeper's
 #: Variables that differ from trial to trial, or from experiment to experiment (``NNI_EXP_ID``: a
 #: template serves every experiment of the same code, interpreter and environment), never part of
 #: a template's environment. Each trial gets its own values.
-PER_TRIAL = (b"NNI_TRIAL_JOB_ID", b"NNI_SYS_DIR", b"NNI_OUTPUT_DIR", b"NNI_TRIAL_SEQ_ID", b"NNI_EXP_ID",
-             b"TRIALBUS_ATTEMPT", b"TRIALBUS_CHECKPOINT_DIR",
-             b"CUDA_VISIBLE_DEVICES", b"CUDA_DEVICE_ORDER")  # the last two: GPU placement
+PER_TRIAL = (
+    b"NNI_TRIAL_JOB_ID",
+    b"NNI_SYS_DIR",
+    b"NNI_OUTPUT_DIR",
+    b"NNI_TRIAL_SEQ_ID",
+    b"NNI_EXP_ID",
+    b"TRIALBUS_ATTEMPT",
+    b"TRIALBUS_CHECKPOINT_DIR",
+    b"CUDA_VISIBLE_DEVICES",
+    b"CUDA_DEVICE_ORDER",
+)  # the last two: GPU placement
 
 keeper_module = None  # trial_keeper, loaded by path at start
 trial_module = None  # warm_trial: what a trial child does, loaded by path at start
@@ -114,12 +122,12 @@ def parse_command(command, path, cwd):
         else:
             return None
     plan = {"python": python, "flags": [os.fsdecode(f) for f in flags]}
-    if argv[i:i + 1] == [b"-m"]:
+    if argv[i : i + 1] == [b"-m"]:
         if i + 1 >= len(argv):
             return None
-        plan["module"], plan["args"] = os.fsdecode(argv[i + 1]), [os.fsdecode(a) for a in argv[i + 2:]]
+        plan["module"], plan["args"] = os.fsdecode(argv[i + 1]), [os.fsdecode(a) for a in argv[i + 2 :]]
     elif i < len(argv):
-        plan["script"], plan["args"] = os.fsdecode(argv[i]), [os.fsdecode(a) for a in argv[i + 1:]]
+        plan["script"], plan["args"] = os.fsdecode(argv[i]), [os.fsdecode(a) for a in argv[i + 1 :]]
     else:
         return None
     return plan
@@ -211,7 +219,7 @@ def serve(requests, answers):
             return 0
         payload = keeper_module.read_exact(requests, int(head))  # parsed by the keeper, after the fork
         if payload.startswith(MORE):  # not a trial: modules to import beside the loaded ones
-            if not import_more(payload[len(MORE):].split(b"\0"), answers):
+            if not import_more(payload[len(MORE) :].split(b"\0"), answers):
                 if kept is not None:
                     kept.drain()  # its trials' exits are relayed; none forks from it again
                 return 3

@@ -47,8 +47,18 @@ except ImportError:  # on a remote machine, shipped flat beside the agent (mypy 
 
 TEMPLATE_PATH = Path(trial_template.__file__)
 #: Keeper settings that differ per trial: left out of the environment that keys a template.
-_PER_TRIAL = frozenset(("TRIALBUS_TRIAL_DIR", "TRIALBUS_TRIAL_ID", "TRIALBUS_SEQUENCE_ID", "TRIALBUS_ATTEMPT",
-              "TRIALBUS_PARAMETERS", "TRIALBUS_TRIAL_TOKEN", "TRIALBUS_GPUS", "TRIALBUS_CHECKPOINT_DIR"))  # fmt: skip
+_PER_TRIAL = frozenset(
+    (
+        "TRIALBUS_TRIAL_DIR",
+        "TRIALBUS_TRIAL_ID",
+        "TRIALBUS_SEQUENCE_ID",
+        "TRIALBUS_ATTEMPT",
+        "TRIALBUS_PARAMETERS",
+        "TRIALBUS_TRIAL_TOKEN",
+        "TRIALBUS_GPUS",
+        "TRIALBUS_CHECKPOINT_DIR",
+    )
+)
 ANSWER_TIMEOUT = 5.0  # seconds a ready template may take to answer a fork
 #: Top-level packages of the standard library (Python 3.10+; on older ones, none is known).
 STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
@@ -60,8 +70,16 @@ PROGRESS_EVERY = 0.1  # seconds between two reads of a starting template's CPU (
 class Template:
     """One template process and its pipes."""
 
-    def __init__(self, key: str, plan: dict, env: dict[bytes, bytes], code_dir: str, preload: list[str],
-                 folder: Path, reuse: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        key: str,
+        plan: dict,
+        env: dict[bytes, bytes],
+        code_dir: str,
+        preload: list[str],
+        folder: Path,
+        reuse: bool = False,
+    ) -> None:
         self.key, self.plan, self.env, self.code_dir, self.preload = key, plan, env, code_dir, preload
         self.reuse = reuse  # its keepers outlive their trial, and it forks their trials (kept.Kept)
         self.folder = folder
@@ -96,15 +114,29 @@ class Template:
         if b"LD_BIND_NOW" not in env:
             env, unset = {**env, b"LD_BIND_NOW": b"1"}, ["LD_BIND_NOW"]
         spec = self.folder / "spec.json"
-        spec.write_text(json.dumps({"python": self.plan["python"], "flags": self.plan["flags"], "preload": self.preload,
-                                    "code_dir": self.code_dir, "shim": shim, "unset": unset,
-                                    "reuse": self.reuse}))  # fmt: skip
+        spec.write_text(
+            json.dumps(
+                {
+                    "python": self.plan["python"],
+                    "flags": self.plan["flags"],
+                    "preload": self.preload,
+                    "code_dir": self.code_dir,
+                    "shim": shim,
+                    "unset": unset,
+                    "reuse": self.reuse,
+                }
+            )
+        )
         with open(self.folder / "template.log", "ab") as log:
             self.process = subprocess.Popen(
                 [self.plan["python"], *self.plan["flags"], str(template_path), keeper_path, str(spec)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=self.code_dir, env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                cwd=self.code_dir,
+                env=env,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         os.set_blocking(self.stdout.fileno(), False)
         self.state, self.started_at = "starting", time.monotonic()
         self._progress_at = self.started_at
@@ -230,8 +262,16 @@ class WarmPool:
     """Templates by key. ``template_for`` finds (or starts) the one for a trial; ``learn`` takes a
     finished trial's imports; ``sweep`` retires idle ones; ``close`` ends them all."""
 
-    def __init__(self, folder: Path, keeper_path: str, log: Callable[[str], None], shim: str | None = None,
-                 max_templates: int = 8, idle: float = 900.0, reuse_keepers: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        folder: Path,
+        keeper_path: str,
+        log: Callable[[str], None],
+        shim: str | None = None,
+        max_templates: int = 8,
+        idle: float = 900.0,
+        reuse_keepers: bool = False,
+    ) -> None:
         self.folder, self.keeper_path, self.log, self.shim = folder, keeper_path, log, shim
         #: Keepers outlive their trial and keep the next (``kept.Kept``): only for a caller
         #: that learns a trial's end from the keepers' notices (``TRIALBUS_DONE_SOCKET``) and writes
@@ -267,8 +307,11 @@ class WarmPool:
             return found
 
     def _find_key(self, command: str, environ: Mapping[str, str]) -> tuple[str, dict, dict[bytes, bytes]] | None:
-        settings = {k.encode("utf-8", "surrogateescape"): v.encode("utf-8", "surrogateescape")
-                    for k, v in environ.items() if k not in _PER_TRIAL}  # fmt: skip
+        settings = {
+            k.encode("utf-8", "surrogateescape"): v.encode("utf-8", "surrogateescape")
+            for k, v in environ.items()
+            if k not in _PER_TRIAL
+        }
         settings.update({b"TRIALBUS_TRIAL_DIR": b"/", b"TRIALBUS_TRIAL_COMMAND": command.encode()})
         keeper = trial_keeper.Keeper(settings)
         env = trial_template.template_env(keeper.trial_env())
@@ -341,8 +384,9 @@ class WarmPool:
         has = {name.partition(".")[0] for name in template.preload} | STDLIB
         return fuller if any(name.partition(".")[0] not in has for name in fuller.preload) else None
 
-    def fork(self, environ: Mapping[str, str], preload: Iterable[str] = (), wait: float = 0.0
-             ) -> tuple[int, str] | None:  # fmt: skip
+    def fork(
+        self, environ: Mapping[str, str], preload: Iterable[str] = (), wait: float = 0.0
+    ) -> tuple[int, str] | None:
         """The trial's keeper (settings ``environ``, its ``TRIALBUS_TRIAL_COMMAND`` included) forked
         from a warm template: (pid, the template's key, for :meth:`learn`). None when the trial
         must start cold: not a Python command, no template ready (after up to ``wait`` seconds
@@ -407,8 +451,9 @@ class WarmPool:
     def _start(self, key: str, plan: dict, env: dict[bytes, bytes], code_dir: str, preload: list[str]) -> Template:
         self._serial += 1
         preload = [n for n in preload if n.partition(".")[0] not in self.unsafe.get(key, ())]
-        template = Template(key, plan, env, code_dir, preload, self.folder / f"{key}-{self._serial}",
-                            self.reuse_keepers)  # fmt: skip
+        template = Template(
+            key, plan, env, code_dir, preload, self.folder / f"{key}-{self._serial}", self.reuse_keepers
+        )
         while len(self.current) >= self.max_templates and key not in self.current:
             oldest = min(self.current, key=lambda k: self.current[k].used)
             self._forget(oldest, self.current[oldest])

@@ -34,6 +34,7 @@ TRIAL_DIR = None
 def become_trial(plan, env, out_w, stderr, trial_dir, library_fds):
     """In the trial child: the process a cold start would have made, short of the script."""
     import _signal  # type: ignore[import-not-found]  # no stub in typeshed for signal's C module
+
     global PARENT, TRIAL_DIR
 
     PARENT, TRIAL_DIR = posix.getppid(), trial_dir
@@ -192,6 +193,7 @@ def cold(plan, env, exc, trial_dir):
 def record_imports(trial_dir, before):
     """At exit, list in ``.trialbus/imports`` what this trial imported beyond the template,
     minus its own code: what the next template may preload."""
+
     def write():
         if len(sys.modules) <= len(before):
             return  # nothing new (or so little that missing it costs a later trial a few imports)

@@ -153,8 +153,10 @@ class NniAdvisor:
             elif command == "ER":
                 raise ClassFailed(f"{self.calls.owner} reported an error", str(data))
             elif command == "SP":
-                raise ClassFailed(f"{self.calls.owner} sent SEND_TRIAL_JOB_PARAMETER",
-                                  "multi-phase trials are gone from NNI 3.0, and Trialbus does not run them")
+                raise ClassFailed(
+                    f"{self.calls.owner} sent SEND_TRIAL_JOB_PARAMETER",
+                    "multi-phase trials are gone from NNI 3.0, and Trialbus does not run them",
+                )
             elif command != "ID":  # INITIALIZED needs no answer
                 log.warning("%s sent %s, which an advisor does not send; ignored", self.calls.owner, command)
 
@@ -186,8 +188,9 @@ class NniAdvisor:
             self._params[key] = params
             (self._resumed if resumed else self._customized).add(key)
         if resumed:
-            self._running_before.append({"parameter_id": key, "parameter_source": "resumed", "parameters": params,
-                                         "parameter_index": 0})  # fmt: skip
+            self._running_before.append(
+                {"parameter_id": key, "parameter_source": "resumed", "parameters": params, "parameter_index": 0}
+            )
         return key
 
     def forget(self, parameter_id: ParameterId) -> None:
@@ -195,8 +198,13 @@ class NniAdvisor:
             self._params.pop(parameter_id, None)
 
     def _metric(self, key: ParameterId, trial_id: str, kind: str, sequence: int, value: Any) -> dict[str, Any]:
-        return {"parameter_id": key, "trial_job_id": trial_id, "type": kind, "sequence": sequence,
-                "value": json.dumps(value)}  # fmt: skip
+        return {
+            "parameter_id": key,
+            "trial_job_id": trial_id,
+            "type": kind,
+            "sequence": sequence,
+            "value": json.dumps(value),
+        }
 
     def report(self, parameter_id: ParameterId, step: int, value: Metric, *, trial_id: str) -> None:
         if parameter_id in self._resumed or parameter_id in self._customized:
@@ -226,10 +234,15 @@ class NniAdvisor:
                     continue
                 if end.final is not None:
                     finals.append(self._metric(key, end.trial_id, "FINAL", 0, end.final))
-                hyper_params = {"parameter_id": key, "parameter_source": "algorithm", "parameters": params,
-                                "parameter_index": 0}  # fmt: skip
-                told.append({"trial_job_id": end.trial_id, "event": end.status.value,
-                             "hyper_params": json.dumps(hyper_params)})  # fmt: skip
+                hyper_params = {
+                    "parameter_id": key,
+                    "parameter_source": "algorithm",
+                    "parameters": params,
+                    "parameter_index": 0,
+                }
+                told.append(
+                    {"trial_job_id": end.trial_id, "event": end.status.value, "hyper_params": json.dumps(hyper_params)}
+                )
         if imports:
             self._call("handle_import_data", imports)
         for method, batch in (("handle_report_metric_data", finals), ("handle_trial_end", told)):

@@ -218,8 +218,11 @@ def _tpe(args: dict[str, Any], seed: int | None) -> tuple[BaseSampler, BasePrune
 
 
 def _bohb(args: dict[str, Any], seed: int | None) -> tuple[BaseSampler, BasePruner | None]:
-    pruner = HyperbandPruner(min_resource=args.get("min_budget", 1), max_resource=args.get("max_budget", 3),
-                             reduction_factor=args.get("eta", 3))
+    pruner = HyperbandPruner(
+        min_resource=args.get("min_budget", 1),
+        max_resource=args.get("max_budget", 3),
+        reduction_factor=args.get("eta", 3),
+    )
     return TPESampler(n_startup_trials=args.get("min_points_in_model", 10), seed=seed), pruner
 
 
@@ -231,14 +234,22 @@ _TUNERS: dict[str, _Build] = {
     "GridSearch": lambda a, seed: (RandomSampler(seed=seed), None),
     "Anneal": lambda a, seed: (TPESampler(n_startup_trials=5, seed=seed), None),
     "Evolution": lambda a, seed: (NSGAIISampler(population_size=a.get("population_size", 32), seed=seed), None),
-    "Hyperband": lambda a, seed: (RandomSampler(seed=seed),
-                                  HyperbandPruner(max_resource=a.get("R", 60), reduction_factor=a.get("eta", 3))),
+    "Hyperband": lambda a, seed: (
+        RandomSampler(seed=seed),
+        HyperbandPruner(max_resource=a.get("R", 60), reduction_factor=a.get("eta", 3)),
+    ),
     "BOHB": _bohb,
 }
 
 
-def tuner(config: Mapping[str, Any] | None, space: SearchSpace, seed: int | None = None, *,
-          assessor_config: Mapping[str, Any] | None = None, history: int | None = DEFAULT_KEEP_LAST) -> Tuner:
+def tuner(
+    config: Mapping[str, Any] | None,
+    space: SearchSpace,
+    seed: int | None = None,
+    *,
+    assessor_config: Mapping[str, Any] | None = None,
+    history: int | None = DEFAULT_KEEP_LAST,
+) -> Tuner:
     """The :class:`Tuner` NNI's ``tuner`` config names, with the pruner ``assessor_config`` names.
 
     ``None`` means NNI's default, TPE. ``seed`` seeds the sampler; a ``seed`` in classArgs wins. The study
@@ -250,8 +261,9 @@ def tuner(config: Mapping[str, Any] | None, space: SearchSpace, seed: int | None
     return build(builtins.choose(config, assessor_config), space, seed, history=history)
 
 
-def build(choice: builtins.Choice, space: SearchSpace, seed: int | None = None, *,
-          history: int | None = DEFAULT_KEEP_LAST) -> Tuner:
+def build(
+    choice: builtins.Choice, space: SearchSpace, seed: int | None = None, *, history: int | None = DEFAULT_KEEP_LAST
+) -> Tuner:
     """The :class:`Tuner` of ``choice`` over ``space`` (:func:`tuner` says the rest)."""
     seed = choice.args.get("seed", seed)
     sampler, pruner = _TUNERS[choice.tuner](choice.args, seed)
@@ -266,8 +278,9 @@ def build(choice: builtins.Choice, space: SearchSpace, seed: int | None = None, 
         name = None if seed is None else f"trialbus-seed-{seed}"
         if history is not None and isinstance(sampler, NSGAIISampler):
             history = max(history, 2 * choice.args.get("population_size", 32))
-        study = optuna.create_study(storage=History(history), sampler=sampler, pruner=pruner,
-                                    direction=choice.direction, study_name=name)  # fmt: skip
+        study = optuna.create_study(
+            storage=History(history), sampler=sampler, pruner=pruner, direction=choice.direction, study_name=name
+        )
     finally:
         optuna.logging.set_verbosity(verbosity)
     return Tuner(study, space, points)
@@ -277,8 +290,9 @@ def build(choice: builtins.Choice, space: SearchSpace, seed: int | None = None, 
 _ASSESSORS: dict[str, Callable[[dict[str, Any]], BasePruner]] = {
     # NNI's Medianstop judges against any completed trial: one start-up trial, where Optuna's default is five.
     "Medianstop": lambda a: MedianPruner(n_startup_trials=1, n_warmup_steps=a.get("start_step", 0)),
-    "Curvefitting": lambda a: PercentilePruner(25.0, n_startup_trials=1, n_warmup_steps=a.get("start_step", 6),
-                                               interval_steps=a.get("gap", 1)),
+    "Curvefitting": lambda a: PercentilePruner(
+        25.0, n_startup_trials=1, n_warmup_steps=a.get("start_step", 6), interval_steps=a.get("gap", 1)
+    ),
 }
 
 

@@ -89,8 +89,10 @@ def choose(tuner_config: Mapping[str, Any] | None, assessor_config: Mapping[str,
         raise ValueError(f"{name} stops trials by itself and takes no assessor")
     assessor, assessor_args = assessor_choice(assessor_config)
     if "optimize_mode" in assessor_args and assessor_args["optimize_mode"] != direction:
-        raise ValueError(f"assessor {assessor} has optimize_mode {assessor_args['optimize_mode']!r} "
-                         f"but tuner {name} has {direction!r}")  # fmt: skip
+        raise ValueError(
+            f"assessor {assessor} has optimize_mode {assessor_args['optimize_mode']!r} "
+            f"but tuner {name} has {direction!r}"
+        )
     return Choice(name, args, direction, assessor, assessor_args)
 
 

@@ -50,8 +50,9 @@ def _judged(tuner: TunerLike, config: Mapping[str, Any], threads: int) -> NniAss
         raise
 
 
-def for_experiment(config: ExperimentConfig, seed: int | None = None, *,
-                   history: int | None = algorithms.DEFAULT_KEEP_LAST) -> TunerLike:
+def for_experiment(
+    config: ExperimentConfig, seed: int | None = None, *, history: int | None = algorithms.DEFAULT_KEEP_LAST
+) -> TunerLike:
     """The tuner (with its assessor) ``config`` asks for, ready to propose; a built-in one keeps the last
     ``history`` finished trials (and the best; :mod:`services.tuner.history`).
 
@@ -69,8 +70,10 @@ def for_experiment(config: ExperimentConfig, seed: int | None = None, *,
         try:
             if advisor.is_advisor(cls):
                 if config.assessor:
-                    log.warning("%s is an advisor: it stops trials itself, and the assessor is ignored (as NNI "
-                                "ignores it)", spec.owner)
+                    log.warning(
+                        "%s is an advisor: it stops trials itself, and the assessor is ignored (as NNI ignores it)",
+                        spec.owner,
+                    )
                 return advisor.create(spec, cls, search_space, calls)
             tuner: TunerLike = NniTuner(loading.construct(spec, cls), search_space, calls)
         except BaseException:

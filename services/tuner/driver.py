@@ -73,8 +73,9 @@ async def stop_experiment(bus: Bus, experiment_id: str, message: str, timeout: f
             if exc.status == 404 or not retry:  # 404: gone
                 log.warning("could not stop experiment %s: %s", experiment_id, exc.message)
                 return
-            log.warning("could not stop experiment %s (%s); trying again in %.0fs", experiment_id, exc.message,
-                        RETRY_AFTER)  # fmt: skip
+            log.warning(
+                "could not stop experiment %s (%s); trying again in %.0fs", experiment_id, exc.message, RETRY_AFTER
+            )
             await asyncio.sleep(RETRY_AFTER)
 
 
@@ -95,8 +96,14 @@ class Driver:
     :meth:`on_trial`, which may be called (and queue) before.
     """
 
-    def __init__(self, bus: Bus, state: ExperimentState, tuner: TunerLike, trials: AsyncIterable[TrialState],
-                 api_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        state: ExperimentState,
+        tuner: TunerLike,
+        trials: AsyncIterable[TrialState],
+        api_timeout: float = 10.0,
+    ) -> None:
         self.bus = bus
         self.state = state
         self.tuner = tuner
@@ -159,8 +166,9 @@ class Driver:
             with contextlib.suppress(nats.errors.Error):
                 await self._metrics_sub.unsubscribe()
         # On a thread of its own: the driver's may all be held by calls that do not return.
-        closing = asyncio.wrap_future(spawn("tuner-close", self.tuner.close, ended=ended,
-                                            failed=self.failure is not None))  # fmt: skip
+        closing = asyncio.wrap_future(
+            spawn("tuner-close", self.tuner.close, ended=ended, failed=self.failure is not None)
+        )
         try:
             await asyncio.wait_for(closing, CLOSE_GRACE)
         except TimeoutError:
@@ -185,8 +193,9 @@ class Driver:
             except ClassFailed as exc:
                 self.failure = exc
                 log.error("experiment %s: %s", self.experiment_id, exc)
-                await stop_experiment(self.bus, self.experiment_id, exc.message("the tuner failed: "),
-                                      self.api_timeout, retry=True)
+                await stop_experiment(
+                    self.bus, self.experiment_id, exc.message("the tuner failed: "), self.api_timeout, retry=True
+                )
 
     async def _drive(self) -> None:
         if self._snapshot is not None:
@@ -247,8 +256,9 @@ class Driver:
             if remaining == 0:
                 self._inbox.put_nowait(("replayed", None))
 
-        self._metrics_sub = await self.bus.js.subscribe(subject, stream=METRICS.name, cb=on_message,
-                                                        ordered_consumer=True)
+        self._metrics_sub = await self.bus.js.subscribe(
+            subject, stream=METRICS.name, cb=on_message, ordered_consumer=True
+        )
 
     async def _learn(self, trial: TrialState, *, resumed: bool) -> None:
         if trial.sequence_id in self.ended or trial.experiment_id != self.experiment_id:
@@ -290,8 +300,9 @@ class Driver:
             value = record.decoded()
             await self._call(self.tuner.report, known.number, record.sequence, value, trial_id=record.trial_id)
         except (ValueError, TypeError) as exc:
-            log.warning("trial %s: intermediate result %d not used by the assessor: %s",
-                        record.trial_id, record.sequence, exc)
+            log.warning(
+                "trial %s: intermediate result %d not used by the assessor: %s", record.trial_id, record.sequence, exc
+            )
             return
         if self.replayed:
             await self._judge(record.trial_id, known)
@@ -328,8 +339,11 @@ class Driver:
         if known.status != TrialStatus.RUNNING or known.early_stop_asked or known.number is None:
             return
         if await self._call(self.tuner.should_prune, known.number, trial_id=trial_id):
-            self._stop_early(trial_id, known, f"early-stopped by the {self.tuner.judge} after intermediate result "
-                                              f"#{max(known.steps)}")  # fmt: skip
+            self._stop_early(
+                trial_id,
+                known,
+                f"early-stopped by the {self.tuner.judge} after intermediate result #{max(known.steps)}",
+            )
 
     def _stop_early(self, trial_id: str, known: _Trial | None, message: str) -> None:
         if known is not None:
@@ -341,9 +355,12 @@ class Driver:
 
     async def _early_stop(self, trial_id: str, message: str) -> None:
         try:
-            await call(self.bus.nc, "trial.cancel",
-                       {"id": trial_id, "status": TrialStatus.EARLY_STOPPED.value, "message": message},
-                       self.api_timeout)
+            await call(
+                self.bus.nc,
+                "trial.cancel",
+                {"id": trial_id, "status": TrialStatus.EARLY_STOPPED.value, "message": message},
+                self.api_timeout,
+            )
         except ApiError as exc:
             if exc.status != 409:  # 409: it ended meanwhile
                 log.warning("could not early-stop trial %s: %s", trial_id, exc.message)

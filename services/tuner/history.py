@@ -151,18 +151,35 @@ class History(BaseStorage):
     def get_all_studies(self) -> list[FrozenStudy]:
         if self._name is None:
             return []
-        return [FrozenStudy(study_name=self._name, direction=None, directions=self._directions,
-                            user_attrs=copy.deepcopy(self._user_attrs), system_attrs=copy.deepcopy(self._system_attrs),
-                            study_id=_STUDY_ID)]  # fmt: skip
+        return [
+            FrozenStudy(
+                study_name=self._name,
+                direction=None,
+                directions=self._directions,
+                user_attrs=copy.deepcopy(self._user_attrs),
+                system_attrs=copy.deepcopy(self._system_attrs),
+                study_id=_STUDY_ID,
+            )
+        ]
 
     # ------------------------------------------------------------------ trials
 
     def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
         with self._lock:
             if template_trial is None:
-                trial = FrozenTrial(trial_id=-1, number=-1, state=TrialState.RUNNING, params={}, distributions={},
-                                    user_attrs={}, system_attrs={}, value=None, intermediate_values={},
-                                    datetime_start=datetime.now(), datetime_complete=None)  # fmt: skip
+                trial = FrozenTrial(
+                    trial_id=-1,
+                    number=-1,
+                    state=TrialState.RUNNING,
+                    params={},
+                    distributions={},
+                    user_attrs={},
+                    system_attrs={},
+                    value=None,
+                    intermediate_values={},
+                    datetime_start=datetime.now(),
+                    datetime_complete=None,
+                )
             else:
                 trial = copy.deepcopy(template_trial)
             trial.number = trial._trial_id = number = self._created
@@ -178,16 +195,19 @@ class History(BaseStorage):
         try:
             return self._trials[trial_id]
         except KeyError:
-            raise KeyError(f"trial {trial_id} is not kept (the history keeps {self.keep_last} finished trials "
-                           f"and the {self.keep_best} best)") from None
+            raise KeyError(
+                f"trial {trial_id} is not kept (the history keeps {self.keep_last} finished trials "
+                f"and the {self.keep_best} best)"
+            ) from None
 
     def _updatable(self, trial_id: int) -> FrozenTrial:
         trial = self._get(trial_id)
         self.check_trial_is_updatable(trial_id, trial.state)
         return copy.copy(trial)  # copy on write: trials handed out unchanged
 
-    def set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float,
-                        distribution: BaseDistribution) -> None:
+    def set_trial_param(
+        self, trial_id: int, param_name: str, param_value_internal: float, distribution: BaseDistribution
+    ) -> None:
         with self._lock:
             trial = self._updatable(trial_id)
             if param_name in self._distributions:
@@ -251,8 +271,9 @@ class History(BaseStorage):
         with self._lock:
             return self._get(trial_id)
 
-    def get_all_trials(self, study_id: int, deepcopy: bool = True,
-                       states: Container[TrialState] | None = None) -> list[FrozenTrial]:
+    def get_all_trials(
+        self, study_id: int, deepcopy: bool = True, states: Container[TrialState] | None = None
+    ) -> list[FrozenTrial]:
         with self._lock:
             if states == (TrialState.WAITING,):  # Study.ask looks for enqueued trials each time
                 trials = [self._trials[n] for n in self._waiting]

@@ -69,11 +69,15 @@ def spec(config: Mapping[str, Any], kind: str) -> ClassSpec:
     keys = {str(k).lower(): v for k, v in config.items()}
     class_name, code_dir, args = keys.get("classname"), keys.get("codedirectory"), keys.get("classargs") or {}
     if keys.get("name") is not None:
-        raise ValueError(f"{kind} has both name ({keys['name']}) and className ({class_name}): a built-in name, "
-                         "or a class of yours, not both")
+        raise ValueError(
+            f"{kind} has both name ({keys['name']}) and className ({class_name}): a built-in name, "
+            "or a class of yours, not both"
+        )
     if not isinstance(class_name, str) or "." not in class_name.strip(".") or class_name != class_name.strip():
-        raise ValueError(f"{kind}.className must be 'module.ClassName' (the class ClassName in module.py of "
-                         f"{kind}.codeDirectory), got {class_name!r}")
+        raise ValueError(
+            f"{kind}.className must be 'module.ClassName' (the class ClassName in module.py of "
+            f"{kind}.codeDirectory), got {class_name!r}"
+        )
     if not isinstance(args, Mapping) or not all(isinstance(k, str) for k in args):
         raise ValueError(f"{kind}.classArgs must be an object of keyword arguments for {class_name}, got {args!r}")
     if code_dir is not None and not isinstance(code_dir, str):
@@ -90,9 +94,11 @@ def load(spec: ClassSpec) -> type:
     """
     folder = spec.code_directory
     if folder is not None and not folder.is_dir():
-        raise ValueError(f"{spec.kind}.codeDirectory {folder} is not a folder the tuner service can read "
-                         f"(it holds {spec.module.replace('.', '/')}.py for {spec.class_name}; the tuner "
-                         "service reads it where it runs)")
+        raise ValueError(
+            f"{spec.kind}.codeDirectory {folder} is not a folder the tuner service can read "
+            f"(it holds {spec.module.replace('.', '/')}.py for {spec.class_name}; the tuner "
+            "service reads it where it runs)"
+        )
     module = _import(spec, folder)
     attribute = spec.class_name.rpartition(".")[2]
     cls = getattr(module, attribute, None)
@@ -100,8 +106,10 @@ def load(spec: ClassSpec) -> type:
         where = getattr(module, "__file__", None) or spec.module
         defined = sorted(n for n, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__)
         what = "has no class" if cls is None else "has something that is not a class named"
-        raise ValueError(f"{spec.kind}.className {spec.class_name}: {where} {what} {attribute}; "
-                         f"it defines {', '.join(defined) or 'no class'}")
+        raise ValueError(
+            f"{spec.kind}.className {spec.class_name}: {where} {what} {attribute}; "
+            f"it defines {', '.join(defined) or 'no class'}"
+        )
     try:
         signature = inspect.signature(cls)
     except (TypeError, ValueError):  # no signature to read (a class implemented in C): its call will say
@@ -110,8 +118,10 @@ def load(spec: ClassSpec) -> type:
         signature.bind(**spec.args)
     except TypeError as exc:
         takes = [n for n, p in signature.parameters.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        raise ValueError(f"{spec.kind}.classArgs {spec.args} do not fit {spec.class_name}: {exc}; it takes "
-                         f"{', '.join(takes) or 'no arguments'}") from None
+        raise ValueError(
+            f"{spec.kind}.classArgs {spec.args} do not fit {spec.class_name}: {exc}; it takes "
+            f"{', '.join(takes) or 'no arguments'}"
+        ) from None
     return cls
 
 
@@ -142,13 +152,19 @@ def _import(spec: ClassSpec, folder: Path | None) -> Any:
                 elif folder is not None:
                     where = f"in codeDirectory {folder}; it is the file {spec.module.replace('.', '/')}.py there"
                 else:
-                    where = (f"where the tuner service runs; set {spec.kind}.codeDirectory to the folder holding "
-                             f"{spec.module.replace('.', '/')}.py")
-                raise ValueError(f"{spec.kind}.className {spec.class_name}: there is no module {spec.module} "
-                                 f"{where}") from None
+                    where = (
+                        f"where the tuner service runs; set {spec.kind}.codeDirectory to the folder holding "
+                        f"{spec.module.replace('.', '/')}.py"
+                    )
+                raise ValueError(
+                    f"{spec.kind}.className {spec.class_name}: there is no module {spec.module} {where}"
+                ) from None
             hint = " (pip install 'trialbus[nni]' there)" if str(exc.name).split(".")[0] == "nni" else ""
-            raise ClassFailed(f"{spec.owner} could not be imported: it needs the module {exc.name}, which the tuner "
-                              f"service does not have{hint}", failure(spec.owner, "import", exc).details) from None
+            raise ClassFailed(
+                f"{spec.owner} could not be imported: it needs the module {exc.name}, which the tuner "
+                f"service does not have{hint}",
+                failure(spec.owner, "import", exc).details,
+            ) from None
         except Exception as exc:
             raise failure(spec.owner, f"the import of {spec.module}", exc) from None
         finally:

@@ -77,11 +77,14 @@ def plain_parameters(calls: Calls, method: str, params: Any) -> Parameters:
     try:
         plain = json.loads(json.dumps(params, default=numpy))
     except (TypeError, ValueError) as exc:
-        raise ClassFailed(f"{calls.owner} failed in {method}",
-                          f"it returned parameters that are not JSON: {exc}") from None
+        raise ClassFailed(
+            f"{calls.owner} failed in {method}", f"it returned parameters that are not JSON: {exc}"
+        ) from None
     if not isinstance(plain, dict):
-        raise ClassFailed(f"{calls.owner} failed in {method}",
-                          f"it returned {params!r}; Trialbus trials receive a JSON object (a dict) of parameters")
+        raise ClassFailed(
+            f"{calls.owner} failed in {method}",
+            f"it returned {params!r}; Trialbus trials receive a JSON object (a dict) of parameters",
+        )
     return plain
 
 
@@ -127,8 +130,10 @@ class NniTuner:
 
     def _listed(self, label: str, found: Any) -> list[Any]:
         if not isinstance(found, list | tuple):
-            raise ClassFailed(f"{self.calls.owner} failed in {label}",
-                              f"generate_multiple_parameters returned {found!r}, not a list of parameters")
+            raise ClassFailed(
+                f"{self.calls.owner} failed in {label}",
+                f"generate_multiple_parameters returned {found!r}, not a list of parameters",
+            )
         return list(found)
 
     def propose(self, count: int) -> Proposal:
@@ -186,8 +191,11 @@ class NniTuner:
     def should_prune(self, parameter_id: ParameterId, *, trial_id: str) -> bool:
         return False
 
-    def finish(self, ends: list[tuple[ParameterId, TrialEnd]],
-               before_trial_end: Callable[[list[tuple[ParameterId, TrialEnd]]], None] | None = None) -> None:
+    def finish(
+        self,
+        ends: list[tuple[ParameterId, TrialEnd]],
+        before_trial_end: Callable[[list[tuple[ParameterId, TrialEnd]]], None] | None = None,
+    ) -> None:
         """Final results first, then (after ``before_trial_end``, where the assessor hears of the ends) the
         ``trial_end`` calls: NNI's order for each trial."""
         imports, results, told = [], [], []
@@ -211,14 +219,19 @@ class NniTuner:
         if imports:
             self.calls.one("import_data", self.instance.import_data, imports)
         receive = self.instance.receive_trial_result
-        self.calls.many("receive_trial_result", [
-            (receive, (key, params, end.final), {"customized": customized, "trial_job_id": end.trial_id})
-            for key, params, end, customized in results
-        ])  # fmt: skip
+        self.calls.many(
+            "receive_trial_result",
+            [
+                (receive, (key, params, end.final), {"customized": customized, "trial_job_id": end.trial_id})
+                for key, params, end, customized in results
+            ],
+        )
         if before_trial_end is not None:
             before_trial_end(ends)
-        self.calls.many("trial_end", [(self.instance.trial_end, (key, end.status == TrialStatus.SUCCEEDED), {})
-                                      for key, end in told])  # fmt: skip
+        self.calls.many(
+            "trial_end",
+            [(self.instance.trial_end, (key, end.status == TrialStatus.SUCCEEDED), {}) for key, end in told],
+        )
 
     def close(self, *, ended: bool, failed: bool = False) -> None:
         if failed or ended:
@@ -270,15 +283,19 @@ class NniAssessor:
             return not result
         if type(result).__name__ == "AssessResult" and getattr(result, "name", None) in ("Good", "Bad"):
             return result.name == "Bad"
-        raise ClassFailed(f"{self.calls.owner} failed in assess_trial",
-                          f"it returned {result!r}; assess_trial returns AssessResult.Good or AssessResult.Bad")
+        raise ClassFailed(
+            f"{self.calls.owner} failed in assess_trial",
+            f"it returned {result!r}; assess_trial returns AssessResult.Good or AssessResult.Bad",
+        )
 
     def _end(self, ends: list[tuple[ParameterId, TrialEnd]]) -> None:
         seen = [end for _, end in ends if self._history.pop(end.trial_id, None) is not None]
         for end in seen:
             self._latest.pop(end.trial_id, None)
-        self.calls.many("trial_end", [(self.instance.trial_end, (end.trial_id, end.status == TrialStatus.SUCCEEDED),
-                                       {}) for end in seen])  # fmt: skip
+        self.calls.many(
+            "trial_end",
+            [(self.instance.trial_end, (end.trial_id, end.status == TrialStatus.SUCCEEDED), {}) for end in seen],
+        )
 
     def finish(self, ends: list[tuple[ParameterId, TrialEnd]]) -> None:
         if isinstance(self.tuner, NniTuner):

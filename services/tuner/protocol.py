@@ -56,8 +56,8 @@ class ClassFailed(Exception):
         head = f"{prefix}{self.what}:\n"
         details = self.details
         if len(head) + len(details) > limit:
-            keep = details[len(details) - (limit - len(head) - 2):]
-            details = "…\n" + (keep[keep.find("\n") + 1:] if "\n" in keep else keep)
+            keep = details[len(details) - (limit - len(head) - 2) :]
+            details = "…\n" + (keep[keep.find("\n") + 1 :] if "\n" in keep else keep)
         return (head + details)[:limit]
 
 
@@ -92,6 +92,7 @@ class TunerLike(Protocol):
 
     #: Who stops trials early, as messages name it: "assessor", or "advisor" for an NNI advisor.
     judge: str
+
     @property
     def proposers(self) -> int:
         """0: :meth:`propose` is called in turn with the other calls. n > 0 (NNI's ``multiThread``): up to n

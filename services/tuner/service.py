@@ -86,8 +86,9 @@ class TunerService(Service):
         self._tasks.append(asyncio.create_task(self._keep_leases()))
         if self.settings.tuner_http_port is not None:
             app = FastAPI()
-            app.include_router(health_routes(lambda: self.bus, lambda: {"replica": self.replica,
-                                                                         "experiments": sorted(self.drivers)}))
+            app.include_router(
+                health_routes(lambda: self.bus, lambda: {"replica": self.replica, "experiments": sorted(self.drivers)})
+            )
             self._http = HttpServer(app, self.settings.tuner_http_host, self.settings.tuner_http_port)
             await self._http.start()
         log.info("tuner replica %s: %d experiments to drive", self.replica, len(self.drivers))
@@ -191,11 +192,17 @@ class TunerService(Service):
     async def _drive(self, state: ExperimentState) -> None:
         self._loading.add(state.id)
         try:
-            tuner = await asyncio.to_thread(for_experiment, state.config,  # imports the user's class, if any
-                                            history=self.settings.tuner_history)
+            tuner = await asyncio.to_thread(
+                for_experiment,
+                state.config,  # imports the user's class, if any
+                history=self.settings.tuner_history,
+            )
         except (ValueError, ClassFailed) as exc:
-            message = exc.message("the tuner cannot run: ") if isinstance(exc, ClassFailed) else \
-                f"the tuner cannot run: {exc}"  # fmt: skip
+            message = (
+                exc.message("the tuner cannot run: ")
+                if isinstance(exc, ClassFailed)
+                else f"the tuner cannot run: {exc}"
+            )
             log.error("experiment %s: %s", state.id, exc if isinstance(exc, ClassFailed) else message)
             await stop_experiment(self._bus, state.id, message, self.settings.tuner_api_timeout, retry=False)
             await self._release(state.id, delete=True)
@@ -204,15 +211,23 @@ class TunerService(Service):
             self._loading.discard(state.id)
         # Not kept: it ended while the tuner was built. The driver then tells the tuner the ends and closes it.
         latest = self.experiments.get(state.id) or state.model_copy(update={"status": ExperimentStatus.STOPPED})
-        driver = Driver(self._bus, latest, tuner, of_experiment(self._bus, state.id, self.settings.tuner_api_timeout),
-                        self.settings.tuner_api_timeout)
+        driver = Driver(
+            self._bus,
+            latest,
+            tuner,
+            of_experiment(self._bus, state.id, self.settings.tuner_api_timeout),
+            self.settings.tuner_api_timeout,
+        )
         self.drivers[state.id] = driver
         await self._follow_while_driving()  # before the driver reads its trials
         await driver.start()
         log.info("driving experiment %s (%s)", state.id, type(tuner).__name__)
         if latest.status != ExperimentStatus.RUNNING or state.id not in self.leases:  # it ended, or the lease went
-            await self._release(state.id, delete=latest.status != ExperimentStatus.RUNNING,
-                                ended=latest.status != ExperimentStatus.RUNNING)
+            await self._release(
+                state.id,
+                delete=latest.status != ExperimentStatus.RUNNING,
+                ended=latest.status != ExperimentStatus.RUNNING,
+            )
 
     async def _release(self, experiment_id: str, *, delete: bool, ended: bool = False) -> None:
         driver = self.drivers.pop(experiment_id, None)

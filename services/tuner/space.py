@@ -294,8 +294,11 @@ def _parse_choice(name: str, path: str, options: list[Any]) -> Choice | NestedCh
         return Choice(name, path, tuple(options))
     if not all(nested):
         plain = nested.index(False)
-        raise _error(path, f'a nested choice needs every option to be an object with "_name"; '
-                           f"option {plain} is {_show(options[plain])}")
+        raise _error(
+            path,
+            f'a nested choice needs every option to be an object with "_name"; '
+            f"option {plain} is {_show(options[plain])}",
+        )
     branches: list[Branch] = []
     for i, option in enumerate(options):
         label = option["_name"]
@@ -355,8 +358,9 @@ def locate(params: Mapping[str, Any], space: SearchSpace) -> tuple[dict[str, Any
 
     def walk(values: Mapping[str, Any], sub: SearchSpace) -> None:
         if not isinstance(values, Mapping) or set(values) - {"_name"} != {p.name for p in sub.params}:
-            raise SearchSpaceError(f"parameters {_show(values)} do not match the search space's names "
-                                   f"{[p.name for p in sub.params]}")
+            raise SearchSpaceError(
+                f"parameters {_show(values)} do not match the search space's names {[p.name for p in sub.params]}"
+            )
         for p in sub.params:
             value = values[p.name]
             raw: float  # the value as Optuna holds it: an option's index, an integer, a float or a quantile
@@ -422,8 +426,9 @@ def _axis(p: Param) -> tuple[int, Callable[[int], Any]]:
         q, first = p.q, round(p.low / p.q)  # every k = round(x / q) for x in [low, high], as clip(k * q, low, high)
         return round(p.high / q) - first + 1, lambda i: min(max((first + i) * q, p.low), p.high)
     why = "it is continuous" if isinstance(p, Uniform) else "it is unbounded"
-    raise _error(p.path, f"GridSearch cannot enumerate {p.nni_type}: {why}; use choice, randint, quniform "
-                         "or qloguniform")
+    raise _error(
+        p.path, f"GridSearch cannot enumerate {p.nni_type}: {why}; use choice, randint, quniform or qloguniform"
+    )
 
 
 class Grid(Sequence[Parameters]):

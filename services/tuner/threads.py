@@ -40,8 +40,9 @@ def _settle(future: Future[T], fn: Callable[..., T], args: tuple[Any, ...], kwar
 def spawn(name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
     """``fn(*args, **kwargs)`` on a new daemon thread: it runs even while every pool's threads are busy."""
     future: Future[T] = Future()
-    threading.Thread(target=_settle, args=(future, fn, args, kwargs), name=f"{name}-{next(_numbers)}",
-                     daemon=True).start()  # fmt: skip
+    threading.Thread(
+        target=_settle, args=(future, fn, args, kwargs), name=f"{name}-{next(_numbers)}", daemon=True
+    ).start()
     return future
 
 
@@ -51,8 +52,7 @@ class DaemonPool(Executor):
     def __init__(self, workers: int, name: str) -> None:
         self.workers = max(1, workers)
         self.name = name
-        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple, dict] | None] = \
-            queue.SimpleQueue()  # fmt: skip
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple, dict] | None] = queue.SimpleQueue()
         self._idle = threading.Semaphore(0)  # released by a thread that finished a call and waits for the next
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []

@@ -44,12 +44,19 @@ def experiment_of(raw: bytes) -> str | None:
 async def follow(bus: Bus, apply: Callable[[bytes], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
     """Call ``apply`` with each new value of the ``trials`` bucket, in order, from now on (deletes left out).
     Returns the function that stops following (and removes the consumer)."""
+
     async def on_message(msg: Msg) -> None:
         if msg.data:  # a delete or purge marker has none
             await apply(msg.data)
 
-    sub = await bus.js.subscribe(_PREFIX + ">", stream="KV_trials", cb=on_message, ordered_consumer=True,
-                                 deliver_policy=DeliverPolicy.NEW, inactive_threshold=kvwatch.INACTIVE)
+    sub = await bus.js.subscribe(
+        _PREFIX + ">",
+        stream="KV_trials",
+        cb=on_message,
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.NEW,
+        inactive_threshold=kvwatch.INACTIVE,
+    )
 
     async def stop() -> None:
         with contextlib.suppress(Exception):  # the connection may be gone already
@@ -72,8 +79,12 @@ async def of_experiment(bus: Bus, experiment_id: str, timeout: float) -> AsyncIt
         except ApiError as exc:
             if exc.status == 404:
                 return
-            log.warning("could not read the trials of experiment %s (%s); trying again in %.0fs", experiment_id,
-                        exc.message, RETRY_AFTER)  # fmt: skip
+            log.warning(
+                "could not read the trials of experiment %s (%s); trying again in %.0fs",
+                experiment_id,
+                exc.message,
+                RETRY_AFTER,
+            )
             await asyncio.sleep(RETRY_AFTER)
             continue
         for trial in page["trials"]:

@@ -68,8 +68,12 @@ from services.webui.settings import WebuiSettings
 
 STATIC = Path(__file__).parent / "static"
 COOKIE = "trialbus_webui"
-MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-               ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}  # fmt: skip
+MEDIA_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
 #: Scripts, styles and connections from this origin only; no inline script, no framing.
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'",
@@ -109,8 +113,9 @@ def message_page(title: str, text: str, status: int) -> HTMLResponse:
 
 
 def json_response(body: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json",
-                    headers={"Cache-Control": "no-store"})  # fmt: skip
+    return Response(
+        orjson.dumps(body), status_code=status, media_type="application/json", headers={"Cache-Control": "no-store"}
+    )
 
 
 def create_app(
@@ -122,8 +127,11 @@ def create_app(
     static = load_static()
     token = settings.api_token.get_secret_value() if settings.api_token else None
     read_token = settings.api_read_token.get_secret_value() if settings.api_read_token else None
-    access = Access(settings, hint="open /login?token=<TRIALBUS_API_TOKEN> once in this browser (`trialbus up` "
-                                   "prints the link), or send 'Authorization: Bearer <TRIALBUS_API_TOKEN>'")
+    access = Access(
+        settings,
+        hint="open /login?token=<TRIALBUS_API_TOKEN> once in this browser (`trialbus up` "
+        "prints the link), or send 'Authorization: Bearer <TRIALBUS_API_TOKEN>'",
+    )
 
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused) -> Response:
@@ -166,13 +174,15 @@ def create_app(
             raise Refused(400, "add the API token: /login?token=<TRIALBUS_API_TOKEN> (`trialbus up` prints this link)")
         role = access.match(given)
         if role is None:
-            raise Refused(401, "wrong token: use the TRIALBUS_API_TOKEN (or read-only token) the stack runs with; "
-                               "`trialbus up` keeps it in <data>/api-token")  # fmt: skip
+            raise Refused(
+                401,
+                "wrong token: use the TRIALBUS_API_TOKEN (or read-only token) the stack runs with; "
+                "`trialbus up` keeps it in <data>/api-token",
+            )
         secret = token if role == "full" else read_token
         assert secret is not None  # match found the role by this very token
         answer = RedirectResponse("/", status_code=303)
-        answer.set_cookie(COOKIE, session_value(secret, role), httponly=True,
-                          samesite="strict", path="/")  # fmt: skip
+        answer.set_cookie(COOKIE, session_value(secret, role), httponly=True, samesite="strict", path="/")
         return answer
 
     pages = APIRouter(dependencies=[Depends(authorize), *CREDENTIALS])
@@ -188,8 +198,9 @@ def create_app(
     @pages.get("/experiments/{experiment_id}", responses=spec.page(*READ, 404))
     async def experiment_page(experiment_id: str) -> Response:
         if experiment_id not in model.experiments:
-            raise Refused(404, f"there is no experiment {experiment_id!r} (it may have been removed, or the id is "
-                               "mistyped)")  # fmt: skip
+            raise Refused(
+                404, f"there is no experiment {experiment_id!r} (it may have been removed, or the id is mistyped)"
+            )
         return shell()
 
     # No data in them: open without the token, so the 401 page has its style.
@@ -222,16 +233,23 @@ def create_app(
     async def get_experiment(experiment_id: str) -> Response:
         return json_response(experiment_of(experiment_id))
 
-    @api.get("/experiments/{experiment_id}/trials", responses=doc.refusals(*READ, 404), openapi_extra=spec.table_window(
-        queries.MAX_ROWS, queries.DEFAULT_ROWS, [s.value for s in TrialStatus]))
+    @api.get(
+        "/experiments/{experiment_id}/trials",
+        responses=doc.refusals(*READ, 404),
+        openapi_extra=spec.table_window(queries.MAX_ROWS, queries.DEFAULT_ROWS, [s.value for s in TrialStatus]),
+    )
     async def list_trials(experiment_id: str, request: Request) -> Response:
         experiment_of(experiment_id)
         query = queries.table_query(dict(request.query_params))
-        return json_response(model.window(experiment_id, query.order, query.descending, query.statuses, query.offset,
-                                          query.limit))  # fmt: skip
+        return json_response(
+            model.window(experiment_id, query.order, query.descending, query.statuses, query.offset, query.limit)
+        )
 
-    @api.get("/experiments/{experiment_id}/chart", responses=doc.refusals(*READ, 404),
-             openapi_extra=spec.chart_points(*curves.POINTS_RANGE, "at most this many points (default 1,000)"))
+    @api.get(
+        "/experiments/{experiment_id}/chart",
+        responses=doc.refusals(*READ, 404),
+        openapi_extra=spec.chart_points(*curves.POINTS_RANGE, "at most this many points (default 1,000)"),
+    )
     async def experiment_chart(experiment_id: str, request: Request) -> Response:
         experiment_of(experiment_id)
         points = queries.points(dict(request.query_params), curves.DEFAULT_POINTS)
@@ -256,8 +274,9 @@ def create_app(
         result = await dispatcher.retry_trial(trial_id) or {}
         return json_response({"id": trial_id, "status": result.get("status"), "attempt": result.get("attempt")})
 
-    @api.get("/trials/{trial_id}/log", openapi_extra=spec.log_size(MAX_LOG_BYTES),
-             responses=doc.refusals(*READ, *RELAYED))
+    @api.get(
+        "/trials/{trial_id}/log", openapi_extra=spec.log_size(MAX_LOG_BYTES), responses=doc.refusals(*READ, *RELAYED)
+    )
     async def trial_log(trial_id: str, request: Request) -> Response:
         raw = request.query_params.get("maxBytes", str(64 * 1024))
         if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) <= MAX_LOG_BYTES:
@@ -274,9 +293,14 @@ def create_app(
             raise Refused(503, "NATS is unavailable; retry in a moment")
         return current
 
-    @api.get("/trials/{trial_id}/metrics", responses=doc.refusals(*READ, 404, 503, 504),
-             openapi_extra=spec.chart_points(*curves.POINTS_RANGE, "at most this many intermediate results per "
-                                             "attempt, extremes kept (every record without it)"))
+    @api.get(
+        "/trials/{trial_id}/metrics",
+        responses=doc.refusals(*READ, 404, 503, 504),
+        openapi_extra=spec.chart_points(
+            *curves.POINTS_RANGE,
+            "at most this many intermediate results per attempt, extremes kept (every record without it)",
+        ),
+    )
     async def trial_metrics(trial_id: str, request: Request) -> Response:
         trial = trial_of(trial_id)
         points = queries.points(dict(request.query_params), None)
@@ -294,8 +318,11 @@ def create_app(
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
 
-    @api.get("/events", openapi_extra=spec.EXPERIMENT_FILTER,
-             responses=spec.event_stream("the live page's events (snapshot, then changes)", *READ, 404))
+    @api.get(
+        "/events",
+        openapi_extra=spec.EXPERIMENT_FILTER,
+        responses=spec.event_stream("the live page's events (snapshot, then changes)", *READ, 404),
+    )
     async def events(request: Request) -> StreamingResponse:
         experiment_id = request.query_params.get("experiment") or None
         if experiment_id is not None:
@@ -318,10 +345,13 @@ def create_app(
 
         return event_stream(frames())
 
-    @api.get("/trials/{trial_id}/metrics/stream",
-             openapi_extra=spec.chart_points(*curves.POINTS_RANGE, "at most this many intermediate results per "
-                                             "attempt, extremes kept (default 1,000)"),
-             responses=spec.event_stream("the trial's metric records: history, then live", *READ, 404, 503))
+    @api.get(
+        "/trials/{trial_id}/metrics/stream",
+        openapi_extra=spec.chart_points(
+            *curves.POINTS_RANGE, "at most this many intermediate results per attempt, extremes kept (default 1,000)"
+        ),
+        responses=spec.event_stream("the trial's metric records: history, then live", *READ, 404, 503),
+    )
     async def curve_stream(trial_id: str, request: Request) -> StreamingResponse:
         trial = trial_of(trial_id)
         points = queries.points(dict(request.query_params), curves.DEFAULT_POINTS) or curves.DEFAULT_POINTS

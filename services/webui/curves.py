@@ -50,8 +50,14 @@ def point(record: MetricRecord) -> dict[str, Any] | None:
         value = record.decoded()
     except ValueError:
         return None
-    return {"type": record.type.value, "attempt": record.attempt, "sequence": record.sequence, "value": value,
-            "default": default_metric(value), "timestamp": record.timestamp.isoformat()}  # fmt: skip
+    return {
+        "type": record.type.value,
+        "attempt": record.attempt,
+        "sequence": record.sequence,
+        "value": value,
+        "default": default_metric(value),
+        "timestamp": record.timestamp.isoformat(),
+    }
 
 
 class Records:
@@ -101,9 +107,12 @@ class CurveFollower:
 
     async def start(self) -> None:
         self._sub = await self.bus.js.subscribe(
-            self.subject, stream=streams.METRICS.name, cb=self._on_message, ordered_consumer=True,
+            self.subject,
+            stream=streams.METRICS.name,
+            cb=self._on_message,
+            ordered_consumer=True,
             deliver_policy=DeliverPolicy.ALL,
-        )  # fmt: skip
+        )
 
     async def _on_message(self, msg: Msg) -> None:
         if self._records.add(msg.data, msg.subject):

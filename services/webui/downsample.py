@@ -44,9 +44,11 @@ class Line:
         self.runs.append([1, point, point])
         if len(self.runs) > self.runs_kept:
             self.run_length *= 2
-            pairs = [self.runs[i:i + 2] for i in range(0, len(self.runs), 2)]
-            self.runs = [[sum(r[0] for r in pair), min((r[1] for r in pair), key=_value),
-                          max((r[2] for r in pair), key=_value)] for pair in pairs]  # fmt: skip
+            pairs = [self.runs[i : i + 2] for i in range(0, len(self.runs), 2)]
+            self.runs = [
+                [sum(r[0] for r in pair), min((r[1] for r in pair), key=_value), max((r[2] for r in pair), key=_value)]
+                for pair in pairs
+            ]
 
     def points(self) -> list[Point]:
         """The kept points in report order (by sequence), each once: O(limit)."""

@@ -46,10 +46,14 @@ class Feed:
         """Watch both buckets; return once their current values are applied."""
         loaded = []
         for bucket, model, put, delete in (
-            (streams.EXPERIMENTS_BUCKET.bucket, ExperimentState, self.model.put_experiment,
-             self.model.delete_experiment),
+            (
+                streams.EXPERIMENTS_BUCKET.bucket,
+                ExperimentState,
+                self.model.put_experiment,
+                self.model.delete_experiment,
+            ),
             (streams.TRIALS_BUCKET.bucket, TrialState, self.model.put_trial, self.model.delete_trial),
-        ):  # fmt: skip
+        ):
             done = asyncio.Event()
             loaded.append(done)
             self._tasks.append(asyncio.create_task(self._apply(self.bus, bucket, model, put, delete, done)))
@@ -58,8 +62,9 @@ class Feed:
                 await done.wait()
         log.info(
             "watching %d experiments and %d trials",
-            len(self.model.experiments), sum(map(len, self.model.trials_of.values())),
-        )  # fmt: skip
+            len(self.model.experiments),
+            sum(map(len, self.model.trials_of.values())),
+        )
 
     @staticmethod
     async def _apply(

@@ -100,13 +100,16 @@ class Hub:
 
     def snapshot(self, experiment_id: str | None) -> bytes:
         top = self.model.window(experiment_id, "sequence", False, None, 0, SNAPSHOT_ROWS) if experiment_id else None
-        return frame("snapshot", {
-            "experiment": self.model.overview(experiment_id) if experiment_id else None,
-            "trials": top["trials"] if top else [],
-            "total": top["total"] if top else 0,
-            "platforms": self.platforms,
-            "experiments": self.model.summaries(),
-        })  # fmt: skip
+        return frame(
+            "snapshot",
+            {
+                "experiment": self.model.overview(experiment_id) if experiment_id else None,
+                "trials": top["trials"] if top else [],
+                "total": top["total"] if top else 0,
+                "platforms": self.platforms,
+                "experiments": self.model.summaries(),
+            },
+        )
 
     def open(self, experiment_id: str | None) -> Stream:
         """A stream that starts with a snapshot; the caller must :meth:`close_stream` it."""
@@ -150,13 +153,16 @@ class Hub:
             stale = len(changed) > INLINE_ROWS
             rows = [] if stale else self.model.rows(experiment_id, changed)
             present = {row["id"] for row in rows}
-            data = frame("update", {
-                "experiment": self.model.overview(experiment_id),
-                "trials": rows,
-                "removed": [] if stale else sorted(changed - present),
-                "changed": len(changed),
-                "stale": stale,
-            })  # fmt: skip
+            data = frame(
+                "update",
+                {
+                    "experiment": self.model.overview(experiment_id),
+                    "trials": rows,
+                    "removed": [] if stale else sorted(changed - present),
+                    "changed": len(changed),
+                    "stale": stale,
+                },
+            )
             for stream in watching:
                 stream.send(data)
         for stream in [s for s in self.streams if s.closed]:

@@ -122,8 +122,9 @@ class Model:
         """Keep the experiment's first failures, one per line: O(:data:`FAILURES`) per failed trial."""
         first = self.failures.setdefault(trial.experiment_id, [])
         trials = self.trials_of[trial.experiment_id]
-        if len(first) < FAILURES and all(t != trial.id and trials[t].last_error != trial.last_error
-                                         for t in first if t in trials):  # fmt: skip
+        if len(first) < FAILURES and all(
+            t != trial.id and trials[t].last_error != trial.last_error for t in first if t in trials
+        ):
             first.append(trial.id)
             self._changes.experiments.add(trial.experiment_id)  # its overview shows them
 
@@ -190,11 +191,15 @@ class Model:
             trialConcurrency=config.trial_concurrency,
             maxTrialNumber=config.max_trial_number,
             duration=max(0.0, state.run_time(utcnow()).total_seconds()),  # time stopped left out (NNI)
-            best=None if best is None else {
-                "value": default_metric(best.final_metric), "trialId": best.id, "sequenceId": best.sequence_id,
+            best=None
+            if best is None
+            else {
+                "value": default_metric(best.final_metric),
+                "trialId": best.id,
+                "sequenceId": best.sequence_id,
             },
             failures=self._failures(experiment_id),
-        )  # fmt: skip
+        )
         return body
 
     def _failures(self, experiment_id: str) -> list[dict[str, Any]]:
@@ -202,8 +207,17 @@ class Model:
         text, never markup) and the command that prints its log."""
         trials = self.trials_of.get(experiment_id, {})
         failed = [trials[t] for t in self.failures.get(experiment_id, []) if t in trials]
-        return [{"trialId": t.id, "sequenceId": t.sequence_id, "exitCode": t.exit_code, "lastError": t.last_error,
-                 "log": f"trialbus log trial {t.id}"} for t in failed if t.status == TrialStatus.FAILED]  # fmt: skip
+        return [
+            {
+                "trialId": t.id,
+                "sequenceId": t.sequence_id,
+                "exitCode": t.exit_code,
+                "lastError": t.last_error,
+                "log": f"trialbus log trial {t.id}",
+            }
+            for t in failed
+            if t.status == TrialStatus.FAILED
+        ]
 
     def row(self, trial: TrialState) -> dict[str, Any]:
         """A trial's view with what the table and detail panel show beside it."""
@@ -224,7 +238,12 @@ class Model:
         return [self.row(trials[t]) for t in trial_ids if t in trials]
 
     def window(
-        self, experiment_id: str, order: Order, descending: bool, statuses: list[TrialStatus] | None, offset: int,
+        self,
+        experiment_id: str,
+        order: Order,
+        descending: bool,
+        statuses: list[TrialStatus] | None,
+        offset: int,
         limit: int,
     ) -> dict[str, Any]:
         """The rows at positions ``offset`` to ``offset + limit`` of the table sorted and filtered so,
@@ -248,7 +267,12 @@ class Model:
         """Every experiment in a line (for the page's experiment picker), newest first."""
         newest = sorted(self.experiments.values(), key=lambda e: (e.start_time, e.id), reverse=True)
         return [
-            {"id": e.id, "name": e.config.experiment_name, "status": e.status.value,
-             "startTime": e.start_time.isoformat(), "platform": e.config.platform}
+            {
+                "id": e.id,
+                "name": e.config.experiment_name,
+                "status": e.status.value,
+                "startTime": e.start_time.isoformat(),
+                "platform": e.config.platform,
+            }
             for e in newest
-        ]  # fmt: skip
+        ]

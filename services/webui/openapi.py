@@ -37,8 +37,10 @@ def event_stream(description: str, *refusals: int) -> dict[int | str, dict[str, 
 STATIC: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "the file (no data in it: served without a token)",
-        "content": {kind: {"schema": {"type": "string"}} for kind in
-                    ("text/html", "text/javascript", "text/css", "image/svg+xml")},  # fmt: skip
+        "content": {
+            kind: {"schema": {"type": "string"}}
+            for kind in ("text/html", "text/javascript", "text/css", "image/svg+xml")
+        },
     },
     404: {"description": "no such file", "content": {"text/html": {"schema": _PAGE}}},
 }
@@ -53,26 +55,50 @@ def log_size(maximum: int) -> dict[str, Any]:
     schema = {"type": "integer", "minimum": 1, "maximum": maximum, "default": 64 * 1024}
     return doc.parameters(
         doc.parameter("maxBytes", "query", schema, "how much of the log's tail, in bytes"),
-        doc.parameter("attempt", "query", {"type": "integer", "minimum": 0},
-                      "an earlier attempt's log (0 is the first); the current attempt's without it"),
-    )  # fmt: skip
+        doc.parameter(
+            "attempt",
+            "query",
+            {"type": "integer", "minimum": 0},
+            "an earlier attempt's log (0 is the first); the current attempt's without it",
+        ),
+    )
 
 
 def table_window(max_rows: int, default_rows: int, statuses: list[str]) -> dict[str, Any]:
     """The query parameters of ``GET /api/experiments/{id}/trials`` (:mod:`services.webui.queries`)."""
     one = f"({'|'.join(statuses)})"
     return doc.parameters(
-        doc.parameter("offset", "query", {"type": "integer", "minimum": 0, "maximum": 10**9, "default": 0},
-                      "the first row's position under the sort and filter"),
-        doc.parameter("limit", "query", {"type": "integer", "minimum": 1, "maximum": max_rows,
-                                         "default": default_rows}, "how many rows"),
-        doc.parameter("sort", "query", {"type": "string", "enum": ["sequence", "metric"], "default": "sequence"},
-                      "submission order, or the final default metric best first (optimize_mode aware)"),
-        doc.parameter("order", "query", {"type": "string", "enum": ["asc", "desc"], "default": "asc"},
-                      "desc: newest first, or the worst metric first (trials without one stay last)"),
-        doc.parameter("status", "query", {"type": "string", "pattern": f"^{one}(,{one})*$"},
-                      "only these statuses, comma-separated"),
-    )  # fmt: skip
+        doc.parameter(
+            "offset",
+            "query",
+            {"type": "integer", "minimum": 0, "maximum": 10**9, "default": 0},
+            "the first row's position under the sort and filter",
+        ),
+        doc.parameter(
+            "limit",
+            "query",
+            {"type": "integer", "minimum": 1, "maximum": max_rows, "default": default_rows},
+            "how many rows",
+        ),
+        doc.parameter(
+            "sort",
+            "query",
+            {"type": "string", "enum": ["sequence", "metric"], "default": "sequence"},
+            "submission order, or the final default metric best first (optimize_mode aware)",
+        ),
+        doc.parameter(
+            "order",
+            "query",
+            {"type": "string", "enum": ["asc", "desc"], "default": "asc"},
+            "desc: newest first, or the worst metric first (trials without one stay last)",
+        ),
+        doc.parameter(
+            "status",
+            "query",
+            {"type": "string", "pattern": f"^{one}(,{one})*$"},
+            "only these statuses, comma-separated",
+        ),
+    )
 
 
 def chart_points(low: int, high: int, what: str) -> dict[str, Any]:

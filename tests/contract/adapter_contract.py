@@ -60,8 +60,14 @@ class AdapterContract:
         parameters = {"duration": duration, "exitCode": exit_code}
         record = {"parameter_id": 0, "parameter_source": "algorithm", "parameters": parameters}
         return TrialRequest(
-            experiment_id="contract", trial_id=trial, sequence_id=0, attempt=attempt, trial_command=command,
-            parameter_record=json.dumps(record), training_service=LocalConfig(), token="not-a-secret",
+            experiment_id="contract",
+            trial_id=trial,
+            sequence_id=0,
+            attempt=attempt,
+            trial_command=command,
+            parameter_record=json.dumps(record),
+            training_service=LocalConfig(),
+            token="not-a-secret",
         )
 
     # ------------------------------------------------------------------ fixtures

@@ -45,13 +45,27 @@ class TestFrameworkcontrollerAdapter(AdapterContract):
     async def cluster(self, k8s: Kubernetes, workspace: Path, bus: Bus) -> AsyncIterator[None]:
         """The emulator's namespace ``default`` with the NFS storage, and the experiment on the bus."""
         self.kubeconfig = k8s.kubeconfig(workspace / "kubeconfig")
-        self.service = role_command(FrameworkcontrollerConfig.model_validate({
-            "platform": "frameworkcontroller", "namespace": "default",
-            "storage": {"storageType": "nfs", "server": "nfs.test", "path": "/export"},
-            "containerMountPath": f"/tmp/tb-fc-{secrets.token_hex(4)}",
-            "taskRoles": [{"name": "worker", "taskNumber": 1, "command": "true", "cpuNumber": 1,
-                           "memorySize": "512mb", "dockerImage": "python:3.11"}],
-        }), "true")  # fmt: skip
+        self.service = role_command(
+            FrameworkcontrollerConfig.model_validate(
+                {
+                    "platform": "frameworkcontroller",
+                    "namespace": "default",
+                    "storage": {"storageType": "nfs", "server": "nfs.test", "path": "/export"},
+                    "containerMountPath": f"/tmp/tb-fc-{secrets.token_hex(4)}",
+                    "taskRoles": [
+                        {
+                            "name": "worker",
+                            "taskNumber": 1,
+                            "command": "true",
+                            "cpuNumber": 1,
+                            "memorySize": "512mb",
+                            "dockerImage": "python:3.11",
+                        }
+                    ],
+                }
+            ),
+            "true",
+        )
         config = ExperimentConfig.model_validate(
             {"trialCommand": "true", "trialConcurrency": self.capacity, "trainingService": self.service}
         )
@@ -61,10 +75,13 @@ class TestFrameworkcontrollerAdapter(AdapterContract):
 
     def make_adapter(self, workspace: Path) -> FrameworkcontrollerAdapter:
         settings = FrameworkcontrollerSettings(
-            replica="contract", kubeconfig=self.kubeconfig, share_mounts={NFS: workspace / "share"},
-            watch_timeout=5, status_interval=0.5,
+            replica="contract",
+            kubeconfig=self.kubeconfig,
+            share_mounts={NFS: workspace / "share"},
+            watch_timeout=5,
+            status_interval=0.5,
             gateway_url="http://127.0.0.1:9",  # no gateway: trials here report no metrics
-        )  # fmt: skip
+        )
         return FrameworkcontrollerAdapter(settings)
 
     def starts(self, workspace: Path, trial_id: str) -> int:

@@ -60,9 +60,13 @@ class TestLocalGpuAdapter(AdapterContract):
 
     def make_adapter(self, workspace: Path) -> LocalGpuAdapter:
         settings = LocalGpuSettings(
-            work_dir=workspace / "work", checkpoint_root=workspace / "checkpoints", replica="contract",
-            max_trials=self.capacity, kill_grace=1,
-            nni_shim="never", gateway_url="http://127.0.0.1:9",  # no gateway: trials here report no metrics
+            work_dir=workspace / "work",
+            checkpoint_root=workspace / "checkpoints",
+            replica="contract",
+            max_trials=self.capacity,
+            kill_grace=1,
+            nni_shim="never",
+            gateway_url="http://127.0.0.1:9",  # no gateway: trials here report no metrics
         )
         return LocalGpuAdapter(settings)
 
@@ -139,8 +143,10 @@ class TestLocalGpuAdapter(AdapterContract):
         await (await platform.bus.code_store()).put(digest, archive)
         adapter = await platform.adapter()
         requests = [platform.request() for _ in range(2)]
-        requests = [r.model_copy(update={"code_ref": f"sha256:{digest}", "trial_command": "cat data.txt pkg/inner.txt"})
-                    for r in requests]
+        requests = [
+            r.model_copy(update={"code_ref": f"sha256:{digest}", "trial_command": "cat data.txt pkg/inner.txt"})
+            for r in requests
+        ]
 
         handles = await asyncio.gather(*(adapter.launch(r) for r in requests))
         outcomes = [await platform.outcome(h) for h in handles]
@@ -203,8 +209,9 @@ class TestLocalGpuAdapter(AdapterContract):
         assert out.endswith(request.parameter_record)
 
     async def test_a_keeper_that_cannot_start_is_a_permanent_failure(self, workspace: Path, bus) -> None:
-        settings = LocalGpuSettings(work_dir=workspace / "work", replica="x", nni_shim="never",
-                                    keeper_python=str(workspace / "no-python"))
+        settings = LocalGpuSettings(
+            work_dir=workspace / "work", replica="x", nni_shim="never", keeper_python=str(workspace / "no-python")
+        )
         adapter = LocalGpuAdapter(settings)
         await adapter.start(bus)
         request = self.request(workspace)
@@ -244,14 +251,29 @@ def parent_pid(pid: int) -> int:
         ({"done": True, "exitCode": 0}, 0, TrialStatus.SUCCEEDED, 0, None),
         ({"done": True, "exitCode": 3}, 3, TrialStatus.FAILED, 3, "trial command exited with code 3"),
         ({"done": True, "exitCode": -9}, 137, TrialStatus.FAILED, -9, "trial command killed by signal 9"),
-        ({"done": True, "exitCode": 0, "error": "metrics gateway answered 401: bad token"}, 0,
-         TrialStatus.FAILED, 0, "metrics gateway answered 401: bad token"),
+        (
+            {"done": True, "exitCode": 0, "error": "metrics gateway answered 401: bad token"},
+            0,
+            TrialStatus.FAILED,
+            0,
+            "metrics gateway answered 401: bad token",
+        ),
         ({"exitCode": 0}, -9, TrialStatus.SUCCEEDED, 0, "metrics may be incomplete"),
         ({"exitCode": 2}, None, TrialStatus.FAILED, 2, "exited with code 2; the trial keeper was killed"),
-        ({"keeperPid": 7, "pgid": 8}, -9, TrialStatus.FAILED, None,
-         "trial keeper exited unexpectedly (killed by signal 9)"),
-        ({}, 2, TrialStatus.FAILED, None,
-         "trial keeper exited unexpectedly (exit status 2): trial_keeper: bad configuration"),
+        (
+            {"keeperPid": 7, "pgid": 8},
+            -9,
+            TrialStatus.FAILED,
+            None,
+            "trial keeper exited unexpectedly (killed by signal 9)",
+        ),
+        (
+            {},
+            2,
+            TrialStatus.FAILED,
+            None,
+            "trial keeper exited unexpectedly (exit status 2): trial_keeper: bad configuration",
+        ),
         ({}, None, TrialStatus.FAILED, None, "trial keeper exited unexpectedly (no exit status recorded)"),
         ({"done": True, "canceled": True}, 1, TrialStatus.FAILED, None, "stopped before the trial command started"),
     ],

@@ -35,17 +35,29 @@ class TestOpenpaiAdapter(AdapterContract):
     async def cluster(self, pai, share, bus: Bus) -> AsyncIterator[None]:  # noqa: F811 - the imported fixtures
         """The emulator's cluster for user alice, and the experiment on the bus (sealed)."""
         local, container = share
-        self.service = OpenpaiConfig.model_validate({
-            "platform": "openpai", "host": pai.url, "username": "alice", "token": pai.token("alice"),
-            "trialCpuNumber": 1, "trialMemorySize": "1gb", "storageConfigName": "confignfs",
-            "localStorageMountPoint": str(local), "containerStorageMountPoint": str(container),
-        })  # fmt: skip
+        self.service = OpenpaiConfig.model_validate(
+            {
+                "platform": "openpai",
+                "host": pai.url,
+                "username": "alice",
+                "token": pai.token("alice"),
+                "trialCpuNumber": 1,
+                "trialMemorySize": "1gb",
+                "storageConfigName": "confignfs",
+                "localStorageMountPoint": str(local),
+                "containerStorageMountPoint": str(container),
+            }
+        )
         self.key = sealing.generate_key()
         sealing.install(self.key)
-        config = ExperimentConfig.model_validate({
-            "trialCommand": "true", "trialConcurrency": self.capacity, "trialGpuNumber": 0,
-            "trainingService": self.service,
-        })  # fmt: skip
+        config = ExperimentConfig.model_validate(
+            {
+                "trialCommand": "true",
+                "trialConcurrency": self.capacity,
+                "trialGpuNumber": 0,
+                "trainingService": self.service,
+            }
+        )
         experiments = await bus.kv(streams.EXPERIMENTS_BUCKET.bucket)
         await experiments.put(EXPERIMENT, ExperimentState(id=EXPERIMENT, config=config, start_time=utcnow()).encode())
         yield
@@ -53,9 +65,11 @@ class TestOpenpaiAdapter(AdapterContract):
 
     def make_adapter(self, workspace: Path) -> OpenpaiAdapter:
         settings = OpenpaiSettings(
-            replica="contract", status_poll=0.3, secrets_key=self.key,
+            replica="contract",
+            status_poll=0.3,
+            secrets_key=self.key,
             gateway_url="http://127.0.0.1:9",  # no gateway: trials here report no metrics
-        )  # fmt: skip
+        )
         return OpenpaiAdapter(settings)
 
     def starts(self, workspace: Path, trial_id: str) -> int:

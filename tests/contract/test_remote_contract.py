@@ -68,10 +68,17 @@ class TestRemoteAdapter(AdapterContract):
 
     def make_adapter(self, workspace: Path) -> RemoteAdapter:
         settings = RemoteSettings(
-            replica="contract", ssh_known_hosts=workspace / "known_hosts", remote_root=self.remote_root,
-            kill_grace=1, status_poll=0.2, ssh_keepalive=1, nni_shim="never", nvidia_smi=str(self.nvidia_smi),
-            gateway_url="http://127.0.0.1:9", relay_after=1,  # no gateway: trials here report no metrics
-        )  # fmt: skip
+            replica="contract",
+            ssh_known_hosts=workspace / "known_hosts",
+            remote_root=self.remote_root,
+            kill_grace=1,
+            status_poll=0.2,
+            ssh_keepalive=1,
+            nni_shim="never",
+            nvidia_smi=str(self.nvidia_smi),
+            gateway_url="http://127.0.0.1:9",
+            relay_after=1,  # no gateway: trials here report no metrics
+        )
         return RemoteAdapter(settings)
 
     def starts(self, workspace: Path, trial_id: str) -> int:
@@ -106,8 +113,9 @@ class TestRemoteAdapter(AdapterContract):
         why) instead of returning None, and is placed once a trial's GPU is free again."""
         adapter = await platform.adapter()
         gpu = {"trial_gpu_number": 1}
-        running = [await adapter.launch(platform.request(duration=60).model_copy(update=gpu))
-                   for _ in range(self.capacity)]  # fmt: skip
+        running = [
+            await adapter.launch(platform.request(duration=60).model_copy(update=gpu)) for _ in range(self.capacity)
+        ]
         assert all(running)
 
         with pytest.raises(Waiting, match="GPU"):
@@ -119,7 +127,6 @@ class TestRemoteAdapter(AdapterContract):
         assert await adapter.launch(platform.request().model_copy(update=gpu)) is not None
 
 
-
 def fake_nvidia_smi(folder: Path, count: int) -> Path:
     """An ``nvidia-smi`` the machine's user can run, showing ``count`` idle fake GPUs."""
     folder.mkdir(mode=0o755)
@@ -129,7 +136,7 @@ def fake_nvidia_smi(folder: Path, count: int) -> Path:
     (folder / "state.json").chmod(0o644)
     script = folder / "nvidia-smi"
     script.write_text(
-        f"#!/bin/sh\nFAKE_NVIDIA_SMI_STATE={folder}/state.json exec python3 {folder}/fake_nvidia_smi.py \"$@\"\n"
+        f'#!/bin/sh\nFAKE_NVIDIA_SMI_STATE={folder}/state.json exec python3 {folder}/fake_nvidia_smi.py "$@"\n'
     )
     script.chmod(0o755)
     return script

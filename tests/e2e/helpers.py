@@ -56,5 +56,6 @@ def ended(stack, trial_id: str, timeout: float = 60) -> dict:
     """The trial once it has ended."""
     return wait_until(
         lambda: (t := trial(stack, trial_id))["status"] not in ("WAITING", "RUNNING") and t,
-        timeout, f"trial {trial_id} to end",
-    )  # fmt: skip
+        timeout,
+        f"trial {trial_id} to end",
+    )

@@ -16,8 +16,13 @@ import pytest
 
 from tests.fixtures.stack import Stack
 
-EXPERIMENT = {"trialCommand": "touch /tmp/pwned", "trialConcurrency": 1, "trainingService": {"platform": "local"},
-              "tuner": {"name": "Random"}, "searchSpace": {"x": {"_type": "choice", "_value": [1]}}}  # fmt: skip
+EXPERIMENT = {
+    "trialCommand": "touch /tmp/pwned",
+    "trialConcurrency": 1,
+    "trainingService": {"platform": "local"},
+    "tuner": {"name": "Random"},
+    "searchSpace": {"x": {"_type": "choice", "_value": [1]}},
+}
 READ_TOKEN = "read-only-token-for-dashboards"
 
 
@@ -52,8 +57,12 @@ def tokenless(tmp_path, nats_server):
 def test_no_token_no_experiment(dispatcher: Stack):
     anonymous = httpx.post(f"{dispatcher.api}/experiments", json=EXPERIMENT, timeout=10)
     refused(anonymous, 401, "Authorization: Bearer")
-    wrong = httpx.post(f"{dispatcher.api}/experiments", json=EXPERIMENT, timeout=10,
-                       headers={"Authorization": "Bearer guessed-token-123456"})  # fmt: skip
+    wrong = httpx.post(
+        f"{dispatcher.api}/experiments",
+        json=EXPERIMENT,
+        timeout=10,
+        headers={"Authorization": "Bearer guessed-token-123456"},
+    )
     refused(wrong, 401, "wrong bearer token")
     assert experiments(dispatcher) == []
     assert dispatcher.rest("POST", "/experiments", json=EXPERIMENT).status_code == 201
@@ -75,8 +84,12 @@ def test_a_web_page_cannot_create_an_experiment_even_without_a_token(tokenless: 
     # for its Origin, and for its Content-Type where no Origin came with it.
     body = httpx.Request("POST", "/", json=EXPERIMENT).content
     for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
-        simple = httpx.post(f"{api}/experiments", content=body, timeout=10,
-                            headers={"Content-Type": content_type, "Origin": "http://evil.example"})  # fmt: skip
+        simple = httpx.post(
+            f"{api}/experiments",
+            content=body,
+            timeout=10,
+            headers={"Content-Type": content_type, "Origin": "http://evil.example"},
+        )
         refused(simple, 403, "cross-site request from http://evil.example refused")
         bare = httpx.post(f"{api}/experiments", content=body, headers={"Content-Type": content_type}, timeout=10)
         refused(bare, 415, "Content-Type: application/json")
@@ -104,13 +117,15 @@ def test_the_dispatcher_refuses_to_start_without_a_token(tmp_path, nats_server):
     env = Stack(root=tmp_path, nats=nats_server).env("dispatcher")
     del env["TRIALBUS_API_TOKEN"]
     began = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "services.dispatcher"], env=env, capture_output=True, text=True,
-                         timeout=60)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "services.dispatcher"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert run.returncode != 0 and time.monotonic() - began < 60
     assert "TRIALBUS_API_TOKEN is not set" in run.stderr and "TRIALBUS_API_AUTH=none" in run.stderr, run.stderr
     short = {**env, "TRIALBUS_API_TOKEN": "short"}
-    run = subprocess.run([sys.executable, "-m", "services.dispatcher"], env=short, capture_output=True, text=True,
-                         timeout=60)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "services.dispatcher"], env=short, capture_output=True, text=True, timeout=60
+    )
     assert run.returncode != 0 and "TRIALBUS_API_TOKEN: a token must have at least 16 characters" in run.stderr
 
 
@@ -119,17 +134,23 @@ def test_cors_opens_only_to_the_origins_configured(tmp_path, nats_server):
     stack = Stack(root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_ALLOWED_ORIGINS": dashboard})
     stack.start("dispatcher")
     try:
-        asked = {"Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization,content-type"}  # fmt: skip
+        asked = {
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type",
+        }
         preflight = httpx.options(f"{stack.api}/experiments", headers={"Origin": dashboard, **asked}, timeout=10)
         assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == dashboard
-        other = httpx.options(f"{stack.api}/experiments", headers={"Origin": "http://evil.example", **asked},
-                              timeout=10)  # fmt: skip
+        other = httpx.options(
+            f"{stack.api}/experiments", headers={"Origin": "http://evil.example", **asked}, timeout=10
+        )
         assert "access-control-allow-origin" not in other.headers
         created = stack.rest("POST", "/experiments", json=EXPERIMENT, headers={"Origin": dashboard})
         assert created.status_code == 201 and created.headers["access-control-allow-origin"] == dashboard
-        refused(stack.rest("POST", "/experiments", json=EXPERIMENT, headers={"Origin": "http://evil.example"}), 403,
-                "cross-site request from http://evil.example refused")  # fmt: skip
+        refused(
+            stack.rest("POST", "/experiments", json=EXPERIMENT, headers={"Origin": "http://evil.example"}),
+            403,
+            "cross-site request from http://evil.example refused",
+        )
     finally:
         stack.stop()
 

@@ -79,10 +79,17 @@ def test_a_dispatcher_not_told_the_web_ui_address_says_how_to_find_it(tmp_path: 
         stack.stop()
 
 
-def test_a_malformed_web_ui_address_stops_the_dispatcher_at_start_naming_the_setting(tmp_path: Path,
-                                                                                       nats_server) -> None:
+def test_a_malformed_web_ui_address_stops_the_dispatcher_at_start_naming_the_setting(
+    tmp_path: Path, nats_server
+) -> None:
     stack = Stack(root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_WEBUI_URL": "localhost:8082"})
-    started = subprocess.run([sys.executable, "-m", "services.dispatcher"], env=stack.env("dispatcher"),
-                             capture_output=True, text=True, timeout=30, cwd=tmp_path)  # fmt: skip
+    started = subprocess.run(
+        [sys.executable, "-m", "services.dispatcher"],
+        env=stack.env("dispatcher"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
     assert started.returncode != 0
     assert "TRIALBUS_WEBUI_URL" in started.stdout + started.stderr, started.stdout + started.stderr

@@ -118,8 +118,9 @@ def test_bad_requests_over_nats_get_the_same_answers(api):
             # How a cancel ends a trial: a person's cancel or an assessor's early stop, nothing else.
             status = await ask("trial.cancel", b'{"id": "nope", "status": "SUCCEEDED"}')
             assert status["status"] == 422 and "USER_CANCELED, EARLY_STOPPED" in status["error"]
-            long = await ask("trial.cancel", b'{"id": "nope", "status": "EARLY_STOPPED", "message": "%s"}' % (
-                b"x" * 1001))  # fmt: skip
+            long = await ask(
+                "trial.cancel", b'{"id": "nope", "status": "EARLY_STOPPED", "message": "%s"}' % (b"x" * 1001)
+            )
             assert long["status"] == 422 and "at most 1000 characters" in long["error"]
             assert (await ask("experiment.close", b'{"id": "nope"}'))["status"] == 404
         finally:

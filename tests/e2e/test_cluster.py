@@ -41,15 +41,20 @@ pytestmark = pytest.mark.timeout(180)
 STREAMS = [c.name for c in streams.STREAMS] + [f"KV_{c.bucket}" for c in streams.BUCKETS]
 STREAMS.append(f"OBJ_{streams.CODE_STORE.bucket}")
 #: A service that shows what the stack gives it.
-ENV_SHOW = ("-c", "import os, time; print('sees', os.environ['TRIALBUS_NATS_URL'], "
-                  "os.environ['TRIALBUS_STREAM_REPLICAS'], flush=True); time.sleep(600)")  # fmt: skip
+ENV_SHOW = (
+    "-c",
+    "import os, time; print('sees', os.environ['TRIALBUS_NATS_URL'], "
+    "os.environ['TRIALBUS_STREAM_REPLICAS'], flush=True); time.sleep(600)",
+)
 
 
 # -- the option --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("size", "why"), [(2, "odd number of servers, 3 or more"), (4, "a quorum is 3 of 4"),
-                                           (7, "at most 5 servers"), (0, "at least one")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("size", "why"),
+    [(2, "odd number of servers, 3 or more"), (4, "a quorum is 3 of 4"), (7, "at most 5 servers"), (0, "at least one")],
+)
 def test_a_cluster_of_an_even_or_impossible_size_is_refused_with_the_reason(size: int, why: str) -> None:
     result = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["up", "--cluster", str(size)])
     assert result.exit_code == 2 and "--cluster" in result.output and why in result.output, result.output
@@ -68,9 +73,17 @@ def monitor(node_config: Path) -> str:
 
 def test_a_cluster_of_three_forms_with_private_routes_and_every_service_sees_every_server(tmp_path: Path) -> None:
     require_binary(nats_server_binary(), "nats-server")
-    options = StackOptions(data_dir=tmp_path / "data", nats_port=free_port(), api_port=free_port(),
-                           gateway_port=free_port(), webui_port=free_port(), cluster=3, start_timeout=30,
-                           stop_grace=5, settle=0.3)  # fmt: skip
+    options = StackOptions(
+        data_dir=tmp_path / "data",
+        nats_port=free_port(),
+        api_port=free_port(),
+        gateway_port=free_port(),
+        webui_port=free_port(),
+        cluster=3,
+        start_timeout=30,
+        stop_grace=5,
+        settle=0.3,
+    )
     console = Console(file=io.StringIO(), width=200)
     web = ServiceDef("web", ("-c", MODULES["web"]), {"PORT": "{api_port}"}, health="http://{host}:{api_port}/healthz")
     stack = Stack(options, console, (web, ServiceDef("shows", ENV_SHOW)))
@@ -97,8 +110,15 @@ def test_a_cluster_of_three_forms_with_private_routes_and_every_service_sees_eve
         wait_until(lambda: "sees" in (data / "logs/shows.log").read_text(), 10, "the service's line")
         assert (data / "logs/shows.log").read_text().split() == ["sees", ",".join(urls), "3"]
         # And a route without the password is refused: a local user cannot join as a server
-        route = int(next(line for line in (data / "nats-server-2.conf").read_text().splitlines()
-                         if "listen:" in line and line.startswith("  ")).rsplit(":", 1)[1].strip('"'))  # fmt: skip
+        route = int(
+            next(
+                line
+                for line in (data / "nats-server-2.conf").read_text().splitlines()
+                if "listen:" in line and line.startswith("  ")
+            )
+            .rsplit(":", 1)[1]
+            .strip('"')
+        )
         with socket.create_connection(("127.0.0.1", route), timeout=5) as s:
             s.recv(4096)  # INFO
             s.sendall(b'CONNECT {"verbose":false,"pedantic":false,"name":"intruder","cluster":"trialbus"}\r\nPING\r\n')
@@ -120,8 +140,13 @@ def test_a_cluster_of_three_forms_with_private_routes_and_every_service_sees_eve
 async def bus(up: Up):
     """The stack's bus as its dispatcher sees it (the user that may look at every stream)."""
     password = json.loads((up.data_dir / "nats-passwords.json").read_text())["dispatcher"]
-    return await nats.connect(up.nats_urls.split(","), user="dispatcher", password=password,
-                              inbox_prefix="_INBOX_dispatcher", max_reconnect_attempts=-1)  # fmt: skip
+    return await nats.connect(
+        up.nats_urls.split(","),
+        user="dispatcher",
+        password=password,
+        inbox_prefix="_INBOX_dispatcher",
+        max_reconnect_attempts=-1,
+    )
 
 
 async def replicas(up: Up) -> dict[str, tuple[int, int]]:
@@ -169,8 +194,13 @@ def test_the_metrics_leader_killed_mid_run_loses_nothing_duplicates_nothing_rest
     require_binary(nats_server_binary(), "nats-server")
     code, run_log = write_code(tmp_path), tmp_path / "runs.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    up = Up(tmp_path / "data", new_ports(), {**env, "RUN_LOG": str(run_log), "COLUMNS": "300"}, tmp_path / "up.log",
-            ["--cluster", "3"])  # fmt: skip
+    up = Up(
+        tmp_path / "data",
+        new_ports(),
+        {**env, "RUN_LOG": str(run_log), "COLUMNS": "300"},
+        tmp_path / "up.log",
+        ["--cluster", "3"],
+    )
     try:
         # Given `trialbus up --cluster 3`: every stream, bucket and the code store on all three servers
         up.wait_for("Trialbus is up", 90)
@@ -180,16 +210,22 @@ def test_the_metrics_leader_killed_mid_run_loses_nothing_duplicates_nothing_rest
         experiment = create(up, config(code, trialConcurrency=4, maxTrialNumber=8))
         ids = [submit(up, experiment, {"x": i, "intermediate": 16, "pause": 0.3}) for i in range(8)]
         trials = f"/experiments/{experiment}/trials"
-        wait_until(lambda: sum(t["intermediateCount"] > 2 for t in up.rest("GET", trials).json()["trials"]) >= 2, 60,
-                   "trials reporting")  # fmt: skip
+        wait_until(
+            lambda: sum(t["intermediateCount"] > 2 for t in up.rest("GET", trials).json()["trials"]) >= 2,
+            60,
+            "trials reporting",
+        )
 
         # When the server leading METRICS is killed -9 and stays down while the trials go on
         leader, _ = asyncio.run(metrics_leader(up))
         killed = up.processes()[leader]
         with up.held():  # `trialbus up`, still: it would restart the server in half a second
             killed.kill()
-            new_leader, stored = wait_until(lambda: (found := asyncio.run(metrics_leader(up)))[0] not in (None, leader)
-                                            and found, 30, "a new METRICS leader")  # fmt: skip
+            new_leader, stored = wait_until(
+                lambda: (found := asyncio.run(metrics_leader(up)))[0] not in (None, leader) and found,
+                30,
+                "a new METRICS leader",
+            )
             wait_until(lambda: asyncio.run(metrics_leader(up))[1] > stored + 4, 20, "metrics stored with one down")
         # And `trialbus up` restarts it on its store: it rejoins and catches up
         wait_until(lambda: up.back(leader, killed.pid), 60, f"{leader} back")
@@ -205,8 +241,9 @@ def test_the_metrics_leader_killed_mid_run_loses_nothing_duplicates_nothing_rest
         assert len({(r.trial_id, r.type, r.sequence) for r in records}) == len(records), "a sequence twice"
 
         # And no service was restarted; only the killed server was, once; all three hold every stream again
-        status = subprocess.run([TRIALBUS, "status", "--json", "--data-dir", str(up.data_dir)], capture_output=True,
-                                text=True, timeout=30)  # fmt: skip
+        status = subprocess.run(
+            [TRIALBUS, "status", "--json", "--data-dir", str(up.data_dir)], capture_output=True, text=True, timeout=30
+        )
         restarts = {p["name"]: p["restarts"] for p in json.loads(status.stdout)["parts"]}
         assert restarts == {name: int(name == leader) for name in restarts}, restarts
         assert new_leader != leader and len(restarts) > 3
@@ -222,11 +259,17 @@ def test_the_metrics_leader_killed_mid_run_loses_nothing_duplicates_nothing_rest
             up.kill()
 
 
-def test_a_client_given_any_of_the_clusters_servers_uses_the_stacks_user_and_no_other(tmp_path: Path,
-                                                                                      monkeypatch) -> None:
+def test_a_client_given_any_of_the_clusters_servers_uses_the_stacks_user_and_no_other(
+    tmp_path: Path, monkeypatch
+) -> None:
     # Given a cluster's client.json, which lists every server
-    found = local.LocalStack(nats_url="nats://127.0.0.1:4222,nats://127.0.0.1:4223,nats://127.0.0.1:4224",
-                             nats_user="client", nats_password="p1", api_url="", webui_url="")  # fmt: skip
+    found = local.LocalStack(
+        nats_url="nats://127.0.0.1:4222,nats://127.0.0.1:4223,nats://127.0.0.1:4224",
+        nats_user="client",
+        nats_password="p1",
+        api_url="",
+        webui_url="",
+    )
     local.write(tmp_path, found)
     monkeypatch.setenv("TRIALBUS_DATA_DIR", str(tmp_path))
     # Then a client given all of them, or one, uses its user; one given another server too does not

@@ -50,9 +50,10 @@ def honest_bomb(size: int) -> bytes:
     header.size = size
     padding = -size % tarfile.BLOCKSIZE
     return (
-        gzip.compress(header.tobuf(tarfile.USTAR_FORMAT)) + zeros_gzip(size // MiB)
+        gzip.compress(header.tobuf(tarfile.USTAR_FORMAT))
+        + zeros_gzip(size // MiB)
         + gzip.compress(b"\0" * (size % MiB + padding + 2 * tarfile.BLOCKSIZE))
-    )  # fmt: skip
+    )
 
 
 def header_bomb() -> bytes:
@@ -81,19 +82,31 @@ def api(tmp_path, nats_server):
 
 
 UNSAFE = [
-    ("symlink to /etc/passwd", tar_gz(member("pw", tarfile.SYMTYPE, link="/etc/passwd")),
-     "'pw' is a symbolic link to '/etc/passwd'"),
+    (
+        "symlink to /etc/passwd",
+        tar_gz(member("pw", tarfile.SYMTYPE, link="/etc/passwd")),
+        "'pw' is a symbolic link to '/etc/passwd'",
+    ),
     ("symlink to ../x", tar_gz(member("up", tarfile.SYMTYPE, link="../x")), "'up' is a symbolic link to '../x'"),
-    ("hard link out", tar_gz(member("pw", tarfile.LNKTYPE, link="../../etc/passwd")),
-     "'pw' is a hard link to '../../etc/passwd'"),
-    ("hard link inside", tar_gz(member("a.py", data=b"x"), member("b.py", tarfile.LNKTYPE, link="a.py")),
-     "'b.py' is a hard link to 'a.py'"),
+    (
+        "hard link out",
+        tar_gz(member("pw", tarfile.LNKTYPE, link="../../etc/passwd")),
+        "'pw' is a hard link to '../../etc/passwd'",
+    ),
+    (
+        "hard link inside",
+        tar_gz(member("a.py", data=b"x"), member("b.py", tarfile.LNKTYPE, link="a.py")),
+        "'b.py' is a hard link to 'a.py'",
+    ),
     ("char device", tar_gz(member("null", tarfile.CHRTYPE)), "'null' is a character device"),
     ("fifo", tar_gz(member("pipe", tarfile.FIFOTYPE)), "'pipe' is a FIFO"),
     ("absolute", tar_gz(member("/tmp/evil.py", data=b"x")), "'/tmp/evil.py' would land outside the code directory"),
     ("dot dot", tar_gz(member("../evil.py", data=b"x")), "'../evil.py' would land outside the code directory"),
-    ("too many", tar_gz(*(member(f"f{i:04d}") for i in range(MAX_FILES + 1))),
-     f"'f{MAX_FILES:04d}' is past the limit of {MAX_FILES} files and directories"),
+    (
+        "too many",
+        tar_gz(*(member(f"f{i:04d}") for i in range(MAX_FILES + 1))),
+        f"'f{MAX_FILES:04d}' is past the limit of {MAX_FILES} files and directories",
+    ),
 ]
 
 
@@ -148,10 +161,15 @@ async def put_code(url: str, archive: bytes) -> str:
 def test_a_trial_whose_snapshot_is_unsafe_fails_with_the_member_and_nothing_is_unpacked(stack):
     archive = tar_gz(member("trial.py", data=b"x"), member("pw", tarfile.SYMTYPE, link="/etc/passwd"))
     digest = asyncio.run(put_code(stack.nats.url, archive))
-    experiment = create(stack, {
-        "trialCommand": f"{sys.executable} trial.py", "trialCodeRef": f"sha256:{digest}", "trialConcurrency": 1,
-        "trainingService": {"platform": "local"},
-    })  # fmt: skip
+    experiment = create(
+        stack,
+        {
+            "trialCommand": f"{sys.executable} trial.py",
+            "trialCodeRef": f"sha256:{digest}",
+            "trialConcurrency": 1,
+            "trainingService": {"platform": "local"},
+        },
+    )
 
     trial = ended(stack, submit(stack, experiment, {"x": 1}))
 

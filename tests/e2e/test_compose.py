@@ -35,8 +35,11 @@ pytestmark = pytest.mark.timeout(900)
 ROOT = engine.ROOT
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
 #: Compose's services and the NATS user each connects as (the default profile: no emulators).
-USERS = {name: spec["environment"]["TRIALBUS_NATS_USER"] for name, spec in COMPOSE["services"].items()
-         if name != "nats" and not spec.get("profiles")}  # fmt: skip
+USERS = {
+    name: spec["environment"]["TRIALBUS_NATS_USER"]
+    for name, spec in COMPOSE["services"].items()
+    if name != "nats" and not spec.get("profiles")
+}
 NATS_HEALTH_INTERVAL = 5.0  # compose.yaml: the nats healthcheck's interval, so its first check
 TERMINAL = {"SUCCEEDED", "FAILED", "EARLY_STOPPED", "USER_CANCELED", "SYS_CANCELED"}
 
@@ -120,8 +123,13 @@ async def assert_the_client_user_cannot_dispatch(project: ComposeProject) -> Non
     async def on_error(exc: Exception) -> None:
         errors.append(exc)
 
-    nc = await nats.connect(env["TRIALBUS_NATS_URL"], user="client", password=env["TRIALBUS_NATS_PASSWORD"],
-                            error_cb=on_error, allow_reconnect=False)  # fmt: skip
+    nc = await nats.connect(
+        env["TRIALBUS_NATS_URL"],
+        user="client",
+        password=env["TRIALBUS_NATS_PASSWORD"],
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
     try:
         await nc.publish("dispatch.local-gpu", b"{}")
         await nc.flush()
@@ -138,8 +146,10 @@ def test_the_image_runs_as_an_unprivileged_user_without_build_tools(images):
     client = engine.docker_client()
     image = client.images.get(images.trialbus)
     assert image.attrs["Config"]["User"] == "10001:10001"
-    report(f"image {images.trialbus}: {engine.image_size(images.trialbus) / 1e6:.0f} MB "
-           f"(base {engine.image_size(engine.BASE_IMAGE) / 1e6:.0f} MB)")  # fmt: skip
+    report(
+        f"image {images.trialbus}: {engine.image_size(images.trialbus) / 1e6:.0f} MB "
+        f"(base {engine.image_size(engine.BASE_IMAGE) / 1e6:.0f} MB)"
+    )
     probe = "for t in gcc cc make pip pip3; do command -v $t; done; id -u; python -c 'import services, trialbus'"
     out = engine.output_of(images.trialbus, ["sh", "-c", probe])
     assert out.split() == ["10001"], f"build tools in the image, or not uid 10001: {out}"
@@ -208,8 +218,9 @@ def test_compose_v2_runs_an_nni_config_spreads_it_over_three_replicas_and_surviv
             experiment = wait_until(lambda: experiment_named(project, "compose-kill"), 60, "the experiment")
             running = wait_until(
                 lambda: [t for t in trials_of(project, experiment) if t["status"] == "RUNNING" and t["replica"]],
-                60, "running trials",
-            )  # fmt: skip
+                60,
+                "running trials",
+            )
             victim_name = running[0]["replica"]
             victim = replicas[victim_name]
             seen_running = sum(t["replica"] == victim_name for t in running)
@@ -223,8 +234,10 @@ def test_compose_v2_runs_an_nni_config_spreads_it_over_three_replicas_and_surviv
         assert victim.attrs["RestartCount"] >= 1 and victim.attrs["State"]["Status"] == "running", victim.attrs["State"]
         project.wait_healthy(time.monotonic() + 60)
         after = time.monotonic() - killed_at
-        report(f"killed {victim.name} with {seen_running} trial(s) seen running; restarted by compose "
-               f"{victim.attrs['RestartCount']}x; the experiment was done {after:.1f}s later")  # fmt: skip
+        report(
+            f"killed {victim.name} with {seen_running} trial(s) seen running; restarted by compose "
+            f"{victim.attrs['RestartCount']}x; the experiment was done {after:.1f}s later"
+        )
 
         trials = trials_of(project, experiment)
         assert len(trials) == 18 and all(t["status"] in TERMINAL for t in trials), [t["status"] for t in trials]
@@ -237,8 +250,10 @@ def test_compose_v2_runs_an_nni_config_spreads_it_over_three_replicas_and_surviv
             else:
                 assert t["status"] == "SUCCEEDED" and sequences == list(range(8)), t
         lost = [t["id"] for t in trials if t["status"] == "FAILED"]
-        report(f"killed replica: {len(lost)} trial(s) failed with it (retried once issue 22 lands), "
-               f"{18 - len(lost)} succeeded; no metric lost or duplicated")  # fmt: skip
+        report(
+            f"killed replica: {len(lost)} trial(s) failed with it (retried once issue 22 lands), "
+            f"{18 - len(lost)} succeeded; no metric lost or duplicated"
+        )
     assert not project.containers(every=True), "down -v leaves no container"
     assert not project.volumes(), "down -v leaves no volume"
 
@@ -288,8 +303,11 @@ def test_the_kubernetes_manifests_render_with_the_built_image_and_run_commands_i
     tree = operator_tree(tmp_path)
     commands: set[str] = set()
     for overlay in sorted(p.name for p in (tree / "overlays").iterdir()):
-        ours = {" ".join(cmd) for image, cmd in container_commands(render_with_image(tree, overlay, images.trialbus))
-                if image == images.trialbus}  # fmt: skip
+        ours = {
+            " ".join(cmd)
+            for image, cmd in container_commands(render_with_image(tree, overlay, images.trialbus))
+            if image == images.trialbus
+        }
         assert ours, f"k8s/overlays/{overlay}: no container runs {images.trialbus}"
         commands |= ours
     out = engine.output_of(images.trialbus, ["python", "-c", RUNNABLE, *sorted(commands)])

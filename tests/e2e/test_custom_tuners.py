@@ -90,13 +90,22 @@ def run_cli(stack: Stack, *args: str, timeout: float = 120) -> subprocess.Comple
 
 
 def finished(client: Client, experiment_id: str, timeout: float = 90):
-    return wait_until(lambda: (e := client.get_experiment(experiment_id)).status.value != "RUNNING" and e, timeout,
-                      f"experiment {experiment_id} to end")  # fmt: skip
+    return wait_until(
+        lambda: (e := client.get_experiment(experiment_id)).status.value != "RUNNING" and e,
+        timeout,
+        f"experiment {experiment_id} to end",
+    )
 
 
 def v2(folder: Path, tuner: dict, **fields) -> dict:
-    return {"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(folder), "trialConcurrency": 1,
-            "tuner": tuner, "trainingService": {"platform": "local"}, **fields}  # fmt: skip
+    return {
+        "trialCommand": f"{sys.executable} trial.py",
+        "trialCodeDirectory": str(folder),
+        "trialConcurrency": 1,
+        "tuner": tuner,
+        "trainingService": {"platform": "local"},
+        **fields,
+    }
 
 
 RANGE_TUNER = textwrap.dedent(
@@ -127,9 +136,13 @@ RANGE_TUNER = textwrap.dedent(
 def test_a_custom_tuner_gets_its_own_search_space_format(stack: Stack, folder: Path) -> None:
     (folder / "tuners" / "range_tuner.py").write_text(RANGE_TUNER)
     notes = folder / "journal.jsonl"
-    config = v2(folder, {"className": "range_tuner.RangeTuner", "codeDirectory": "tuners",
-                         "classArgs": {"journal": str(notes)}},
-                searchSpace={"x": [1, 100]}, trialConcurrency=2, maxTrialNumber=4)  # fmt: skip
+    config = v2(
+        folder,
+        {"className": "range_tuner.RangeTuner", "codeDirectory": "tuners", "classArgs": {"journal": str(notes)}},
+        searchSpace={"x": [1, 100]},
+        trialConcurrency=2,
+        maxTrialNumber=4,
+    )
     config["trialCodeDirectory"] = "."
     (folder / "config.yml").write_text(yaml.safe_dump(config))
     done = run_cli(stack, "experiment", "run", "-f", str(folder / "config.yml"))  # the CLI checks it first
@@ -185,13 +198,22 @@ def test_a_v1_config_with_class_file_name_runs_to_its_end(stack: Stack, folder: 
     (folder / "search_space.json").write_text(json.dumps({"x": {"_type": "choice", "_value": [1, 2, 3]}}))
     notes = folder / "journal.jsonl"
     legacy = {
-        "authorName": "default", "experimentName": "v1-class", "trialConcurrency": 1, "maxExecDuration": "1h",
-        "maxTrialNum": 5, "trainingServicePlatform": "local", "searchSpacePath": "search_space.json",
+        "authorName": "default",
+        "experimentName": "v1-class",
+        "trialConcurrency": 1,
+        "maxExecDuration": "1h",
+        "maxTrialNum": 5,
+        "trainingServicePlatform": "local",
+        "searchSpacePath": "search_space.json",
         "useAnnotation": False,
-        "tuner": {"codeDir": "tuners", "classFileName": "list_tuner.py", "className": "ListTuner",
-                  "classArgs": {"trials": [{"x": 3}, {"x": 1}, {"x": 2}], "journal": str(notes)}},
+        "tuner": {
+            "codeDir": "tuners",
+            "classFileName": "list_tuner.py",
+            "className": "ListTuner",
+            "classArgs": {"trials": [{"x": 3}, {"x": 1}, {"x": 2}], "journal": str(notes)},
+        },
         "trial": {"command": f"{sys.executable} trial.py", "codeDir": ".", "gpuNum": 0},
-    }  # fmt: skip
+    }
     (folder / "config_v1.yml").write_text(yaml.safe_dump(legacy))
     done = run_cli(stack, "experiment", "run", "-f", str(folder / "config_v1.yml"))
     assert done.returncode == 0, done.stdout + done.stderr + stack.logs()
@@ -199,10 +221,16 @@ def test_a_v1_config_with_class_file_name_runs_to_its_end(stack: Stack, folder: 
         experiment = client.list_experiments()[0]  # the newest: the one just run (the stack is shared)
         trials = client.list_trials(experiment.id)
     assert experiment.status.value == "DONE"  # the list walked: DONE with 3 trials, not maxTrialNum's 5
-    assert experiment.config.tuner == {"className": "list_tuner.ListTuner", "codeDirectory": str(folder / "tuners"),
-                                       "classArgs": legacy["tuner"]["classArgs"]}  # fmt: skip
+    assert experiment.config.tuner == {
+        "className": "list_tuner.ListTuner",
+        "codeDirectory": str(folder / "tuners"),
+        "classArgs": legacy["tuner"]["classArgs"],
+    }
     assert [(t.parameter_id, t.parameters, t.status.value) for t in sorted(trials, key=lambda t: t.sequence_id)] == [
-        (0, {"x": 3}, "SUCCEEDED"), (1, {"x": 1}, "SUCCEEDED"), (2, {"x": 2}, "SUCCEEDED")]  # fmt: skip
+        (0, {"x": 3}, "SUCCEEDED"),
+        (1, {"x": 1}, "SUCCEEDED"),
+        (2, {"x": 2}, "SUCCEEDED"),
+    ]
     wait_until(lambda: ["_on_exit"] in journal(notes), 10, "the tuner's _on_exit")
     assert journal(notes)[0] == ["update_search_space", {"x": {"_type": "choice", "_value": [1, 2, 3]}}]
 
@@ -211,9 +239,15 @@ def test_results_and_ends_reach_the_tuner_in_nni_order_with_nni_arguments(stack:
     (folder / "tuners" / "list_tuner.py").write_text(LIST_TUNER)
     notes = folder / "journal.jsonl"
     planned = [{"x": 5, "steps": 2}, {"x": 6, "mode": "final-then-fail"}, {"x": 7, "mode": "fail"}]
-    config = v2(folder, {"className": "list_tuner.ListTuner", "codeDirectory": str(folder / "tuners"),
-                         "classArgs": {"trials": planned, "journal": str(notes), "accept_customized": True}},
-                searchSpace={"x": "the tuner's own"})  # fmt: skip
+    config = v2(
+        folder,
+        {
+            "className": "list_tuner.ListTuner",
+            "codeDirectory": str(folder / "tuners"),
+            "classArgs": {"trials": planned, "journal": str(notes), "accept_customized": True},
+        },
+        searchSpace={"x": "the tuner's own"},
+    )
     with Client(stack.nats.url) as client:
         experiment_id = client.create_experiment(config)
         wait_until(lambda: client.list_trials(experiment_id), 20, "the tuner's first trial")
@@ -221,21 +255,26 @@ def test_results_and_ends_reach_the_tuner_in_nni_order_with_nni_arguments(stack:
         assert finished(client, experiment_id).status.value == "DONE"
         trials = {t.parameters["x"]: t for t in client.list_trials(experiment_id)}
     wait_until(lambda: ["_on_exit"] in journal(notes), 10, "the tuner's _on_exit")
-    assert {x: t.status.value for x, t in trials.items()} == {5: "SUCCEEDED", 6: "FAILED", 7: "FAILED",
-                                                              9: "SUCCEEDED"}  # fmt: skip
+    assert {x: t.status.value for x, t in trials.items()} == {5: "SUCCEEDED", 6: "FAILED", 7: "FAILED", 9: "SUCCEEDED"}
     calls = [n for n in journal(notes) if n[0] != "generate_parameters"]
     generated = [n for n in journal(notes) if n[0] == "generate_parameters"]
     assert [n[1] for n in generated] == [0, 1, 2, 3]  # 3: NoMoreTrialError, and the experiment ends
     assert all(n[2] == ["st_callback"] for n in generated)  # NNI's dispatcher passes its send-trial callback
     expected = {
-        0: [["receive_trial_result", 0, planned[0], 5, {"customized": False, "trial_job_id": trials[5].id}],
-            ["trial_end", 0, True, {}]],
-        1: [["receive_trial_result", 1, planned[1], 6, {"customized": False, "trial_job_id": trials[6].id}],
-            ["trial_end", 1, False, {}]],  # a final result, then a failure: both, as NNI
+        0: [
+            ["receive_trial_result", 0, planned[0], 5, {"customized": False, "trial_job_id": trials[5].id}],
+            ["trial_end", 0, True, {}],
+        ],
+        1: [
+            ["receive_trial_result", 1, planned[1], 6, {"customized": False, "trial_job_id": trials[6].id}],
+            ["trial_end", 1, False, {}],
+        ],  # a final result, then a failure: both, as NNI
         2: [["trial_end", 2, False, {}]],  # no final result: only its end
-        None: [["receive_trial_result", None, {"x": 9}, 9, {"customized": True, "trial_job_id": by_hand.id}],
-               ["trial_end", None, True, {}]],  # NNI's customized trial: no parameter id, marked customized
-    }  # fmt: skip
+        None: [
+            ["receive_trial_result", None, {"x": 9}, 9, {"customized": True, "trial_job_id": by_hand.id}],
+            ["trial_end", None, True, {}],
+        ],  # NNI's customized trial: no parameter id, marked customized
+    }
     assert calls[0] == ["update_search_space", {"x": "the tuner's own"}]
     assert {k: [n for n in calls if len(n) > 1 and n[1] == k] for k in expected} == expected
     assert calls[-1] == ["_on_exit"]
@@ -247,9 +286,16 @@ def test_a_retried_trial_reaches_the_tuner_once_with_its_last_attempt_s_result(s
     (folder / "tuners" / "list_tuner.py").write_text(LIST_TUNER)
     notes = folder / "journal.jsonl"
     planned = [{"x": 5, "mode": "fail-first"}]
-    config = v2(folder, {"className": "list_tuner.ListTuner", "codeDirectory": str(folder / "tuners"),
-                         "classArgs": {"trials": planned, "journal": str(notes)}},
-                searchSpace={"x": "the tuner's own"}, retry={"trial": 1, "backoff": "0s"})  # fmt: skip
+    config = v2(
+        folder,
+        {
+            "className": "list_tuner.ListTuner",
+            "codeDirectory": str(folder / "tuners"),
+            "classArgs": {"trials": planned, "journal": str(notes)},
+        },
+        searchSpace={"x": "the tuner's own"},
+        retry={"trial": 1, "backoff": "0s"},
+    )
     with Client(stack.nats.url) as client:
         experiment_id = client.create_experiment(config)
         assert finished(client, experiment_id).status.value == "DONE"
@@ -258,8 +304,10 @@ def test_a_retried_trial_reaches_the_tuner_once_with_its_last_attempt_s_result(s
     # Then the tuner heard of it once: the result and the end of the attempt that finished
     assert (trial.status.value, trial.attempt, trial.final_metric) == ("SUCCEEDED", 1, 50)
     told = [n for n in journal(notes) if n[0] in ("receive_trial_result", "trial_end")]
-    assert told == [["receive_trial_result", 0, planned[0], 50, {"customized": False, "trial_job_id": trial.id}],
-                    ["trial_end", 0, True, {}]]  # fmt: skip
+    assert told == [
+        ["receive_trial_result", 0, planned[0], 50, {"customized": False, "trial_job_id": trial.id}],
+        ["trial_end", 0, True, {}],
+    ]
 
 
 THREADED_TUNER = textwrap.dedent(
@@ -296,12 +344,19 @@ def test_multi_thread_calls_the_tuner_from_several_threads_at_once(stack: Stack,
     (folder / "search_space.json").write_text(json.dumps({"x": {"_type": "randint", "_value": [1, 100]}}))
     notes = folder / "journal.jsonl"
     legacy = {
-        "trialConcurrency": 3, "maxTrialNum": 6, "trainingServicePlatform": "local", "multiThread": True,
+        "trialConcurrency": 3,
+        "maxTrialNum": 6,
+        "trainingServicePlatform": "local",
+        "multiThread": True,
         "searchSpacePath": "search_space.json",
-        "tuner": {"codeDir": "tuners", "classFileName": "threaded_tuner.py", "className": "ThreadedTuner",
-                  "classArgs": {"journal": str(notes)}},
+        "tuner": {
+            "codeDir": "tuners",
+            "classFileName": "threaded_tuner.py",
+            "className": "ThreadedTuner",
+            "classArgs": {"journal": str(notes)},
+        },
         "trial": {"command": f"{sys.executable} trial.py", "codeDir": "."},
-    }  # fmt: skip
+    }
     (folder / "config_v1.yml").write_text(yaml.safe_dump(legacy))
     with Experiment(folder / "config_v1.yml", nats_url=stack.nats.url) as experiment:
         assert experiment.config.multi_thread is True
@@ -340,10 +395,16 @@ FLOOR_ASSESSOR = textwrap.dedent(
 def test_an_assessor_class_of_the_users_early_stops_a_trial_and_hears_of_its_end(stack: Stack, folder: Path) -> None:
     (folder / "tuners" / "floor_assessor.py").write_text(FLOOR_ASSESSOR)
     notes = folder / "journal.jsonl"
-    config = v2(folder, {"name": "GridSearch"},  # a built-in tuner beside the user's assessor
-                searchSpace={"x": {"_type": "choice", "_value": [4, 0.1]}, "steps": {"_type": "choice", "_value": [6]}},
-                assessor={"className": "floor_assessor.FloorAssessor", "codeDirectory": str(folder / "tuners"),
-                          "classArgs": {"floor": 1, "journal": str(notes)}})  # fmt: skip
+    config = v2(
+        folder,
+        {"name": "GridSearch"},  # a built-in tuner beside the user's assessor
+        searchSpace={"x": {"_type": "choice", "_value": [4, 0.1]}, "steps": {"_type": "choice", "_value": [6]}},
+        assessor={
+            "className": "floor_assessor.FloorAssessor",
+            "codeDirectory": str(folder / "tuners"),
+            "classArgs": {"floor": 1, "journal": str(notes)},
+        },
+    )
     with Client(stack.nats.url) as client:
         experiment_id = client.create_experiment(config)
         assert finished(client, experiment_id).status.value == "DONE"
@@ -391,21 +452,26 @@ BAD_TUNER = textwrap.dedent(
 def test_a_tuner_class_that_raises_stops_its_experiment_with_the_traceback(stack: Stack, folder: Path) -> None:
     (folder / "tuners" / "bad_tuner.py").write_text(BAD_TUNER)
     notes, source = folder / "journal.jsonl", folder / "tuners" / "bad_tuner.py"
-    tuner = {"className": "bad_tuner.BadTuner", "codeDirectory": str(folder / "tuners"),
-             "classArgs": {"journal": str(notes)}}  # fmt: skip
+    tuner = {
+        "className": "bad_tuner.BadTuner",
+        "codeDirectory": str(folder / "tuners"),
+        "classArgs": {"journal": str(notes)},
+    }
     with Client(stack.nats.url) as client:
         later = client.create_experiment(v2(folder, tuner, searchSpace={}))
         stopped = finished(client, later)
         assert stopped.status.value == "STOPPED"
-        assert stopped.message.startswith("the tuner failed: tuner class bad_tuner.BadTuner failed in "
-                                          "generate_parameters:\nTraceback")  # fmt: skip
+        assert stopped.message.startswith(
+            "the tuner failed: tuner class bad_tuner.BadTuner failed in generate_parameters:\nTraceback"
+        )
         assert f'File "{source}", line 16, in generate_parameters' in stopped.message
         assert stopped.message.endswith("RuntimeError: no idea what to try next")
         assert [t.status.value for t in client.list_trials(later)] == ["SUCCEEDED"]  # the first trial ran
         wait_until(lambda: journal(notes) == [["_on_error"]], 10, "the tuner's _on_error")
 
-        at_load = client.create_experiment(v2(folder, {**tuner, "classArgs": {"journal": "-", "broken": True}},
-                                              searchSpace={}))  # fmt: skip
+        at_load = client.create_experiment(
+            v2(folder, {**tuner, "classArgs": {"journal": "-", "broken": True}}, searchSpace={})
+        )
         stopped = finished(client, at_load)
         assert stopped.status.value == "STOPPED" and client.list_trials(at_load) == []
         assert stopped.message.startswith("the tuner cannot run: tuner class bad_tuner.BadTuner failed in __init__")
@@ -468,22 +534,34 @@ LIST_ADVISOR = textwrap.dedent(
 def test_an_advisor_class_is_driven_as_nnis_manager_drives_it(stack: Stack, folder: Path) -> None:
     (folder / "tuners" / "list_advisor.py").write_text(LIST_ADVISOR)
     notes = folder / "journal.jsonl"
-    config = v2(folder, None, searchSpace={"x": "any"},
-                advisor={"className": "list_advisor.ListAdvisor", "codeDirectory": str(folder / "tuners"),
-                         "classArgs": {"qualities": [3, 0.1, 2], "journal": str(notes)}})  # fmt: skip
+    config = v2(
+        folder,
+        None,
+        searchSpace={"x": "any"},
+        advisor={
+            "className": "list_advisor.ListAdvisor",
+            "codeDirectory": str(folder / "tuners"),
+            "classArgs": {"qualities": [3, 0.1, 2], "journal": str(notes)},
+        },
+    )
     del config["tuner"]
     with Client(stack.nats.url) as client:
         experiment_id = client.create_experiment(config)
         assert finished(client, experiment_id).status.value == "DONE"  # "no more" once nothing ran
         trials = {t.parameter_id: t for t in client.list_trials(experiment_id)}
     assert {k: (t.parameters["x"], t.status.value) for k, t in trials.items()} == {
-        "list-0": (3, "SUCCEEDED"), "list-1": (0.1, "EARLY_STOPPED"), "list-2": (2, "SUCCEEDED")}  # fmt: skip
+        "list-0": (3, "SUCCEEDED"),
+        "list-1": (0.1, "EARLY_STOPPED"),
+        "list-2": (2, "SUCCEEDED"),
+    }
     assert "advisor" in trials["list-1"].message
     calls = journal(notes)
     assert calls[0] == ["initialize", {"x": "any"}]
     assert [n[1] for n in calls if n[0] == "request"] == [1, 1, 1, 1]  # trialConcurrency, then one per end
     assert ["metric", "list-0", "FINAL", 0, 3] in calls and ["metric", "list-0", "PERIODICAL", 3, 12] in calls
     ends = [(n[1], n[2], n[3]["parameter_id"], n[3]["parameters"]["x"]) for n in calls if n[0] == "end"]
-    assert ends == [(trials["list-0"].id, "SUCCEEDED", "list-0", 3),
-                    (trials["list-1"].id, "EARLY_STOPPED", "list-1", 0.1),
-                    (trials["list-2"].id, "SUCCEEDED", "list-2", 2)]  # fmt: skip
+    assert ends == [
+        (trials["list-0"].id, "SUCCEEDED", "list-0", 3),
+        (trials["list-1"].id, "EARLY_STOPPED", "list-1", 0.1),
+        (trials["list-2"].id, "SUCCEEDED", "list-2", 2),
+    ]

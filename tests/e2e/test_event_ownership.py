@@ -54,9 +54,15 @@ async def forge(stack: Stack, *messages: tuple[str, TrialEvent]) -> None:
 
 def failed(experiment: str, trial_id: str, attempt: int, platform: str) -> TrialEvent:
     return TrialEvent(
-        experiment_id=experiment, trial_id=trial_id, attempt=attempt, status=TrialStatus.FAILED,
-        time=datetime.now(UTC), exit_code=13, message="forged", platform=platform,
-    )  # fmt: skip
+        experiment_id=experiment,
+        trial_id=trial_id,
+        attempt=attempt,
+        status=TrialStatus.FAILED,
+        time=datetime.now(UTC),
+        exit_code=13,
+        message="forged",
+        platform=platform,
+    )
 
 
 def test_an_event_from_another_adapter_or_about_another_trial_is_ignored(stack: Stack, tmp_path: Path):
@@ -82,8 +88,10 @@ def test_an_event_from_another_adapter_or_about_another_trial_is_ignored(stack: 
     assert counts == {"not owner": 2.0, "subject mismatch": 1.0}, counts
     # says why in its log, once per trial,
     log = stack.log("dispatcher")
-    not_owner = (f"ignoring openpai's FAILED event for trial {first} of experiment {experiment}: "
-                 "the trial was dispatched to local-gpu")  # fmt: skip
+    not_owner = (
+        f"ignoring openpai's FAILED event for trial {first} of experiment {experiment}: "
+        "the trial was dispatched to local-gpu"
+    )
     assert log.count(not_owner) == 1, log
     assert f"whose payload is about trial {second} of experiment {experiment}" in log, log
     # and both trials still run
@@ -93,5 +101,6 @@ def test_an_event_from_another_adapter_or_about_another_trial_is_ignored(stack: 
     release.touch()
     outcomes = [ended(stack, t, 30) for t in (first, second)]
     assert [(t["status"], t["exitCode"], t["finalMetric"]) for t in outcomes] == [
-        ("SUCCEEDED", 0, 1), ("SUCCEEDED", 0, 2)
-    ], outcomes  # fmt: skip
+        ("SUCCEEDED", 0, 1),
+        ("SUCCEEDED", 0, 2),
+    ], outcomes

@@ -38,10 +38,15 @@ def broken_config(tmp_path: Path, **settings) -> Path:
     code.mkdir()
     (code / "trial.py").write_text("import nni\nimport no_such_module_xyz\nnni.report_final_result(1.0)\n")
     settings = {
-        "trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 2,
-        "maxTrialNumber": 30, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
-        "tuner": {"name": "Random"}, "trainingService": {"platform": "local"}, **settings,
-    }  # fmt: skip
+        "trialCommand": f"{sys.executable} trial.py",
+        "trialCodeDirectory": str(code),
+        "trialConcurrency": 2,
+        "maxTrialNumber": 30,
+        "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "tuner": {"name": "Random"},
+        "trainingService": {"platform": "local"},
+        **settings,
+    }
     path = code / "config.yml"
     path.write_text(yaml.safe_dump(settings))
     return path
@@ -78,13 +83,16 @@ def test_an_experiment_whose_first_trials_fail_alike_stops_and_says_why(tuned: S
 
     # and `trialbus watch`
     watched = said(run_cli(tuned, "watch", experiment["id"]))
-    assert f"trial {failed[0]['id']} failed (exit 1): {MISSING}; whole log: trialbus log trial {failed[0]['id']}" in \
-        watched  # fmt: skip
+    assert (
+        f"trial {failed[0]['id']} failed (exit 1): {MISSING}; whole log: trialbus log trial {failed[0]['id']}"
+        in watched
+    )
 
 
 def test_with_fail_fast_off_every_trial_runs(tuned: Stack, tmp_path: Path) -> None:
-    done = run_cli(tuned, "experiment", "run", "-f", str(broken_config(tmp_path, failFast=0, maxTrialNumber=6,
-                                                                             trialConcurrency=3)))  # fmt: skip
+    done = run_cli(
+        tuned, "experiment", "run", "-f", str(broken_config(tmp_path, failFast=0, maxTrialNumber=6, trialConcurrency=3))
+    )
     [experiment] = tuned.rest("GET", "/experiments").json()
     trials = tuned.rest("GET", f"/experiments/{experiment['id']}/trials").json()["trials"]
     assert done.returncode == 0, done.stdout + done.stderr  # DONE, as NNI would end it
@@ -115,10 +123,12 @@ def test_three_trials_failing_alike_stop_an_experiment_driven_through_the_api(st
     experiment = create(stack, config(code_dir, trialConcurrency=1, maxTrialNumber=10, failFast=2))
     for n in range(2):
         ended(stack, submit(stack, experiment, {"x": n, "exit": 3, "stderr": f"step {n}\nRuntimeError: no GPU"}))
-    stopped = wait_until(lambda: (e := stack.rest("GET", f"/experiments/{experiment}").json())["status"] == "STOPPED"
-                         and e, 10, "the experiment to stop")  # fmt: skip
-    assert "first 2 trials failed the same way: RuntimeError: no GPU" in \
-        stopped["message"]  # fmt: skip
+    stopped = wait_until(
+        lambda: (e := stack.rest("GET", f"/experiments/{experiment}").json())["status"] == "STOPPED" and e,
+        10,
+        "the experiment to stop",
+    )
+    assert "first 2 trials failed the same way: RuntimeError: no GPU" in stopped["message"]
     refused = stack.rest("POST", f"/experiments/{experiment}/trials", json={"parameters": {"x": 5}})
     assert refused.status_code == 409 and "STOPPED" in refused.text
     # A resume runs it again, and the guard, having said its piece, lets it run

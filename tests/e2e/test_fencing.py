@@ -96,8 +96,15 @@ async def _second_copy_runs(stack, experiment: str, trial_id: str, replica: str)
     nc = await nats.connect(stack.nats.url)
     try:
         cancels = await nc.subscribe(subjects.control("local-gpu", "cancel"))
-        event = TrialEvent(experiment_id=experiment, trial_id=trial_id, attempt=0, status=TrialStatus.RUNNING,
-                           platform="local-gpu", replica=replica, time=utcnow())  # fmt: skip
+        event = TrialEvent(
+            experiment_id=experiment,
+            trial_id=trial_id,
+            attempt=0,
+            status=TrialStatus.RUNNING,
+            platform="local-gpu",
+            replica=replica,
+            time=utcnow(),
+        )
         headers = {"Nats-Msg-Id": subjects.running_event_id(trial_id, 0, replica)}
         subject = subjects.events(experiment, trial_id, "local-gpu")
         await nc.jetstream().publish(subject, event.encode(), headers=headers)
@@ -123,7 +130,8 @@ async def _redeliver(stack, experiment: str, trial_id: str) -> None:
         state = ExperimentState.decode((await (await js.key_value("experiments")).get(experiment)).value)
         held = TrialState.decode((await (await js.key_value("trials")).get(trial_id)).value)
         request = trial_request(state, held, stack.secret)
-        await js.publish(subjects.dispatch("local-gpu"), request.encode(),
-                         headers={"Nats-Msg-Id": f"{trial_id}:0:again"})  # fmt: skip
+        await js.publish(
+            subjects.dispatch("local-gpu"), request.encode(), headers={"Nats-Msg-Id": f"{trial_id}:0:again"}
+        )
     finally:
         await nc.close()

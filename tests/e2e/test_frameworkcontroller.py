@@ -42,19 +42,30 @@ def share(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def k8s(tmp_path: Path, share: Path):
-    emulator = start_kubernetes(tmp_path / "k8s", token="t0ken", stuck_images={"never/pulls:1"},
-                                volumes={NFS: str(share), "azurefile://trials": str(share)})  # fmt: skip
+    emulator = start_kubernetes(
+        tmp_path / "k8s",
+        token="t0ken",
+        stuck_images={"never/pulls:1"},
+        volumes={NFS: str(share), "azurefile://trials": str(share)},
+    )
     yield emulator
     emulator.stop()
 
 
 def fc_stack(tmp_path: Path, nats_server, k8s, share: Path, **env: str) -> Stack:
     mounts = {NFS: str(share), "azurefile://acct/trials": str(share)}
-    return Stack(root=tmp_path, nats=nats_server, extra_env={
-        "TRIALBUS_KUBECONFIG": str(k8s.kubeconfig(tmp_path / "kubeconfig")),
-        "TRIALBUS_SHARE_MOUNTS": json.dumps(mounts),
-        "TRIALBUS_AZURE_STORAGE_KEY": AZURE_KEY, "TRIALBUS_WATCH_TIMEOUT": "5", "TRIALBUS_STATUS_INTERVAL": "0.5",
-        **env})  # fmt: skip
+    return Stack(
+        root=tmp_path,
+        nats=nats_server,
+        extra_env={
+            "TRIALBUS_KUBECONFIG": str(k8s.kubeconfig(tmp_path / "kubeconfig")),
+            "TRIALBUS_SHARE_MOUNTS": json.dumps(mounts),
+            "TRIALBUS_AZURE_STORAGE_KEY": AZURE_KEY,
+            "TRIALBUS_WATCH_TIMEOUT": "5",
+            "TRIALBUS_STATUS_INTERVAL": "0.5",
+            **env,
+        },
+    )
 
 
 @pytest.fixture
@@ -73,14 +84,23 @@ def fc_config(code: Path, **service) -> dict:
         "trialCodeDirectory": str(code),
         "trialConcurrency": 4,
         "trainingService": {
-            "platform": "frameworkcontroller", "namespace": "default",
+            "platform": "frameworkcontroller",
+            "namespace": "default",
             "storage": {"storageType": "nfs", "server": "nfs.test", "path": "/export"},
             "containerMountPath": f"/tmp/tb-fc-{secrets.token_hex(4)}",
-            "taskRoles": [{"name": "worker", "taskNumber": 1, "command": "python3 trial.py", "cpuNumber": 1,
-                           "memorySize": "512mb", "dockerImage": "python:3.11"}],
+            "taskRoles": [
+                {
+                    "name": "worker",
+                    "taskNumber": 1,
+                    "command": "python3 trial.py",
+                    "cpuNumber": 1,
+                    "memorySize": "512mb",
+                    "dockerImage": "python:3.11",
+                }
+            ],
             **service,
         },
-    }  # fmt: skip
+    }
 
 
 def api_client(k8s) -> kubernetes.client.ApiClient:
@@ -99,8 +119,12 @@ def frameworks(k8s) -> list[dict]:
 def within_the_role(requests: list[dict]) -> None:
     """Every API call the adapter made is granted by k8s/base/frameworkcontroller-rbac.yaml."""
     role = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d["kind"] == "Role")
-    granted = {(rule["apiGroups"][0], resource, verb) for rule in role["rules"] for resource in rule["resources"]
-               for verb in rule["verbs"]}  # fmt: skip
+    granted = {
+        (rule["apiGroups"][0], resource, verb)
+        for rule in role["rules"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
     used = set()
     for request in requests:
         if request["agent"] == TEST_AGENT:
@@ -113,7 +137,8 @@ def within_the_role(requests: list[dict]) -> None:
         named = len(rest) > 3
         watch = "watch=true" in str(request.get("query", "")).lower()
         verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}.get(
-            request["method"], "get" if named else "watch" if watch else "list")
+            request["method"], "get" if named else "watch" if watch else "list"
+        )
         used.add((group, rest[2], verb))
     assert used and used <= granted, used - granted
 
@@ -135,10 +160,15 @@ def test_twenty_trials_run_as_frameworks_and_every_metric_arrives(stack, k8s, tm
 def test_a_failing_task_fails_a_two_role_trial_by_its_completion_policy(stack, k8s, tmp_path):
     roles = [
         {"name": "worker", "taskNumber": 1, "command": "python3 trial.py", "cpuNumber": 1, "memorySize": "512mb"},
-        {"name": "ps", "taskNumber": 2, "cpuNumber": 1, "memorySize": "512mb",
-         "command": 'test "$FC_TASK_INDEX" != 1 || exit 7; sleep 60',
-         "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": -1}},
-    ]  # fmt: skip
+        {
+            "name": "ps",
+            "taskNumber": 2,
+            "cpuNumber": 1,
+            "memorySize": "512mb",
+            "command": 'test "$FC_TASK_INDEX" != 1 || exit 7; sleep 60',
+            "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": -1},
+        },
+    ]
     config = fc_config(write_code(tmp_path, TRIAL), taskRoles=roles, reportingTaskRole="worker")
     experiment = create(stack, config)
     found = ended(stack, submit(stack, experiment, {"x": 1, "sleep": 60}))
@@ -157,8 +187,9 @@ def test_cancel_stops_the_framework_and_someone_else_s_delete_is_sys_canceled(st
     assert ended(stack, canceled)["status"] == "USER_CANCELED"
     (other,) = [f for f in frameworks(k8s) if f["metadata"]["labels"]["trialbus.io/trial"] == deleted]
     api = kubernetes.client.CustomObjectsApi(api_client(k8s))
-    api.delete_namespaced_custom_object("frameworkcontroller.microsoft.com", "v1", "default", "frameworks",
-                                        other["metadata"]["name"])  # fmt: skip
+    api.delete_namespaced_custom_object(
+        "frameworkcontroller.microsoft.com", "v1", "default", "frameworks", other["metadata"]["name"]
+    )
     found = ended(stack, deleted)
     assert found["status"] == "SYS_CANCELED" and "deleted outside Trialbus" in found["message"], found
     wait_until(lambda: frameworks(k8s) == [], 30, "the stopped Framework deleted after its end")
@@ -194,12 +225,23 @@ def test_a_framework_stuck_preparing_says_so_then_fails(tmp_path, nats_server, k
     stack = fc_stack(tmp_path, nats_server, k8s, share, TRIALBUS_QUEUE_NOTE_AFTER="0.5")
     try:
         stack.start("dispatcher", "gateway", "frameworkcontroller")
-        roles = [{"name": "worker", "taskNumber": 1, "command": "python3 trial.py", "cpuNumber": 1,
-                  "memorySize": "512mb", "dockerImage": "never/pulls:1"}]  # fmt: skip
+        roles = [
+            {
+                "name": "worker",
+                "taskNumber": 1,
+                "command": "python3 trial.py",
+                "cpuNumber": 1,
+                "memorySize": "512mb",
+                "dockerImage": "never/pulls:1",
+            }
+        ]
         experiment = create(stack, fc_config(write_code(tmp_path, TRIAL), taskRoles=roles, preparingTimeout="4s"))
         trial_id = submit(stack, experiment, {"x": 1})
-        wait_until(lambda: "is AttemptPreparing (waiting for its pods)" in (trial(stack, trial_id)["message"] or ""),
-                   30, "the note")  # fmt: skip
+        wait_until(
+            lambda: "is AttemptPreparing (waiting for its pods)" in (trial(stack, trial_id)["message"] or ""),
+            30,
+            "the note",
+        )
         found = ended(stack, trial_id)
         assert found["status"] == "FAILED" and "stayed AttemptPreparing for" in found["message"], found
     finally:
@@ -228,13 +270,22 @@ def test_bad_settings_are_refused_at_creation(tmp_path, nats_server, share):
         code = write_code(tmp_path, TRIAL)
         cases = {
             "no FrameworkController": (fc_config(code), "FrameworkController is not installed in this cluster"),
-            "storage not mounted": (fc_config(code, storage={"storageType": "nfs", "server": "x", "path": "/y"}),
-                                    "storage nfs://x/y is not mounted on the adapter's host"),
-            "no such role": (fc_config(code, taskRoles=[*fc_config(code)["trainingService"]["taskRoles"],
-                                                        {**fc_config(code)["trainingService"]["taskRoles"][0],
-                                                         "name": "ps"}], reportingTaskRole="chief"),
-                             "reportingTaskRole 'chief' is not a task role of taskRoles (worker, ps)"),
-        }  # fmt: skip
+            "storage not mounted": (
+                fc_config(code, storage={"storageType": "nfs", "server": "x", "path": "/y"}),
+                "storage nfs://x/y is not mounted on the adapter's host",
+            ),
+            "no such role": (
+                fc_config(
+                    code,
+                    taskRoles=[
+                        *fc_config(code)["trainingService"]["taskRoles"],
+                        {**fc_config(code)["trainingService"]["taskRoles"][0], "name": "ps"},
+                    ],
+                    reportingTaskRole="chief",
+                ),
+                "reportingTaskRole 'chief' is not a task role of taskRoles (worker, ps)",
+            ),
+        }
         for name, (config, reason) in cases.items():
             reply = stack.rest("POST", "/experiments", json=config)
             assert reply.status_code in (400, 422) and reason in reply.json()["error"], (name, reply.text)
@@ -244,8 +295,14 @@ def test_bad_settings_are_refused_at_creation(tmp_path, nats_server, share):
 
 
 def test_an_adapter_without_a_cluster_starts_idle_and_says_why(tmp_path, nats_server, share):
-    stack = Stack(root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_KUBECONFIG": str(tmp_path / "nope"),
-                                                              "TRIALBUS_SHARE_MOUNTS": json.dumps({NFS: str(share)})})
+    stack = Stack(
+        root=tmp_path,
+        nats=nats_server,
+        extra_env={
+            "TRIALBUS_KUBECONFIG": str(tmp_path / "nope"),
+            "TRIALBUS_SHARE_MOUNTS": json.dumps({NFS: str(share)}),
+        },
+    )
     try:
         stack.start("dispatcher", "gateway", "frameworkcontroller")
         reply = stack.rest("POST", "/experiments", json=fc_config(write_code(tmp_path, TRIAL)))

@@ -63,8 +63,12 @@ def _archive() -> bytes:
 
 
 ARCHIVE = _archive()
-CONFIG = {"experimentName": "fuzz", "trialCommand": "python3 trial.py", "trialConcurrency": 1,
-          "trainingService": {"platform": "local"}}  # fmt: skip
+CONFIG = {
+    "experimentName": "fuzz",
+    "trialCommand": "python3 trial.py",
+    "trialConcurrency": 1,
+    "trainingService": {"platform": "local"},
+}
 
 
 @dataclass
@@ -104,14 +108,17 @@ def fuzzer(stack, request):
 def known(stack) -> Known:
     """A running experiment with a dispatched trial (with a metric) and a waiting one, and a stopped one."""
     running = stack.rest("POST", "/experiments", json=CONFIG).json()["id"]
-    trials = [stack.rest("POST", f"/experiments/{running}/trials", json={"parameters": {"x": x}}).json()["id"]
-              for x in (1, 2)]  # fmt: skip
+    trials = [
+        stack.rest("POST", f"/experiments/{running}/trials", json={"parameters": {"x": x}}).json()["id"] for x in (1, 2)
+    ]
     record = {"trial_job_id": trials[0], "type": "PERIODICAL", "sequence": 0, "value": "0.5"}
     reply = httpx.post(
         f"{stack.gateway}/api/v1/trials/{trials[0]}/metrics",
         json={"experimentId": running, "records": [record]},
-        headers={"Authorization": f"Bearer {tokens.trial_token(stack.secret, running, trials[0])}",
-                 "X-Trialbus-Keeper-Version": VERSION},  # fmt: skip
+        headers={
+            "Authorization": f"Bearer {tokens.trial_token(stack.secret, running, trials[0])}",
+            "X-Trialbus-Keeper-Version": VERSION,
+        },
     )
     assert reply.status_code == 200, reply.text
     stopped = stack.rest("POST", "/experiments", json=CONFIG).json()["id"]
@@ -130,8 +137,11 @@ def aim_at(known: Known):
                 case.path_parameters[name] = data.draw(st.sampled_from(real), label=name)
         if case.operation.label == "POST /api/v1/code" and data.draw(st.booleans(), label="a real archive"):
             case.body = ARCHIVE
-        if (case.operation.label == "POST /api/v1/experiments" and isinstance(case.body, dict)
-                and data.draw(st.booleans(), label="over a valid config")):  # fmt: skip
+        if (
+            case.operation.label == "POST /api/v1/experiments"
+            and isinstance(case.body, dict)
+            and data.draw(st.booleans(), label="over a valid config")
+        ):
             case.body = {**CONFIG, **case.body}
 
     return aim
@@ -173,12 +183,28 @@ def targets(stack, known) -> dict[str, Target]:
     dispatcher = f"http://127.0.0.1:{stack.api_port}"
     gateway = gateway_app(GatewaySettings(trial_secret=stack.secret), bus=lambda: None, publish=None)
     return {
-        "dispatcher": Target("dispatcher", schemathesis.openapi.from_url(f"{dispatcher}/api/openapi.json"),
-                             dispatcher, lambda case: stack.auth, aim_at(known)),  # fmt: skip
-        "webui": Target("webui", schemathesis.openapi.from_url(f"{stack.webui}/api/openapi.json"), stack.webui,
-                        lambda case: stack.auth, aim_at(known)),  # fmt: skip
-        "gateway": Target("gateway", schemathesis.openapi.from_dict(gateway.openapi()), stack.gateway,
-                          trial_token(stack), gateway_aim(known), anonymous=(400, 401, 409)),  # fmt: skip
+        "dispatcher": Target(
+            "dispatcher",
+            schemathesis.openapi.from_url(f"{dispatcher}/api/openapi.json"),
+            dispatcher,
+            lambda case: stack.auth,
+            aim_at(known),
+        ),
+        "webui": Target(
+            "webui",
+            schemathesis.openapi.from_url(f"{stack.webui}/api/openapi.json"),
+            stack.webui,
+            lambda case: stack.auth,
+            aim_at(known),
+        ),
+        "gateway": Target(
+            "gateway",
+            schemathesis.openapi.from_dict(gateway.openapi()),
+            stack.gateway,
+            trial_token(stack),
+            gateway_aim(known),
+            anonymous=(400, 401, 409),
+        ),
     }
 
 
@@ -211,9 +237,17 @@ def test_what_no_schema_can_describe_is_refused_cleanly(stack, known, fuzzer):
     since = {name: len(stack.log(name)) for name in ("dispatcher", "gateway", "webui")}
     running, trial = known.experiments[0], next(iter(known.trials))
     config = json.dumps(CONFIG)[1:-1].encode()  # its fields, to put more after
-    openpai = {"platform": "openpai", "host": "pai", "username": "u", "token": "t", "trialCpuNumber": 1,
-               "storageConfigName": "s", "localStorageMountPoint": "/l", "containerStorageMountPoint": "/c",
-               "trialMemorySize": "9" * 400 + "gb"}  # fmt: skip
+    openpai = {
+        "platform": "openpai",
+        "host": "pai",
+        "username": "u",
+        "token": "t",
+        "trialCpuNumber": 1,
+        "storageConfigName": "s",
+        "localStorageMountPoint": "/l",
+        "containerStorageMountPoint": "/c",
+        "trialMemorySize": "9" * 400 + "gb",
+    }
     cases = [
         ("/experiments", b"[" * 100_000 + b"]" * 100_000, 400),
         ("/experiments", b'{"a":' * 5_000 + b"1" + b"}" * 5_000, 400),
@@ -229,16 +263,29 @@ def test_what_no_schema_can_describe_is_refused_cleanly(stack, known, fuzzer):
         ("/experiments", json.dumps({**CONFIG, "trialGpuNumber": 0, "trainingService": openpai}).encode(), 422),
     ]
     before = fuzzer.probe.read()
-    answers = [(path, stack.rest("POST", path, content=body, headers={"Content-Type": "application/json"}))
-               for path, body, _ in cases]  # fmt: skip
+    answers = [
+        (path, stack.rest("POST", path, content=body, headers={"Content-Type": "application/json"}))
+        for path, body, _ in cases
+    ]
     deep = json.dumps({"trial_job_id": trial, "type": "FINAL", "sequence": 0, "value": 1})
-    for record in (deep.replace('"value": 1', '"value": ' + "[" * 100_000 + "]" * 100_000),
-                   deep.replace('"sequence": 0', '"sequence": 0, "parameter_id": "\\ud800"')):  # fmt: skip
-        answers.append(("gateway", httpx.post(
-            f"{stack.gateway}/api/v1/trials/{trial}/metrics", json={"experimentId": running, "records": [record]},
-            headers={"Authorization": f"Bearer {tokens.trial_token(stack.secret, running, trial)}",
-                     "X-Trialbus-Keeper-Version": VERSION}, timeout=10,
-        )))  # fmt: skip
+    for record in (
+        deep.replace('"value": 1', '"value": ' + "[" * 100_000 + "]" * 100_000),
+        deep.replace('"sequence": 0', '"sequence": 0, "parameter_id": "\\ud800"'),
+    ):
+        answers.append(
+            (
+                "gateway",
+                httpx.post(
+                    f"{stack.gateway}/api/v1/trials/{trial}/metrics",
+                    json={"experimentId": running, "records": [record]},
+                    headers={
+                        "Authorization": f"Bearer {tokens.trial_token(stack.secret, running, trial)}",
+                        "X-Trialbus-Keeper-Version": VERSION,
+                    },
+                    timeout=10,
+                ),
+            )
+        )
     expected = [status for _, _, status in cases] + [400, 400]
     assert [(path, answer.status_code) for path, answer in answers] == [
         (path, status) for (path, _), status in zip(answers, expected, strict=True)

@@ -164,7 +164,8 @@ class Host:
     def wait_message(self, trial_id: str, start: str, timeout: float = 10) -> dict:
         """The trial once its ``message`` starts with ``start`` (the dispatcher's own comes first)."""
         return wait_until(
-            lambda: ((t := self.trial(trial_id)).get("message") or "").startswith(start) and t, timeout,
+            lambda: ((t := self.trial(trial_id)).get("message") or "").startswith(start) and t,
+            timeout,
             f"trial {trial_id} to say {start!r}",
         )
 
@@ -353,9 +354,7 @@ def test_platforms_show_the_replica_its_gpus_and_who_runs_on_them(host: Host):
     # Then one replica, test-host of local-gpu, with the fake nvidia-smi's GPUs
     everyone = host.stack.rest("GET", "/platforms").json()
     assert [(p["adapter"], p["replica"]) for p in everyone] == [("local-gpu", "test-host")]
-    assert (status["gpuSource"], status["maxTrials"], status["running"], status["waiting"]) == (
-        "nvidia-smi", 64, 1, []
-    )
+    assert (status["gpuSource"], status["maxTrials"], status["running"], status["waiting"]) == ("nvidia-smi", 64, 1, [])
     shown = [(g["index"], g["name"], g["uuid"], g["memoryTotalMib"], g["memoryUsedMib"]) for g in status["gpus"]]
     assert shown == [(i, g["name"], g["uuid"], g["memoryTotalMib"], g["memoryUsedMib"]) for i, g in enumerate(gpus)]
     assert [g["foreignProcesses"] for g in status["gpus"]] == [0, 1, 0]

@@ -64,8 +64,9 @@ def most_at_once(trials: list[dict], platform: str | None = None) -> int:
 @pytest.fixture
 def local_remote(tmp_path: Path, nats_server, sshd, remote_root, stacks) -> Stack:  # noqa: F811
     """Dispatcher, gateway, the local adapter (two trials at most) and the remote adapter."""
-    stack = start_stack(tmp_path, nats_server, [sshd], remote_root, TRIALBUS_STATUS_INTERVAL="1",
-                        TRIALBUS_UNREACHABLE_TIMEOUT="4")  # fmt: skip
+    stack = start_stack(
+        tmp_path, nats_server, [sshd], remote_root, TRIALBUS_STATUS_INTERVAL="1", TRIALBUS_UNREACHABLE_TIMEOUT="4"
+    )
     stack.service_env["adapter"] = {"TRIALBUS_MAX_TRIALS": "2"}
     stack.start("adapter")
     stacks.append(stack)
@@ -95,24 +96,32 @@ def test_remote_machines_going_down_do_not_stall_the_experiment(local_remote, ss
     first = [submit(local_remote, experiment, {"x": i, "sleep": 0.5}) for i in range(3)]
     assert {ended(local_remote, t)["platform"] for t in first} == {"local-gpu", "remote"}
     sshd.stop()  # the experiment's only SSH machine goes away
-    wait_until(lambda: any(not m["up"] for r in local_remote.rest("GET", "/platforms").json()
-                           for m in r.get("machines", [])), 30, "the remote adapter to see its machine down")
+    wait_until(
+        lambda: any(not m["up"] for r in local_remote.rest("GET", "/platforms").json() for m in r.get("machines", [])),
+        30,
+        "the remote adapter to see its machine down",
+    )
     later = [submit(local_remote, experiment, {"x": i, "sleep": 0.2}) for i in range(3, 11)]
     finals = [ended(local_remote, t, timeout=60) for t in later]
     assert [(t["status"], t["platform"]) for t in finals] == [("SUCCEEDED", "local-gpu")] * 8, finals
     assert most_at_once(finals, "local-gpu") <= 2
 
 
-def test_a_trial_waiting_for_a_platform_that_is_down_goes_elsewhere(tmp_path, nats_server, stacks,
-                                                                     share):  # noqa: F811
+def test_a_trial_waiting_for_a_platform_that_is_down_goes_elsewhere(tmp_path, nats_server, stacks, share):  # noqa: F811
     """Local and OpenPAI: trials land on both; with the openpai adapter stopped, the trials
     it had not started are taken back and run locally, as their next attempt."""
     pai = start_openpai(tmp_path / "pai", mounts={str(share[1]): str(share[0])})
     try:
-        stack = Stack(root=tmp_path, nats=nats_server,
-                      extra_env={"TRIALBUS_STATUS_POLL": "0.3", "TRIALBUS_STATUS_INTERVAL": "1",
-                                 "TRIALBUS_PLATFORM_STALE_AFTER": "3"},
-                      service_env={"adapter": {"TRIALBUS_MAX_TRIALS": "1"}})  # fmt: skip
+        stack = Stack(
+            root=tmp_path,
+            nats=nats_server,
+            extra_env={
+                "TRIALBUS_STATUS_POLL": "0.3",
+                "TRIALBUS_STATUS_INTERVAL": "1",
+                "TRIALBUS_PLATFORM_STALE_AFTER": "3",
+            },
+            service_env={"adapter": {"TRIALBUS_MAX_TRIALS": "1"}},
+        )
         stacks.append(stack.start("dispatcher", "gateway", "openpai", "adapter"))
         code = write_code(tmp_path, TRIAL)
         pai_service = openpai_config(code, pai, share)["trainingService"]
@@ -138,7 +147,6 @@ def test_a_trial_waiting_for_a_platform_that_is_down_goes_elsewhere(tmp_path, na
         pai.stop()
 
 
-
 def test_a_preempted_trial_runs_again_on_the_other_platform_while_its_own_is_drained(
     local_remote, sshd, ssh_key, tmp_path
 ):
@@ -153,8 +161,11 @@ def test_a_preempted_trial_runs_again_on_the_other_platform_while_its_own_is_dra
     drained = local_remote.rest("POST", f"/platforms/local-gpu/{running['replica']}/drain")
     assert drained.status_code == 200 and drained.json()["preempted"] == 1, drained.text
     # Then the trial's next attempt goes to the platform that takes trials: remote
-    moved = wait_until(lambda: (t := trial(local_remote, trial_id))["attempt"] == 1 and t["status"] == "RUNNING" and t,
-                       60, "attempt 1 to run")  # fmt: skip
+    moved = wait_until(
+        lambda: (t := trial(local_remote, trial_id))["attempt"] == 1 and t["status"] == "RUNNING" and t,
+        60,
+        "attempt 1 to run",
+    )
     assert moved["platform"] == "remote"
     assert [(a["platform"], a["failure"]) for a in moved["attempts"]] == [("local-gpu", "preempted")]
     assert local_remote.rest("POST", f"/trials/{trial_id}/cancel").status_code == 202

@@ -60,8 +60,11 @@ def reported_once_by(stack: Stack, trial_id: str, reporter: str) -> None:
         ("FINAL", 0, {"default": 7, "task": reporter}),
     ], records
     log = stack.rest("GET", f"/trials/{trial_id}/log").text
-    stdout = {head.removesuffix("/stdout"): body for head, _, body in
-              (part.partition(" <==\n") for part in log.split("==> ")[1:]) if head.endswith("/stdout")}  # fmt: skip
+    stdout = {
+        head.removesuffix("/stdout"): body
+        for head, _, body in (part.partition(" <==\n") for part in log.split("==> ")[1:])
+        if head.endswith("/stdout")
+    }
     assert sorted(stdout) == TASKS, log
     for task, text in stdout.items():
         assert "NNISDK_MEb" in text and task in text, (task, text)
@@ -72,17 +75,28 @@ def reported_once_by(stack: Stack, trial_id: str, reporter: str) -> None:
 
 def pai_job() -> dict:
     """``worker`` then ``ps``, two instances each; the job ends once every task has."""
-    each = {"instances": 2, "dockerImage": "img", "resourcePerInstance": {"gpu": 0, "cpu": 1, "memoryMB": 512},
-            "completion": {"minSucceededInstances": -1}, "commands": ["python3 trial.py"]}  # fmt: skip
+    each = {
+        "instances": 2,
+        "dockerImage": "img",
+        "resourcePerInstance": {"gpu": 0, "cpu": 1, "memoryMB": 512},
+        "completion": {"minSucceededInstances": -1},
+        "commands": ["python3 trial.py"],
+    }
     return {
-        "protocolVersion": 2, "name": "distributed", "type": "job",
+        "protocolVersion": 2,
+        "name": "distributed",
+        "type": "job",
         "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "python:3.11"}],
         "taskRoles": {"worker": dict(each), "ps": dict(each)},
-    }  # fmt: skip
+    }
 
 
-def test_openpai_without_a_reporting_role_the_first_role_s_first_instance_reports(pai_stack, pai, share,  # noqa: F811
-                                                                                  tmp_path):  # fmt: skip
+def test_openpai_without_a_reporting_role_the_first_role_s_first_instance_reports(
+    pai_stack,
+    pai,
+    share,  # noqa: F811
+    tmp_path,
+):
     config = openpai_config(write_code(tmp_path, TRIAL), pai, share, openpaiConfig=pai_job())
 
     experiment = create(pai_stack, config)
@@ -91,11 +105,18 @@ def test_openpai_without_a_reporting_role_the_first_role_s_first_instance_report
     reported_once_by(pai_stack, trial_id, "worker-0")
 
 
-def test_openpai_reporting_task_role_chooses_another_role_and_a_wrong_one_is_refused(pai_stack, pai, share,  # noqa: F811
-                                                                                    tmp_path):  # fmt: skip
+def test_openpai_reporting_task_role_chooses_another_role_and_a_wrong_one_is_refused(
+    pai_stack,
+    pai,
+    share,  # noqa: F811
+    tmp_path,
+):
     code = write_code(tmp_path, TRIAL)
-    wrong = pai_stack.rest("POST", "/experiments", json=openpai_config(code, pai, share, openpaiConfig=pai_job(),
-                                                                       reportingTaskRole="chief"))  # fmt: skip
+    wrong = pai_stack.rest(
+        "POST",
+        "/experiments",
+        json=openpai_config(code, pai, share, openpaiConfig=pai_job(), reportingTaskRole="chief"),
+    )
     assert wrong.status_code == 422, wrong.text
     assert "reportingTaskRole 'chief' is not a task role of openpaiConfig (worker, ps)" in wrong.json()["error"]
     assert pai_stack.rest("GET", "/experiments").json() == [], "nothing was created"
@@ -128,8 +149,17 @@ def fc(tmp_path: Path, nats_server, request):
 
 def fc_roles() -> list[dict]:
     """``worker`` then ``ps``, two tasks each (NNI's default completion: every task ends it)."""
-    return [{"name": name, "taskNumber": 2, "command": "python3 trial.py", "cpuNumber": 1, "memorySize": "512mb",
-             "dockerImage": "python:3.11"} for name in ("worker", "ps")]  # fmt: skip
+    return [
+        {
+            "name": name,
+            "taskNumber": 2,
+            "command": "python3 trial.py",
+            "cpuNumber": 1,
+            "memorySize": "512mb",
+            "dockerImage": "python:3.11",
+        }
+        for name in ("worker", "ps")
+    ]
 
 
 def test_frameworkcontroller_without_a_reporting_role_the_first_role_s_first_task_reports(fc, tmp_path):

@@ -85,12 +85,18 @@ def test_a_proposal_waiting_for_a_result_gets_it_while_it_waits(stack: Stack, tm
     (tmp_path / "multi_thread_trial.py").write_text(TRIAL)
     (tmp_path / "search_space.json").write_text(json.dumps({"x": {"_type": "choice", "_value": [0, 1]}}))
     legacy = {
-        "authorName": "nni", "experimentName": "multi_thread", "maxExecDuration": "5m", "maxTrialNum": 4,
-        "trialConcurrency": 2, "searchSpacePath": "search_space.json", "useAnnotation": False, "multiThread": True,
+        "authorName": "nni",
+        "experimentName": "multi_thread",
+        "maxExecDuration": "5m",
+        "maxTrialNum": 4,
+        "trialConcurrency": 2,
+        "searchSpacePath": "search_space.json",
+        "useAnnotation": False,
+        "multiThread": True,
         "trainingServicePlatform": "local",
         "tuner": {"codeDir": ".", "classFileName": "multi_thread_tuner.py", "className": "WaitingTuner"},
         "trial": {"codeDir": ".", "command": f"{sys.executable} multi_thread_trial.py", "gpuNum": 0},
-    }  # fmt: skip
+    }
     (tmp_path / "config.yml").write_text(yaml.safe_dump(legacy))
 
     # When it runs as a user runs it
@@ -106,8 +112,11 @@ def test_a_proposal_waiting_for_a_result_gets_it_while_it_waits(stack: Stack, tm
     assert experiment.config.multi_thread is True
     ordered = sorted(trials, key=lambda t: t.parameter_id)
     assert [(t.parameter_id, t.parameters, t.status.value) for t in ordered] == [
-        (0, {"x": 0}, "SUCCEEDED"), (1, {"x": 1}, "SUCCEEDED"), (2, {"x": 1}, "SUCCEEDED"),
-        (3, {"x": 1}, "SUCCEEDED")]  # fmt: skip
+        (0, {"x": 0}, "SUCCEEDED"),
+        (1, {"x": 1}, "SUCCEEDED"),
+        (2, {"x": 1}, "SUCCEEDED"),
+        (3, {"x": 1}, "SUCCEEDED"),
+    ]
 
 
 FAILING_TRIAL = textwrap.dedent(
@@ -130,23 +139,34 @@ def test_a_tuner_that_waits_for_ever_lets_its_experiment_and_the_service_stop(st
     (tmp_path / "failing_trial.py").write_text(FAILING_TRIAL)
     (tmp_path / "search_space.json").write_text(json.dumps({"x": {"_type": "choice", "_value": [0, 1]}}))
     legacy = {
-        "maxTrialNum": 4, "trialConcurrency": 2, "searchSpacePath": "search_space.json", "multiThread": True,
+        "maxTrialNum": 4,
+        "trialConcurrency": 2,
+        "searchSpacePath": "search_space.json",
+        "multiThread": True,
         "trainingServicePlatform": "local",
         "tuner": {"codeDir": ".", "classFileName": "multi_thread_tuner.py", "className": "WaitingTuner"},
         "trial": {"codeDir": ".", "command": f"{sys.executable} failing_trial.py"},
-    }  # fmt: skip
+    }
     (tmp_path / "config.yml").write_text(yaml.safe_dump(legacy))
     try:
-        with Experiment(tmp_path / "config.yml", nats_url=stack.nats.url) as experiment, \
-                Client(stack.nats.url) as client:  # fmt: skip
+        with (
+            Experiment(tmp_path / "config.yml", nats_url=stack.nats.url) as experiment,
+            Client(stack.nats.url) as client,
+        ):
             experiment_id = experiment.start()
-            wait_until(lambda: [t.status.value for t in client.list_trials(experiment_id)] == ["FAILED"], 60,
-                       "the first trial to fail")  # fmt: skip
+            wait_until(
+                lambda: [t.status.value for t in client.list_trials(experiment_id)] == ["FAILED"],
+                60,
+                "the first trial to fail",
+            )
 
             # When the user stops the experiment while its tuner waits, and then the tuner service is stopped
             experiment.stop()
-            stopped = wait_until(lambda: (e := client.get_experiment(experiment_id)).status.value != "RUNNING" and e,
-                                 30, "the experiment to stop")  # fmt: skip
+            stopped = wait_until(
+                lambda: (e := client.get_experiment(experiment_id)).status.value != "RUNNING" and e,
+                30,
+                "the experiment to stop",
+            )
             trials = client.list_trials(experiment_id)
             proc = stack.procs.pop("tuner")
             proc.send_signal(signal.SIGTERM)

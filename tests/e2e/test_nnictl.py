@@ -73,20 +73,31 @@ class Home:
 
     def env(self, **more: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-        return {**env, "TRIALBUS_DATA_DIR": str(self.data_dir), "TRIALBUS_NATS_URL": self.ups[-1].nats_url,
-                "COLUMNS": "250", **more}  # fmt: skip
+        return {
+            **env,
+            "TRIALBUS_DATA_DIR": str(self.data_dir),
+            "TRIALBUS_NATS_URL": self.ups[-1].nats_url,
+            "COLUMNS": "250",
+            **more,
+        }
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([TRIALBUS, *args], env=self.env(), capture_output=True, text=True, timeout=timeout,
-                              cwd=self.root)  # fmt: skip
+        return subprocess.run(
+            [TRIALBUS, *args], env=self.env(), capture_output=True, text=True, timeout=timeout, cwd=self.root
+        )
 
     def config(self, name: str, **settings) -> Path:
         """An NNI v2 config file for the trial code, with ``settings`` over the defaults."""
         config = {
-            "experimentName": name, "trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(self.code),
-            "trialConcurrency": 2, "searchSpace": {"x": {"_type": "choice", "_value": [0.25, 0.5, 0.75]}},
-            "tuner": {"name": "GridSearch"}, "trainingService": {"platform": "local"}, **settings,
-        }  # fmt: skip
+            "experimentName": name,
+            "trialCommand": f"{sys.executable} trial.py",
+            "trialCodeDirectory": str(self.code),
+            "trialConcurrency": 2,
+            "searchSpace": {"x": {"_type": "choice", "_value": [0.25, 0.5, 0.75]}},
+            "tuner": {"name": "GridSearch"},
+            "trainingService": {"platform": "local"},
+            **settings,
+        }
         path = self.root / f"{name}.yml"
         path.write_text(yaml.safe_dump(config))
         return path
@@ -132,13 +143,19 @@ def statuses(up: Up, experiment: str) -> dict[str, str]:
 
 
 def status_is(up: Up, experiment: str, status: str, timeout: float = 90) -> dict:
-    return wait_until(lambda: (e := experiment_of(up, experiment))["status"] == status and e, timeout,
-                      f"experiment {experiment} {status}")  # fmt: skip
+    return wait_until(
+        lambda: (e := experiment_of(up, experiment))["status"] == status and e,
+        timeout,
+        f"experiment {experiment} {status}",
+    )
 
 
 def running(up: Up, experiment: str, count: int) -> list[dict]:
-    return wait_until(lambda: len(r := [t for t in trials_of(up, experiment) if t["status"] == "RUNNING"]) >= count
-                      and r, 60, f"{count} trials RUNNING")  # fmt: skip
+    return wait_until(
+        lambda: len(r := [t for t in trials_of(up, experiment) if t["status"] == "RUNNING"]) >= count and r,
+        60,
+        f"{count} trials RUNNING",
+    )
 
 
 def when(text: str) -> datetime:
@@ -181,13 +198,18 @@ def test_create_view_top_trial_ls_log_trial_and_export_as_nnictl_users_type_them
 
     # And `experiment export --type json --filename` writes NNI's records, each trial's status added
     exported = home.root / "export.json"
-    assert "exported 3 trials" in ok(home.cli("experiment", "export", experiment, "--type", "json",
-                                              "--filename", str(exported)))  # fmt: skip
+    assert "exported 3 trials" in ok(
+        home.cli("experiment", "export", experiment, "--type", "json", "--filename", str(exported))
+    )
     records = json.loads(exported.read_text())
     assert [r["trialJobId"] for r in records] == [t["id"] for t in trials_of(up, experiment)], "in sequence order"
     by_id = {r["trialJobId"]: r for r in records}
-    assert by_id[number["id"]] == {"parameter": number["parameters"], "value": "0.5", "trialJobId": number["id"],
-                                   "status": "SUCCEEDED"}  # fmt: skip
+    assert by_id[number["id"]] == {
+        "parameter": number["parameters"],
+        "value": "0.5",
+        "trialJobId": number["id"],
+        "status": "SUCCEEDED",
+    }
     assert json.loads(by_id[mapping["id"]]["value"]) == {"default": 0.75, "loss": 0.25}, "NNI's value: JSON text"
     assert (by_id[failed["id"]]["value"], by_id[failed["id"]]["status"]) == (None, "FAILED")
 
@@ -216,8 +238,9 @@ def test_stop_and_resume_go_on_where_the_experiment_stopped_its_time_stopped_not
     up = home.up()
     # (5 s each: still running when the `stop` typed next arrives, however loaded the machine)
     space = {"x": {"_type": "choice", "_value": [0.5]}, "sleep": {"_type": "choice", "_value": [5.0]}}
-    config = home.config("resumed", maxTrialNumber=4, maxExperimentDuration="20s", tuner={"name": "Random"},
-                         searchSpace=space)  # fmt: skip
+    config = home.config(
+        "resumed", maxTrialNumber=4, maxExperimentDuration="20s", tuner={"name": "Random"}, searchSpace=space
+    )
     began = time.monotonic()
     experiment = created(home.cli("create", "--config", str(config)))
     first = running(up, experiment, 2)
@@ -248,8 +271,10 @@ def test_stop_and_resume_go_on_where_the_experiment_stopped_its_time_stopped_not
 
     # And a resume of the DONE experiment says why there is nothing to run
     again = home.cli("resume", experiment)
-    assert again.returncode == 1 and f"experiment {experiment} is DONE: it has run maxTrialNumber (4) trials" in \
-        again.stderr, again.stderr
+    assert (
+        again.returncode == 1
+        and f"experiment {experiment} is DONE: it has run maxTrialNumber (4) trials" in again.stderr
+    ), again.stderr
 
 
 def test_trial_kill_live_top_and_stop_all(home: Home) -> None:
@@ -261,8 +286,13 @@ def test_trial_kill_live_top_and_stop_all(home: Home) -> None:
     one, two = running(up, experiment, 2)[:2]
 
     # When the user watches `top` (a terminal: it redraws every --time seconds) and presses Ctrl-C
-    top = subprocess.Popen([TRIALBUS, "top", "--time", "0.5"], env=home.env(TTY_COMPATIBLE="1", TTY_INTERACTIVE="1"),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    top = subprocess.Popen(
+        [TRIALBUS, "top", "--time", "0.5"],
+        env=home.env(TTY_COMPATIBLE="1", TTY_INTERACTIVE="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         time.sleep(3)
     finally:
@@ -280,8 +310,11 @@ def test_trial_kill_live_top_and_stop_all(home: Home) -> None:
     assert f"trial {two['id']}:" in ok(home.cli("trial", "kill", two["id"]))
 
     # Then both end USER_CANCELED, and the tuner goes on with new trials
-    wait_until(lambda: statuses(up, experiment)[one["id"]] == statuses(up, experiment)[two["id"]] == "USER_CANCELED",
-               30, "the kills")  # fmt: skip
+    wait_until(
+        lambda: statuses(up, experiment)[one["id"]] == statuses(up, experiment)[two["id"]] == "USER_CANCELED",
+        30,
+        "the kills",
+    )
     running(up, experiment, 2)
 
     # When the user types `stop --all`

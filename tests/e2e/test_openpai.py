@@ -98,18 +98,30 @@ def test_a_restarted_adapter_adopts_running_jobs(pai_stack, pai, share, tmp_path
 def test_a_two_role_trial_runs_both_roles_and_reports_once(pai_stack, pai, share, tmp_path):
     small = {"gpu": 0, "cpu": 1, "memoryMB": 1024}
     job = {
-        "protocolVersion": 2, "name": "x", "type": "job",
+        "protocolVersion": 2,
+        "name": "x",
+        "type": "job",
         "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "python:3.11"}],
         "parameters": {"epochs": 3},
         "taskRoles": {
-            "worker": {"instances": 2, "dockerImage": "img", "resourcePerInstance": small,
-                       "commands": ["env | grep ^PAI_ > pai-env-$PAI_CURRENT_TASK_ROLE_NAME-$PAI_TASK_INDEX.txt",
-                                    "python3 trial.py"]},
-            "ps": {"instances": 1, "dockerImage": "img", "resourcePerInstance": small,
-                   "completion": {"minSucceededInstances": -1},  # the workers decide when the trial is done
-                   "commands": ["echo epochs <% $parameters.epochs %> > ps-epochs.txt", "python3 trial.py"]},
+            "worker": {
+                "instances": 2,
+                "dockerImage": "img",
+                "resourcePerInstance": small,
+                "commands": [
+                    "env | grep ^PAI_ > pai-env-$PAI_CURRENT_TASK_ROLE_NAME-$PAI_TASK_INDEX.txt",
+                    "python3 trial.py",
+                ],
+            },
+            "ps": {
+                "instances": 1,
+                "dockerImage": "img",
+                "resourcePerInstance": small,
+                "completion": {"minSucceededInstances": -1},  # the workers decide when the trial is done
+                "commands": ["echo epochs <% $parameters.epochs %> > ps-epochs.txt", "python3 trial.py"],
+            },
         },
-    }  # fmt: skip
+    }
     config = openpai_config(write_code(tmp_path, TRIAL), pai, share, openpaiConfig=job, reportingTaskRole="worker")
     experiment = create(pai_stack, config)
     trial_id = submit(pai_stack, experiment, {"x": 5})
@@ -127,11 +139,15 @@ def test_bad_settings_are_refused_at_creation(pai_stack, pai, share, tmp_path):
     code = write_code(tmp_path, TRIAL)
     cases = {
         "bad token": (openpai_config(code, pai, share, token="not-a-token"), "OpenPAI refused the token"),
-        "no share": (openpai_config(code, pai, share, localStorageMountPoint=str(tmp_path / "nope")),
-                     "is not a directory on the adapter's host"),
-        "unknown storage": (openpai_config(code, pai, share, storageConfigName="nope"),
-                            "storageConfigName 'nope' is not a storage"),
-    }  # fmt: skip
+        "no share": (
+            openpai_config(code, pai, share, localStorageMountPoint=str(tmp_path / "nope")),
+            "is not a directory on the adapter's host",
+        ),
+        "unknown storage": (
+            openpai_config(code, pai, share, storageConfigName="nope"),
+            "storageConfigName 'nope' is not a storage",
+        ),
+    }
     for name, (config, reason) in cases.items():
         reply = pai_stack.rest("POST", "/experiments", json=config)
         assert reply.status_code == 422 and reason in reply.json()["error"], (name, reply.text)
@@ -173,8 +189,9 @@ def test_a_429_storm_is_ridden_out(tmp_path, nats_server, share):
 def test_unknown_states_failed_reads_and_a_queue_keep_the_trial_running_and_say_so(tmp_path, nats_server, share):
     local, container = share
     emulator = start_openpai(tmp_path / "pai", mounts={str(container): str(local)}, lag=3)
-    stack = Stack(root=tmp_path, nats=nats_server,
-                  extra_env={"TRIALBUS_STATUS_POLL": "0.3", "TRIALBUS_QUEUE_NOTE_AFTER": "1"})  # fmt: skip
+    stack = Stack(
+        root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_STATUS_POLL": "0.3", "TRIALBUS_QUEUE_NOTE_AFTER": "1"}
+    )
     try:
         stack.start("dispatcher", "gateway", "openpai")
         experiment = create(stack, openpai_config(write_code(tmp_path, TRIAL), emulator, share))
@@ -190,12 +207,18 @@ def test_unknown_states_failed_reads_and_a_queue_keep_the_trial_running_and_say_
         wait_until(lambda: message() == f"job {framework} is waiting in OpenPAI's queue", 10, "the queue note")
         wait_until(lambda: message() == "", 10, "the note cleared once the job runs")
         emulator.faults(job_list_errors=1000)
-        wait_until(lambda: message().startswith(f"cannot read the state of job {framework} from OpenPAI: "), 10,
-                   "the failed reads said")  # fmt: skip
+        wait_until(
+            lambda: message().startswith(f"cannot read the state of job {framework} from OpenPAI: "),
+            10,
+            "the failed reads said",
+        )
         assert "500" in message()
         emulator.faults(unknown=(framework,))
-        wait_until(lambda: message() == f"OpenPAI reports job {framework} in state UNKNOWN; waiting for it to settle",
-                   10, "UNKNOWN said")  # fmt: skip
+        wait_until(
+            lambda: message() == f"OpenPAI reports job {framework} in state UNKNOWN; waiting for it to settle",
+            10,
+            "UNKNOWN said",
+        )
         time.sleep(4)  # the job ends meanwhile, but OpenPAI does not say so: the trial keeps running
         assert message().startswith("OpenPAI reports job")
         emulator.faults()
@@ -209,8 +232,9 @@ def test_unknown_states_failed_reads_and_a_queue_keep_the_trial_running_and_say_
 def test_a_restarted_replica_adopts_only_its_own_jobs(tmp_path, nats_server, share):
     local, container = share
     emulator = start_openpai(tmp_path / "pai", mounts={str(container): str(local)})
-    stack = Stack(root=tmp_path, nats=nats_server,
-                  extra_env={"TRIALBUS_STATUS_POLL": "0.3", "TRIALBUS_STATUS_INTERVAL": "0.5"})  # fmt: skip
+    stack = Stack(
+        root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_STATUS_POLL": "0.3", "TRIALBUS_STATUS_INTERVAL": "0.5"}
+    )
     try:
         stack.start("dispatcher", "gateway", "openpai@b")
         experiment = create(stack, openpai_config(write_code(tmp_path, TRIAL), emulator, share))
@@ -224,8 +248,11 @@ def test_a_restarted_replica_adopts_only_its_own_jobs(tmp_path, nats_server, sha
 
         def clusters() -> dict[str, list[dict]]:
             replicas = stack.rest("GET", "/platforms").json()
-            return {p["replica"]: p["clusters"] for p in replicas
-                    if p["adapter"] == "openpai" and datetime.fromisoformat(p["time"]) > restarted}  # fmt: skip
+            return {
+                p["replica"]: p["clusters"]
+                for p in replicas
+                if p["adapter"] == "openpai" and datetime.fromisoformat(p["time"]) > restarted
+            }
 
         wait_until(lambda: {"b", "test-host"} <= clusters().keys(), 20, "both replicas' status")
         found = clusters()

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture
 def reuse_stack(tmp_path: Path, nats_server, pai, request):
-    stack = Stack(root=tmp_path, nats=nats_server,
-                  extra_env={"TRIALBUS_STATUS_POLL": "0.3", "TRIALBUS_REUSE_IDLE_TIMEOUT": "3"})  # fmt: skip
+    stack = Stack(
+        root=tmp_path, nats=nats_server, extra_env={"TRIALBUS_STATUS_POLL": "0.3", "TRIALBUS_REUSE_IDLE_TIMEOUT": "3"}
+    )
     stack.start("dispatcher", "gateway", "openpai")
     yield stack
     stack.stop()
@@ -68,16 +69,25 @@ def test_failure_and_cancel_in_an_environment_which_then_runs_the_next_trial(reu
     assert found["status"] == "FAILED" and found["exitCode"] == 3, found
     assert "exited with code 3" in found["message"], found["message"]
     sleeper = submit(reuse_stack, experiment, {"x": 2, "sleep": 60})
-    wait_until(lambda: (share[0] / "trialbus" / "trials" / experiment / f"{sleeper}-0" / "taskrole-0").exists(),
-               30, "the environment started the trial")  # fmt: skip
+    wait_until(
+        lambda: (share[0] / "trialbus" / "trials" / experiment / f"{sleeper}-0" / "taskrole-0").exists(),
+        30,
+        "the environment started the trial",
+    )
 
     def cluster() -> dict:
         replicas = [p for p in reuse_stack.rest("GET", "/platforms").json() if p["adapter"] == "openpai"]
         return replicas[0]["clusters"][0] if replicas and replicas[0]["clusters"] else {}
 
     wait_until(lambda: cluster().get("busyEnvironments") == 1, 30, "/platforms shows the busy environment")
-    assert cluster() == {"name": f"alice@{pai.url}", "jobs": 0, "environments": 1, "busyEnvironments": 1,
-                         "pausedFor": None, "error": None}  # fmt: skip
+    assert cluster() == {
+        "name": f"alice@{pai.url}",
+        "jobs": 0,
+        "environments": 1,
+        "busyEnvironments": 1,
+        "pausedFor": None,
+        "error": None,
+    }
     assert reuse_stack.rest("POST", f"/trials/{sleeper}/cancel").status_code == 202
     assert ended(reuse_stack, sleeper)["status"] == "USER_CANCELED"
     after = submit(reuse_stack, experiment, {"x": 3})
@@ -102,8 +112,11 @@ def test_an_environment_stopped_by_someone_else(reuse_stack, pai, share, tmp_pat
     experiment = create(reuse_stack, config)
     sleeper = submit(reuse_stack, experiment, {"x": 1, "sleep": 60})
     wait_until(lambda: trial(reuse_stack, sleeper)["status"] == "RUNNING", 30, "RUNNING")
-    wait_until(lambda: (share[0] / "trialbus" / "trials" / experiment / f"{sleeper}-0" / "taskrole-0").exists(),
-               30, "the environment started the trial")  # fmt: skip
+    wait_until(
+        lambda: (share[0] / "trialbus" / "trials" / experiment / f"{sleeper}-0" / "taskrole-0").exists(),
+        30,
+        "the environment started the trial",
+    )
     (env,) = jobs_of(pai)
     reply = httpx.put(f"{pai.api}/jobs/alice~{env}/executionType", json={"value": "STOP"}, headers=pai.headers("alice"))
     assert reply.status_code in (200, 202), reply.text
@@ -117,27 +130,41 @@ def test_an_environment_stopped_by_someone_else(reuse_stack, pai, share, tmp_pat
 def test_a_two_role_environment_runs_each_trial_in_both_roles(reuse_stack, pai, share, tmp_path):
     small = {"gpu": 0, "cpu": 1, "memoryMB": 1024}
     job = {
-        "protocolVersion": 2, "name": "x", "type": "job",
+        "protocolVersion": 2,
+        "name": "x",
+        "type": "job",
         "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "python:3.11"}],
         "taskRoles": {
-            "worker": {"instances": 1, "dockerImage": "img", "resourcePerInstance": small,
-                       "commands": ["python3 trial.py"]},
-            "ps": {"instances": 1, "dockerImage": "img", "resourcePerInstance": small,
-                   "commands": ["echo $NNI_TRIAL_JOB_ID >> ps-trials.txt", "sleep 30"]},
+            "worker": {
+                "instances": 1,
+                "dockerImage": "img",
+                "resourcePerInstance": small,
+                "commands": ["python3 trial.py"],
+            },
+            "ps": {
+                "instances": 1,
+                "dockerImage": "img",
+                "resourcePerInstance": small,
+                "commands": ["echo $NNI_TRIAL_JOB_ID >> ps-trials.txt", "sleep 30"],
+            },
         },
-    }  # fmt: skip
+    }
     # The worker reports once the ps task of its trial has written its line: the ps tasks are
     # stopped when the worker reports, which a fast worker could otherwise do before ps ran at all.
-    worker = TRIAL.replace("params = nni.get_next_parameter()\n", textwrap.dedent("""\
+    worker = TRIAL.replace(
+        "params = nni.get_next_parameter()\n",
+        textwrap.dedent("""\
         params = nni.get_next_parameter()
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and (not os.path.exists("ps-trials.txt")
                                                or nni.get_trial_id() not in open("ps-trials.txt").read().split()):
             time.sleep(0.05)
-    """))
+    """),
+    )
     assert worker != TRIAL
-    config = openpai_config(write_code(tmp_path, worker), pai, share, reuseMode=True, openpaiConfig=job,
-                            reportingTaskRole="worker")  # fmt: skip
+    config = openpai_config(
+        write_code(tmp_path, worker), pai, share, reuseMode=True, openpaiConfig=job, reportingTaskRole="worker"
+    )
     config["trialConcurrency"] = 1
     experiment = create(reuse_stack, config)
     ids = [submit(reuse_stack, experiment, {"x": i}) for i in range(2)]

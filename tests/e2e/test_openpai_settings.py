@@ -51,14 +51,22 @@ def job_config(container: Path) -> dict:
     """A job protocol v2 document with every setting a user may write."""
     seen = "settings-seen.txt"
     return {
-        "protocolVersion": 2, "name": "every-setting", "type": "job", "version": "1.2",
-        "contributor": "alice", "description": "every job protocol v2 setting at once",
+        "protocolVersion": 2,
+        "name": "every-setting",
+        "type": "job",
+        "version": "1.2",
+        "contributor": "alice",
+        "description": "every job protocol v2 setting at once",
         "jobRetryCount": 2,
         "parameters": {"greeting": "hello-from-parameters", "epochs": 3},
         "secrets": {"apikey": SECRET},
         "prerequisites": [
-            {"name": "img", "type": "dockerimage", "uri": "registry.example.com/team/trainer:1",
-             "auth": {"username": "robot", "password": REGISTRY_PASSWORD, "registryuri": "registry.example.com"}},
+            {
+                "name": "img",
+                "type": "dockerimage",
+                "uri": "registry.example.com/team/trainer:1",
+                "auth": {"username": "robot", "password": REGISTRY_PASSWORD, "registryuri": "registry.example.com"},
+            },
             {"name": "bench", "type": "script", "uri": "https://github.com/example/bench", "version": "84820935"},
             {"name": "cifar", "type": "data", "uri": ["https://data.example.com/cifar-10.tar.gz"]},
         ],
@@ -68,7 +76,9 @@ def job_config(container: Path) -> dict:
                 "completion": {"minFailedInstances": 1, "minSucceededInstances": 1},
                 "taskRetryCount": 1,
                 "prerequisites": ["bench", "cifar"],
-                "dockerImage": "img", "script": "bench", "data": "cifar",
+                "dockerImage": "img",
+                "script": "bench",
+                "data": "cifar",
                 "extraContainerOptions": {"shmMB": 256, "infiniband": False},
                 "resourcePerInstance": {"gpu": 0, "cpu": 1, "memoryMB": 1024, "ports": PORTS},
                 "commands": [
@@ -79,21 +89,34 @@ def job_config(container: Path) -> dict:
                 ],
             },
         },
-        "deployments": [{"name": "share", "taskRoles": {"trainer": {
-            "preCommands": [f"echo epochs <% $parameters.epochs %> > {container}/deployment-pre.txt"]}}}],
+        "deployments": [
+            {
+                "name": "share",
+                "taskRoles": {
+                    "trainer": {
+                        "preCommands": [f"echo epochs <% $parameters.epochs %> > {container}/deployment-pre.txt"]
+                    }
+                },
+            }
+        ],
         "defaults": {"virtualCluster": "research", "deployment": "share"},
         "extras": {
             "gangAllocation": False,
             "hivedScheduler": {"jobPriorityClass": "prod", "taskRoles": {"trainer": {"skuType": "DT", "skuNumber": 1}}},
-            "jobStatusChangeNotification": {"running": True, "succeeded": True, "stopped": False, "failed": True,
-                                            "retried": False},
+            "jobStatusChangeNotification": {
+                "running": True,
+                "succeeded": True,
+                "stopped": False,
+                "failed": True,
+                "retried": False,
+            },
             "com.microsoft.pai.runtimeplugin": [
                 {"plugin": "ssh", "parameters": {"jobssh": True, "sshbarrier": False}},
                 {"plugin": "teamwise_storage", "parameters": {"storageConfigNames": ["confignfs"]}},
             ],
             "submitFrom": "settings-test",
         },
-    }  # fmt: skip
+    }
 
 
 def stored_config(pai, name: str) -> dict:
@@ -156,13 +179,20 @@ def test_every_setting_reaches_the_job_and_secrets_never_leak(pai_stack, pai, sh
     assert detail["jobStatus"]["virtualCluster"] == "research"
     task = detail["taskRoles"]["trainer"]["taskStatuses"][0]
     assert {label: len(ports.split(",")) for label, ports in task["containerPorts"].items()} == {
-        **PORTS, "ssh": 1, "http": 1}  # fmt: skip
+        **PORTS,
+        "ssh": 1,
+        "http": 1,
+    }
 
     # Inside the task: parameters, script and data rendered at submission, the secret at run time.
     code = next((local / "trialbus" / "code").iterdir())
     seen = (code / "settings-seen.txt").read_text().splitlines()
-    assert seen == ["hello-from-parameters", SECRET, "https://github.com/example/bench",
-                    "https://data.example.com/cifar-10.tar.gz"]  # fmt: skip
+    assert seen == [
+        "hello-from-parameters",
+        SECRET,
+        "https://github.com/example/bench",
+        "https://data.example.com/cifar-10.tar.gz",
+    ]
     env = dict(line.split("=", 1) for line in (code / "settings-env.txt").read_text().splitlines())
     assert env["PAI_VIRTUAL_CLUSTER"] == "research"
     assert env["PAI_RESOURCE_trainer"] == "0,1,1024,256", "gpu,cpu,memoryMB,shmMB"
@@ -175,9 +205,19 @@ def test_every_setting_reaches_the_job_and_secrets_never_leak(pai_stack, pai, sh
     shown = pai_stack.rest("GET", f"/experiments/{experiment}").json()["config"]["trainingService"]
     assert shown["openpaiConfig"]["secrets"] == "******" and shown["token"] == "**********"
     assert shown["openpaiConfig"]["prerequisites"][0]["auth"] == {
-        "username": "robot", "password": "******", "registryuri": "registry.example.com"}  # fmt: skip
-    paths = ["/experiments", f"/experiments/{experiment}", f"/experiments/{experiment}/trials",
-             f"/trials/{trial_id}", f"/trials/{trial_id}/metrics", f"/trials/{trial_id}/log", "/platforms"]  # fmt: skip
+        "username": "robot",
+        "password": "******",
+        "registryuri": "registry.example.com",
+    }
+    paths = [
+        "/experiments",
+        f"/experiments/{experiment}",
+        f"/experiments/{experiment}/trials",
+        f"/trials/{trial_id}",
+        f"/trials/{trial_id}/metrics",
+        f"/trials/{trial_id}/log",
+        "/platforms",
+    ]
     answers = {path: pai_stack.rest("GET", path) for path in paths}
     assert all(reply.status_code == 200 for reply in answers.values()), answers
     logs = {name: pai_stack.log(name) for name in ("dispatcher", "gateway", "openpai")}

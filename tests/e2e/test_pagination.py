@@ -39,8 +39,9 @@ def test_paging_through_trials_while_they_end_misses_and_repeats_none(stack, cod
     # Given 18 trials, some running while the user pages through them 4 at a time
     experiment = create(stack, config(code_dir, trialConcurrency=6))
     ids = [submit(stack, experiment, {"x": i % 7, "sleep": 0.3}) for i in range(18)]
-    wait_until(lambda: stack.rest("GET", f"/experiments/{experiment}").json()["trialCounts"]["RUNNING"], 30,
-               "trials to run")  # fmt: skip
+    wait_until(
+        lambda: stack.rest("GET", f"/experiments/{experiment}").json()["trialCounts"]["RUNNING"], 30, "trials to run"
+    )
     seen = [t["id"] for t in pages(stack, experiment)]
     # Then each trial came once, in submission order, though trials ended between the pages
     assert seen == ids
@@ -62,8 +63,14 @@ def test_minimize_sorts_the_lowest_first_and_bad_paging_is_refused_with_what_to_
     # Given two experiments of the same three trials, the second's tuner minimizing
     # (no tuner service runs here: the trials are submitted by hand)
     experiment = create(stack, config(code_dir))
-    minimized = create(stack, config(code_dir, tuner={"name": "Random", "classArgs": {"optimize_mode": "minimize"}},
-                                     searchSpace={"x": {"_type": "choice", "_value": [1, 2, 3]}}))  # fmt: skip
+    minimized = create(
+        stack,
+        config(
+            code_dir,
+            tuner={"name": "Random", "classArgs": {"optimize_mode": "minimize"}},
+            searchSpace={"x": {"_type": "choice", "_value": [1, 2, 3]}},
+        ),
+    )
     for target in (experiment, minimized):
         for trial_id in [submit(stack, target, {"x": x}) for x in (3, 1, 2)]:
             ended(stack, trial_id)
@@ -72,11 +79,13 @@ def test_minimize_sorts_the_lowest_first_and_bad_paging_is_refused_with_what_to_
     assert [t["finalMetric"]["default"] for t in pages(stack, minimized, "&sort=metric")] == [1, 2, 3]
     assert stack.rest("GET", f"/experiments/{minimized}").json()["bestTrials"][0]["metric"] == 1
 
-    for query, why in (("limit=0", "limit must be a whole number from 1 to 5000"),
-                       ("limit=5001", "limit must be a whole number from 1 to 5000"),
-                       ("sort=best", "sort must be one of sequence, metric"),
-                       ("status=DONE", "unknown trial status DONE: the statuses are WAITING, RUNNING"),
-                       ("cursor=bogus", "is not one this list gave out for sort=sequence")):  # fmt: skip
+    for query, why in (
+        ("limit=0", "limit must be a whole number from 1 to 5000"),
+        ("limit=5001", "limit must be a whole number from 1 to 5000"),
+        ("sort=best", "sort must be one of sequence, metric"),
+        ("status=DONE", "unknown trial status DONE: the statuses are WAITING, RUNNING"),
+        ("cursor=bogus", "is not one this list gave out for sort=sequence"),
+    ):
         refused = stack.rest("GET", f"/experiments/{experiment}/trials?{query}")
         assert refused.status_code == 422 and why in refused.json()["error"], (query, refused.text)
     cursor = stack.rest("GET", f"/experiments/{experiment}/trials?limit=1").json()["nextCursor"]
@@ -93,8 +102,10 @@ def test_a_restarted_dispatcher_rebuilds_its_read_model_and_answers_the_same(sta
     blocker = submit(stack, experiment, {"x": 5, "sleep": 60})
     wait_until(lambda: stack.rest("GET", f"/trials/{blocker}").json()["status"] == "RUNNING", 30, "a running trial")
     ids.append(blocker)
-    before = {query: [t["id"] for t in pages(stack, experiment, query)]
-              for query in ("", "&sort=metric", "&status=RUNNING", "&status=SUCCEEDED&sort=metric")}  # fmt: skip
+    before = {
+        query: [t["id"] for t in pages(stack, experiment, query)]
+        for query in ("", "&sort=metric", "&status=RUNNING", "&status=SUCCEEDED&sort=metric")
+    }
     summary = stack.rest("GET", f"/experiments/{experiment}").json()
     # when the dispatcher is killed and started again (its indexes are in memory only)
     stack.kill("dispatcher")
@@ -126,11 +137,17 @@ def test_the_client_and_the_cli_page_for_the_user(stack, code_dir):
     assert every == ids and [t.id for t in listed] == ids
     assert [t.final_metric["default"] for t in [*page.trials, *rest.trials]] == [9, 7, 4, 2]
     env = {**os.environ, "TRIALBUS_NATS_URL": stack.nats.url, "COLUMNS": "200"}
-    shown = subprocess.run([TRIALBUS, "trial", "ls", experiment, "--sort", "metric", "--limit", "2"], env=env,
-                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    shown = subprocess.run(
+        [TRIALBUS, "trial", "ls", experiment, "--sort", "metric", "--limit", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shown.returncode == 0, shown.stderr
     rows = [line.split()[0] for line in shown.stdout.splitlines()[1:] if line.strip()]
     assert rows == [ids[1], ids[3]]
-    refused = subprocess.run([TRIALBUS, "trial", "ls", experiment, "--status", "DONE"], env=env,
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    refused = subprocess.run(
+        [TRIALBUS, "trial", "ls", experiment, "--status", "DONE"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert refused.returncode != 0 and "unknown trial status DONE" in refused.stdout + refused.stderr

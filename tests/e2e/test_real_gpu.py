@@ -113,8 +113,12 @@ def seen(stack, trial_id: str) -> dict:
 
 
 def smi(*query: str) -> list[list[str]]:
-    out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(query)}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={','.join(query)}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [[cell.strip() for cell in line.split(",")] for line in out.strip().splitlines()]
 
 
@@ -138,6 +142,7 @@ def test_a_trial_sees_exactly_its_gpu_and_counts_as_ours(stack):
     exp = experiment(stack, trialGpuNumber=1)
     trial_id = submit(stack, exp, sleep=8)
     wait_until(lambda: trial(stack, trial_id)["status"] == "RUNNING", 30, "RUNNING")
+
     # while it runs, the platform shows it on its GPU, and its CUDA process is not "foreign"
     def on_gpu():
         gpus = stack.rest("GET", "/platforms").json()[0]["gpus"]
@@ -165,12 +170,18 @@ def test_a_foreign_process_holds_the_gpu_until_it_exits(stack):
     try:
         assert hog.stdout.readline().strip() == "up"
         # placement goes by the last inventory read: wait until the adapter has seen the hog
-        wait_until(lambda: any(g["foreignProcesses"] for g in stack.rest("GET", "/platforms").json()[0]["gpus"]),
-                   10, "the hog in /platforms")
+        wait_until(
+            lambda: any(g["foreignProcesses"] for g in stack.rest("GET", "/platforms").json()[0]["gpus"]),
+            10,
+            "the hog in /platforms",
+        )
         exp = experiment(stack, trialGpuNumber=len(indices))  # needs every GPU, so the hog's too
         trial_id = submit(stack, exp)
-        body = wait_until(lambda: (b := trial(stack, trial_id)).get("message") and "GPU" in b["message"] and b, 20,
-                          "a waiting message about GPUs")
+        body = wait_until(
+            lambda: (b := trial(stack, trial_id)).get("message") and "GPU" in b["message"] and b,
+            20,
+            "a waiting message about GPUs",
+        )
         assert body["status"] == "WAITING" and "not trials (useActiveGpu is false)" in body["message"]
         time.sleep(1.0)
         assert trial(stack, trial_id)["status"] == "WAITING"

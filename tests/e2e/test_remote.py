@@ -93,12 +93,17 @@ def start_stack(root: Path, nats_server, servers, remote_root: str, **env: str) 
     require_sshd()
     known = known_hosts_file(root / "known_hosts", *servers)
     stack = Stack(
-        root=root, nats=nats_server,
-        extra_env={"TRIALBUS_SSH_KNOWN_HOSTS": str(known), "TRIALBUS_REMOTE_ROOT": remote_root,
-                   "TRIALBUS_RELAY_AFTER": "1", "TRIALBUS_SSH_KEEPALIVE": "1", **env},
-    )  # fmt: skip
+        root=root,
+        nats=nats_server,
+        extra_env={
+            "TRIALBUS_SSH_KNOWN_HOSTS": str(known),
+            "TRIALBUS_REMOTE_ROOT": remote_root,
+            "TRIALBUS_RELAY_AFTER": "1",
+            "TRIALBUS_SSH_KEEPALIVE": "1",
+            **env,
+        },
+    )
     return stack.start("dispatcher", "gateway", "remote")
-
 
 
 @pytest.fixture
@@ -122,8 +127,12 @@ def test_twenty_trials_over_two_machines_all_metrics_arrive(remote_stack, sshd_p
     assert ports == {server.port for server in sshd_pair}, "trials should spread over both machines"
     for trial_id in ids:
         records = metrics(remote_stack, trial_id)
-        assert [(r["type"], r["sequence"]) for r in records] == [("PERIODICAL", 0), ("PERIODICAL", 1),
-                                                                 ("PERIODICAL", 2), ("FINAL", 0)]  # fmt: skip
+        assert [(r["type"], r["sequence"]) for r in records] == [
+            ("PERIODICAL", 0),
+            ("PERIODICAL", 1),
+            ("PERIODICAL", 2),
+            ("FINAL", 0),
+        ]
     status = remote_stack.rest("GET", "/platforms").json()
     remote = next(s for s in status if s["adapter"] == "remote")
     assert {m["name"] for m in remote["machines"]} == {f"{ssh_user().name}@127.0.0.1:{s.port}" for s in sshd_pair}
@@ -140,8 +149,9 @@ def test_password_and_passphrase_keys_work(remote_stack, sshd_pair, tmp_path, co
     key = make_key(tmp_path, "locked", passphrase="open sesame")
     sshd_pair[1].authorize(key)
     by_password = create(remote_stack, remote_config(code_dir, [machine(sshd_pair[0], password=user.password)]))
-    by_passphrase = create(remote_stack, remote_config(
-        code_dir, [machine(sshd_pair[1], key, sshPassphrase="open sesame")]))  # fmt: skip
+    by_passphrase = create(
+        remote_stack, remote_config(code_dir, [machine(sshd_pair[1], key, sshPassphrase="open sesame")])
+    )
     first = ended(remote_stack, submit(remote_stack, by_password, {"x": 1}))
     second = ended(remote_stack, submit(remote_stack, by_passphrase, {"x": 2}))
     assert (first["status"], first["finalMetric"]["port"]) == ("SUCCEEDED", sshd_pair[0].port), first
@@ -231,8 +241,11 @@ def test_metrics_of_a_machine_that_cannot_reach_the_gateway_arrive_over_ssh(
         found = ended(stack, trial_id, timeout=60)
         assert found["status"] == "SUCCEEDED", found
         assert [(r["type"], r["sequence"]) for r in metrics(stack, trial_id)] == [
-
-            ("PERIODICAL", 0), ("PERIODICAL", 1), ("PERIODICAL", 2), ("FINAL", 0)]  # fmt: skip
+            ("PERIODICAL", 0),
+            ("PERIODICAL", 1),
+            ("PERIODICAL", 2),
+            ("FINAL", 0),
+        ]
     assert "over SSH" in stack.log("remote")
 
 
@@ -261,8 +274,11 @@ def test_stopping_an_experiment_leaves_no_process_on_any_machine(remote_stack, s
     for trial_id in ids:
         wait_until(lambda t=trial_id: trial(remote_stack, t)["status"] == "RUNNING", 30, "RUNNING")
     home = ssh_user().home / remote_stack.extra_env["TRIALBUS_REMOTE_ROOT"] / "trials" / experiment
-    pids = wait_until(lambda: [int(p.read_text()) for p in home.glob("*/pid")] if len(list(home.glob("*/pid"))) == 4
-                      else None, 30, "every trial to start")  # fmt: skip
+    pids = wait_until(
+        lambda: [int(p.read_text()) for p in home.glob("*/pid")] if len(list(home.glob("*/pid"))) == 4 else None,
+        30,
+        "every trial to start",
+    )
     assert remote_stack.rest("DELETE", f"/experiments/{experiment}").status_code == 200
     for trial_id in ids:
         assert ended(remote_stack, trial_id, timeout=30)["status"] == "USER_CANCELED"
@@ -302,7 +318,7 @@ def fake_gpus():
     (folder / "state.json").chmod(0o644)
     script = folder / "nvidia-smi"
     script.write_text(
-        f"#!/bin/sh\nFAKE_NVIDIA_SMI_STATE={folder}/state.json exec python3 {folder}/fake_nvidia_smi.py \"$@\"\n"
+        f'#!/bin/sh\nFAKE_NVIDIA_SMI_STATE={folder}/state.json exec python3 {folder}/fake_nvidia_smi.py "$@"\n'
     )
     script.chmod(0o755)
     yield script
@@ -318,6 +334,7 @@ def test_gpus_are_placed_per_machine_by_the_shared_rules(
     machines = [machine(a, ssh_key, gpuIndices="1"), machine(b, ssh_key)]  # slots: a:1, b:0, b:1
     experiment = create(stack, remote_config(code_dir, machines, trialGpuNumber=1, trialConcurrency=4))
     ids = [submit(stack, experiment, {"x": i, "sleep": 2.5}) for i in range(4)]
+
     def three_run_one_waits_for_a_gpu():
         found = [trial(stack, i) for i in ids]
         waiting = [t["message"] or "" for t in found if t["status"] == "WAITING"]
@@ -332,8 +349,16 @@ def test_gpus_are_placed_per_machine_by_the_shared_rules(
     status = next(s for s in stack.rest("GET", "/platforms").json() if s["adapter"] == "remote")
     assert all(len(m["gpus"]) == 2 for m in status["machines"]), status["machines"]
     sshd_pair[1].stop()
-    wait_until(lambda: any(not m["up"] for s in stack.rest("GET", "/platforms").json() if s["adapter"] == "remote"
-                           for m in s["machines"]), 20, "the platform status to show the machine down")  # fmt: skip
+    wait_until(
+        lambda: any(
+            not m["up"]
+            for s in stack.rest("GET", "/platforms").json()
+            if s["adapter"] == "remote"
+            for m in s["machines"]
+        ),
+        20,
+        "the platform status to show the machine down",
+    )
     shown = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["--nats-url", stack.nats.url, "platform", "list"])
     assert shown.exit_code == 0, shown.output
     assert f"{ssh_user().name}@127.0.0.1:{a.port}" in shown.output and "0: Fake GPU" in shown.output

@@ -91,14 +91,21 @@ def remove_from_shared_disk(experiment: str, trial_id: str, remote_root: str) ->
 
 
 def test_a_retry_on_another_machine_resumes_from_the_checkpoint_copied_through_the_bus(
-    stack, code, sshd_pair, ssh_key, remote_root  # noqa: F811
+    stack,
+    code,
+    sshd_pair,
+    ssh_key,
+    remote_root,  # noqa: F811
 ):
     # Given a trial that saved step 7 in its checkpoint directory on one machine, and hangs there
     experiment = experiment_with(stack, code, sshd_pair, ssh_key)
     trial_id = submit(stack, experiment, {"weights": 200_000})
     first, second = first_attempt_running(stack, experiment, trial_id, remote_root, sshd_pair)
-    wait_until(lambda: f"saved the checkpoint of trial {trial_id} (attempt 0)" in stack.log("remote"), 15,
-               "the checkpoint to be copied to the object store")  # fmt: skip
+    wait_until(
+        lambda: f"saved the checkpoint of trial {trial_id} (attempt 0)" in stack.log("remote"),
+        15,
+        "the checkpoint to be copied to the object store",
+    )
     # When that machine goes away, with its disk
     first.stop()
     remove_from_shared_disk(experiment, trial_id, remote_root)
@@ -112,7 +119,11 @@ def test_a_retry_on_another_machine_resumes_from_the_checkpoint_copied_through_t
 
 
 def test_a_checkpoint_over_max_size_is_not_copied_and_the_retry_starts_from_scratch(
-    stack, code, sshd_pair, ssh_key, remote_root  # noqa: F811
+    stack,
+    code,
+    sshd_pair,
+    ssh_key,
+    remote_root,  # noqa: F811
 ):
     # Given a trial whose checkpoint directory holds 2 MiB, over its experiment's 1 MiB
     experiment = experiment_with(stack, code, sshd_pair, ssh_key, maxSize="1mb")
@@ -135,7 +146,11 @@ def test_a_checkpoint_over_max_size_is_not_copied_and_the_retry_starts_from_scra
 
 
 def test_the_checkpoint_an_attempt_leaves_at_its_end_is_copied_before_its_retry(
-    stack, code, sshd_pair, ssh_key, remote_root  # noqa: F811
+    stack,
+    code,
+    sshd_pair,
+    ssh_key,
+    remote_root,  # noqa: F811
 ):
     # Given a trial retried after its own failure, whose checkpoint is looked at only every minute
     experiment = experiment_with(stack, code, sshd_pair, ssh_key, retry={"trial": 1, "backoff": "3s"}, interval="60s")

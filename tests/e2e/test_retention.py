@@ -57,14 +57,19 @@ def test_a_deleted_experiment_leaves_nothing_on_the_bus_and_the_others_untouched
 
     # When the user deletes it from the CLI
     env = {**os.environ, "TRIALBUS_NATS_URL": stack.nats.url}
-    deleted = subprocess.run([TRIALBUS, "experiment", "delete", doomed], env=env, capture_output=True, text=True,
-                             timeout=60)  # fmt: skip
+    deleted = subprocess.run(
+        [TRIALBUS, "experiment", "delete", doomed], env=env, capture_output=True, text=True, timeout=60
+    )
     assert deleted.returncode == 0, deleted.stderr
     assert f"experiment {doomed} deleted, with its 3 trial(s)" in deleted.stdout
 
     # Then nothing of it is left: not in the API, not on the bus, not after a restart
     assert asyncio.run(bus_holds(stack.nats.url, doomed, doomed_trials)) == {
-        "EVENTS": 0, "METRICS": 0, "trials": 0, "experiments": 0}  # fmt: skip
+        "EVENTS": 0,
+        "METRICS": 0,
+        "trials": 0,
+        "experiments": 0,
+    }
     assert stack.rest("GET", f"/experiments/{doomed}").status_code == 404
     assert stack.rest("GET", f"/trials/{doomed_trials[0]}").status_code == 404
     stack.restart("dispatcher")
@@ -94,8 +99,11 @@ def test_the_streams_keep_what_the_dispatcher_is_told_and_other_services_leave_i
     # Given the default: 30 days, no size limit
     assert asyncio.run(stream_limits(stack.nats.url)) == {"EVENTS": (30 * 86400, -1), "METRICS": (30 * 86400, -1)}
     # When the dispatcher restarts with limits of its own
-    stack.service_env["dispatcher"] = {"TRIALBUS_METRICS_MAX_AGE": "12h", "TRIALBUS_METRICS_MAX_BYTES": "64mb",
-                                       "TRIALBUS_EVENTS_MAX_AGE": "0"}  # fmt: skip
+    stack.service_env["dispatcher"] = {
+        "TRIALBUS_METRICS_MAX_AGE": "12h",
+        "TRIALBUS_METRICS_MAX_BYTES": "64mb",
+        "TRIALBUS_EVENTS_MAX_AGE": "0",
+    }
     stack.restart("dispatcher")
     limits = {"EVENTS": (0, -1), "METRICS": (12 * 3600, 64 * 2**20)}  # (0: kept forever)
     wait_until(lambda: asyncio.run(stream_limits(stack.nats.url)) == limits, 10, "the new limits")

@@ -239,12 +239,20 @@ def test_a_drained_replica_preempts_its_trial_which_saves_in_its_grace_period_an
     code = write_code(tmp_path / "preemptible", PREEMPTIBLE) if (tmp_path / "preemptible").mkdir() is None else None
     experiment = create(stack, config(code, trialGracePeriod="4s", retry={"backoff": "0s"}))
     trial_id = submit(stack, experiment, {})
-    running = wait_until(lambda: (t := trial(stack, trial_id))["status"] == "RUNNING" and t["intermediateCount"] and t,
-                         30, "the trial to run and report")  # fmt: skip
+    running = wait_until(
+        lambda: (t := trial(stack, trial_id))["status"] == "RUNNING" and t["intermediateCount"] and t,
+        30,
+        "the trial to run and report",
+    )
     env = {**os.environ, "TRIALBUS_NATS_URL": stack.nats.url, "COLUMNS": "160"}
     # When its replica is drained (as before maintenance on its host)
-    drained = subprocess.run([TRIALBUS, "platform", "drain", "local-gpu", running["replica"]], env=env,
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    drained = subprocess.run(
+        [TRIALBUS, "platform", "drain", "local-gpu", running["replica"]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert drained.returncode == 0, drained.stderr
     assert f"local-gpu replica {running['replica']} drained: 1 trial(s) preempted" in drained.stdout
     # Then the trial got SIGTERM, saved its step within its grace period, and ran again on the other replica
@@ -258,8 +266,13 @@ def test_a_drained_replica_preempts_its_trial_which_saves_in_its_grace_period_an
     # and the drained replica says so, takes nothing, until undrained
     listed = subprocess.run([TRIALBUS, "platform", "list"], env=env, capture_output=True, text=True, timeout=60)
     assert f"{running['replica']} (draining)" in listed.stdout
-    undrained = subprocess.run([TRIALBUS, "platform", "undrain", "local-gpu", running["replica"]], env=env,
-                               capture_output=True, text=True, timeout=60)  # fmt: skip
+    undrained = subprocess.run(
+        [TRIALBUS, "platform", "undrain", "local-gpu", running["replica"]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert undrained.returncode == 0 and "takes trials again" in undrained.stdout
     refused = stack.rest("POST", "/platforms/local-gpu/nosuch/drain")
     assert refused.status_code == 404 and "no replica 'nosuch'" in refused.json()["error"]
@@ -270,15 +283,21 @@ def test_a_spot_notice_drains_its_replica_and_the_preempted_trial_resumes_on_ano
     cloud = CloudMetadata().start()
     try:
         stack.kill("adapter", signal.SIGTERM)
-        stack.service_env["adapter@spot"] = {"TRIALBUS_SPOT_NOTICE": "aws", "TRIALBUS_SPOT_NOTICE_URL": cloud.url,
-                                             "TRIALBUS_SPOT_NOTICE_INTERVAL": "0.2"}  # fmt: skip
+        stack.service_env["adapter@spot"] = {
+            "TRIALBUS_SPOT_NOTICE": "aws",
+            "TRIALBUS_SPOT_NOTICE_URL": cloud.url,
+            "TRIALBUS_SPOT_NOTICE_INTERVAL": "0.2",
+        }
         stack.start("adapter@spot")
         (tmp_path / "preemptible").mkdir()
         code = write_code(tmp_path / "preemptible", PREEMPTIBLE)
         experiment = create(stack, config(code, trialGracePeriod="4s", retry={"backoff": "0s"}))
         trial_id = submit(stack, experiment, {})
-        wait_until(lambda: (t := trial(stack, trial_id))["status"] == "RUNNING" and t["intermediateCount"], 30,
-                   "the trial to run and report on the spot replica")  # fmt: skip
+        wait_until(
+            lambda: (t := trial(stack, trial_id))["status"] == "RUNNING" and t["intermediateCount"],
+            30,
+            "the trial to run and report on the spot replica",
+        )
         stack.start("adapter")  # an on-demand replica beside it
         # When the cloud announces it reclaims the spot VM
         cloud.notice("aws")
@@ -318,8 +337,7 @@ def test_a_trial_run_through_a_shell_gets_its_grace_period_when_stopped(stack, t
     # Given a trial whose command is a shell list: the shell dies at SIGTERM at once, the trial under it does not
     (tmp_path / "shell").mkdir()
     code = write_code(tmp_path / "shell", SAVES_ON_TERM)
-    experiment = create(stack, config(code, trialCommand=f"cd . && {sys.executable} trial.py",
-                                      trialGracePeriod="5s"))  # fmt: skip
+    experiment = create(stack, config(code, trialCommand=f"cd . && {sys.executable} trial.py", trialGracePeriod="5s"))
     flag = tmp_path / "started"
     trial_id = submit(stack, experiment, {"flag": str(flag)})
     wait_until(flag.exists, 30, "the trial to start")

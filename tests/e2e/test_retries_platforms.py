@@ -115,9 +115,12 @@ def fc(tmp_path: Path, nats_server, k8s, fc_share: Path, request):
 
 def pod_of(k8s, trial_id: str, attempt: int) -> str:
     """The pod of the trial's attempt (one task role ``worker`` of one task)."""
-    found = [f["metadata"]["name"] for f in frameworks(k8s)
-             if f["metadata"]["labels"]["trialbus.io/trial"] == trial_id
-             and f["metadata"]["labels"]["trialbus.io/attempt"] == str(attempt)]  # fmt: skip
+    found = [
+        f["metadata"]["name"]
+        for f in frameworks(k8s)
+        if f["metadata"]["labels"]["trialbus.io/trial"] == trial_id
+        and f["metadata"]["labels"]["trialbus.io/attempt"] == str(attempt)
+    ]
     assert len(found) == 1, found
     return f"{found[0]}-worker-0"
 
@@ -208,8 +211,9 @@ def test_fc_a_deleted_pod_is_retried_as_preempted_and_finds_the_checkpoint_of_it
     config["trainingService"]["taskRoles"][0]["command"] = "exec python3 trial.py"
     experiment = create(fc, {**config, "retry": {"backoff": "0s"}})
     log, flag = tmp_path / "runs.log", tmp_path / "hung"
-    trial_id = submit(fc, experiment, {"steps": 6, "hang_at": 2, "flag": str(flag), "log": str(log),
-                                       "save_on_term": True})  # fmt: skip
+    trial_id = submit(
+        fc, experiment, {"steps": 6, "hang_at": 2, "flag": str(flag), "log": str(log), "save_on_term": True}
+    )
     hung(fc, trial_id, flag, 3)
     # When someone deletes its pod (a drain, the scheduler making room for a pod of higher priority)
     k8s.delete_pod(pod_of(k8s, trial_id, 0))
@@ -294,8 +298,9 @@ def test_pai_an_evicted_trial_is_retried_as_preempted_and_finds_the_checkpoint_o
     config = openpai_config(write_code(tmp_path, TRIAL), pai, share)
     experiment = create(pai_stack, {**config, "retry": {"backoff": "0s"}})
     log, flag = tmp_path / "runs.log", tmp_path / "hung"
-    trial_id = submit(pai_stack, experiment, {"steps": 6, "hang_at": 2, "flag": str(flag), "log": str(log),
-                                              "save_on_term": True})  # fmt: skip
+    trial_id = submit(
+        pai_stack, experiment, {"steps": 6, "hang_at": 2, "flag": str(flag), "log": str(log), "save_on_term": True}
+    )
     hung(pai_stack, trial_id, flag, 3)
     # When Kubernetes evicts its pod (OpenPAI: exit code -1000 PodEvicted: SIGTERM, SIGKILL 2 s later,
     # which OpenPAI retries by itself)

@@ -86,7 +86,11 @@ def keeper_state(remote_root: str, experiment_id: str, trial_id: str) -> dict:  
 
 
 def test_a_silent_remote_trial_is_lost_stopped_and_run_again(
-    stack, tmp_path, sshd_pair, ssh_key, remote_root  # noqa: F811
+    stack,
+    tmp_path,
+    sshd_pair,
+    ssh_key,
+    remote_root,  # noqa: F811
 ):
     # Given a remote experiment that declares a trial lost after 3 s without a sign of its keeper
     experiment_id = experiment(stack, tmp_path, sshd_pair, ssh_key, retry={"heartbeatTimeout": "3s", "backoff": "0s"})
@@ -105,31 +109,48 @@ def test_a_silent_remote_trial_is_lost_stopped_and_run_again(
 
 
 def test_a_drained_remote_replica_preempts_its_trial_which_saves_in_its_grace_period_and_resumes(
-    stack, tmp_path, sshd_pair, ssh_key, remote_root  # noqa: F811
+    stack,
+    tmp_path,
+    sshd_pair,
+    ssh_key,
+    remote_root,  # noqa: F811
 ):
     # Given two remote adapter replicas and a trial running through one of them
     stack.start("remote@b")
     experiment_id = experiment(stack, tmp_path, sshd_pair, ssh_key, trialGracePeriod="4s", retry={"backoff": "0s"})
     trial_id = submit(stack, experiment_id, {})
-    running = wait_until(lambda: (t := trial(stack, trial_id))["intermediateCount"] >= 3 and t, 30,
-                         "attempt 0 to report 3 steps")  # fmt: skip
+    running = wait_until(
+        lambda: (t := trial(stack, trial_id))["intermediateCount"] >= 3 and t, 30, "attempt 0 to report 3 steps"
+    )
     # When its replica is drained
     env = {**os.environ, "TRIALBUS_NATS_URL": stack.nats.url, "COLUMNS": "160"}
-    drained = subprocess.run([TRIALBUS, "platform", "drain", "remote", running["replica"]], env=env,
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    drained = subprocess.run(
+        [TRIALBUS, "platform", "drain", "remote", running["replica"]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert drained.returncode == 0 and "1 trial(s) preempted" in drained.stdout, drained.stdout + drained.stderr
     # Then the trial got SIGTERM, saved its step in its grace period, and ran again through the other replica
     done = ended(stack, trial_id, timeout=60)
     assert (done["status"], done["attempt"]) == ("SUCCEEDED", 1), done
     [preempted] = done["attempts"]
     assert (preempted["status"], preempted["failure"], preempted["replica"]) == (
-        "SYS_CANCELED", "preempted", running["replica"]), preempted  # fmt: skip
+        "SYS_CANCELED",
+        "preempted",
+        running["replica"],
+    ), preempted
     assert done["replica"] != running["replica"]
     assert done["finalMetric"]["default"] > 3  # saved while stopping, after the step-3 checkpoint
 
 
 def test_a_remote_trial_failing_on_its_own_is_retried_only_when_the_experiment_asks(
-    stack, tmp_path, sshd_pair, ssh_key, remote_root  # noqa: F811
+    stack,
+    tmp_path,
+    sshd_pair,
+    ssh_key,
+    remote_root,  # noqa: F811
 ):
     plain = experiment(stack, tmp_path / "plain", sshd_pair, ssh_key)
     asked = experiment(stack, tmp_path / "asked", sshd_pair, ssh_key, retry={"trial": 1, "backoff": "0s"})

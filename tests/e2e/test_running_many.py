@@ -33,8 +33,9 @@ def trials_dir(tmp_path):
     stop_leftovers(path)
 
 
-def test_two_hundred_trials_run_at_once_and_all_end_when_the_experiment_stops(tmp_path, nats_server, stacks,
-                                                                             trials_dir):
+def test_two_hundred_trials_run_at_once_and_all_end_when_the_experiment_stops(
+    tmp_path, nats_server, stacks, trials_dir
+):
     # Given a stack whose local adapter runs 200 trials at once, started with a small descriptor limit
     stack = Stack(root=tmp_path, nats=nats_server, service_env={"adapter": {"TRIALBUS_MAX_TRIALS": str(COUNT)}})
     stacks.append(stack)
@@ -43,9 +44,14 @@ def test_two_hundred_trials_run_at_once_and_all_end_when_the_experiment_stops(tm
     code = tmp_path / "code"
     code.mkdir()
     (code / "sleeper.py").write_text(SLEEPER)
-    config = {"experimentName": "many", "trialCommand": f"{sys.executable} sleeper.py 120",
-              "trialCodeDirectory": str(code), "trialConcurrency": COUNT, "maxTrialNumber": COUNT,
-              "trainingService": {"platform": "local"}}  # fmt: skip
+    config = {
+        "experimentName": "many",
+        "trialCommand": f"{sys.executable} sleeper.py 120",
+        "trialCodeDirectory": str(code),
+        "trialConcurrency": COUNT,
+        "maxTrialNumber": COUNT,
+        "trainingService": {"platform": "local"},
+    }
     experiment = stack.rest("POST", "/experiments", json=config).json()["id"]
 
     # When 200 trials are submitted
@@ -61,8 +67,11 @@ def test_two_hundred_trials_run_at_once_and_all_end_when_the_experiment_stops(tm
 
     wait_until(lambda: counts()["RUNNING"] == COUNT, 60, "all 200 trials RUNNING")
     with ThreadPoolExecutor(8) as pool:
-        wait_until(lambda: all(pool.map(lambda t: len(stack.rest("GET", f"/trials/{t}/metrics").json()) == 2,
-                                        trials)), 30, "two intermediate results from every trial")  # fmt: skip
+        wait_until(
+            lambda: all(pool.map(lambda t: len(stack.rest("GET", f"/trials/{t}/metrics").json()) == 2, trials)),
+            30,
+            "two intermediate results from every trial",
+        )
     assert "raised the soft limit of open files from 128" in stack.log("adapter")
     states = [json.loads(path.read_text()) for path in (trials_dir / experiment).glob("*/.trialbus/state.json")]
     pids = [pid for state in states for pid in (state["keeperPid"], state["trialPid"])]

@@ -35,8 +35,11 @@ def test_three_replicas_share_the_trials_and_a_killed_one_s_queue_moves_on(tmp_p
         ids = [submit(stack, experiment, {"x": i, "sleep": 1.5}) for i in range(24)]
         # each replica holds two (its TRIALBUS_MAX_TRIALS) before a dies: the share asserted below is then
         # not a race with the kill (a was once killed holding one, on a loaded host)
-        wait_until(lambda: all(len(v) >= 2 for v in ran_on(tmp_path, experiment).values()), 60,
-                   "every replica running two trials")
+        wait_until(
+            lambda: all(len(v) >= 2 for v in ran_on(tmp_path, experiment).values()),
+            60,
+            "every replica running two trials",
+        )
         stack.kill("adapter@a")  # kill -9, mid-run: its running trials go on; its queue goes to the others
         killed_at = set(ran_on(tmp_path, experiment)["a"])
         later = [t for t in ids if trial(stack, t)["status"] == "WAITING"]

@@ -45,8 +45,10 @@ TRIAL = textwrap.dedent(
 )
 PASSPHRASE = "passphrase-9d4b21"
 #: What the dispatcher answers when it has no key and the config holds a secret.
-NO_KEY = ("this service has no TRIALBUS_SECRETS_KEY: platform secrets cannot be written to the bus in clear; "
-          "set the same key on the dispatcher and the adapters")  # fmt: skip
+NO_KEY = (
+    "this service has no TRIALBUS_SECRETS_KEY: platform secrets cannot be written to the bus in clear; "
+    "set the same key on the dispatcher and the adapters"
+)
 
 
 class Tap:
@@ -122,9 +124,14 @@ def holding(secrets: dict[str, str], messages: Iterator[tuple[str, bytes]]) -> l
     return [(what, where) for where, raw in messages for what, secret in secrets.items() if secret.encode() in raw]
 
 
-
 def test_secrets_are_used_by_the_adapters_and_never_on_the_bus_in_clear(
-    tmp_path: Path, nats_server, sshd_pair, remote_root, pai, share, stacks  # noqa: F811 - fixtures
+    tmp_path: Path,
+    nats_server,
+    sshd_pair,
+    remote_root,  # noqa: F811 - fixtures
+    pai,  # noqa: F811
+    share,  # noqa: F811
+    stacks,  # noqa: F811
 ):
     # Given the stack with the remote and openpai adapters, and machines that take a password
     # and a passphrase-protected key
@@ -133,8 +140,15 @@ def test_secrets_are_used_by_the_adapters_and_never_on_the_bus_in_clear(
     key = make_key(tmp_path / "keys", "locked", passphrase=PASSPHRASE)
     sshd_pair[1].authorize(key)
     known = known_hosts_file(tmp_path / "known_hosts", *sshd_pair)
-    stack = Stack(root=tmp_path, nats=nats_server, extra_env={
-        "TRIALBUS_SSH_KNOWN_HOSTS": str(known), "TRIALBUS_REMOTE_ROOT": remote_root, "TRIALBUS_STATUS_POLL": "0.3"})
+    stack = Stack(
+        root=tmp_path,
+        nats=nats_server,
+        extra_env={
+            "TRIALBUS_SSH_KNOWN_HOSTS": str(known),
+            "TRIALBUS_REMOTE_ROOT": remote_root,
+            "TRIALBUS_STATUS_POLL": "0.3",
+        },
+    )
     stacks.append(stack.start("dispatcher", "gateway", "remote", "openpai"))
     code = write_code(tmp_path, TRIAL)
     private_key = key.private.read_text()
@@ -146,8 +160,9 @@ def test_secrets_are_used_by_the_adapters_and_never_on_the_bus_in_clear(
         # When experiments holding each secret run a trial each
         experiments = {
             "password": create(stack, remote_config(code, [machine(sshd_pair[0], password=user.password)])),
-            "key": create(stack, remote_config(code, [machine(sshd_pair[1], sshKey=private_key,
-                                                              sshPassphrase=PASSPHRASE)])),  # fmt: skip
+            "key": create(
+                stack, remote_config(code, [machine(sshd_pair[1], sshKey=private_key, sshPassphrase=PASSPHRASE)])
+            ),
             "openpai": create(stack, openpai_config(code, pai, share)),
         }
         trials = {what: submit(stack, experiment, {"x": i}) for i, (what, experiment) in enumerate(experiments.items())}
@@ -180,8 +195,9 @@ def test_a_dispatcher_without_a_key_refuses_secrets_and_stores_nothing(tmp_path:
     password = "never-stored-2b7e"
 
     # When an experiment with a machine's password is created
-    reply = stack.rest("POST", "/experiments", json=remote_config(code, [{"host": "10.1.2.3", "user": "u",
-                                                                          "password": password}]))  # fmt: skip
+    reply = stack.rest(
+        "POST", "/experiments", json=remote_config(code, [{"host": "10.1.2.3", "user": "u", "password": password}])
+    )
 
     # Then it is refused, saying what to set, and nothing is stored
     assert reply.status_code == 422, reply.text

@@ -18,8 +18,7 @@ from tests.fixtures.nats import nats_server_binary, require_binary
 def test_every_part_killed_once_loses_duplicates_and_strands_nothing(tmp_path: Path):
     require_binary(nats_server_binary(), "nats-server")
     console = Console(record=True, width=160)
-    result = soak(tmp_path, trials=60, concurrency=8, metrics=5, pause=0.05, kills=KILLS, timeout=300,
-                  console=console)  # fmt: skip
+    result = soak(tmp_path, trials=60, concurrency=8, metrics=5, pause=0.05, kills=KILLS, timeout=300, console=console)
     report(result, console)
     shown = console.export_text()
     assert [k.part for k in result.kills] == list(KILLS), shown

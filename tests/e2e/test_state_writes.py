@@ -72,16 +72,18 @@ def test_a_running_trial_is_written_after_the_delay_and_its_end_at_once(stacks, 
     # while the bucket still holds its state from before
     assert asyncio.run(latest(stack, trial_id)).status.value == "WAITING"
     # and gets the RUNNING once the delay is over
-    wait_until(lambda: asyncio.run(latest(stack, trial_id)).status.value == "RUNNING", DELAY + 10,
-               "the bucket to say RUNNING")  # fmt: skip
+    wait_until(
+        lambda: asyncio.run(latest(stack, trial_id)).status.value == "RUNNING", DELAY + 10, "the bucket to say RUNNING"
+    )
     assert time.monotonic() - running_seen > DELAY / 2
 
     # When the trial ends,
     release.touch()
     ended_at = time.monotonic()
     # Then the bucket has its end at once (not a delay later), with its final metric
-    last = wait_until(lambda: (t := asyncio.run(latest(stack, trial_id))).status.terminal and t, 30,
-                      "the bucket to have the end")  # fmt: skip
+    last = wait_until(
+        lambda: (t := asyncio.run(latest(stack, trial_id))).status.terminal and t, 30, "the bucket to have the end"
+    )
     assert time.monotonic() - ended_at < DELAY / 2, "the end waited for the group commit"
     assert last.status.value == "SUCCEEDED" and last.final_metric == 7
     assert last.start_time is not None and last.end_time is not None
@@ -97,7 +99,10 @@ def test_a_short_trial_is_written_once_from_its_dispatch_to_its_end(stacks, nats
     wait_until(lambda: trial(stack, trial_id)["status"] == "SUCCEEDED", 30, "the trial to end")
     # Then the bucket went from its dispatch straight to its end: its start and final metric are
     # in that one write, and no RUNNING was written on its own
-    states = wait_until(lambda: (h := asyncio.run(history(stack, trial_id))) and h[-1].status.terminal and h, 10,
-                        "the bucket to have the end")  # fmt: skip
+    states = wait_until(
+        lambda: (h := asyncio.run(history(stack, trial_id))) and h[-1].status.terminal and h,
+        10,
+        "the bucket to have the end",
+    )
     assert [s.status.value for s in states] == ["WAITING", "SUCCEEDED"], [s.status.value for s in states]
     assert states[-1].start_time is not None and states[-1].final_metric == 3

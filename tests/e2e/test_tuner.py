@@ -76,8 +76,13 @@ def paced(mnist: Path, pause: float, trials: int, concurrency: int) -> dict:
     """The example's config, inline (as a client sends it), with trials that take ``pause`` s per epoch."""
     config = yaml.safe_load((mnist / "config.yml").read_text())
     del config["searchSpaceFile"]
-    return {**config, "searchSpace": {**SEARCH_SPACE, "pause": {"_type": "choice", "_value": [pause]}},
-            "maxTrialNumber": trials, "trialConcurrency": concurrency, "trialCodeDirectory": str(mnist)}
+    return {
+        **config,
+        "searchSpace": {**SEARCH_SPACE, "pause": {"_type": "choice", "_value": [pause]}},
+        "maxTrialNumber": trials,
+        "trialConcurrency": concurrency,
+        "trialCodeDirectory": str(mnist),
+    }
 
 
 def run_cli(stack: Stack, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -94,8 +99,12 @@ def trials_of(stack: Stack, experiment_id: str) -> list[dict]:
 
 
 def in_space(params: dict) -> bool:
-    return (params["batch_size"] in (16, 32, 64, 128) and params["hidden_size"] in (128, 256, 512, 1024)
-            and params["lr"] in (0.0001, 0.001, 0.01, 0.1) and 0 <= params["momentum"] <= 1)  # fmt: skip
+    return (
+        params["batch_size"] in (16, 32, 64, 128)
+        and params["hidden_size"] in (128, 256, 512, 1024)
+        and params["lr"] in (0.0001, 0.001, 0.01, 0.1)
+        and 0 <= params["momentum"] <= 1
+    )
 
 
 def test_experiment_run_drives_an_nni_example_config_to_max_trial_number(tuned: Stack, mnist: Path) -> None:
@@ -114,11 +123,17 @@ def test_experiment_run_drives_an_nni_example_config_to_max_trial_number(tuned: 
 
 def test_experiment_run_takes_an_nni_v1_config(tuned: Stack, mnist: Path) -> None:
     legacy = {
-        "authorName": "default", "experimentName": "mnist-v1", "trialConcurrency": 2, "maxExecDuration": "1h",
-        "maxTrialNum": 5, "trainingServicePlatform": "local", "searchSpacePath": "search_space.json",
-        "useAnnotation": False, "tuner": {"builtinTunerName": "Random", "classArgs": {"optimize_mode": "maximize"}},
+        "authorName": "default",
+        "experimentName": "mnist-v1",
+        "trialConcurrency": 2,
+        "maxExecDuration": "1h",
+        "maxTrialNum": 5,
+        "trainingServicePlatform": "local",
+        "searchSpacePath": "search_space.json",
+        "useAnnotation": False,
+        "tuner": {"builtinTunerName": "Random", "classArgs": {"optimize_mode": "maximize"}},
         "trial": {"command": f"{sys.executable} mnist.py", "codeDir": ".", "gpuNum": 0},
-    }  # fmt: skip
+    }
     (mnist / "config_v1.yml").write_text(yaml.safe_dump(legacy))
     done = run_cli(tuned, "experiment", "run", "-f", str(mnist / "config_v1.yml"))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -166,8 +181,9 @@ def test_the_tuner_service_stops_an_experiment_it_cannot_run_with_the_reason(tun
 def test_medianstop_early_stops_a_clearly_bad_trial(tuned: Stack, tmp_path: Path) -> None:
     code = tmp_path / "curves"
     code.mkdir()
-    (code / "trial.py").write_text(textwrap.dedent(
-        """
+    (code / "trial.py").write_text(
+        textwrap.dedent(
+            """
         import time, nni
         quality = nni.get_next_parameter()["quality"]
         for step in range(8):
@@ -175,13 +191,18 @@ def test_medianstop_early_stops_a_clearly_bad_trial(tuned: Stack, tmp_path: Path
             time.sleep(0.25)
         nni.report_final_result(quality * 8)
         """
-    ))  # fmt: skip
+        )
+    )
     config = {
-        "trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 1,
-        "maxTrialNumber": 10, "searchSpace": {"quality": {"_type": "choice", "_value": [8, 9, 10, 0.1]}},
-        "tuner": {"name": "GridSearch"}, "assessor": {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize"}},
+        "trialCommand": f"{sys.executable} trial.py",
+        "trialCodeDirectory": str(code),
+        "trialConcurrency": 1,
+        "maxTrialNumber": 10,
+        "searchSpace": {"quality": {"_type": "choice", "_value": [8, 9, 10, 0.1]}},
+        "tuner": {"name": "GridSearch"},
+        "assessor": {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize"}},
         "trainingService": {"platform": "local"},
-    }  # fmt: skip
+    }
     with Experiment(config, nats_url=tuned.nats.url) as experiment:
         assert experiment.run() is True  # the grid is walked: DONE with 4 trials, not maxTrialNumber
         trials = {t.parameters["quality"]: t for t in experiment.list_trial_jobs()}
@@ -326,8 +347,9 @@ def test_nni_tuner_and_assessor_classes_run_unchanged(tmp_path: Path, nats_serve
     code, tuners, journal = tmp_path / "code", tmp_path / "tuners", tmp_path / "journal.jsonl"
     code.mkdir()
     tuners.mkdir()
-    (code / "trial.py").write_text(textwrap.dedent(
-        """
+    (code / "trial.py").write_text(
+        textwrap.dedent(
+            """
         import time, nni  # the shim serves the trial API; the real nni package behind it backs nni.Experiment
         assert "nni_shim" in nni.__file__ and hasattr(nni, "Experiment"), nni.__file__
         quality = nni.get_next_parameter()["quality"]
@@ -336,16 +358,22 @@ def test_nni_tuner_and_assessor_classes_run_unchanged(tmp_path: Path, nats_serve
             time.sleep(0.3)
         nni.report_final_result(quality * 6)
         """
-    ))  # fmt: skip
+        )
+    )
     (tuners / "list_tuner.py").write_text(NNI_TUNER)
     config = {
-        "trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 1,
+        "trialCommand": f"{sys.executable} trial.py",
+        "trialCodeDirectory": str(code),
+        "trialConcurrency": 1,
         "searchSpace": {"quality": {"_type": "choice", "_value": [8, 9, 10, 0.1]}},
-        "tuner": {"className": "list_tuner.ListTuner", "codeDirectory": str(tuners),
-                  "classArgs": {"qualities": [8, 9, 10, 0.1], "journal": str(journal)}},
+        "tuner": {
+            "className": "list_tuner.ListTuner",
+            "codeDirectory": str(tuners),
+            "classArgs": {"qualities": [8, 9, 10, 0.1], "journal": str(journal)},
+        },
         "assessor": {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize"}},  # NNI's own class here
         "trainingService": {"platform": "local"},
-    }  # fmt: skip
+    }
     try:
         with Experiment(config, nats_url=stack.nats.url) as experiment:
             assert experiment.run() is True
@@ -354,8 +382,11 @@ def test_nni_tuner_and_assessor_classes_run_unchanged(tmp_path: Path, nats_serve
         assert trials[0.1].status.value == "EARLY_STOPPED"
         notes = [json.loads(line) for line in journal.read_text().splitlines()]
         assert notes[0] == ["space", ["quality"]]
-        assert [n for n in notes if n[0] == "result"] == [["result", 0, 8, 48], ["result", 1, 9, 54],
-                                                           ["result", 2, 10, 60]]  # fmt: skip
+        assert [n for n in notes if n[0] == "result"] == [
+            ["result", 0, 8, 48],
+            ["result", 1, 9, 54],
+            ["result", 2, 10, 60],
+        ]
         assert ["end", 3, False] in notes
         assert "NniAssessor" in stack.log("tuner")
     finally:
@@ -363,7 +394,8 @@ def test_nni_tuner_and_assessor_classes_run_unchanged(tmp_path: Path, nats_serve
 
 
 def test_experiment_run_says_when_no_tuner_service_picks_the_experiment_up(
-        tmp_path: Path, nats_server, mnist: Path, monkeypatch) -> None:
+    tmp_path: Path, nats_server, mnist: Path, monkeypatch
+) -> None:
     from rich.console import Console
 
     from trialbus.progress import RunView
@@ -400,8 +432,11 @@ def test_a_tuner_replica_that_stops_hands_its_experiments_over_at_once(tmp_path:
             holder = wait_until(lambda: _drivers(stack, [experiment_id]), 20, "a driver")[experiment_id]
             other = "b" if holder == "a" else "a"
             stack.kill(f"tuner@{holder}", signal.SIGTERM)  # a rollout, a scale-down: it hands the lease back
-            wait_until(lambda: f"driving experiment {experiment_id}" in stack.log(f"tuner@{other}"), 5,
-                       "the other replica to take over well before the lease would have expired (15 s)")
+            wait_until(
+                lambda: f"driving experiment {experiment_id}" in stack.log(f"tuner@{other}"),
+                5,
+                "the other replica to take over well before the lease would have expired (15 s)",
+            )
             wait_until(lambda: client.get_experiment(experiment_id).status.value == "DONE", 60, "the end")
             assert len(client.list_trials(experiment_id)) == 6
     finally:

@@ -66,8 +66,11 @@ def home(tmp_path: Path):
 
 def running(up: Up, experiment: str, count: int, run_log: Path) -> None:
     """Until ``count`` trials are RUNNING and each has started its code (written its line)."""
-    wait_until(lambda: len(up.rest("GET", f"/experiments/{experiment}/trials?status=RUNNING").json()["trials"])
-                       == count, 60, f"{count} trials RUNNING")  # fmt: skip
+    wait_until(
+        lambda: len(up.rest("GET", f"/experiments/{experiment}/trials?status=RUNNING").json()["trials"]) == count,
+        60,
+        f"{count} trials RUNNING",
+    )
     wait_until(lambda: run_log.exists() and len(run_log.read_text().splitlines()) >= count, 30, "the trials' code")
 
 
@@ -100,8 +103,9 @@ def test_a_stop_ends_running_trials_cancelled_with_the_reason_and_frees_everythi
     elif how == "sigterm":
         up.signal(signal.SIGTERM)
     else:
-        down = subprocess.run([TRIALBUS, "down", "--data-dir", str(home.data_dir)], capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+        down = subprocess.run(
+            [TRIALBUS, "down", "--data-dir", str(home.data_dir)], capture_output=True, text=True, timeout=60
+        )
         assert down.returncode == 0 and "stopped the stack" in down.stderr, down.stderr
 
     # Then everything stops within 30 s: the trials, the services, nats-server; every port is free
@@ -134,8 +138,12 @@ def test_keep_trials_leaves_them_running_for_the_next_up_to_adopt(home, where):
     if where == "up":
         up.signal(signal.SIGTERM)
     else:
-        down = subprocess.run([TRIALBUS, "down", "--keep-trials", "--data-dir", str(home.data_dir)],
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        down = subprocess.run(
+            [TRIALBUS, "down", "--keep-trials", "--data-dir", str(home.data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert down.returncode == 0 and "running trials left running" in down.stderr, down.stderr
     assert up.wait(30) == 0, up.text()
 
@@ -146,8 +154,11 @@ def test_keep_trials_leaves_them_running_for_the_next_up_to_adopt(home, where):
     again = home.up()
     again.wait_for("Trialbus is up")
     for i, trial_id in enumerate(ids):
-        final = wait_until(lambda t=trial_id: (s := again.rest("GET", f"/trials/{t}").json())["status"] != "RUNNING"
-                           and s, 60, f"{trial_id} to end")  # fmt: skip
+        final = wait_until(
+            lambda t=trial_id: (s := again.rest("GET", f"/trials/{t}").json())["status"] != "RUNNING" and s,
+            60,
+            f"{trial_id} to end",
+        )
         assert final["status"] == "SUCCEEDED" and final["finalMetric"]["default"] == i, final
     assert sorted(home.trial_processes()) == sorted(ids), "each ran once"
     again.ctrl_c()
@@ -157,11 +168,15 @@ def test_keep_trials_leaves_them_running_for_the_next_up_to_adopt(home, where):
 def test_ctrl_c_during_experiment_run_stops_the_command_the_trials_and_the_stack(home, tmp_path):
     # Given `trialbus up -- trialbus experiment run -f config.yml`, as `make run` runs it
     nni_config = {
-        "experimentName": "ctrl-c", "trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(home.code),
-        "trialConcurrency": 2, "maxTrialNumber": 4, "trainingService": {"platform": "local"},
+        "experimentName": "ctrl-c",
+        "trialCommand": f"{sys.executable} trial.py",
+        "trialCodeDirectory": str(home.code),
+        "trialConcurrency": 2,
+        "maxTrialNumber": 4,
+        "trainingService": {"platform": "local"},
         "searchSpace": {"x": {"_type": "choice", "_value": [1]}, "sleep": {"_type": "choice", "_value": [120]}},
         "tuner": {"name": "Random"},
-    }  # fmt: skip
+    }
     path = tmp_path / "config.yml"
     path.write_text(yaml.safe_dump(nni_config))
     trialbus = str(Path(sys.executable).parent / "trialbus")

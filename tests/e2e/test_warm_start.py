@@ -48,13 +48,17 @@ def test_warm_and_cold_trials_report_the_same_parameters_metrics_and_exit_codes(
         ids = [submit(stack, experiment, params) for params in cases]
         bodies = [ended(stack, trial_id, 60) for trial_id in ids]
         assert [warm_of(stack, experiment, t) for t in ids] == [warm] * 3
-        seen[warm] = [(b["status"], b["exitCode"], b.get("finalMetric"), metric_values(stack, t), b["parameters"])
-                      for b, t in zip(bodies, ids, strict=True)]  # fmt: skip
+        seen[warm] = [
+            (b["status"], b["exitCode"], b.get("finalMetric"), metric_values(stack, t), b["parameters"])
+            for b, t in zip(bodies, ids, strict=True)
+        ]
         assert "bad luck" in stack.rest("GET", f"/trials/{ids[1]}/log").text
     assert seen[True] == seen[False]
     assert [s[:3] for s in seen[True]] == [
-        ("SUCCEEDED", 0, {"default": 3, "seq": 0}), ("FAILED", 3, None), ("SUCCEEDED", 0, {"default": 7, "seq": 2})
-    ]  # fmt: skip
+        ("SUCCEEDED", 0, {"default": 3, "seq": 0}),
+        ("FAILED", 3, None),
+        ("SUCCEEDED", 0, {"default": 7, "seq": 2}),
+    ]
     assert seen[True][0][3] == [3, 6, 9, 12, {"default": 3, "seq": 0}]
 
 
@@ -98,8 +102,11 @@ def test_a_template_killed_mid_experiment_costs_no_trial(stack, code_dir):
     after = [submit(stack, experiment, {"x": i}) for i in range(2, 5)]
     assert [ended(stack, t)["status"] for t in after] == ["SUCCEEDED"] * 3
     assert [ended(stack, t)["finalMetric"]["default"] for t in after] == [2, 3, 4]
-    wait_until(lambda: "is gone" in stack.log("adapter") or "starting the trial cold" in stack.log("adapter"), 10,
-               "the adapter's word on the template")  # fmt: skip
+    wait_until(
+        lambda: "is gone" in stack.log("adapter") or "starting the trial cold" in stack.log("adapter"),
+        10,
+        "the adapter's word on the template",
+    )
     assert warm_of(stack, experiment, after[-1])  # a new template took over
 
 
@@ -108,8 +115,10 @@ def test_a_template_killed_while_its_trials_run_loses_none_of_their_outcomes(sta
     experiment = create(stack, config(code_dir, trialConcurrency=2))
     first = submit(stack, experiment, {"x": 1})
     assert ended(stack, first)["status"] == "SUCCEEDED"  # (the template started: the next ones fork)
-    ok, failing = submit(stack, experiment, {"x": 2, "sleep": 2}), submit(stack, experiment, {"x": 3, "sleep": 2,
-                                                                                             "exit": 3})
+    ok, failing = (
+        submit(stack, experiment, {"x": 2, "sleep": 2}),
+        submit(stack, experiment, {"x": 3, "sleep": 2, "exit": 3}),
+    )
     wait_until(lambda: trial_pid(stack, experiment, ok) and trial_pid(stack, experiment, failing), 30, "both to run")
     parents = {psutil.Process(trial_pid(stack, experiment, t)).ppid() for t in (ok, failing)}
     assert parents <= set(templates(stack)), "a kept keeper's trial is its template's child"
@@ -152,6 +161,7 @@ def trial_pid(stack, experiment: str, trial_id: str) -> int | None:
 
 def test_a_keeper_keeps_trial_after_trial_and_a_late_stop_reaches_none_of_its_next(stack, code_dir, run_log):
     experiment = create(stack, config(code_dir, trialConcurrency=1))
+
     # Given trials one after the other, each with its own outcome: once their template settled
     # (a fuller one replaces the first after the first trial, with the keepers it forks), one
     # keeper keeps trial after trial
@@ -182,8 +192,11 @@ def test_a_keeper_keeps_trial_after_trial_and_a_late_stop_reaches_none_of_its_ne
     assert stack.rest("POST", f"/trials/{canceled}/cancel").status_code == 202
     # Then it stops, and its keeper ends with it: a stop's second signal could come late
     assert ended(stack, canceled, 20)["status"] == "USER_CANCELED"
-    wait_until(lambda: not psutil.pid_exists(keeper) or psutil.Process(keeper).status() == psutil.STATUS_ZOMBIE, 10,
-               "the keeper of a cancelled trial to end")  # fmt: skip
+    wait_until(
+        lambda: not psutil.pid_exists(keeper) or psutil.Process(keeper).status() == psutil.STATUS_ZOMBIE,
+        10,
+        "the keeper of a cancelled trial to end",
+    )
     after = submit(stack, experiment, {"x": 60})
     assert ended(stack, after)["finalMetric"]["default"] == 60
     assert state_of(stack, experiment, after)["keeperPid"] != keeper

@@ -243,8 +243,10 @@ def test_a_retried_trial_shows_its_attempts_and_the_curve_of_the_current_one(ui:
     assert page.text_content("#detail-log-of") == "of attempt 0" and page.is_visible("#log-current")
     page.screenshot(path=str(artifacts(code_dir.parent) / "webui-retried-trial.png"))
     page.click("#log-current")
-    page.wait_for_function("() => !document.querySelector('#detail-log').textContent.includes('attempt 0 gives up')"
-                           " && document.querySelector('#detail-log').textContent !== ''")  # fmt: skip
+    page.wait_for_function(
+        "() => !document.querySelector('#detail-log').textContent.includes('attempt 0 gives up')"
+        " && document.querySelector('#detail-log').textContent !== ''"
+    )
     assert page.get_attribute("#detail-log", "data-attempt") == "" and page.is_hidden("#log-current")
 
 
@@ -279,8 +281,9 @@ def test_retry_a_failed_trial_from_its_panel(ui: Stack, page, code_dir: Path) ->
     assert "resume" in page.get_attribute("#detail-retry", "title")
 
 
-def test_the_summary_says_why_trials_failed_as_text_and_why_the_experiment_stopped(ui: Stack, page,
-                                                                                   code_dir: Path) -> None:
+def test_the_summary_says_why_trials_failed_as_text_and_why_the_experiment_stopped(
+    ui: Stack, page, code_dir: Path
+) -> None:
     # Given an experiment on the page whose trials fail alike, printing markup as their last stderr line
     line = "<img src=x onerror=alert(1)>ImportError: <b>no</b> module named x"
     experiment = create(ui, config(code_dir, trialConcurrency=1, maxTrialNumber=10))
@@ -302,12 +305,34 @@ def test_the_summary_says_why_trials_failed_as_text_and_why_the_experiment_stopp
 
 def test_secrets_in_a_config_never_reach_the_page(ui: Stack, page, code_dir: Path) -> None:
     # No remote or openpai adapter runs: the dispatcher takes the experiments (trials would wait).
-    remote = create(ui, config(code_dir, trainingService={
-        "platform": "remote", "machineList": [{"host": "10.9.8.7", "user": "bob", "password": PASSWORD}]}))
-    openpai = create(ui, config(code_dir, trialGpuNumber=0, trainingService={
-        "platform": "openpai", "host": "pai.example.com", "username": "alice", "token": PAI_TOKEN,
-        "trialCpuNumber": 1, "trialMemorySize": "1gb", "storageConfigName": "nfs",
-        "localStorageMountPoint": str(code_dir), "containerStorageMountPoint": "/mnt/share"}))  # fmt: skip
+    remote = create(
+        ui,
+        config(
+            code_dir,
+            trainingService={
+                "platform": "remote",
+                "machineList": [{"host": "10.9.8.7", "user": "bob", "password": PASSWORD}],
+            },
+        ),
+    )
+    openpai = create(
+        ui,
+        config(
+            code_dir,
+            trialGpuNumber=0,
+            trainingService={
+                "platform": "openpai",
+                "host": "pai.example.com",
+                "username": "alice",
+                "token": PAI_TOKEN,
+                "trialCpuNumber": 1,
+                "trialMemorySize": "1gb",
+                "storageConfigName": "nfs",
+                "localStorageMountPoint": str(code_dir),
+                "containerStorageMountPoint": "/mnt/share",
+            },
+        ),
+    )
     for experiment, secret in ((remote, PASSWORD), (openpai, PAI_TOKEN)):
         page.goto(f"{ui.webui}/experiments/{experiment}")
         page.wait_for_function("id => document.querySelector('#exp-id').textContent === id", arg=experiment)
@@ -325,20 +350,45 @@ def thousand_trials(experiment_id: str, start: datetime) -> list[TrialState]:
     for i in range(1000):
         status = statuses[i % 4]
         ended = status in (TrialStatus.SUCCEEDED, TrialStatus.FAILED)
-        trials.append(TrialState(
-            id=f"T{i:04d}", experiment_id=experiment_id, sequence_id=i, status=status, platform="local-gpu",
-            parameters={"lr": 10 ** -(1 + i % 5), "batch": 16 * (1 + i % 4),
-                        "optimizer": {"_name": "sgd", "momentum": round(i % 10 / 10, 1)}},
-            submit_time=start, start_time=start if status != TrialStatus.WAITING else None,
-            end_time=start + timedelta(seconds=i) if ended else None,
-            final_metric=({"default": (i % 97) / 100} if i % 2 else (i % 89) / 100) if status == TrialStatus.SUCCEEDED
-            else None, intermediate_count=i % 20, replica="test-host" if status != TrialStatus.WAITING else None,
-            # every 7th trial is on its second attempt, the first one failed
-            attempt=1 if i % 7 == 0 else 0, attempts=[Attempt(
-                attempt=0, platform="local-gpu", replica="test-host", start_time=start, end_time=start,
-                status="FAILED", exit_code=1, failure="trial", message="trial command exited with code 1",
-            )] if i % 7 == 0 else [],
-        ))  # fmt: skip
+        trials.append(
+            TrialState(
+                id=f"T{i:04d}",
+                experiment_id=experiment_id,
+                sequence_id=i,
+                status=status,
+                platform="local-gpu",
+                parameters={
+                    "lr": 10 ** -(1 + i % 5),
+                    "batch": 16 * (1 + i % 4),
+                    "optimizer": {"_name": "sgd", "momentum": round(i % 10 / 10, 1)},
+                },
+                submit_time=start,
+                start_time=start if status != TrialStatus.WAITING else None,
+                end_time=start + timedelta(seconds=i) if ended else None,
+                final_metric=({"default": (i % 97) / 100} if i % 2 else (i % 89) / 100)
+                if status == TrialStatus.SUCCEEDED
+                else None,
+                intermediate_count=i % 20,
+                replica="test-host" if status != TrialStatus.WAITING else None,
+                # every 7th trial is on its second attempt, the first one failed
+                attempt=1 if i % 7 == 0 else 0,
+                attempts=[
+                    Attempt(
+                        attempt=0,
+                        platform="local-gpu",
+                        replica="test-host",
+                        start_time=start,
+                        end_time=start,
+                        status="FAILED",
+                        exit_code=1,
+                        failure="trial",
+                        message="trial command exited with code 1",
+                    )
+                ]
+                if i % 7 == 0
+                else [],
+            )
+        )
     return trials
 
 
@@ -369,8 +419,9 @@ def test_a_thousand_trials_render_and_stay_live(nats_server, tmp_path: Path, pag
         page.wait_for_selector(row("T0501"))
 
         # and a status change arrives while the page stays open
-        changed = trials[501].model_copy(update={"status": TrialStatus.SUCCEEDED, "final_metric": 5.0,
-                                                 "end_time": start + timedelta(hours=1)})  # fmt: skip
+        changed = trials[501].model_copy(
+            update={"status": TrialStatus.SUCCEEDED, "final_metric": 5.0, "end_time": start + timedelta(hours=1)}
+        )
         began = time.perf_counter()
         put_states(nats_server.url, [changed])
         page.wait_for_selector(row("T0501", "SUCCEEDED"))
@@ -378,8 +429,11 @@ def test_a_thousand_trials_render_and_stay_live(nats_server, tmp_path: Path, pag
         page.wait_for_function("() => document.querySelector('#exp-best').dataset.value === '5'")
 
         # and so does a burst: every running trial ends at once
-        burst = [t.model_copy(update={"status": TrialStatus.FAILED, "end_time": start + timedelta(hours=2)})
-                 for t in trials if t.status == TrialStatus.RUNNING and t.id != "T0501"]  # fmt: skip
+        burst = [
+            t.model_copy(update={"status": TrialStatus.FAILED, "end_time": start + timedelta(hours=2)})
+            for t in trials
+            if t.status == TrialStatus.RUNNING and t.id != "T0501"
+        ]
         began = time.perf_counter()
         put_states(nats_server.url, burst)
         page.wait_for_function("() => !document.querySelector('#trials tr[data-status=\"RUNNING\"]')")
@@ -388,20 +442,27 @@ def test_a_thousand_trials_render_and_stay_live(nats_server, tmp_path: Path, pag
         # and sorting and filtering the full table respond (on the server)
         began = time.perf_counter()
         page.click("#trials th[data-column='default']")  # the best first
-        page.wait_for_function("() => document.querySelector('#trials tbody tr[data-position=\"0\"]')"
-                               "?.dataset.trialId === 'T0501'")  # fmt: skip
+        page.wait_for_function(
+            "() => document.querySelector('#trials tbody tr[data-position=\"0\"]')?.dataset.trialId === 'T0501'"
+        )
         sort_time = time.perf_counter() - began
         page.select_option("#status-filter", "WAITING")
-        page.wait_for_function("() => document.querySelector('#trials').dataset.total === '250'"
-                               " && document.querySelector('#trials tbody tr[data-position=\"0\"]')"
-                               "?.dataset.status === 'WAITING'")  # fmt: skip
+        page.wait_for_function(
+            "() => document.querySelector('#trials').dataset.total === '250'"
+            " && document.querySelector('#trials tbody tr[data-position=\"0\"]')"
+            "?.dataset.status === 'WAITING'"
+        )
         assert set(page.eval_on_selector_all("#trials tbody tr", "rows => rows.map(r => r.dataset.status)")) == {
-            "WAITING"}
+            "WAITING"
+        }
         page.screenshot(path=str(artifacts(tmp_path) / "webui-1000-trials.png"))
-        print(f"\n1,000 trials (wall clock from the test, and the page's own time to apply the events):\n"
-              f"  first render {first_render * 1000:.0f} ms (apply {first_apply:.0f} ms)\n"
-              f"  one status change {one_update * 1000:.0f} ms (apply {update_apply:.0f} ms)\n"
-              f"  {len(burst)} changes at once {burst_update * 1000:.0f} ms (apply {burst_apply:.0f} ms)\n"
-              f"  sort by metric {sort_time * 1000:.0f} ms", file=sys.stderr)  # fmt: skip
+        print(
+            f"\n1,000 trials (wall clock from the test, and the page's own time to apply the events):\n"
+            f"  first render {first_render * 1000:.0f} ms (apply {first_apply:.0f} ms)\n"
+            f"  one status change {one_update * 1000:.0f} ms (apply {update_apply:.0f} ms)\n"
+            f"  {len(burst)} changes at once {burst_update * 1000:.0f} ms (apply {burst_apply:.0f} ms)\n"
+            f"  sort by metric {sort_time * 1000:.0f} ms",
+            file=sys.stderr,
+        )
     finally:
         ui.stop()

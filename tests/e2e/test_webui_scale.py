@@ -33,8 +33,15 @@ EXPERIMENT = "scale001"
 CURVE_POINTS = 5000
 SPIKE = (2345, 1000.0)  # one intermediate result far above the others: the chart must keep it
 START = datetime(2020, 1, 1, tzinfo=UTC)
-STATUSES = [TrialStatus.SUCCEEDED, TrialStatus.SUCCEEDED, TrialStatus.FAILED, TrialStatus.RUNNING,
-            TrialStatus.SUCCEEDED, TrialStatus.WAITING, TrialStatus.USER_CANCELED]  # fmt: skip
+STATUSES = [
+    TrialStatus.SUCCEEDED,
+    TrialStatus.SUCCEEDED,
+    TrialStatus.FAILED,
+    TrialStatus.RUNNING,
+    TrialStatus.SUCCEEDED,
+    TrialStatus.WAITING,
+    TrialStatus.USER_CANCELED,
+]
 #: Rows the DOM may hold at once: a window of what is on screen, not the table.
 MAX_DOM_ROWS = 200
 
@@ -49,13 +56,21 @@ def trials() -> list[TrialState]:
     for i in range(TRIALS):
         status = STATUSES[i % len(STATUSES)]
         ended = status not in (TrialStatus.WAITING, TrialStatus.RUNNING)
-        found.append(TrialState(
-            id=f"S{i:05d}", experiment_id=EXPERIMENT, sequence_id=i, status=status, platform="local-gpu",
-            parameters={"lr": 10 ** -(1 + i % 4), "layers": 1 + i % 6}, submit_time=START,
-            start_time=START if status != TrialStatus.WAITING else None,
-            end_time=START + timedelta(seconds=i) if ended else None, final_metric=metric(i),
-            intermediate_count=CURVE_POINTS if i == 0 else 0,
-        ))  # fmt: skip
+        found.append(
+            TrialState(
+                id=f"S{i:05d}",
+                experiment_id=EXPERIMENT,
+                sequence_id=i,
+                status=status,
+                platform="local-gpu",
+                parameters={"lr": 10 ** -(1 + i % 4), "layers": 1 + i % 6},
+                submit_time=START,
+                start_time=START if status != TrialStatus.WAITING else None,
+                end_time=START + timedelta(seconds=i) if ended else None,
+                final_metric=metric(i),
+                intermediate_count=CURVE_POINTS if i == 0 else 0,
+            )
+        )
     return found
 
 
@@ -71,14 +86,26 @@ def publish_curve(url: str, trial_id: str) -> None:
 
             def record(sequence: int) -> MetricRecord:
                 value = SPIKE[1] if sequence == SPIKE[0] else (sequence % 100) / 100
-                return MetricRecord(experiment_id=EXPERIMENT, trial_id=trial_id, type=MetricType.PERIODICAL,
-                                    sequence=sequence, value=json.dumps(value), timestamp=START)  # fmt: skip
+                return MetricRecord(
+                    experiment_id=EXPERIMENT,
+                    trial_id=trial_id,
+                    type=MetricType.PERIODICAL,
+                    sequence=sequence,
+                    value=json.dumps(value),
+                    timestamp=START,
+                )
 
             for start in range(0, CURVE_POINTS, 500):
-                await asyncio.gather(*(
-                    js.publish(subject, record(s).encode(),
-                               headers={"Nats-Msg-Id": subjects.metric_id(trial_id, "PERIODICAL", s, 0)})
-                    for s in range(start, min(CURVE_POINTS, start + 500))))  # fmt: skip
+                await asyncio.gather(
+                    *(
+                        js.publish(
+                            subject,
+                            record(s).encode(),
+                            headers={"Nats-Msg-Id": subjects.metric_id(trial_id, "PERIODICAL", s, 0)},
+                        )
+                        for s in range(start, min(CURVE_POINTS, start + 500))
+                    )
+                )
         finally:
             await nc.drain()
 
@@ -93,13 +120,16 @@ def big(tmp_path_factory) -> Iterator[Stack]:
     server = NatsServer(root / "jetstream").start()
     ui = Stack(root=root, nats=server).start("webui")
     try:
-        experiment = ExperimentState(id=EXPERIMENT, config=ExperimentConfig.model_validate(config(root)),
-                                     start_time=START)  # fmt: skip
+        experiment = ExperimentState(
+            id=EXPERIMENT, config=ExperimentConfig.model_validate(config(root)), start_time=START
+        )
         began = time.perf_counter()
         put_states(server.url, [experiment, *trials()])
         publish_curve(server.url, "S00000")
-        print(f"\n{TRIALS:,} trials and {CURVE_POINTS:,} records written in {time.perf_counter() - began:.1f} s",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"\n{TRIALS:,} trials and {CURVE_POINTS:,} records written in {time.perf_counter() - began:.1f} s",
+            file=sys.stderr,
+        )
         yield ui
     finally:
         ui.stop()
@@ -165,8 +195,11 @@ def test_sorted_best_first_on_the_server_and_paged_through_every_trial_once(open
     # When the user sorts by the default metric (maximize: the highest first)
     tab.click("#trials th[data-column='default']")
     tab.wait_for_function("() => document.querySelector('#trials').dataset.sort === 'metric'")
-    tab.wait_for_function("v => document.querySelector(\"#trials tbody tr[data-position='0'] "
-                           "td[data-column='default']\")?.textContent === v", arg=str(finals[0]))  # fmt: skip
+    tab.wait_for_function(
+        "v => document.querySelector(\"#trials tbody tr[data-position='0'] "
+        "td[data-column='default']\")?.textContent === v",
+        arg=str(finals[0]),
+    )
     assert tab.get_attribute("#trials th[data-column='default']", "aria-sort") == "ascending"
 
     # and pages down through the whole table a screen at a time
@@ -177,7 +210,8 @@ def test_sorted_best_first_on_the_server_and_paged_through_every_trial_once(open
         scroll_to(tab, position)
         tab.wait_for_function(
             "p => [...document.querySelectorAll('#trials tbody tr')].some((r) => r.dataset.position === String(p))",
-            arg=position)  # fmt: skip
+            arg=position,
+        )
         shown = [r for r in on_screen(tab) if r[0] >= position]
         assert shown and shown[0][0] == position, "the screen starts at the row scrolled to"
         seen.update({p: (trial_id, value) for p, trial_id, value in shown})
@@ -194,8 +228,11 @@ def test_sorted_best_first_on_the_server_and_paged_through_every_trial_once(open
 
     # and a second click puts the worst first
     tab.click("#trials th[data-column='default']")
-    tab.wait_for_function("v => Number(document.querySelector(\"#trials tbody tr[data-position='0'] "
-                           "td[data-column='default']\")?.textContent) === v", arg=finals[-1])  # fmt: skip
+    tab.wait_for_function(
+        "v => Number(document.querySelector(\"#trials tbody tr[data-position='0'] "
+        "td[data-column='default']\")?.textContent) === v",
+        arg=finals[-1],
+    )
     assert tab.get_attribute("#trials th[data-column='default']", "aria-sort") == "descending"
 
 
@@ -208,8 +245,9 @@ def test_filtered_by_status_on_the_server(opened) -> None:
 
     # Then the table holds those, counted, and its last row is the last of them
     tab.wait_for_function("n => document.querySelector('#trials').dataset.total === String(n)", arg=len(failed))
-    tab.wait_for_function("id => document.querySelector(\"#trials tbody tr[data-position='0']\")?.dataset.trialId"
-                           " === id", arg=failed[0])  # fmt: skip
+    tab.wait_for_function(
+        "id => document.querySelector(\"#trials tbody tr[data-position='0']\")?.dataset.trialId === id", arg=failed[0]
+    )
     assert tab.text_content("#shown-count") == f"{len(failed)} of {TRIALS} trials"
     tab.evaluate("() => { const w = document.querySelector('.table-wrap'); w.scrollTop = w.scrollHeight; }")
     tab.wait_for_selector(row(failed[-1], "FAILED"))
@@ -222,8 +260,10 @@ def test_a_long_curve_is_cut_down_to_the_chart_with_its_extremes(opened, tmp_pat
     # When the user opens the trial that reported 5,000 intermediate results
     tab.click(row("S00000"))
     # (the history comes in frames: wait for it all, the spike at 2,345 and the last result at 4,999)
-    tab.wait_for_function("() => Number(document.querySelector('#trial-curve').dataset.max) === 1000"
-                          " && Number(document.querySelector('#trial-curve').dataset.lastX) === 4999")  # fmt: skip
+    tab.wait_for_function(
+        "() => Number(document.querySelector('#trial-curve').dataset.max) === 1000"
+        " && Number(document.querySelector('#trial-curve').dataset.lastX) === 4999"
+    )
 
     # Then its chart draws at most twice its width in points, and the spike among them
     width = tab.evaluate("() => document.querySelector('#trial-curve').clientWidth")
@@ -235,6 +275,8 @@ def test_a_long_curve_is_cut_down_to_the_chart_with_its_extremes(opened, tmp_pat
 
     # and the overview chart, of the experiment's finals, is cut down to its width as well
     tab.wait_for_function("() => Number(document.querySelector('#overview-chart').dataset.points) > 0")
-    overview = tab.evaluate("() => { const c = document.querySelector('#overview-chart');"
-                             " return [Number(c.dataset.points), Number(c.dataset.max), c.clientWidth]; }")  # fmt: skip
+    overview = tab.evaluate(
+        "() => { const c = document.querySelector('#overview-chart');"
+        " return [Number(c.dataset.points), Number(c.dataset.max), c.clientWidth]; }"
+    )
     assert overview[0] <= 2 * overview[2] and overview[1] == max(m for i in range(TRIALS) if (m := metric(i)))

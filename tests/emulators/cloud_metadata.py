@@ -78,8 +78,9 @@ class CloudMetadata:
                         return self.answer(401)
                     if "aws" not in cloud.noticed:
                         return self.answer(404, "Not Found")
-                    return self.answer(200, json.dumps({"action": "terminate", "time": "2026-11-26T14:30:00Z"}),
-                                       "application/json")  # fmt: skip
+                    return self.answer(
+                        200, json.dumps({"action": "terminate", "time": "2026-11-26T14:30:00Z"}), "application/json"
+                    )
                 if path == "/computeMetadata/v1/instance/preempted":
                     if self.headers.get("Metadata-Flavor") != "Google":
                         return self.answer(403, "Missing Metadata-Flavor:Google header.")
@@ -88,11 +89,21 @@ class CloudMetadata:
                     if self.headers.get("Metadata") != "true":
                         refused = {"error": "Bad request. Required metadata header not specified"}
                         return self.answer(400, json.dumps(refused))
-                    events = [{"EventId": "602d9444-d2cd-49c7-8624-8643e7171297", "EventType": "Preempt",
-                               "ResourceType": "VirtualMachine", "Resources": ["spot-vm"], "EventStatus": "Scheduled",
-                               "NotBefore": "Thu, 26 Nov 2026 14:30:00 GMT", "EventSource": "Platform"}]  # fmt: skip
-                    body = {"DocumentIncarnation": 2 if "azure" in cloud.noticed else 1,
-                            "Events": events if "azure" in cloud.noticed else []}  # fmt: skip
+                    events = [
+                        {
+                            "EventId": "602d9444-d2cd-49c7-8624-8643e7171297",
+                            "EventType": "Preempt",
+                            "ResourceType": "VirtualMachine",
+                            "Resources": ["spot-vm"],
+                            "EventStatus": "Scheduled",
+                            "NotBefore": "Thu, 26 Nov 2026 14:30:00 GMT",
+                            "EventSource": "Platform",
+                        }
+                    ]
+                    body = {
+                        "DocumentIncarnation": 2 if "azure" in cloud.noticed else 1,
+                        "Events": events if "azure" in cloud.noticed else [],
+                    }
                     return self.answer(200, json.dumps(body), "application/json")
                 self.answer(404, "Not Found")
 

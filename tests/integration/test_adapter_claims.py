@@ -31,8 +31,15 @@ async def _alive(stack: Stack, replica: str) -> None:
 
 async def _trial_is(stack: Stack, trial: str, status: TrialStatus, replica: str) -> None:
     """The trial's state as the dispatcher keeps it in ``trials``."""
-    state = TrialState(id=trial, experiment_id="exp1", sequence_id=0, platform="fake", submit_time=utcnow(),
-                       status=status, replica=replica)  # fmt: skip
+    state = TrialState(
+        id=trial,
+        experiment_id="exp1",
+        sequence_id=0,
+        platform="fake",
+        submit_time=utcnow(),
+        status=status,
+        replica=replica,
+    )
     await (await stack.bus.kv(streams.TRIALS_BUCKET.bucket)).put(trial, state.encode())
 
 

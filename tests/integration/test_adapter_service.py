@@ -87,13 +87,23 @@ class Stack:
         await bus.close()
 
     async def submit(
-        self, trial: str, duration: float = 0.0, exit_code: int = 0, adapter: str = "fake", command: str = "true",
+        self,
+        trial: str,
+        duration: float = 0.0,
+        exit_code: int = 0,
+        adapter: str = "fake",
+        command: str = "true",
         **extra,
     ) -> TrialRequest:
         record = {"parameter_id": 0, "parameters": {"duration": duration, "exitCode": exit_code, **extra}}
         request = TrialRequest(
-            experiment_id="exp1", trial_id=trial, sequence_id=0, trial_command=command,
-            parameter_record=json.dumps(record), training_service=LocalConfig(), token="secret-token",
+            experiment_id="exp1",
+            trial_id=trial,
+            sequence_id=0,
+            trial_command=command,
+            parameter_record=json.dumps(record),
+            training_service=LocalConfig(),
+            token="secret-token",
         )
         await self.bus.js.publish(
             subjects.dispatch(adapter), request.encode(), headers={"Nats-Msg-Id": subjects.dispatch_id(trial, 0)}
@@ -154,7 +164,8 @@ async def test_a_trial_is_announced_running_then_ended_with_dedupe_ids(stack: St
 
     stored = await stack.events()
     assert [(i, e.status) for i, e in stored if e.trial_id == "ok"] == [
-        (subjects.running_event_id("ok", 0, "r1"), TrialStatus.RUNNING), ("ok:SUCCEEDED:0", TrialStatus.SUCCEEDED)
+        (subjects.running_event_id("ok", 0, "r1"), TrialStatus.RUNNING),
+        ("ok:SUCCEEDED:0", TrialStatus.SUCCEEDED),
     ]
     assert ("bad:FAILED:0", TrialStatus.FAILED) in [(i, e.status) for i, e in stored]
     assert (ended["bad"].exit_code, ended["bad"].platform, ended["bad"].replica) == (3, "fake", "r1")
@@ -186,7 +197,8 @@ async def test_cancel_over_the_control_subject_ends_the_trial_with_the_cancels_s
     assert ended["long"].status is TrialStatus.EARLY_STOPPED
     with pytest.raises(nats.errors.TimeoutError):  # nobody owns it: nobody answers
         await stack.bus.nc.request(
-            subjects.control("fake", "cancel"), CancelRequest(experiment_id="exp1", trial_id="nobody").encode(),
+            subjects.control("fake", "cancel"),
+            CancelRequest(experiment_id="exp1", trial_id="nobody").encode(),
             timeout=0.3,
         )
 
@@ -307,16 +319,22 @@ async def test_the_local_gpu_service_process_stops_on_sigterm_and_adopts_on_rest
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
     env.update(
-        TRIALBUS_NATS_URL=nats_server.url, TRIALBUS_DATA_DIR=str(tmp_path / "data"), TRIALBUS_REPLICA="host-a",
-        TRIALBUS_GATEWAY_URL="http://127.0.0.1:9", TRIALBUS_KILL_GRACE="1", TRIALBUS_NNI_SHIM="never",
-        TRIALBUS_STOP_TIMEOUT="5", TRIALBUS_CONTRACTS_STRICT="1",
+        TRIALBUS_NATS_URL=nats_server.url,
+        TRIALBUS_DATA_DIR=str(tmp_path / "data"),
+        TRIALBUS_REPLICA="host-a",
+        TRIALBUS_GATEWAY_URL="http://127.0.0.1:9",
+        TRIALBUS_KILL_GRACE="1",
+        TRIALBUS_NNI_SHIM="never",
+        TRIALBUS_STOP_TIMEOUT="5",
+        TRIALBUS_CONTRACTS_STRICT="1",
     )
 
     def start() -> subprocess.Popen:
         log = open(tmp_path / "adapter.log", "ab")  # noqa: SIM115 - the child holds it
         try:
-            return subprocess.Popen([sys.executable, "-m", "services.adapters.local_gpu"], env=env, stdout=log,
-                                    stderr=subprocess.STDOUT)
+            return subprocess.Popen(
+                [sys.executable, "-m", "services.adapters.local_gpu"], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
         finally:
             log.close()
 
@@ -344,7 +362,8 @@ async def test_the_local_gpu_service_process_stops_on_sigterm_and_adopts_on_rest
             try:
                 raw = await stack.bus.nc.request(
                     subjects.control("local-gpu", "cancel"),
-                    CancelRequest(experiment_id="exp1", trial_id="long").encode(), timeout=0.5,
+                    CancelRequest(experiment_id="exp1", trial_id="long").encode(),
+                    timeout=0.5,
                 )
                 break
             except (nats.errors.NoRespondersError, nats.errors.TimeoutError):

@@ -97,7 +97,9 @@ async def test_a_waiting_request_says_why_once_and_runs_as_soon_as_capacity_free
     ended = await stack.until_ended("patient")
     assert ended["patient"].status is TrialStatus.SUCCEEDED
     assert statuses(await stack.until(bool), "patient") == [
-        TrialStatus.WAITING, TrialStatus.RUNNING, TrialStatus.SUCCEEDED
+        TrialStatus.WAITING,
+        TrialStatus.RUNNING,
+        TrialStatus.SUCCEEDED,
     ]
     assert adapter.platform.starts == {"patient": 1}
     queue = await stack.dispatch_queue()

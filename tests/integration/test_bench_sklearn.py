@@ -23,5 +23,8 @@ def test_the_sklearn_bench_runs_both_experiments_and_nni_and_prints_the_figure(t
     figures = sklearn_figure(Console(file=out, width=250), tmp_path, trials=4, concurrency=2, sdk=sdk)
     assert figures.outcomes == [(4, 4), (4, 4)]  # (succeeded, forked) per experiment
     assert figures.first > 0 and figures.second > 0 and figures.nni > 0
-    assert re.search(r"first [\d.]+ s, second [\d.]+ s; NNI 3.0 [\d.]+ s: [\d.]+× \(target ≥ 10×\), [\d.]+× \(target ≥ "
-                     r"15×\)", out.getvalue()), out.getvalue()  # fmt: skip
+    assert re.search(
+        r"first [\d.]+ s, second [\d.]+ s; NNI 3.0 [\d.]+ s: [\d.]+× \(target ≥ 10×\), [\d.]+× \(target ≥ "
+        r"15×\)",
+        out.getvalue(),
+    ), out.getvalue()

@@ -24,9 +24,13 @@ def test_the_warm_bench_runs_every_trial_and_prints_its_figures(
     sdk = nni_sdk()
     require_binary(nats_server_binary(), "nats-server")
     options = StackOptions(
-        data_dir=tmp_path / "data", nats_port=free_port(), api_port=free_port(), gateway_port=free_port(),
-        webui_port=free_port(), stop_grace=5,
-    )  # fmt: skip
+        data_dir=tmp_path / "data",
+        nats_port=free_port(),
+        api_port=free_port(),
+        gateway_port=free_port(),
+        webui_port=free_port(),
+        stop_grace=5,
+    )
     out = io.StringIO()
     console = Console(file=out, width=250)
     stack = Stack(options, console)

@@ -55,13 +55,18 @@ def code_dir(root: Path) -> Path:
 
 
 async def publish_metric(js: JetStreamContext, trial: str, kind: MetricType, seq: int, value: object) -> None:
-    record = MetricRecord(experiment_id=EXP, trial_id=trial, type=kind, sequence=seq, value=json.dumps(value),
-                          timestamp=datetime.now(UTC))
+    record = MetricRecord(
+        experiment_id=EXP, trial_id=trial, type=kind, sequence=seq, value=json.dumps(value), timestamp=datetime.now(UTC)
+    )
     await js.publish(subjects.metrics(EXP, trial), record.encode())
 
 
 async def publish_event(
-    js: JetStreamContext, trial: str, status: TrialStatus, attempt: int = 0, source: str = "local-gpu",
+    js: JetStreamContext,
+    trial: str,
+    status: TrialStatus,
+    attempt: int = 0,
+    source: str = "local-gpu",
     subject: str | None = None,
 ) -> None:
     """As ``source`` (an adapter, or the dispatcher) publishes it; ``subject`` replaces its subject."""
@@ -97,7 +102,9 @@ async def test_the_stored_object_is_named_by_its_hash_and_extracts_to_the_files(
         tar.extractall(tmp_path / "out", filter="data")
     out = tmp_path / "out"
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
-        ".nniignore", "pkg/model.py", "trial.py",
+        ".nniignore",
+        "pkg/model.py",
+        "trial.py",
     ]
     assert (out / "trial.py").read_text() == "import nni\n"
 
@@ -106,8 +113,12 @@ async def test_create_experiment_uploads_the_code_then_needs_a_dispatcher(
     client: AsyncClient, js: JetStreamContext, tmp_path: Path
 ) -> None:
     root = code_dir(tmp_path / "code")
-    config = {"trialCommand": "python3 trial.py", "trialCodeDirectory": str(root), "trialConcurrency": 1,
-              "trainingService": {"platform": "local"}}
+    config = {
+        "trialCommand": "python3 trial.py",
+        "trialCodeDirectory": str(root),
+        "trialConcurrency": 1,
+        "trainingService": {"platform": "local"},
+    }
 
     with pytest.raises(TrialbusError, match="no dispatcher answers") as raised:
         await client.create_experiment(config)
@@ -149,9 +160,12 @@ async def test_a_keepers_batches_are_yielded_record_by_record_each_once(
     (its first answer lost) holds the older ones again."""
 
     async def publish_batch(*records: tuple[MetricType, int]) -> None:
-        batch = MetricBatch(experiment_id=EXP, trial_id="t2", timestamp=datetime.now(UTC), records=[
-            BatchedRecord(type=kind, sequence=seq, value=json.dumps(seq / 10)) for kind, seq in records
-        ])  # fmt: skip
+        batch = MetricBatch(
+            experiment_id=EXP,
+            trial_id="t2",
+            timestamp=datetime.now(UTC),
+            records=[BatchedRecord(type=kind, sequence=seq, value=json.dumps(seq / 10)) for kind, seq in records],
+        )
         await js.publish(subjects.metrics(EXP, "t2"), batch.encode())
 
     await publish_batch(*((MetricType.PERIODICAL, i) for i in range(3)))

@@ -24,13 +24,21 @@ COMPOSE_V2 = Path(compose.__file__).with_name("docker-compose")
 
 
 def test_only_the_engine_s_and_the_user_s_variables_pass() -> None:
-    caller = {"PATH": "/usr/bin", "HOME": "/home/alice", "DOCKER_HOST": "unix:///run/user/1000/docker.sock",
-              "TRIALBUS_API_TOKEN": "t", "NATS_PASSWORD_CLIENT": "p", "COMPOSE_FILE": "other.yaml",
-              "TRIALBUS_NATS_URL": "nats://elsewhere:4222"}  # fmt: skip
+    caller = {
+        "PATH": "/usr/bin",
+        "HOME": "/home/alice",
+        "DOCKER_HOST": "unix:///run/user/1000/docker.sock",
+        "TRIALBUS_API_TOKEN": "t",
+        "NATS_PASSWORD_CLIENT": "p",
+        "COMPOSE_FILE": "other.yaml",
+        "TRIALBUS_NATS_URL": "nats://elsewhere:4222",
+    }
     assert compose_environment(caller, DOCKER_CONFIG="/tmp/c") == {
-        "PATH": "/usr/bin", "HOME": "/home/alice", "DOCKER_HOST": "unix:///run/user/1000/docker.sock",
+        "PATH": "/usr/bin",
+        "HOME": "/home/alice",
+        "DOCKER_HOST": "unix:///run/user/1000/docker.sock",
         "DOCKER_CONFIG": "/tmp/c",
-    }  # fmt: skip
+    }
 
 
 def project_env_file(folder: Path) -> tuple[Path, dict[str, str]]:
@@ -45,13 +53,28 @@ def project_env_file(folder: Path) -> tuple[Path, dict[str, str]]:
 
 def api_tokens(env: dict[str, str], env_file: Path) -> dict[str, str]:
     """The ``TRIALBUS_API_TOKEN`` each service would get, as Compose v2 resolves compose.yaml."""
-    argv = [str(COMPOSE_V2), "--project-directory", str(ROOT), "-f", str(ROOT / "compose.yaml"),
-            "-p", "trialbus-env-test", "--env-file", str(env_file), "config", "--format", "json"]  # fmt: skip
+    argv = [
+        str(COMPOSE_V2),
+        "--project-directory",
+        str(ROOT),
+        "-f",
+        str(ROOT / "compose.yaml"),
+        "-p",
+        "trialbus-env-test",
+        "--env-file",
+        str(env_file),
+        "config",
+        "--format",
+        "json",
+    ]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     services = json.loads(done.stdout)["services"]
-    return {name: spec["environment"]["TRIALBUS_API_TOKEN"] for name, spec in services.items()
-            if "TRIALBUS_API_TOKEN" in (spec.get("environment") or {})}  # fmt: skip
+    return {
+        name: spec["environment"]["TRIALBUS_API_TOKEN"]
+        for name, spec in services.items()
+        if "TRIALBUS_API_TOKEN" in (spec.get("environment") or {})
+    }
 
 
 def test_a_token_the_caller_exported_does_not_replace_the_project_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

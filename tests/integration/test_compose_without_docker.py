@@ -71,8 +71,11 @@ def test_required_secrets_fail_with_a_message_and_env_example_documents_every_va
     for secret in ("TRIALBUS_TRIAL_SECRET", "NATS_PASSWORD_DISPATCHER", "NATS_PASSWORD_CLIENT"):
         assert re.search(rf"\$\{{{secret}:\?[^}}]+\}}", text), f"{secret} must be required with a message"
     # The API token and the secrets key: required wherever they are used, never empty by default
-    for name, keys in {"dispatcher": ("TRIALBUS_API_TOKEN", "TRIALBUS_SECRETS_KEY"), "webui": ("TRIALBUS_API_TOKEN",),
-                       **{adapter: ("TRIALBUS_SECRETS_KEY",) for adapter in ADAPTERS}}.items():  # fmt: skip
+    for name, keys in {
+        "dispatcher": ("TRIALBUS_API_TOKEN", "TRIALBUS_SECRETS_KEY"),
+        "webui": ("TRIALBUS_API_TOKEN",),
+        **{adapter: ("TRIALBUS_SECRETS_KEY",) for adapter in ADAPTERS},
+    }.items():
         for key in keys:
             value = SERVICES_OF_COMPOSE[name]["environment"][key]
             assert re.fullmatch(rf"\$\{{{key}:\?[^}}]+\}}", value), (name, key, value)
@@ -117,8 +120,14 @@ def test_make_up_runs_the_services_compose_defines():
 
 @pytest.mark.timeout(120)
 def test_every_compose_service_starts_on_the_host_and_reports_in(tmp_path: Path):
-    options = StackOptions(data_dir=tmp_path / "data", nats_port=free_port(), api_port=free_port(),
-                           gateway_port=free_port(), webui_port=free_port(), stop_grace=5)  # fmt: skip
+    options = StackOptions(
+        data_dir=tmp_path / "data",
+        nats_port=free_port(),
+        api_port=free_port(),
+        gateway_port=free_port(),
+        webui_port=free_port(),
+        stop_grace=5,
+    )
     stack = Stack(options, Console(quiet=True))
     stack.start()
     try:
@@ -189,7 +198,8 @@ def test_the_image_build_has_every_file_the_wheel_carries():
     import tomllib
 
     forced = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"][
-        "force-include"]  # fmt: skip
+        "force-include"
+    ]
     allowed = (ROOT / ".dockerignore").read_text().splitlines()
     copied = " ".join(line for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("COPY "))
     for source in forced:

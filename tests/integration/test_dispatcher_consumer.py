@@ -66,9 +66,14 @@ async def test_what_a_killed_run_held_unapplied_is_applied_before_anything_after
     async def hold(msg: Msg) -> None:
         held.append(msg)
 
-    sub = await dead.jetstream().subscribe("events.>", durable="dispatcher-events", stream="EVENTS",
-                                           config=streams.dispatcher_consumer("EVENTS"), manual_ack=True,
-                                           cb=hold)  # fmt: skip
+    sub = await dead.jetstream().subscribe(
+        "events.>",
+        durable="dispatcher-events",
+        stream="EVENTS",
+        config=streams.dispatcher_consumer("EVENTS"),
+        manual_ack=True,
+        cb=hold,
+    )
     async with asyncio.timeout(5):
         while len(held) < 5:
             await asyncio.sleep(0.02)

@@ -27,8 +27,9 @@ EXP, TRIAL = "k3x9a2bq", "Ab3dE"
 
 
 def record(type_: str = "PERIODICAL", sequence: int = 0, value: object = "0.5", **fields) -> str:
-    return json.dumps({"parameter_id": 7, "trial_job_id": TRIAL, "type": type_, "sequence": sequence,
-                       "value": value, **fields})
+    return json.dumps(
+        {"parameter_id": 7, "trial_job_id": TRIAL, "type": type_, "sequence": sequence, "value": value, **fields}
+    )
 
 
 def headers(token: str | None = None, version: str | None = trialbus.__version__) -> dict:
@@ -46,8 +47,12 @@ class Gateway:
         self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.port}", timeout=10)
 
     async def post(self, records: list, *, experiment: str = EXP, trial: str = TRIAL, **kwargs) -> httpx.Response:
-        return await self.http.post(f"/api/v1/trials/{trial}/metrics", json={"experimentId": experiment,
-                                    "records": records}, headers=kwargs.pop("headers", None) or headers(), **kwargs)
+        return await self.http.post(
+            f"/api/v1/trials/{trial}/metrics",
+            json={"experimentId": experiment, "records": records},
+            headers=kwargs.pop("headers", None) or headers(),
+            **kwargs,
+        )
 
     async def stored(self, trial: str = TRIAL) -> list[tuple[dict, MetricRecord]]:
         """Every record of the trial in the METRICS stream: (its message's headers, record)."""
@@ -65,8 +70,14 @@ class Gateway:
 @pytest.fixture
 async def gateway(nats_server, request):
     overrides = getattr(request, "param", {})
-    settings = GatewaySettings(nats_url=nats_server.url, trial_secret=SECRET, gateway_port=0,
-                               gateway_publish_timeout=1.0, stop_timeout=5, **overrides)
+    settings = GatewaySettings(
+        nats_url=nats_server.url,
+        trial_secret=SECRET,
+        gateway_port=0,
+        gateway_publish_timeout=1.0,
+        stop_timeout=5,
+        **overrides,
+    )
     bus = await connect(settings, "metrics-gateway-test")
     await bootstrap(bus.js)
     service = GatewayService(settings)
@@ -81,8 +92,12 @@ async def gateway(nats_server, request):
 
 
 async def test_records_are_published_once_even_when_the_batch_is_resent(gateway):
-    batch = [record(sequence=0), record(sequence=1, value='{"default": 0.6, "loss": NaN}'), record("FINAL"),
-             json.dumps({"trial_job_id": TRIAL, "type": "REQUEST_PARAMETER", "sequence": 0, "parameter_index": 0})]
+    batch = [
+        record(sequence=0),
+        record(sequence=1, value='{"default": 0.6, "loss": NaN}'),
+        record("FINAL"),
+        json.dumps({"trial_job_id": TRIAL, "type": "REQUEST_PARAMETER", "sequence": 0, "parameter_index": 0}),
+    ]
     first = await gateway.post(batch)
     assert (first.status_code, first.json()) == (200, {"accepted": 4})
     # When the keeper did not see the answer and sends the same batch again
@@ -145,17 +160,17 @@ async def test_a_keeper_must_announce_its_version(gateway):
 
 
 BAD_RECORDS = (
-        ("not json", "not JSON"),
-        ("[1, 2]", "JSON object"),
-        (record(trial_job_id="Other"), "trial_job_id"),
-        (record("EPOCH"), "type"),
-        (record(sequence=-1), "sequence"),
-        (record(sequence=True), "sequence"),
-        (record(sequence="3"), "sequence"),
-        (record(value="{oops"), "value"),
-        (record(parameter_id=1.5), "parameter_id"),
-        (json.dumps({"trial_job_id": TRIAL, "type": "FINAL", "sequence": 0}), "no value"),
-        (42, "JSON object"),
+    ("not json", "not JSON"),
+    ("[1, 2]", "JSON object"),
+    (record(trial_job_id="Other"), "trial_job_id"),
+    (record("EPOCH"), "type"),
+    (record(sequence=-1), "sequence"),
+    (record(sequence=True), "sequence"),
+    (record(sequence="3"), "sequence"),
+    (record(value="{oops"), "value"),
+    (record(parameter_id=1.5), "parameter_id"),
+    (json.dumps({"trial_job_id": TRIAL, "type": "FINAL", "sequence": 0}), "no value"),
+    (42, "JSON object"),
 )
 
 
@@ -252,8 +267,9 @@ async def test_health_and_prometheus_metrics(gateway):
 
 def test_the_service_refuses_to_start_without_the_trial_secret():
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    done = subprocess.run([sys.executable, "-m", "services.metrics_gateway"], env=env, capture_output=True,
-                          text=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-m", "services.metrics_gateway"], env=env, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 1
     assert "TRIALBUS_TRIAL_SECRET" in done.stderr and "dispatcher" in done.stderr
 
@@ -270,14 +286,28 @@ def test_the_service_refuses_to_start_without_the_trial_secret():
 def test_the_fast_encoding_is_the_contract_encoding(metric, microsecond):
     now = datetime(2026, 1, 2, 3, 4, 5, microsecond, tzinfo=UTC)
     second = Metric("PERIODICAL", 4, None, "[1, 2]")
-    model = MetricBatch(experiment_id=EXP, trial_id=TRIAL, attempt=2, timestamp=now, records=[
-        BatchedRecord(parameter_id=m.parameter_id, type=m.type, sequence=m.sequence, value=m.value)
-        for m in (metric, second)
-    ])  # fmt: skip
+    model = MetricBatch(
+        experiment_id=EXP,
+        trial_id=TRIAL,
+        attempt=2,
+        timestamp=now,
+        records=[
+            BatchedRecord(parameter_id=m.parameter_id, type=m.type, sequence=m.sequence, value=m.value)
+            for m in (metric, second)
+        ],
+    )
     [(payload, _)] = encode_batches(EXP, TRIAL, [metric, second], now, attempt=2)
     assert payload == model.encode()
-    alone = MetricRecord(experiment_id=EXP, trial_id=TRIAL, attempt=2, parameter_id=metric.parameter_id,
-                         type=metric.type, sequence=metric.sequence, value=metric.value, timestamp=now)
+    alone = MetricRecord(
+        experiment_id=EXP,
+        trial_id=TRIAL,
+        attempt=2,
+        parameter_id=metric.parameter_id,
+        type=metric.type,
+        sequence=metric.sequence,
+        value=metric.value,
+        timestamp=now,
+    )
     assert records_of(payload)[0] == alone  # a reader sees the record as if it had been published alone
 
 

@@ -34,8 +34,10 @@ def test_file_channel_trial_reports_through_the_gateway(tmp_path, code_dir, gate
     assert summary(stored(nats_url, "Tfile1")) == EXPECTED
     # The trial saw NNI's environment (and never the keeper's secrets), in its code directory
     out = trial.read("stdout")
-    assert "env ['MULTI_PHASE', 'NNI_CODE_DIR', 'NNI_EXP_ID', 'NNI_OUTPUT_DIR', 'NNI_PLATFORM', 'NNI_SYS_DIR', " \
-           "'NNI_TRIAL_JOB_ID', 'NNI_TRIAL_SEQ_ID']" in out
+    assert (
+        "env ['MULTI_PHASE', 'NNI_CODE_DIR', 'NNI_EXP_ID', 'NNI_OUTPUT_DIR', 'NNI_PLATFORM', 'NNI_SYS_DIR', "
+        "'NNI_TRIAL_JOB_ID', 'NNI_TRIAL_SEQ_ID']" in out
+    )
     assert f"cwd {code_dir}" in out
     assert trial.read("stderr") == "to stderr\n"
     assert "lastError" not in state  # a trial that succeeded has nothing to explain
@@ -89,10 +91,20 @@ def test_an_unknown_program_fails_127_with_the_shells_message(tmp_path, code_dir
 
 
 def test_a_failed_trial_records_its_last_stderr_line(tmp_path, code_dir, gateway):
-    missing = Trial(tmp_path, code_dir, gateway.url, "Timport", command=f"{shlex.quote(sys.executable)} -c "
-                    "'import no_such_module_xyz'")  # fmt: skip
-    long = Trial(tmp_path, code_dir, gateway.url, "Tlong", command="for i in 1 2 3; do echo line $i >&2; done; "
-                 "printf '%0300d\\n\\n  \\n' 7 >&2; exit 2")  # fmt: skip
+    missing = Trial(
+        tmp_path,
+        code_dir,
+        gateway.url,
+        "Timport",
+        command=f"{shlex.quote(sys.executable)} -c 'import no_such_module_xyz'",
+    )
+    long = Trial(
+        tmp_path,
+        code_dir,
+        gateway.url,
+        "Tlong",
+        command="for i in 1 2 3; do echo line $i >&2; done; printf '%0300d\\n\\n  \\n' 7 >&2; exit 2",
+    )
     assert missing.wait() == 1 and long.wait() == 2
     assert missing.state["lastError"] == "ModuleNotFoundError: No module named 'no_such_module_xyz'"
     assert missing.state["lastError"] == missing.read("stderr").strip().splitlines()[-1]
@@ -129,8 +141,9 @@ def test_a_trial_that_ignores_sigterm_is_killed_after_the_grace(tmp_path, code_d
 
 def test_two_stop_signals_at_once_are_one_stop_and_a_later_one_kills_at_once(tmp_path, code_dir, gateway):
     # In a container the keeper may get a pod's SIGTERM twice (its group's, and its task shell's, passed on)
-    trial = Trial(tmp_path, code_dir, gateway.url, "Ttwice", command="trap '' TERM; echo up; sleep 300",
-                  TRIALBUS_KILL_GRACE="3")  # fmt: skip
+    trial = Trial(
+        tmp_path, code_dir, gateway.url, "Ttwice", command="trap '' TERM; echo up; sleep 300", TRIALBUS_KILL_GRACE="3"
+    )
     trial.wait_for(lambda: (trial.dir / "stdout").exists() and trial.read("stdout") == "up\n")
     trial.proc.send_signal(signal.SIGTERM)
     time.sleep(0.1)

@@ -91,8 +91,9 @@ def test_batches_are_split_on_413_and_bad_records_dropped_on_400(tmp_path, code_
     # Given a gateway that takes at most 3 records or 200 kB per request
     gateway = GatewayProcess(nats_server.url, tmp_path)
     gateway.env.update(TRIALBUS_GATEWAY_MAX_RECORDS="3", TRIALBUS_GATEWAY_MAX_BODY=str(200_000))
-    (code_dir / "big.py").write_text(textwrap.dedent(
-        """
+    (code_dir / "big.py").write_text(
+        textwrap.dedent(
+            """
         import json
         for i in range(40):  # 40 x 30 kB: more than a batch of the keeper, far more than the gateway takes
             record = {"parameter_id": 1, "trial_job_id": "Tsplit", "type": "PERIODICAL", "sequence": i,
@@ -101,12 +102,19 @@ def test_batches_are_split_on_413_and_bad_records_dropped_on_400(tmp_path, code_
             if i == 20:  # and one record that is not for this trial
                 print("NNISDK_MEb'%s'" % json.dumps(dict(record, trial_job_id="Other")))
         """
-    ))
+        )
+    )
     try:
         gateway.start()
         # when a trial reports through the stdout channel
-        trial = Trial(tmp_path, code_dir, gateway.url, "Tsplit", command=f"{shlex.quote(sys.executable)} big.py",
-                      TRIALBUS_NNI_PLATFORM="remote")
+        trial = Trial(
+            tmp_path,
+            code_dir,
+            gateway.url,
+            "Tsplit",
+            command=f"{shlex.quote(sys.executable)} big.py",
+            TRIALBUS_NNI_PLATFORM="remote",
+        )
         assert trial.wait() == 0
     finally:
         gateway.stop()
@@ -173,8 +181,9 @@ class LosingProxy:
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
                 answer = httpx.post(gateway_url + self.path, content=body, headers=headers, timeout=10)
                 proxy.forwarded += 1
-                status, data = (503, b'{"error": "lost"}') if proxy.forwarded == 1 else (answer.status_code,
-                                                                                        answer.content)
+                status, data = (
+                    (503, b'{"error": "lost"}') if proxy.forwarded == 1 else (answer.status_code, answer.content)
+                )
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -190,15 +199,17 @@ class LosingProxy:
 
 def test_a_batch_whose_answer_was_lost_is_resent_as_it_was_and_stored_once(tmp_path, code_dir, gateway, nats_url):
     # Given a trial that reports more records at once than a keeper sends in one batch
-    (code_dir / "many.py").write_text(textwrap.dedent(
-        """
+    (code_dir / "many.py").write_text(
+        textwrap.dedent(
+            """
         import nni
         nni.get_next_parameter()
         for i in range(800):
             nni.report_intermediate_result(i)
         nni.report_final_result(800)
         """
-    ))
+        )
+    )
     proxy = LosingProxy(gateway.url)
     try:
         # when the gateway's answer to the first batch is lost

@@ -28,14 +28,21 @@ from tests.emulators.processes import alive
 GROUP, VERSION, PLURAL = "frameworkcontroller.microsoft.com", "v1", "frameworks"
 TOKEN = "emulator-test-token"
 STUCK_IMAGE = "registry.invalid/never-pulls:1"
-CHAIN = ["AttemptCreationPending", "AttemptCreationRequested", "AttemptPreparing", "AttemptRunning",
-         "AttemptDeletionPending", "AttemptDeletionRequested", "AttemptDeleting", "AttemptCompleted", "Completed"]
+CHAIN = [
+    "AttemptCreationPending",
+    "AttemptCreationRequested",
+    "AttemptPreparing",
+    "AttemptRunning",
+    "AttemptDeletionPending",
+    "AttemptDeletionRequested",
+    "AttemptDeleting",
+    "AttemptCompleted",
+    "Completed",
+]
 
 
 def unique(prefix: str = "t") -> str:
     return f"{prefix}{uuid.uuid4().hex[:10]}"
-
-
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
@@ -67,10 +74,13 @@ class Fc:
         """POST a YAML body, as ``kubectl create -f`` can (the typed method takes dicts only)."""
         api_client = self.api.api_client
         request = api_client.param_serialize(
-            "POST", "/apis/{group}/{version}/namespaces/{namespace}/{plural}",
+            "POST",
+            "/apis/{group}/{version}/namespaces/{namespace}/{plural}",
             path_params={"group": GROUP, "version": VERSION, "namespace": self.ns, "plural": PLURAL},
-            header_params={"Content-Type": "application/yaml", "Accept": "application/json"}, body=text,
-            auth_settings=["BearerToken"])
+            header_params={"Content-Type": "application/yaml", "Accept": "application/json"},
+            body=text,
+            auth_settings=["BearerToken"],
+        )
         response = api_client.call_api(*request)
         response.read()
         return api_client.response_deserialize(response, {"201": "object"}).data
@@ -87,8 +97,9 @@ class Fc:
         return self.api.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, body, **kw)
 
     def delete(self, name: str) -> dict[str, Any]:
-        return self.api.delete_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name,
-                                                        propagation_policy="Foreground")
+        return self.api.delete_namespaced_custom_object(
+            GROUP, VERSION, self.ns, PLURAL, name, propagation_policy="Foreground"
+        )
 
     def state(self, name: str) -> str | None:
         return (self.get(name).get("status") or {}).get("state")
@@ -115,7 +126,9 @@ def azure_share(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def k8s(tmp_path_factory: pytest.TempPathFactory, share: Path, azure_share: Path) -> Iterator[Kubernetes]:
     emulator = start_kubernetes(
-        tmp_path_factory.mktemp("kubernetes"), token=TOKEN, stuck_images=[STUCK_IMAGE],
+        tmp_path_factory.mktemp("kubernetes"),
+        token=TOKEN,
+        stuck_images=[STUCK_IMAGE],
         volumes={"nfs://nfs.example/exports": str(share), "azurefile://trials": str(azure_share)},
     )
     try:
@@ -213,21 +226,37 @@ def test_create_sets_metadata_and_errors_are_status_objects(fc: Fc) -> None:
     assert (conflict.value.status, status_of(conflict.value)["reason"]) == (409, "Conflict")
 
 
-@pytest.mark.parametrize(("mutate", "field", "text"), [
-    (lambda f: f["metadata"].update(name="Trial-1"), "metadata.name", "should match '^[a-z0-9]{1,63}$'"),
-    (lambda f: f["spec"].update(executionType="Run"), "spec.executionType", 'supported values: "Create"'),
-    (lambda f: f["spec"].update(retryPolicy={"maxRetryCount": -3}), "spec.retryPolicy.maxRetryCount",
-     "greater than or equal to -2"),
-    (lambda f: f["spec"]["taskRoles"][0].update(taskNumber=10001), "spec.taskRoles[0].taskNumber",
-     "less than or equal to 10000"),
-    (lambda f: f["spec"]["taskRoles"][0].update(name="ps_0"), "spec.taskRoles[0].name", "should match"),
-    (lambda f: f["spec"]["taskRoles"][0]["frameworkAttemptCompletionPolicy"].update(minFailedTaskCount=-2),
-     "spec.taskRoles[0].frameworkAttemptCompletionPolicy.minFailedTaskCount", "greater than or equal to -1"),
-    (lambda f: f["spec"]["taskRoles"][0].update(taskNumber="2"), "spec.taskRoles[0].taskNumber",
-     "must be of type integer"),
-])
-def test_schema_violations_are_422_with_the_field(fc: Fc, mutate: Callable[[dict[str, Any]], None], field: str,
-                                                  text: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("mutate", "field", "text"),
+    [
+        (lambda f: f["metadata"].update(name="Trial-1"), "metadata.name", "should match '^[a-z0-9]{1,63}$'"),
+        (lambda f: f["spec"].update(executionType="Run"), "spec.executionType", 'supported values: "Create"'),
+        (
+            lambda f: f["spec"].update(retryPolicy={"maxRetryCount": -3}),
+            "spec.retryPolicy.maxRetryCount",
+            "greater than or equal to -2",
+        ),
+        (
+            lambda f: f["spec"]["taskRoles"][0].update(taskNumber=10001),
+            "spec.taskRoles[0].taskNumber",
+            "less than or equal to 10000",
+        ),
+        (lambda f: f["spec"]["taskRoles"][0].update(name="ps_0"), "spec.taskRoles[0].name", "should match"),
+        (
+            lambda f: f["spec"]["taskRoles"][0]["frameworkAttemptCompletionPolicy"].update(minFailedTaskCount=-2),
+            "spec.taskRoles[0].frameworkAttemptCompletionPolicy.minFailedTaskCount",
+            "greater than or equal to -1",
+        ),
+        (
+            lambda f: f["spec"]["taskRoles"][0].update(taskNumber="2"),
+            "spec.taskRoles[0].taskNumber",
+            "must be of type integer",
+        ),
+    ],
+)
+def test_schema_violations_are_422_with_the_field(
+    fc: Fc, mutate: Callable[[dict[str, Any]], None], field: str, text: str
+) -> None:
     body = framework(unique(), role("worker", "true"), execution="Create")
     mutate(body)
     with pytest.raises(ApiException) as bad:
@@ -245,11 +274,15 @@ def test_unknown_fields_pruned_or_rejected_when_strict(fc: Fc, tmp_path: Path) -
     created = fc.create(body)
     assert "colour" not in created["spec"]
     assert created["spec"]["taskRoles"][0]["frameworkAttemptCompletionPolicy"] == {
-        "minFailedTaskCount": 1, "minSucceededTaskCount": -1}
+        "minFailedTaskCount": 1,
+        "minSucceededTaskCount": -1,
+    }
     assert created["spec"]["taskRoles"][0]["task"]["pod"]["spec"]["containers"][0]["image"] == "busybox"
 
-    with start_kubernetes(tmp_path / "strict", strict=True, namespaces=["team"]) as strict, \
-            client.ApiClient(strict.configuration()) as c:
+    with (
+        start_kubernetes(tmp_path / "strict", strict=True, namespaces=["team"]) as strict,
+        client.ApiClient(strict.configuration()) as c,
+    ):
         with pytest.raises(ApiException) as rejected:
             Fc(c, "team").create(body)
         assert rejected.value.status == 400
@@ -283,8 +316,10 @@ def test_patch_rules(fc: Fc) -> None:
         fc.patch(name, {"spec": {"executionType": "Start"}}, "application/strategic-merge-patch+json")
     assert (strategic.value.status, status_of(strategic.value)["reason"]) == (415, "UnsupportedMediaType")
 
-    failing = [{"op": "test", "path": "/spec/executionType", "value": "Start"},
-               {"op": "replace", "path": "/spec/executionType", "value": "Stop"}]
+    failing = [
+        {"op": "test", "path": "/spec/executionType", "value": "Start"},
+        {"op": "replace", "path": "/spec/executionType", "value": "Stop"},
+    ]
     with pytest.raises(ApiException) as test_op:
         fc.patch(name, failing, "application/json-patch+json")
     assert (test_op.value.status, status_of(test_op.value)["reason"]) == (422, "Invalid")
@@ -293,8 +328,10 @@ def test_patch_rules(fc: Fc) -> None:
     current = fc.get(name)  # Create stays pending, and nothing of the failed patch was applied
     assert (current["spec"]["executionType"], current["status"]["state"]) == ("Create", "AttemptCreationPending")
 
-    start = [{"op": "test", "path": "/spec/executionType", "value": "Create"},
-             {"op": "replace", "path": "/spec/executionType", "value": "Start"}]
+    start = [
+        {"op": "test", "path": "/spec/executionType", "value": "Create"},
+        {"op": "replace", "path": "/spec/executionType", "value": "Start"},
+    ]
     assert fc.patch(name, start, "application/json-patch+json")["spec"]["executionType"] == "Start"
     done = fc.wait(name)
     assert done["status"]["attemptStatus"]["completionStatus"]["code"] == 0
@@ -310,8 +347,10 @@ def test_tasks_run_on_nfs_with_fc_environment(fc: Fc, api: client.ApiClient, sha
     name = unique()
     volume = [{"name": "data", "nfs": {"server": "nfs.example", "path": f"/exports/{name}"}}]
     mounts = [{"name": "data", "mountPath": str(mount)}]
-    write = (f"echo $FC_TASK_INDEX > {mount}/out-$FC_TASKROLE_NAME-$FC_TASK_INDEX && "
-             f"env | grep ^FC_ | sort > {mount}/env-$FC_TASKROLE_NAME-$FC_TASK_INDEX && echo hello {{{{FC_POD_NAME}}}}")
+    write = (
+        f"echo $FC_TASK_INDEX > {mount}/out-$FC_TASKROLE_NAME-$FC_TASK_INDEX && "
+        f"env | grep ^FC_ | sort > {mount}/env-$FC_TASKROLE_NAME-$FC_TASK_INDEX && echo hello {{{{FC_POD_NAME}}}}"
+    )
     ps = role("ps", f"{write} && pwd -P > cwd", volumes=volume, mounts=mounts)
     ps["task"]["pod"]["spec"]["containers"][0]["workingDir"] = str(mount)
     created = fc.create(framework(name, role("worker", write, count=2, volumes=volume, mounts=mounts), ps))
@@ -322,7 +361,10 @@ def test_tasks_run_on_nfs_with_fc_environment(fc: Fc, api: client.ApiClient, sha
 
     folder = share / name
     assert {p.name: p.read_text() for p in folder.glob("out-*")} == {
-        "out-worker-0": "0\n", "out-worker-1": "1\n", "out-ps-0": "0\n"}
+        "out-worker-0": "0\n",
+        "out-worker-1": "1\n",
+        "out-ps-0": "0\n",
+    }
     assert (folder / "cwd").read_text() == f"{folder.resolve()}\n"  # workingDir, through the mount
     env = dict(line.split("=", 1) for line in (folder / "env-worker-1").read_text().splitlines())
     assert env["FC_FRAMEWORK_NAME"] == name and env["FC_FRAMEWORK_NAMESPACE"] == fc.ns
@@ -344,7 +386,10 @@ def test_failed_task_fails_the_framework_and_kills_the_rest(fc: Fc, tmp_path: Pa
     completion = fc.wait(name)["status"]["attemptStatus"]["completionStatus"]
     message = "FailedTaskCount 1 has reached MinFailedTaskCount 1 in the TaskRole"
     assert (completion["code"], completion["phrase"], completion["type"]) == (
-        3, "ContainerUnrecognizedFailed", {"name": "Failed", "attributes": []})
+        3,
+        "ContainerUnrecognizedFailed",
+        {"name": "Failed", "attributes": []},
+    )
     assert completion["trigger"] == {"message": message, "taskRoleName": "worker", "taskIndex": 0}
     failed, killed = fc.task(name, 0, 0), fc.task(name, 0, 1)
     assert failed["attemptStatus"]["completionStatus"]["pod"]["containers"][0]["code"] == 3
@@ -373,18 +418,26 @@ def test_retry_policies(fc: Fc, tmp_path: Path) -> None:
     assert runs.read_text() == "run\nrun\n"
     assert status["attemptStatus"]["id"] == 1 and status["attemptStatus"]["completionStatus"]["code"] == 1
     assert status["retryPolicyStatus"] | {"retryDelaySec": None} == {
-        "totalRetriedCount": 1, "accountableRetriedCount": 1, "retryDelaySec": None}
+        "totalRetriedCount": 1,
+        "accountableRetriedCount": 1,
+        "retryDelaySec": None,
+    }
 
     status = fc.wait(permanent)["status"]
     completion = status["attemptStatus"]["completionStatus"]
     assert (completion["code"], completion["phrase"], completion["type"]["attributes"]) == (
-        210, "ContainerPermanentFailed", ["Permanent"])
+        210,
+        "ContainerPermanentFailed",
+        ["Permanent"],
+    )
     assert status["retryPolicyStatus"]["totalRetriedCount"] == 0
 
     status = fc.wait(transient)["status"]
     assert status["attemptStatus"]["completionStatus"]["code"] == 0
-    assert (status["retryPolicyStatus"]["totalRetriedCount"], status["retryPolicyStatus"]["accountableRetriedCount"]) \
-        == (1, 0)  # a Transient failure is retried and not counted
+    assert (
+        status["retryPolicyStatus"]["totalRetriedCount"],
+        status["retryPolicyStatus"]["accountableRetriedCount"],
+    ) == (1, 0)  # a Transient failure is retried and not counted
 
 
 def test_stop_by_merge_patch_then_delete(fc: Fc, tmp_path: Path) -> None:
@@ -399,7 +452,10 @@ def test_stop_by_merge_patch_then_delete(fc: Fc, tmp_path: Path) -> None:
     status = fc.wait(name)["status"]
     completion = status["attemptStatus"]["completionStatus"]
     assert (completion["code"], completion["phrase"], completion["type"]) == (
-        -210, "StopFrameworkRequested", {"name": "Failed", "attributes": ["Permanent"]})
+        -210,
+        "StopFrameworkRequested",
+        {"name": "Failed", "attributes": ["Permanent"]},
+    )
     assert fc.task(name)["attemptStatus"]["completionStatus"]["code"] == -210
     assert not alive(pid) and status["retryPolicyStatus"]["totalRetriedCount"] == 0
 
@@ -430,8 +486,9 @@ def test_azure_file_waits_for_its_secret(fc: Fc, api: client.ApiClient, azure_sh
     assert fc.state(name) == "AttemptPreparing" and fc.task(name)["state"] == "AttemptPreparing"
 
     data = {"azurestorageaccountname": "acct", "azurestorageaccountkey": "key"}
-    client.CoreV1Api(api).create_namespaced_secret(fc.ns, client.V1Secret(
-        metadata=client.V1ObjectMeta(name=secret), string_data=data))
+    client.CoreV1Api(api).create_namespaced_secret(
+        fc.ns, client.V1Secret(metadata=client.V1ObjectMeta(name=secret), string_data=data)
+    )
     assert fc.wait(name)["status"]["attemptStatus"]["completionStatus"]["code"] == 0
     assert (azure_share / name / "done").read_text() == "ok\n"
 
@@ -499,8 +556,18 @@ def test_watch_sees_the_state_chain_and_resumes_after_a_drop(fc: Fc, k8s: Kubern
     assert all(f"resourceVersion={since}" not in r["query"] for r in watches[1:])
 
     # A fresh watch from the first resourceVersion replays exactly what the resumed watch saw.
-    replay = [e for e in watch.Watch().stream(fc.api.list_namespaced_custom_object, GROUP, VERSION, fc.ns, PLURAL,
-                                              resource_version=str(versions[0] - 1), timeout_seconds=1)]
+    replay = [
+        e
+        for e in watch.Watch().stream(
+            fc.api.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            fc.ns,
+            PLURAL,
+            resource_version=str(versions[0] - 1),
+            timeout_seconds=1,
+        )
+    ]
     assert [int(e["raw_object"]["metadata"]["resourceVersion"]) for e in replay] == versions
 
 
@@ -508,15 +575,32 @@ def test_watch_bookmarks_and_410_after_compaction(fc: Fc, k8s: Kubernetes) -> No
     name = unique()
     created = fc.create(framework(name, role("worker", "true"), execution="Create"))
     old = str(int(created["metadata"]["resourceVersion"]) - 1)
-    stream = watch.Watch().stream(fc.api.list_namespaced_custom_object, GROUP, VERSION, fc.ns, PLURAL,
-                                  resource_version=old, allow_watch_bookmarks=True, timeout_seconds=2)
+    stream = watch.Watch().stream(
+        fc.api.list_namespaced_custom_object,
+        GROUP,
+        VERSION,
+        fc.ns,
+        PLURAL,
+        resource_version=old,
+        allow_watch_bookmarks=True,
+        timeout_seconds=2,
+    )
     kinds = [e["type"] for e in stream]
     assert kinds[0] == "ADDED" and "BOOKMARK" in kinds
 
     k8s.compact()
     with pytest.raises(ApiException) as expired:
-        list(watch.Watch().stream(fc.api.list_namespaced_custom_object, GROUP, VERSION, fc.ns, PLURAL,
-                                  resource_version=old, timeout_seconds=2))
+        list(
+            watch.Watch().stream(
+                fc.api.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                fc.ns,
+                PLURAL,
+                resource_version=old,
+                timeout_seconds=2,
+            )
+        )
     assert expired.value.status == 410
 
 
@@ -525,8 +609,11 @@ def test_watch_bookmarks_and_410_after_compaction(fc: Fc, k8s: Kubernetes) -> No
 
 def test_secret_crud(api: client.ApiClient) -> None:
     core, ns, name = client.CoreV1Api(api), unique("ns"), unique("secret")
-    secret = client.V1Secret(metadata=client.V1ObjectMeta(name=name, labels={"app": "trials"}),
-                             data={"token": base64.b64encode(b"s3cret").decode()}, string_data={"user": "alice"})
+    secret = client.V1Secret(
+        metadata=client.V1ObjectMeta(name=name, labels={"app": "trials"}),
+        data={"token": base64.b64encode(b"s3cret").decode()},
+        string_data={"user": "alice"},
+    )
     created = core.create_namespaced_secret(ns, secret)
     assert created.metadata.uid and created.type == "Opaque"
     read = core.read_namespaced_secret(name, ns)

@@ -80,8 +80,12 @@ async def test_a_watch_gives_the_current_values_then_once_caught_up_each_change(
                     break
 
     assert [(e.key, e.value, e.deleted) if e else None for e in seen] == [
-        ("a", b"1", False), ("b", b"2", False), None, ("c", b"3", False), ("a", b"", True),
-    ]  # fmt: skip
+        ("a", b"1", False),
+        ("b", b"2", False),
+        None,
+        ("c", b"3", False),
+        ("a", b"", True),
+    ]
 
 
 async def test_statuses_are_read_per_adapter_and_stale_ones_left_out(bus: Bus) -> None:

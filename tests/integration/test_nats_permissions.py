@@ -44,11 +44,16 @@ from trialbus.watcher import TrialOutcome
 ROOT = Path(__file__).resolve().parents[2]
 NATS_CONF = ROOT / "deploy" / "nats" / "nats.conf"
 AUTH_CONF = ROOT / "k8s" / "base" / "nats" / "auth.conf"
-USERS = ("dispatcher", "gateway", "local-gpu", "remote", "openpai", "frameworkcontroller", "tuner", "webui",
-         "client")
+USERS = ("dispatcher", "gateway", "local-gpu", "remote", "openpai", "frameworkcontroller", "tuner", "webui", "client")
 #: The user each service of ``Stack`` runs as.
-SERVICE_USERS = {"dispatcher": "dispatcher", "gateway": "gateway", "adapter": "local-gpu", "remote": "remote",
-                 "tuner": "tuner", "webui": "webui"}  # fmt: skip
+SERVICE_USERS = {
+    "dispatcher": "dispatcher",
+    "gateway": "gateway",
+    "adapter": "local-gpu",
+    "remote": "remote",
+    "tuner": "tuner",
+    "webui": "webui",
+}
 
 TRIAL = """
 import nni
@@ -143,8 +148,9 @@ async def connect(server: AuthNatsServer):
 
         # Services take replies on their own inbox prefix (services/common/bus.py); clients on nats-py's.
         prefix = {} if user == "client" else {"inbox_prefix": inbox_prefix(user)}
-        nc = await nats.connect(server.url, user=user, password=server.passwords[user], error_cb=on_error,
-                                allow_reconnect=False, **prefix)  # fmt: skip
+        nc = await nats.connect(
+            server.url, user=user, password=server.passwords[user], error_cb=on_error, allow_reconnect=False, **prefix
+        )
         opened.append(nc)
         return User(nc, errors)
 
@@ -179,18 +185,28 @@ def test_an_experiment_runs_with_a_nats_user_per_service(server: AuthNatsServer,
     code = tmp_path / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)
-    stack = Stack(root=tmp_path, nats=server, service_env={
-        name: {"TRIALBUS_NATS_USER": user, "TRIALBUS_NATS_PASSWORD": server.passwords[user]}
-        for name, user in SERVICE_USERS.items()
-    })  # fmt: skip
+    stack = Stack(
+        root=tmp_path,
+        nats=server,
+        service_env={
+            name: {"TRIALBUS_NATS_USER": user, "TRIALBUS_NATS_PASSWORD": server.passwords[user]}
+            for name, user in SERVICE_USERS.items()
+        },
+    )
     try:
         # Given the gateway and two adapters, which may not create streams, started first
         with ThreadPoolExecutor(1) as pool:
             early = pool.submit(stack.start, "gateway", "adapter", "remote", "tuner", "webui")
-            wait_until(lambda: "waiting for the dispatcher to create stream DISPATCH" in stack.log("adapter"), 15,
-                       "the adapter to wait for the dispatcher")  # fmt: skip
-            wait_until(lambda: "waiting for the dispatcher to create stream METRICS" in stack.log("gateway"), 15,
-                       "the gateway to wait for the dispatcher")  # fmt: skip
+            wait_until(
+                lambda: "waiting for the dispatcher to create stream DISPATCH" in stack.log("adapter"),
+                15,
+                "the adapter to wait for the dispatcher",
+            )
+            wait_until(
+                lambda: "waiting for the dispatcher to create stream METRICS" in stack.log("gateway"),
+                15,
+                "the gateway to wait for the dispatcher",
+            )
             # when the dispatcher comes up, they start
             stack.start("dispatcher")
             early.result(timeout=30)
@@ -198,20 +214,29 @@ def test_an_experiment_runs_with_a_nats_user_per_service(server: AuthNatsServer,
             # and a tuner runs three trials as the client user
             async def tune() -> tuple[list[TrialOutcome], list[MetricRecord], list[str], str]:
                 async with AsyncClient(server.url, user="client", password=server.passwords["client"]) as client:
-                    experiment = await client.create_experiment({
-                        "experimentName": "permissions", "trialCommand": f"{sys.executable} trial.py",
-                        "trialCodeDirectory": str(code), "trialConcurrency": 2,
-                        "trainingService": {"platform": "local"},
-                    })  # fmt: skip
+                    experiment = await client.create_experiment(
+                        {
+                            "experimentName": "permissions",
+                            "trialCommand": f"{sys.executable} trial.py",
+                            "trialCodeDirectory": str(code),
+                            "trialConcurrency": 2,
+                            "trainingService": {"platform": "local"},
+                        }
+                    )
                     trials = [await client.submit_trial(experiment, {"x": x}) for x in range(3)]
                     outcomes = [await client.wait_trial(t.id, timeout=30) for t in trials]
                     # and the tuner service drives one: a grid of two points, judged by an assessor
-                    tuned = await client.create_experiment({
-                        "trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code),
-                        "trialConcurrency": 2, "trainingService": {"platform": "local"},
-                        "searchSpace": {"x": {"_type": "choice", "_value": [5, 6]}}, "tuner": {"name": "GridSearch"},
-                        "assessor": {"name": "Medianstop"},
-                    })  # fmt: skip
+                    tuned = await client.create_experiment(
+                        {
+                            "trialCommand": f"{sys.executable} trial.py",
+                            "trialCodeDirectory": str(code),
+                            "trialConcurrency": 2,
+                            "trainingService": {"platform": "local"},
+                            "searchSpace": {"x": {"_type": "choice", "_value": [5, 6]}},
+                            "tuner": {"name": "GridSearch"},
+                            "assessor": {"name": "Medianstop"},
+                        }
+                    )
                     await await_until_async(lambda: client.get_experiment(tuned), "DONE")
                     tuned_trials = await client.list_trials(tuned)
                     finals = sorted(t.final_metric for t in tuned_trials)
@@ -266,12 +291,19 @@ async def test_an_adapter_reads_only_its_own_dispatch_subject(connect, dispatche
     pull = await js.pull_subscribe_bind("adapter-remote", stream=streams.DISPATCH.name)
     await local.refused("publish", "$JS.API.CONSUMER.MSG.NEXT.DISPATCH.adapter-remote", pull.fetch(1, timeout=5))
     # nor may it make a consumer of its own on dispatch.remote, under its name or another
-    sneaky = ConsumerConfig(name="adapter-local-gpu", durable_name="adapter-local-gpu",
-                            filter_subject="dispatch.remote")  # fmt: skip
-    await local.refused("publish", "$JS.API.CONSUMER.CREATE.DISPATCH.adapter-local-gpu.dispatch.remote",
-                        js.add_consumer(streams.DISPATCH.name, sneaky))  # fmt: skip
-    await local.refused("publish", "$JS.API.CONSUMER.DURABLE.CREATE.DISPATCH.sneaky",
-                        js.add_consumer(streams.DISPATCH.name, durable_name="sneaky", filter_subject="dispatch.remote"))
+    sneaky = ConsumerConfig(
+        name="adapter-local-gpu", durable_name="adapter-local-gpu", filter_subject="dispatch.remote"
+    )
+    await local.refused(
+        "publish",
+        "$JS.API.CONSUMER.CREATE.DISPATCH.adapter-local-gpu.dispatch.remote",
+        js.add_consumer(streams.DISPATCH.name, sneaky),
+    )
+    await local.refused(
+        "publish",
+        "$JS.API.CONSUMER.DURABLE.CREATE.DISPATCH.sneaky",
+        js.add_consumer(streams.DISPATCH.name, durable_name="sneaky", filter_subject="dispatch.remote"),
+    )
     # and on the subject it may use, the server checks the filter in the body against it
     own = "$JS.API.CONSUMER.CREATE.DISPATCH.adapter-local-gpu.dispatch.local-gpu"
     body = {"stream_name": "DISPATCH", "config": {**sneaky.as_dict(), "ack_policy": "explicit"}}
@@ -359,8 +391,11 @@ async def test_the_remote_adapter_alone_keeps_checkpoint_copies(connect, dispatc
     assert (await store.status()).stream_info.state.bytes < 1000, "no chunk is left behind"
     # When another adapter or a client looks at the copies, or the remote adapter writes code
     local, client = await connect("local-gpu"), await connect("client")
-    await local.refused("publish", "$JS.API.STREAM.INFO.OBJ_checkpoints",
-                        local.nc.jetstream().object_store(streams.CHECKPOINT_STORE.bucket))  # fmt: skip
+    await local.refused(
+        "publish",
+        "$JS.API.STREAM.INFO.OBJ_checkpoints",
+        local.nc.jetstream().object_store(streams.CHECKPOINT_STORE.bucket),
+    )
     await client.nc.publish("$O.checkpoints.M.x", b"{}")
     await client.refused("publish", "$O.checkpoints.M.x")
     await remote.nc.publish("$O.code.M.x", b"{}")

@@ -25,8 +25,6 @@ from tests.emulators.processes import alive
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
-
-
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
@@ -133,25 +131,35 @@ def test_login_tokens_and_both_401s(pai: OpenPai) -> None:
         basic = httpx.BasicAuth("alice", app["token"])
         assert http.get("/jobs", headers=bearer).status_code == 200
         assert http.get("/jobs", auth=basic).status_code == 200
-        assert error_of(http.get("/tokens", headers=bearer), 403, "ForbiddenUserError") == \
-            "Applications are not allowed to do this operation."
+        assert (
+            error_of(http.get("/tokens", headers=bearer), 403, "ForbiddenUserError")
+            == "Applications are not allowed to do this operation."
+        )
 
         assert error_of(http.get("/jobs"), 401, "UnauthorizedUserError") == "Guest is not allowed to do this operation."
-        assert error_of(http.get("/jobs", headers={"Authorization": "Bearer nope"}), 401, "UnauthorizedUserError") \
+        assert (
+            error_of(http.get("/jobs", headers={"Authorization": "Bearer nope"}), 401, "UnauthorizedUserError")
             == "Your token is invalid."
+        )
         assert http.get("/jobs", auth=httpx.BasicAuth("bob", app["token"])).status_code == 401
 
         assert http.delete(f"/tokens/{app['token']}", headers=login).status_code == 200
         assert error_of(http.get("/jobs", headers=bearer), 401, "UnauthorizedUserError") == "Your token is invalid."
-        assert error_of(http.post("/jobs", headers=bearer, content="x"), 401, "UnauthorizedUserError") \
+        assert (
+            error_of(http.post("/jobs", headers=bearer, content="x"), 401, "UnauthorizedUserError")
             == "Your token is invalid."
+        )
 
         wrong = http.post("/authn/basic/login", data={"username": "alice", "password": "wrong-password"})
         assert error_of(wrong, 400, "IncorrectPasswordError")
-        assert error_of(http.post("/authn/basic/login", data={"username": "zed", "password": "whatever"}),
-                        400, "NoUserError")
-        assert error_of(http.post("/authn/basic/login", data={"username": "alice", "password": "short"}),
-                        400, "InvalidParametersError")
+        assert error_of(
+            http.post("/authn/basic/login", data={"username": "zed", "password": "whatever"}), 400, "NoUserError"
+        )
+        assert error_of(
+            http.post("/authn/basic/login", data={"username": "alice", "password": "short"}),
+            400,
+            "InvalidParametersError",
+        )
 
 
 def test_routes_under_both_prefixes_and_unknown_routes(pai: OpenPai, alice: Api) -> None:
@@ -184,29 +192,68 @@ _DELETE = object()
 _ROLE = "taskRoles.taskrole"
 SCHEMA_CASES = {
     "unknown top-level key": (_set("retries", 3), "additionalProperties", "", {"additionalProperty": "retries"}),
-    "unknown taskRole key": (_set(f"{_ROLE}.gpus", 1), "additionalProperties", ".taskRoles.taskrole",
-                             {"additionalProperty": "gpus"}),
-    "unknown completion key": (_set(f"{_ROLE}.completion", {"minFailedInstance": 1}), "additionalProperties",
-                               ".taskRoles.taskrole.completion", {"additionalProperty": "minFailedInstance"}),
-    "missing gpu": (_set(f"{_ROLE}.resourcePerInstance.gpu", _DELETE), "required",
-                    ".taskRoles.taskrole.resourcePerInstance", {"missingProperty": "gpu"}),
-    "no ports": (_set(f"{_ROLE}.resourcePerInstance.ports", {}), "minProperties",
-                 ".taskRoles.taskrole.resourcePerInstance.ports", {"limit": 1}),
-    "port label not a C identifier": (_set(f"{_ROLE}.resourcePerInstance.ports", {"my-port": 1}),
-                                      "additionalProperties", ".taskRoles.taskrole.resourcePerInstance.ports",
-                                      {"additionalProperty": "my-port"}),
+    "unknown taskRole key": (
+        _set(f"{_ROLE}.gpus", 1),
+        "additionalProperties",
+        ".taskRoles.taskrole",
+        {"additionalProperty": "gpus"},
+    ),
+    "unknown completion key": (
+        _set(f"{_ROLE}.completion", {"minFailedInstance": 1}),
+        "additionalProperties",
+        ".taskRoles.taskrole.completion",
+        {"additionalProperty": "minFailedInstance"},
+    ),
+    "missing gpu": (
+        _set(f"{_ROLE}.resourcePerInstance.gpu", _DELETE),
+        "required",
+        ".taskRoles.taskrole.resourcePerInstance",
+        {"missingProperty": "gpu"},
+    ),
+    "no ports": (
+        _set(f"{_ROLE}.resourcePerInstance.ports", {}),
+        "minProperties",
+        ".taskRoles.taskrole.resourcePerInstance.ports",
+        {"limit": 1},
+    ),
+    "port label not a C identifier": (
+        _set(f"{_ROLE}.resourcePerInstance.ports", {"my-port": 1}),
+        "additionalProperties",
+        ".taskRoles.taskrole.resourcePerInstance.ports",
+        {"additionalProperty": "my-port"},
+    ),
     "bad job name": (_set("name", "bad.name"), "pattern", ".name", {"pattern": "^[a-zA-Z0-9_-]+$"}),
-    "bad taskRole name": (_set("taskRoles", {"task-role": job("x")["taskRoles"]["taskrole"]}),
-                          "additionalProperties", ".taskRoles", {"additionalProperty": "task-role"}),
-    "gpu as a string": (_set(f"{_ROLE}.resourcePerInstance.gpu", "1"), "type",
-                        ".taskRoles.taskrole.resourcePerInstance.gpu", {"type": "integer"}),
+    "bad taskRole name": (
+        _set("taskRoles", {"task-role": job("x")["taskRoles"]["taskrole"]}),
+        "additionalProperties",
+        ".taskRoles",
+        {"additionalProperty": "task-role"},
+    ),
+    "gpu as a string": (
+        _set(f"{_ROLE}.resourcePerInstance.gpu", "1"),
+        "type",
+        ".taskRoles.taskrole.resourcePerInstance.gpu",
+        {"type": "integer"},
+    ),
     "no commands": (_set(f"{_ROLE}.commands", []), "minItems", ".taskRoles.taskrole.commands", {"limit": 1}),
-    "negative jobRetryCount": (_set("jobRetryCount", -1), "minimum", ".jobRetryCount",
-                               {"comparison": ">=", "limit": 0, "exclusive": False}),
-    "docker image without uri": (_set("prerequisites", [{"type": "dockerimage", "name": "image"}]), "required",
-                                 ".prerequisites[0]", {"missingProperty": "uri"}),
-    "unknown prerequisite type": (_set("prerequisites", [{"type": "image", "name": "image"}]), "oneOf",
-                                  ".prerequisites[0]", {"passingSchemas": None}),
+    "negative jobRetryCount": (
+        _set("jobRetryCount", -1),
+        "minimum",
+        ".jobRetryCount",
+        {"comparison": ">=", "limit": 0, "exclusive": False},
+    ),
+    "docker image without uri": (
+        _set("prerequisites", [{"type": "dockerimage", "name": "image"}]),
+        "required",
+        ".prerequisites[0]",
+        {"missingProperty": "uri"},
+    ),
+    "unknown prerequisite type": (
+        _set("prerequisites", [{"type": "image", "name": "image"}]),
+        "oneOf",
+        ".prerequisites[0]",
+        {"passingSchemas": None},
+    ),
 }
 
 
@@ -230,12 +277,18 @@ def test_accepts_what_the_published_schema_would_not(alice: Api) -> None:
 
 SEMANTIC_CASES = {
     "undefined docker image": (_set(f"{_ROLE}.dockerImage", "nope"), "Prerequisite nope does not exist."),
-    "undefined role prerequisite": (_set(f"{_ROLE}.prerequisites", ["missing"]),
-                                    "Prerequisite missing does not exist."),
-    "duplicate prerequisite": (_set("prerequisites", [{"type": "dockerimage", "uri": "a", "name": "image"}] * 2),
-                               "Duplicate dockerimage prerequisites image."),
-    "duplicate deployment": (_set("deployments", [{"name": "d", "taskRoles": {"taskrole": {"preCommands": ["a"]}}}]
-                                  * 2), "Duplicate deployments d."),
+    "undefined role prerequisite": (
+        _set(f"{_ROLE}.prerequisites", ["missing"]),
+        "Prerequisite missing does not exist.",
+    ),
+    "duplicate prerequisite": (
+        _set("prerequisites", [{"type": "dockerimage", "uri": "a", "name": "image"}] * 2),
+        "Duplicate dockerimage prerequisites image.",
+    ),
+    "duplicate deployment": (
+        _set("deployments", [{"name": "d", "taskRoles": {"taskrole": {"preCommands": ["a"]}}}] * 2),
+        "Duplicate deployments d.",
+    ),
     "undefined default deployment": (_set("defaults", {"deployment": "d"}), "Default deployment d does not exist."),
 }
 
@@ -264,8 +317,10 @@ def test_malformed_yaml_is_a_500_without_code(alice: Api) -> None:
 def test_name_conflict_also_after_the_job_finished(alice: Api) -> None:
     name = unique("conflict")
     r = alice.submit(job(name))
-    assert r.status_code == 202 and r.json() == {"status": 202,
-                                                 "message": f"Update job {name} for user alice successfully."}
+    assert r.status_code == 202 and r.json() == {
+        "status": 202,
+        "message": f"Update job {name} for user alice successfully.",
+    }
     assert error_of(alice.submit(job(name)), 409, "ConflictJobError") == f"Job alice~{name} already exists."
     alice.wait(name, ("SUCCEEDED",))
     assert error_of(alice.submit(job(name)), 409, "ConflictJobError") == f"Job alice~{name} already exists."
@@ -288,8 +343,11 @@ def test_unknown_storage_is_a_404(alice: Api) -> None:
     assert alice.submit(job(unique("st"), extras=known)).status_code == 202
     bad = {"storages": [{"name": "nope"}]}
     assert error_of(alice.submit(job(unique("st"), extras=bad)), 404, "NoStorageError")
-    plugin = {"com.microsoft.pai.runtimeplugin": [
-        {"plugin": "teamwise_storage", "parameters": {"storageConfigNames": ["nope"]}}]}
+    plugin = {
+        "com.microsoft.pai.runtimeplugin": [
+            {"plugin": "teamwise_storage", "parameters": {"storageConfigNames": ["nope"]}}
+        ]
+    }
     assert error_of(alice.submit(job(unique("st"), extras=plugin)), 404, "NoStorageError")
 
 
@@ -329,8 +387,12 @@ def test_accepts_the_published_examples(tmp_path: Path) -> None:
             name = yaml.safe_load(text)["name"]
             assert alice.submit(text).status_code == 202, name
             status = alice.detail(name)["jobStatus"]
-            assert (status["state"], status["subState"], status["attemptId"], status["retries"]) == \
-                ("WAITING", "AttemptCreationPending", None, 0)
+            assert (status["state"], status["subState"], status["attemptId"], status["retries"]) == (
+                "WAITING",
+                "AttemptCreationPending",
+                None,
+                0,
+            )
             assert alice.stop(name).status_code == 202
             stopped = alice.wait(name, ("STOPPED",))["jobStatus"]
             assert (stopped["appExitCode"], stopped["appExitSpec"]["phrase"]) == (-210, "StopFrameworkRequested")
@@ -351,8 +413,12 @@ def test_a_job_runs_to_succeeded(alice: Api, share: tuple[Path, Path]) -> None:
     assert alice.submit(job(name, "echo started", f"echo $PAI_JOB_NAME > {container}/{name}.out")).status_code == 202
     detail = alice.wait(name, ("SUCCEEDED",))
     status, task = detail["jobStatus"], detail["taskRoles"]["taskrole"]["taskStatuses"][0]
-    assert (status["subState"], status["appExitCode"], status["appExitType"], status["attemptId"]) == \
-        ("Completed", 0, "Succeeded", 0)
+    assert (status["subState"], status["appExitCode"], status["appExitType"], status["attemptId"]) == (
+        "Completed",
+        0,
+        "Succeeded",
+        0,
+    )
     assert status["appExitSpec"]["type"] == "USER_SUCCESS"
     assert status["submissionTime"] <= status["launchedTime"] <= status["completedTime"]
     assert (task["taskState"], task["containerExitCode"], task["containerIp"]) == ("SUCCEEDED", 0, "127.0.0.1")
@@ -384,8 +450,11 @@ def test_unrecognised_exit_codes_retry_up_to_job_retry_count(alice: Api) -> None
     assert alice.submit(job(name, "exit 3", jobRetryCount=1)).status_code == 202
     status = alice.wait(name)["jobStatus"]
     assert (status["state"], status["appExitCode"], status["appExitSpec"]["type"]) == ("FAILED", 255, "UNKNOWN_FAILURE")
-    assert (status["retries"], status["retryDetails"], status["attemptId"]) == \
-        (1, {"user": 1, "platform": 0, "resource": 0}, 1)
+    assert (status["retries"], status["retryDetails"], status["attemptId"]) == (
+        1,
+        {"user": 1, "platform": 0, "resource": 0},
+        1,
+    )
     first = alice.http.get(f"/jobs/alice~{name}/attempts/0").json()["jobStatus"]
     assert (first["attemptState"], first["appExitCode"]) == ("FAILED", 255)
 
@@ -397,8 +466,9 @@ def test_task_retry_count_needs_gang_allocation_off(alice: Api) -> None:
     body["taskRoles"]["taskrole"]["taskRetryCount"] = 2
     assert alice.submit(body).status_code == 202
     assert alice.submit({**body, "name": honoured, "extras": {"gangAllocation": False}}).status_code == 202
-    tasks = {name: alice.wait(name, ("FAILED",))["taskRoles"]["taskrole"]["taskStatuses"][0] for name in (ignored,
-                                                                                                         honoured)}
+    tasks = {
+        name: alice.wait(name, ("FAILED",))["taskRoles"]["taskrole"]["taskStatuses"][0] for name in (ignored, honoured)
+    }
     assert (tasks[ignored]["retries"], tasks[honoured]["retries"], tasks[honoured]["attemptId"]) == (0, 2, 2)
     assert tasks[honoured]["containerExitCode"] == 255
 
@@ -413,8 +483,10 @@ def test_sigkill_is_transient_and_retried_even_without_job_retry_count(alice: Ap
     assert status["retryDetails"] == {"user": 0, "platform": 1, "resource": 0}
     first = alice.http.get(f"/jobs/alice~{name}/attempts/0").json()["jobStatus"]
     assert (first["appExitCode"], first["appExitSpec"]["reaction"]) == (137, "ALWAYS_RETRY")
-    assert error_of(alice.http.get(f"/jobs/alice~{name}/attempts/7"), 404, "NoJobError") == \
-        f"JobAttemptId 7 is not found in alice~{name}."
+    assert (
+        error_of(alice.http.get(f"/jobs/alice~{name}/attempts/7"), 404, "NoJobError")
+        == f"JobAttemptId 7 is not found in alice~{name}."
+    )
 
 
 def test_stop_kills_the_tasks(pai: OpenPai, alice: Api, share: tuple[Path, Path]) -> None:
@@ -474,8 +546,11 @@ def test_two_task_roles_see_their_environment(alice: Api, share: tuple[Path, Pat
     assert (w1["PAI_RESOURCE_worker"], w1["PAI_RESOURCE_master"]) == ("0,2,1024,128", "0,1,512,0")
     assert (w1["PAI_MIN_FAILED_TASK_COUNT_worker"], w1["PAI_MIN_SUCCEEDED_TASK_COUNT_worker"]) == ("1", "2")
     assert (w1["PAI_CURRENT_TASK_ROLE_NAME"], w1["PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"]) == ("worker", "1")
-    assert (w1["PAI_TASK_INDEX"], w1["PAI_CURRENT_CONTAINER_IP"], w1["NVIDIA_VISIBLE_DEVICES"]) == ("1", "127.0.0.1",
-                                                                                                  "none")
+    assert (w1["PAI_TASK_INDEX"], w1["PAI_CURRENT_CONTAINER_IP"], w1["NVIDIA_VISIBLE_DEVICES"]) == (
+        "1",
+        "127.0.0.1",
+        "none",
+    )
     assert env("master", 0)["PAI_CURRENT_TASK_ROLE_NAME"] == "master"
     assert env("worker", 0)["PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"] == "0"
 
@@ -521,16 +596,38 @@ def test_job_list_filters_and_limits(alice: Api) -> None:
     names = [unique("list") for _ in range(3)]
     for name in names:
         assert alice.submit(job(name)).status_code == 202
-    listed = alice.http.get("/jobs", params={"username": "alice", "keyword": "list-", "order": "submissionTime,ASC",
-                                             "offset": 1, "limit": 2, "withTotalCount": "true"}).json()
+    listed = alice.http.get(
+        "/jobs",
+        params={
+            "username": "alice",
+            "keyword": "list-",
+            "order": "submissionTime,ASC",
+            "offset": 1,
+            "limit": 2,
+            "withTotalCount": "true",
+        },
+    ).json()
     assert listed["totalCount"] >= 3 and len(listed["data"]) == 2
     mine = [j["name"] for j in alice.http.get("/jobs", params={"keyword": names[0]}).json()]
     assert mine == [names[0]]
     assert alice.http.get("/jobs", params={"username": "nobody"}).json() == []
     assert error_of(alice.http.get("/jobs", params={"limit": 50001}), 400, "InvalidParametersError")
     summary = alice.http.get("/jobs", params={"keyword": names[0]}).json()[0]
-    assert {"name", "username", "state", "subState", "executionType", "retries", "createdTime", "completedTime",
-            "appExitCode", "virtualCluster", "totalGpuNumber", "totalTaskNumber", "debugId"} <= set(summary)
+    assert {
+        "name",
+        "username",
+        "state",
+        "subState",
+        "executionType",
+        "retries",
+        "createdTime",
+        "completedTime",
+        "appExitCode",
+        "virtualCluster",
+        "totalGpuNumber",
+        "totalTaskNumber",
+        "debugId",
+    } <= set(summary)
 
 
 def test_stop_kills_job_processes_even_after_a_server_crash(tmp_path: Path) -> None:

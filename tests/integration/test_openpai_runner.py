@@ -40,10 +40,27 @@ class Env:
         self.task.mkdir()
         self.tickets = 0
         self.proc = subprocess.Popen(
-            [sys.executable, "-S", "-I", str(self.bin / jobs.RUNNER), "--env", str(self.dir), "--task", str(self.task),
-             "--command", str(self.task / "command.sh"), "--reports", "--poll", "0.05", "--orphan", str(orphan)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PAI_CURRENT_TASK_ROLE_NAME": "x"},
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-S",
+                "-I",
+                str(self.bin / jobs.RUNNER),
+                "--env",
+                str(self.dir),
+                "--task",
+                str(self.task),
+                "--command",
+                str(self.task / "command.sh"),
+                "--reports",
+                "--poll",
+                "0.05",
+                "--orphan",
+                str(orphan),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PAI_CURRENT_TASK_ROLE_NAME": "x"},
+        )
         self.output = ""
 
     def command(self, text: str) -> None:
@@ -102,7 +119,7 @@ def test_trials_run_one_after_another_in_ticket_order(env):
 
 
 def test_a_cancel_before_the_start_skips_the_trial_and_during_it_stops_it(env):
-    env.command("touch \"$NNI_SYS_DIR/ran\"; exec sleep 30\n")
+    env.command('touch "$NNI_SYS_DIR/ran"; exec sleep 30\n')
     skipped = env.trial("skipped", hand=False)
     (skipped / ".trialbus" / "cancel").touch()
     env.hand(skipped)
@@ -117,7 +134,7 @@ def test_a_cancel_before_the_start_skips_the_trial_and_during_it_stops_it(env):
 
 
 def test_a_trial_begun_before_the_environment_restarted_is_never_run_twice(env):
-    env.command("touch \"$NNI_SYS_DIR/ran\"\n")
+    env.command('touch "$NNI_SYS_DIR/ran"\n')
     folder = env.trial("begun", hand=False)
     (folder / "taskrole-0" / ".trialbus").mkdir(parents=True)  # a previous run of the job claimed it
     env.hand(folder)
@@ -127,7 +144,7 @@ def test_a_trial_begun_before_the_environment_restarted_is_never_run_twice(env):
 
 
 def test_a_stopped_job_stops_its_trial_and_says_so(env):
-    env.command("touch \"$NNI_SYS_DIR/ran\"; exec sleep 30\n")
+    env.command('touch "$NNI_SYS_DIR/ran"; exec sleep 30\n')
     folder = env.trial("stopped")
     wait_until(lambda: (folder / "taskrole-0" / "ran").exists(), 20, "the trial started")
     env.proc.send_signal(signal.SIGTERM)

@@ -36,12 +36,23 @@ HINT = "set TRIALBUS_OPENPAI_CA_BUNDLE"
 
 def job_yaml(name: str) -> str:
     """A minimal job of one task that succeeds at once."""
-    return yaml.safe_dump({
-        "protocolVersion": 2, "name": name, "type": "job",
-        "prerequisites": [{"type": "dockerimage", "uri": "ubuntu:22.04", "name": "image"}],
-        "taskRoles": {"taskrole": {"instances": 1, "dockerImage": "image", "commands": ["true"],
-                                   "resourcePerInstance": {"cpu": 1, "memoryMB": 512, "gpu": 0}}},
-    }, sort_keys=False)  # fmt: skip
+    return yaml.safe_dump(
+        {
+            "protocolVersion": 2,
+            "name": name,
+            "type": "job",
+            "prerequisites": [{"type": "dockerimage", "uri": "ubuntu:22.04", "name": "image"}],
+            "taskRoles": {
+                "taskrole": {
+                    "instances": 1,
+                    "dockerImage": "image",
+                    "commands": ["true"],
+                    "resourcePerInstance": {"cpu": 1, "memoryMB": 512, "gpu": 0},
+                }
+            },
+        },
+        sort_keys=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -167,8 +178,13 @@ def start_stack(tmp_path: Path, nats_server, https_pai: OpenPai, request) -> Ite
 
 
 @pytest.mark.timeout(240)
-def test_a_trial_succeeds_on_an_https_cluster_given_its_ca_bundle(start_stack, https_pai, share, certificates,  # noqa: F811
-                                                                  tmp_path):  # fmt: skip
+def test_a_trial_succeeds_on_an_https_cluster_given_its_ca_bundle(
+    start_stack,
+    https_pai,
+    share,  # noqa: F811 - fixtures
+    certificates,  # noqa: F811
+    tmp_path,
+):
     stack = start_stack({"TRIALBUS_OPENPAI_CA_BUNDLE": str(certificates.ca)}, "dispatcher", "gateway", "openpai")
     experiment = create(stack, openpai_config(write_code(tmp_path, TRIAL), https_pai, share))
     trial_id = submit(stack, experiment, {"x": 7, "intermediate": 1})

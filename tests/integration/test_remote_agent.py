@@ -32,8 +32,9 @@ class Agent:
         self.root = tmp_path / "root"
         self.proc = subprocess.Popen(
             [sys.executable, "-S", "-I", str(bundle / "agent.py"), str(self.root)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         self.ready = json.loads(self.proc.stdout.readline())["ready"]
         self.events: list[dict] = []
         self.ids = 0
@@ -54,8 +55,13 @@ class Agent:
         return f"{self.root}/trials/exp1/{name}-0"
 
     def launch(self, name: str, command: str, warm: bool = False, **env: str) -> dict:
-        env = {"TRIALBUS_TRIAL_COMMAND": command, "TRIALBUS_EXPERIMENT_ID": "exp1", "TRIALBUS_TRIAL_ID": name,
-               "PATH": os.environ["PATH"], **env}  # fmt: skip
+        env = {
+            "TRIALBUS_TRIAL_COMMAND": command,
+            "TRIALBUS_EXPERIMENT_ID": "exp1",
+            "TRIALBUS_TRIAL_ID": name,
+            "PATH": os.environ["PATH"],
+            **env,
+        }
         return self.call("launch", dir=self.trial_dir(name), env=env, files={"token": "t0ken"}, warm=warm)
 
     def close(self) -> None:

@@ -21,11 +21,14 @@ def cloud():
     cloud.stop()
 
 
-@pytest.mark.parametrize(("provider", "said"), [
-    ("aws", "instance-action terminate at 2026-11-26T14:30:00Z"),
-    ("gcp", "the VM is being preempted"),
-    ("azure", "Preempt scheduled, not before Thu, 26 Nov 2026 14:30:00 GMT"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("provider", "said"),
+    [
+        ("aws", "instance-action terminate at 2026-11-26T14:30:00Z"),
+        ("gcp", "the VM is being preempted"),
+        ("azure", "Preempt scheduled, not before Thu, 26 Nov 2026 14:30:00 GMT"),
+    ],
+)
 async def test_the_notice_is_seen_once_the_cloud_gives_it(cloud: CloudMetadata, provider: str, said: str) -> None:
     notices: list[str] = []
 

@@ -33,8 +33,14 @@ def services(*extra: ServiceDef) -> tuple[ServiceDef, ...]:
 def options(tmp_path: Path) -> StackOptions:
     require_binary(nats_server_binary(), "nats-server")
     return StackOptions(
-        data_dir=tmp_path / "data", nats_port=free_port(), api_port=free_port(), gateway_port=free_port(),
-        webui_port=free_port(), start_timeout=20, stop_grace=5, settle=0.3,
+        data_dir=tmp_path / "data",
+        nats_port=free_port(),
+        api_port=free_port(),
+        gateway_port=free_port(),
+        webui_port=free_port(),
+        start_timeout=20,
+        stop_grace=5,
+        settle=0.3,
     )
 
 

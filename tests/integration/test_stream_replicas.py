@@ -25,9 +25,28 @@ def cluster(tmp_path: Path):
     ports, routes = [free_port() for _ in range(3)], [free_port() for _ in range(3)]
     seeds = ",".join(f"nats://127.0.0.1:{p}" for p in routes)
     procs = [
-        subprocess.Popen([binary, "-js", "-sd", str(tmp_path / f"n{i}"), "-a", "127.0.0.1", "-p", str(ports[i]),
-                          "--server_name", f"n{i}", "--cluster_name", "tb", "--cluster", f"nats://127.0.0.1:{routes[i]}",
-                          "--routes", seeds], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        subprocess.Popen(
+            [
+                binary,
+                "-js",
+                "-sd",
+                str(tmp_path / f"n{i}"),
+                "-a",
+                "127.0.0.1",
+                "-p",
+                str(ports[i]),
+                "--server_name",
+                f"n{i}",
+                "--cluster_name",
+                "tb",
+                "--cluster",
+                f"nats://127.0.0.1:{routes[i]}",
+                "--routes",
+                seeds,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for i in range(3)
     ]
     yield [f"nats://127.0.0.1:{p}" for p in ports]

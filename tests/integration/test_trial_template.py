@@ -48,9 +48,13 @@ def test_python_dash_m_runs_the_module_as_main(host, code):
 
 @pytest.mark.parametrize(
     ("mode", "status", "stderr"),
-    [("exit3", 3, ""), ("os_exit", 7, ""), ("raise", 1, "ValueError: trial failed on purpose"),
-     ("message", 1, "a message for stderr")],
-)  # fmt: skip
+    [
+        ("exit3", 3, ""),
+        ("os_exit", 7, ""),
+        ("raise", 1, "ValueError: trial failed on purpose"),
+        ("message", 1, "a message for stderr"),
+    ],
+)
 def test_exit_codes_and_tracebacks_are_those_of_a_cold_run(host, mode, status, stderr):
     cold, warm = host.cold(f"{PYTHON} probe.py {mode}"), host.warm(f"{PYTHON} probe.py {mode}")
     assert cold.wait()["exitCode"] == warm.wait()["exitCode"] == status
@@ -81,14 +85,16 @@ def test_sibling_trials_get_distinct_random_streams(host, code):
 
 
 def test_global_state_of_one_trial_never_reaches_the_next(host, code):
-    (code / "dirty.py").write_text(textwrap.dedent("""
+    (code / "dirty.py").write_text(
+        textwrap.dedent("""
         import json, os, sys
         print(json.dumps([hasattr(json, "left_behind"), os.environ.get("LEFT_BEHIND"), "left_mod" in sys.modules]))
         json.left_behind = True
         os.environ["LEFT_BEHIND"] = "yes"
         sys.modules["left_mod"] = sys
         open("/proc/self/stat")  # a descriptor left open
-    """))  # fmt: skip
+    """)
+    )
     first, second = host.warm(f"{PYTHON} dirty.py"), host.warm(f"{PYTHON} dirty.py")
     assert first.wait()["exitCode"] == second.wait()["exitCode"] == 0
     assert json.loads(first.out()) == json.loads(second.out()) == [False, None, False]
@@ -103,8 +109,12 @@ def test_a_warm_trial_has_the_whole_environment_of_a_cold_one(code, tmp_path, im
     # sets for the template alone (LD_BIND_NOW) never reaches one.
     lib = tmp_path / "lib"
     lib.mkdir()
-    (lib / "envmod.py").write_text("import os\nos.environ['SET_BY_IMPORT'] = '1'\nos.environ.pop('USER_GONE', None)\n"
-                                   "os.environ['USER_KEPT'] = 'changed'\n" if import_sets_env else "")  # fmt: skip
+    (lib / "envmod.py").write_text(
+        "import os\nos.environ['SET_BY_IMPORT'] = '1'\nos.environ.pop('USER_GONE', None)\n"
+        "os.environ['USER_KEPT'] = 'changed'\n"
+        if import_sets_env
+        else ""
+    )
     (code / "env.py").write_text(ENV_DUMP)
     host = Host(tmp_path / "envhost", code, env={"PYTHONPATH": str(lib), "USER_GONE": "here", "USER_KEPT": "kept"})
     try:
@@ -144,7 +154,8 @@ def test_a_code_change_between_trials_runs_the_new_code(host, code):
 
 def test_numpy_sklearn_and_torch_work_in_forked_trials(host, code):
     host.env["PYTHONPATH"] = str(nni_sdk())
-    (code / "work.py").write_text(textwrap.dedent("""
+    (code / "work.py").write_text(
+        textwrap.dedent("""
         import numpy, torch
         from sklearn.datasets import load_digits
         from sklearn.svm import SVC
@@ -153,7 +164,8 @@ def test_numpy_sklearn_and_torch_work_in_forked_trials(host, code):
         digits = load_digits()
         score = SVC().fit(digits.data[:1000], digits.target[:1000]).score(digits.data[1000:], digits.target[1000:])
         print(round(float((a @ a).sum()) > 0, 3), round(float((x @ x).abs().sum()) > 0, 3), round(score, 4))
-    """))  # fmt: skip
+    """)
+    )
     preload = ["numpy", "torch", "sklearn.datasets", "sklearn.svm"]
     trials = [host.warm(f"{PYTHON} work.py", preload=preload) for _ in range(3)]  # at once: BLAS threads in each
     cold = host.cold(f"{PYTHON} work.py", PYTHONPATH=str(nni_sdk()))
@@ -172,7 +184,8 @@ def test_a_code_directory_that_shadows_a_loaded_module_runs_its_own_cold(host, c
 
 
 def test_a_warm_trial_ends_as_a_cold_one_threads_atexit_and_unclosed_files(host, code, tmp_path):
-    (code / "ending.py").write_text(textwrap.dedent("""
+    (code / "ending.py").write_text(
+        textwrap.dedent("""
         import atexit, sys, threading, time
         out = sys.argv[1]
         left_open = open(out + ".unclosed", "w")
@@ -184,7 +197,8 @@ def test_a_warm_trial_ends_as_a_cold_one_threads_atexit_and_unclosed_files(host,
         threading.Thread(target=late).start()  # not a daemon: the exit waits for it
         atexit.register(lambda: open(out + ".atexit", "w").write("atexit ran"))
         print("unflushed stdout", end="")
-    """))  # fmt: skip
+    """)
+    )
     for how, start in (("cold", host.cold), ("warm", host.warm)):
         out = tmp_path / how
         trial = start(f"{PYTHON} ending.py {out}")
@@ -196,7 +210,8 @@ def test_a_warm_trial_ends_as_a_cold_one_threads_atexit_and_unclosed_files(host,
 
 
 def test_multiprocessing_works_in_a_warm_trial_with_every_start_method(host, code):
-    (code / "pool.py").write_text(textwrap.dedent("""
+    (code / "pool.py").write_text(
+        textwrap.dedent("""
         import multiprocessing as mp
         def square(x):
             return x * x
@@ -204,7 +219,8 @@ def test_multiprocessing_works_in_a_warm_trial_with_every_start_method(host, cod
             for method in ("spawn", "fork", "forkserver"):
                 with mp.get_context(method).Pool(2) as pool:
                     print(method, pool.map(square, range(4)))
-    """))  # fmt: skip
+    """)
+    )
     trial = host.warm(f"{PYTHON} pool.py")
     assert trial.wait(60)["exitCode"] == 0, trial.err()
     assert trial.out() == "spawn [0, 1, 4, 9]\nfork [0, 1, 4, 9]\nforkserver [0, 1, 4, 9]\n"

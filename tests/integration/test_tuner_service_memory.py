@@ -19,7 +19,8 @@ TRIALS = 300
 
 
 async def test_the_service_holds_only_the_running_trials_of_the_experiments_it_drives(
-    tmp_path: Path, nats_server: NatsServer,
+    tmp_path: Path,
+    nats_server: NatsServer,
 ) -> None:
     stack = Stack(root=tmp_path, nats=nats_server, service_env={"fake": {"TRIALBUS_FAKE_CAPACITY": "50"}})
     stack.start("dispatcher", "fake")
@@ -30,18 +31,28 @@ async def test_the_service_holds_only_the_running_trials_of_the_experiments_it_d
         await service.start(bus)
         async with AsyncClient(nats_server.url) as client:
             # Given an experiment its own client drives (no tuner), with trials that end at once
-            untuned = await client.create_experiment({
-                "trialCommand": "true", "trialCodeDirectory": str(tmp_path), "trialConcurrency": 50,
-                "trainingService": {"platform": "local"},
-            })  # fmt: skip
+            untuned = await client.create_experiment(
+                {
+                    "trialCommand": "true",
+                    "trialCodeDirectory": str(tmp_path),
+                    "trialConcurrency": 50,
+                    "trainingService": {"platform": "local"},
+                }
+            )
             for i in range(100):
                 await client.submit_trial(untuned, {"x": i})
             # and one the tuner service drives: TRIALS trials, CONCURRENCY at once
-            tuned = await client.create_experiment({
-                "trialCommand": "true", "trialCodeDirectory": str(tmp_path), "trialConcurrency": CONCURRENCY,
-                "maxTrialNumber": TRIALS, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
-                "tuner": {"name": "Random"}, "trainingService": {"platform": "local"},
-            })  # fmt: skip
+            tuned = await client.create_experiment(
+                {
+                    "trialCommand": "true",
+                    "trialCodeDirectory": str(tmp_path),
+                    "trialConcurrency": CONCURRENCY,
+                    "maxTrialNumber": TRIALS,
+                    "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+                    "tuner": {"name": "Random"},
+                    "trainingService": {"platform": "local"},
+                }
+            )
 
             # When the tuned experiment runs to its end
             most_held, ended = 0, 0

@@ -78,8 +78,11 @@ def test_a_result_reaches_a_multi_thread_tuner_while_every_proposal_thread_waits
     assert told == [("receive_trial_result", 0), ("trial_end", 0)]  # NNI's order: the result, then the end
     assert sorted(p.trials[0] for p in proposals) == [(1, {"x": 1}), (2, {"x": 1})]
     threads = {m: {name.rpartition("-")[0] for n, _, name in instance.calls if n == m} for m, _, _ in instance.calls}
-    assert threads == {"generate_parameters": {"tuner-propose"}, "receive_trial_result": {"tuner-class"},
-                       "trial_end": {"tuner-class"}}  # fmt: skip
+    assert threads == {
+        "generate_parameters": {"tuner-propose"},
+        "receive_trial_result": {"tuner-class"},
+        "trial_end": {"tuner-class"},
+    }
     tuner.close(ended=True)
 
 
@@ -128,6 +131,5 @@ NEVER_RETURNS = textwrap.dedent(
 
 
 def test_a_proposal_that_never_returns_keeps_no_process_from_exiting() -> None:
-    done = subprocess.run([sys.executable, "-c", NEVER_RETURNS], cwd=ROOT, capture_output=True, text=True,
-                          timeout=30)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", NEVER_RETURNS], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert (done.returncode, done.stdout.strip()) == (0, "exiting"), done.stderr

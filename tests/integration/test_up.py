@@ -47,9 +47,16 @@ def make_stack(tmp_path: Path):
 
 @pytest.mark.parametrize(
     ("how", "moment"),
-    [("ctrl-c", "starting"), ("ctrl-c", "up"), ("ctrl-c", "running"),
-     ("sigterm", "starting"), ("sigterm", "up"), ("sigterm", "running"), ("sighup", "running")],
-)  # fmt: skip
+    [
+        ("ctrl-c", "starting"),
+        ("ctrl-c", "up"),
+        ("ctrl-c", "running"),
+        ("sigterm", "starting"),
+        ("sigterm", "up"),
+        ("sigterm", "running"),
+        ("sighup", "running"),
+    ],
+)
 def test_every_signal_at_any_moment_stops_every_process_and_frees_every_port(make_stack, how, moment):
     # Given `trialbus up`, signalled while starting, as soon as it is up, or after a while
     stack = make_stack()
@@ -229,11 +236,19 @@ def test_a_pid_reused_by_another_program_is_never_killed(make_stack):
 
 def test_a_foreign_program_on_a_port_is_named_and_left_alone(make_stack):
     stack = make_stack()
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import socket, time
         s = socket.socket(); s.bind(("127.0.0.1", {stack.ports["api"]})); s.listen()
         print("listening", flush=True); time.sleep(60)
-    """)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "listening"
         up = stack.up()
@@ -282,7 +297,10 @@ def test_a_killed_service_is_restarted_and_status_counts_it(make_stack):
     shown = json.loads(stack.cli("status", "--json").stdout)
     assert shown["state"] == "running"
     assert {p["name"]: (p["state"], p["restarts"]) for p in shown["parts"]} == {
-        "nats-server": ("running", 0), "web": ("running", 0), "worker": ("running", 1)}  # fmt: skip
+        "nats-server": ("running", 0),
+        "web": ("running", 0),
+        "worker": ("running", 1),
+    }
     assert next(p for p in shown["parts"] if p["name"] == "nats-server")["health"] == "ok"
     up.ctrl_c()
     assert up.wait(30) == 0
@@ -349,5 +367,6 @@ def test_with_restart_no_a_death_stops_the_stack(make_stack):
     stack.processes()["worker"].kill()
     assert up.wait(30) == 1
     assert "worker stopped unexpectedly (killed by SIGKILL) and its restart policy is 'no'" in " ".join(
-        up.text().split())  # fmt: skip
+        up.text().split()
+    )
     assert ProcessId.of(up.proc.pid) is None and stack.ports_free()

@@ -28,10 +28,14 @@ from trialbus import local
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {
-    "experimentName": "from-elsewhere", "trialCommand": "python3 trial.py", "trialCodeDirectory": "code",
-    "trialConcurrency": 1, "searchSpace": {"x": {"_type": "choice", "_value": [1, 2]}},
-    "tuner": {"name": "GridSearch"}, "trainingService": {"platform": "local"},
-}  # fmt: skip
+    "experimentName": "from-elsewhere",
+    "trialCommand": "python3 trial.py",
+    "trialCodeDirectory": "code",
+    "trialConcurrency": 1,
+    "searchSpace": {"x": {"_type": "choice", "_value": [1, 2]}},
+    "tuner": {"name": "GridSearch"},
+    "trainingService": {"platform": "local"},
+}
 
 
 class World:
@@ -62,8 +66,13 @@ class World:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TRIALBUS_", "NATS_", "XDG_"))}
-        return {**env, "XDG_RUNTIME_DIR": str(self.xdg), "TRIALBUS_COMPOSE_FILE": str(self.compose),
-                "COLUMNS": "300", **extra}  # fmt: skip
+        return {
+            **env,
+            "XDG_RUNTIME_DIR": str(self.xdg),
+            "TRIALBUS_COMPOSE_FILE": str(self.compose),
+            "COLUMNS": "300",
+            **extra,
+        }
 
     def up(self, name: str, **env: str) -> Up:
         """``trialbus up --data-dir <root>/<name>``, run from that stack's own directory; ready."""
@@ -76,8 +85,14 @@ class World:
 
     def cli(self, *args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
         """The CLI as a user runs it in ``elsewhere`` (or ``cwd``)."""
-        return subprocess.run([TRIALBUS, *args], cwd=cwd or self.elsewhere, env=self.env(**env), capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+        return subprocess.run(
+            [TRIALBUS, *args],
+            cwd=cwd or self.elsewhere,
+            env=self.env(**env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     def cleanup(self) -> None:
         for up in self.ups:
@@ -186,8 +201,14 @@ def test_two_stacks_are_told_apart_by_data_dir_and_by_url(two: tuple[World, Up, 
         print("created:", experiment.start())
         experiment.close()
     """)
-    python = subprocess.run([sys.executable, "-c", script, a.nats_url, str(b.data_dir)], cwd=world.elsewhere,
-                            env=world.env(), capture_output=True, text=True, timeout=60)  # fmt: skip
+    python = subprocess.run(
+        [sys.executable, "-c", script, a.nats_url, str(b.data_dir)],
+        cwd=world.elsewhere,
+        env=world.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert python.returncode == 0, python.stderr
     created = python.stdout.split("created: ")[1].strip()
     on_b = world.cli("--data-dir", str(b.data_dir), "experiment", "list").stdout
@@ -286,8 +307,9 @@ def test_an_entry_whose_stack_is_gone_is_ignored_and_deleted(world: World) -> No
         killed.stdout.close()
     # and an entry whose pid runs, but is not a stack's (a reused pid: this test's own)
     reused = world.runtime / f"stack-{os.getpid()}.json"
-    reused.write_text(json.dumps({"pid": os.getpid(), "data_dir": "/reused/stackdir", "started_at": "2026-01-01",
-                                  "client": {}}))  # fmt: skip
+    reused.write_text(
+        json.dumps({"pid": os.getpid(), "data_dir": "/reused/stackdir", "started_at": "2026-01-01", "client": {}})
+    )
     reused.chmod(0o600)
     assert len(world.entries()) == 2
 

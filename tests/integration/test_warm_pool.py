@@ -84,8 +84,13 @@ def test_a_template_that_dies_is_replaced_and_said(host, code):
 
 
 def test_commands_that_are_not_a_python_script_start_cold(host, code):
-    for command in ("/bin/echo hi", f"{PYTHON} -c print(1)", f"{PYTHON} probe.py > out.txt", "probe.py",
-                    f"{PYTHON} -i probe.py"):  # fmt: skip
+    for command in (
+        "/bin/echo hi",
+        f"{PYTHON} -c print(1)",
+        f"{PYTHON} probe.py > out.txt",
+        "probe.py",
+        f"{PYTHON} -i probe.py",
+    ):
         _, environ = host.environ(command)
         assert host.pool.template_for(command, environ) is None, command
 

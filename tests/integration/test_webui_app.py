@@ -31,8 +31,10 @@ async def test_the_overview_and_rows_come_from_the_buckets(bus: Bus, nats_server
     await (await bus.kv("experiments")).put("exp1", minimize.encode())
     await (await bus.kv("trials")).put("T1", trial("T1", 0, status=TrialStatus.SUCCEEDED, final_metric=0.7).encode())
     async with running(bus, nats_server.url) as webui:  # what was there before it started
-        await webui.put(trial("T2", 1, status=TrialStatus.SUCCEEDED, final_metric={"default": 0.2, "acc": 0.9}),
-                        trial("T3", 2, status=TrialStatus.RUNNING))  # and what came after  # fmt: skip
+        await webui.put(
+            trial("T2", 1, status=TrialStatus.SUCCEEDED, final_metric={"default": 0.2, "acc": 0.9}),
+            trial("T3", 2, status=TrialStatus.RUNNING),
+        )  # and what came after
 
         async def three() -> dict | None:
             body = (await webui.http.get("/api/experiments/exp1")).json()
@@ -54,9 +56,18 @@ async def test_the_overview_and_rows_come_from_the_buckets(bus: Bus, nats_server
 async def test_secrets_never_leave_the_web_ui(webui: Webui) -> None:
     await webui.put(experiment(config=openpai_config()), trial("T1", 0))
     await eventually(lambda: ok(webui, "/api/trials/T1"))
-    answers = [await webui.http.get(path) for path in
-               ("/", "/experiments/exp1", "/api/experiments", "/api/experiments/exp1", "/api/experiments/exp1/trials",
-                "/api/trials/T1", "/static/app.js")]  # fmt: skip
+    answers = [
+        await webui.http.get(path)
+        for path in (
+            "/",
+            "/experiments/exp1",
+            "/api/experiments",
+            "/api/experiments/exp1",
+            "/api/experiments/exp1/trials",
+            "/api/trials/T1",
+            "/static/app.js",
+        )
+    ]
     async with webui.events("/api/events?experiment=exp1") as events:
         _, snapshot = await events.next()
     shown = "".join(a.text for a in answers) + json.dumps(snapshot)
@@ -68,8 +79,14 @@ async def test_secrets_never_leave_the_web_ui(webui: Webui) -> None:
 async def test_unknown_ids_get_404s_that_name_them(webui: Webui) -> None:
     page = await webui.http.get("/experiments/nosuch42")
     assert page.status_code == 404 and "text/html" in page.headers["content-type"] and "nosuch42" in page.text
-    for path in ("/api/experiments/nosuch42", "/api/experiments/nosuch42/trials", "/api/events?experiment=nosuch42",
-                 "/api/trials/nosuch42", "/api/trials/nosuch42/metrics", "/api/trials/nosuch42/metrics/stream"):
+    for path in (
+        "/api/experiments/nosuch42",
+        "/api/experiments/nosuch42/trials",
+        "/api/events?experiment=nosuch42",
+        "/api/trials/nosuch42",
+        "/api/trials/nosuch42/metrics",
+        "/api/trials/nosuch42/metrics/stream",
+    ):
         answer = await webui.http.get(path)
         assert answer.status_code == 404 and "nosuch42" in answer.json()["error"], path
     unknown = await webui.http.get("/api/nothing")
@@ -149,8 +166,12 @@ async def test_a_retry_is_relayed_with_the_dispatchers_answer(webui: Webui, bus:
         body = json.loads(msg.data)
         asked.append((msg.subject, body))
         if body["id"] == "T1":
-            reply = {"ok": False, "status": 409, "error": "trial T1 is RUNNING: only a trial that has ended can be "
-                                                         "retried (cancel it first to start it over)"}  # fmt: skip
+            reply = {
+                "ok": False,
+                "status": 409,
+                "error": "trial T1 is RUNNING: only a trial that has ended can be "
+                "retried (cancel it first to start it over)",
+            }
         else:
             reply = {"ok": True, "result": {"id": body["id"], "status": "WAITING", "attempt": 1}}
         await msg.respond(orjson.dumps(reply))
@@ -181,11 +202,13 @@ async def test_retry_needs_the_full_token_from_this_site_as_cancel_does(bus: Bus
             anonymous = await webui.http.post(f"/api/trials/T9/{action}")
             assert anonymous.status_code == 401 and "/login?token=" in anonymous.json()["error"], action
             full = {"Authorization": f"Bearer {TOKEN}"}
-            foreign = await webui.http.post(f"/api/trials/T9/{action}",
-                                            headers={**full, "Origin": "http://evil.example"})  # fmt: skip
+            foreign = await webui.http.post(
+                f"/api/trials/T9/{action}", headers={**full, "Origin": "http://evil.example"}
+            )
             assert foreign.status_code == 403 and "cross-site" in foreign.json()["error"], action
-            read_only = await webui.http.post(f"/api/trials/T9/{action}",
-                                              headers={"Authorization": f"Bearer {READ_TOKEN}"})  # fmt: skip
+            read_only = await webui.http.post(
+                f"/api/trials/T9/{action}", headers={"Authorization": f"Bearer {READ_TOKEN}"}
+            )
             assert read_only.status_code == 403 and "read-only token" in read_only.json()["error"], action
         # and the read-only session's cookie
         assert (await webui.http.get("/login", params={"token": READ_TOKEN})).status_code == 303

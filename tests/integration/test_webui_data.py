@@ -23,9 +23,15 @@ from tests.unit.test_webui_model import START, experiment, trial
 
 async def test_the_table_reads_any_window_sorted_and_filtered_on_the_server(webui: Webui) -> None:
     # Given 300 trials: every third succeeded with a metric, the others are running
-    await webui.put(experiment(), *(
-        trial(f"T{i:03d}", i, status=TrialStatus.SUCCEEDED, final_metric=(i * 7) % 100) if i % 3 == 0
-        else trial(f"T{i:03d}", i, status=TrialStatus.RUNNING) for i in range(300)))  # fmt: skip
+    await webui.put(
+        experiment(),
+        *(
+            trial(f"T{i:03d}", i, status=TrialStatus.SUCCEEDED, final_metric=(i * 7) % 100)
+            if i % 3 == 0
+            else trial(f"T{i:03d}", i, status=TrialStatus.RUNNING)
+            for i in range(300)
+        ),
+    )
     await eventually(lambda: json_if(webui, "/api/experiments/exp1", lambda b: b["trialCount"] == 300), timeout=30)
 
     async def window(**params: Any) -> dict:
@@ -48,8 +54,15 @@ async def test_the_table_reads_any_window_sorted_and_filtered_on_the_server(webu
     pages = [await window(sort="metric", offset=offset, limit=64) for offset in range(0, 300, 64)]
     seen = [r["id"] for page in pages for r in page["trials"]]
     assert sorted(seen) == sorted(f"T{i:03d}" for i in range(300))
-    for bad in ({"sort": "name"}, {"order": "up"}, {"status": "DONE"}, {"limit": "0"}, {"offset": "-1"},
-                {"limit": "²"}, {"offset": "٣"}):  # digits to str.isdigit, not to int()
+    for bad in (
+        {"sort": "name"},
+        {"order": "up"},
+        {"status": "DONE"},
+        {"limit": "0"},
+        {"offset": "-1"},
+        {"limit": "²"},
+        {"offset": "٣"},
+    ):  # digits to str.isdigit, not to int()
         refused = await webui.http.get("/api/experiments/exp1/trials", params=bad)
         assert refused.status_code == 400 and next(iter(bad)) in refused.json()["error"], bad
 
@@ -121,7 +134,11 @@ async def test_a_retried_trials_curve_keeps_each_attempts_records(webui: Webui) 
         _, history = await events.next()
         # then it gets both attempts' records, each with its attempt: a retry's sequence 0 is not a resend
         assert [(p["attempt"], p["sequence"], p["default"]) for p in history] == [
-            (0, 0, 0.0), (0, 1, 0.1), (0, 2, 0.2), (1, 0, 5.0)]
+            (0, 0, 0.0),
+            (0, 1, 0.1),
+            (0, 2, 0.2),
+            (1, 0, 5.0),
+        ]
         # and the second attempt's records as they come
         await webui.metric("T1", 1, 6.0, attempt=1)
         await webui.metric("T1", 0, 7.0, kind="FINAL", attempt=1)
@@ -129,19 +146,38 @@ async def test_a_retried_trials_curve_keeps_each_attempts_records(webui: Webui) 
         while len(points) < 2:
             points += (await events.next())[1]
         assert [(p["attempt"], p["type"], p["sequence"], p["default"]) for p in points] == [
-            (1, "PERIODICAL", 1, 6.0), (1, "FINAL", 0, 7.0)]
+            (1, "PERIODICAL", 1, 6.0),
+            (1, "FINAL", 0, 7.0),
+        ]
     listed = (await webui.http.get("/api/trials/T1/metrics")).json()
     assert [(p["attempt"], p["sequence"]) for p in listed if p["type"] == "PERIODICAL"] == [
-        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (1, 0),
+        (1, 1),
+    ]
 
 
 async def test_a_trials_row_shows_its_attempts(webui: Webui) -> None:
-    ended = {"attempt": 0, "platform": "local-gpu", "replica": "host-a", "startTime": START.isoformat(),
-             "endTime": (START + timedelta(seconds=3)).isoformat(), "status": "FAILED", "exitCode": 1,
-             "failure": "trial", "message": "exited with code 1"}  # fmt: skip
+    ended = {
+        "attempt": 0,
+        "platform": "local-gpu",
+        "replica": "host-a",
+        "startTime": START.isoformat(),
+        "endTime": (START + timedelta(seconds=3)).isoformat(),
+        "status": "FAILED",
+        "exitCode": 1,
+        "failure": "trial",
+        "message": "exited with code 1",
+    }
     retry_at = START + timedelta(seconds=30)
-    await webui.put(experiment(), trial("T1", 0, attempt=1, attempts=[ended], retry_at=retry_at,
-                                        message="attempt 0 failed; attempt 1 starts in 30s"))  # fmt: skip
+    await webui.put(
+        experiment(),
+        trial(
+            "T1", 0, attempt=1, attempts=[ended], retry_at=retry_at, message="attempt 0 failed; attempt 1 starts in 30s"
+        ),
+    )
     row = await eventually(lambda: json_of(webui, "/api/trials/T1"))
     assert (row["attempt"], row["status"], row["retryAt"]) == (1, "WAITING", "2026-01-01T00:00:30Z")
     assert row["attempts"] == [{**ended, "startTime": "2026-01-01T00:00:00Z", "endTime": "2026-01-01T00:00:03Z"}]

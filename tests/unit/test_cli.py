@@ -116,8 +116,13 @@ def test_the_web_ui_link_is_the_running_stacks_own(tmp_path: Path, monkeypatch: 
     from trialbus import local
     from trialbus.cli import _webui_url
 
-    stack = local.LocalStack(nats_url="nats://127.0.0.1:14222", nats_user="client", nats_password="p",
-                             api_url="http://127.0.0.1:18080", webui_url="http://127.0.0.1:18082")  # fmt: skip
+    stack = local.LocalStack(
+        nats_url="nats://127.0.0.1:14222",
+        nats_user="client",
+        nats_password="p",
+        api_url="http://127.0.0.1:18080",
+        webui_url="http://127.0.0.1:18082",
+    )
     local.write(tmp_path, stack)
     monkeypatch.setenv("TRIALBUS_DATA_DIR", str(tmp_path))
     monkeypatch.delenv("TRIALBUS_WEBUI_URL", raising=False)

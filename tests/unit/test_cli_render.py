@@ -21,16 +21,30 @@ from trialbus.cli import app
 
 SECRET, REGISTRY_PASSWORD, TOKEN = "s3cret-api-key-7f1d", "registry-pass-92ab", "pai-token-0c4e"
 JOB = {
-    "protocolVersion": 2, "name": "my-job", "type": "job", "jobRetryCount": 1,
-    "parameters": {"lr": 0.01}, "secrets": {"apikey": SECRET},
-    "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "registry.example.com/team/train:1",
-                       "auth": {"username": "robot", "password": REGISTRY_PASSWORD,
-                                "registryuri": "registry.example.com"}}],
-    "taskRoles": {"worker": {"instances": 2, "dockerImage": "img",
-                             "resourcePerInstance": {"gpu": 1, "cpu": 4, "memoryMB": 8192, "ports": {"nccl": 1}},
-                             "commands": ["python3 train.py --lr <% $parameters.lr %> --key <% $secrets.apikey %>"]}},
+    "protocolVersion": 2,
+    "name": "my-job",
+    "type": "job",
+    "jobRetryCount": 1,
+    "parameters": {"lr": 0.01},
+    "secrets": {"apikey": SECRET},
+    "prerequisites": [
+        {
+            "name": "img",
+            "type": "dockerimage",
+            "uri": "registry.example.com/team/train:1",
+            "auth": {"username": "robot", "password": REGISTRY_PASSWORD, "registryuri": "registry.example.com"},
+        }
+    ],
+    "taskRoles": {
+        "worker": {
+            "instances": 2,
+            "dockerImage": "img",
+            "resourcePerInstance": {"gpu": 1, "cpu": 4, "memoryMB": 8192, "ports": {"nccl": 1}},
+            "commands": ["python3 train.py --lr <% $parameters.lr %> --key <% $secrets.apikey %>"],
+        }
+    },
     "extras": {"gangAllocation": False},
-}  # fmt: skip
+}
 
 
 @cache
@@ -58,11 +72,18 @@ def write_config(folder: Path, name: str = "config.yml", **service) -> Path:
         "trialConcurrency": 2,
         "trialGpuNumber": 1,
         "trainingService": {
-            "platform": "openpai", "host": "pai.example.com", "username": "alice", "token": TOKEN,
-            "trialCpuNumber": 2, "trialMemorySize": "4gb", "storageConfigName": "confignfs",
-            "localStorageMountPoint": "/mnt/local", "containerStorageMountPoint": "/mnt/share", **service,
+            "platform": "openpai",
+            "host": "pai.example.com",
+            "username": "alice",
+            "token": TOKEN,
+            "trialCpuNumber": 2,
+            "trialMemorySize": "4gb",
+            "storageConfigName": "confignfs",
+            "localStorageMountPoint": "/mnt/local",
+            "containerStorageMountPoint": "/mnt/share",
+            **service,
         },
-    }  # fmt: skip
+    }
     path = folder / name
     path.write_text(yaml.safe_dump(config, sort_keys=False))  # the order written: the first task role reports
     return path
@@ -156,12 +177,15 @@ def test_an_invalid_config_prints_the_validation_error(cli: CliRunner, tmp_path:
 )
 def test_a_platform_that_submits_no_job_is_refused(cli: CliRunner, tmp_path: Path, service: dict, how: str):
     config = tmp_path / "config.yml"
-    config.write_text(yaml.safe_dump({"trialCommand": "python3 trial.py", "trialConcurrency": 1,
-                                      "trainingService": service}))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump({"trialCommand": "python3 trial.py", "trialConcurrency": 1, "trainingService": service})
+    )
     result = cli.invoke(app, ["render", "-f", str(config)])
     assert result.exit_code == 2
-    expected = (f"error: trialbus render shows the job of platforms that submit jobs (openpai, frameworkcontroller); "
-                f"platform {service['platform']!r} {how}")  # fmt: skip
+    expected = (
+        f"error: trialbus render shows the job of platforms that submit jobs (openpai, frameworkcontroller); "
+        f"platform {service['platform']!r} {how}"
+    )
     assert result.output.strip() == expected
 
 
@@ -183,8 +207,11 @@ def test_the_virtual_cluster_goes_into_the_user_s_job_unless_it_names_its_own(cl
     assert job["secrets"] == {"apikey": "******"} and SECRET not in text
     assert protocol_errors(job) == []
 
-    own = {**JOB, "defaults": {"virtualCluster": "research", "deployment": "share"},
-           "deployments": [{"name": "share", "taskRoles": {"worker": {"preCommands": ["echo ready"]}}}]}  # fmt: skip
+    own = {
+        **JOB,
+        "defaults": {"virtualCluster": "research", "deployment": "share"},
+        "deployments": [{"name": "share", "taskRoles": {"worker": {"preCommands": ["echo ready"]}}}],
+    }
     _, job = rendered(cli, write_config(tmp_path, virtualCluster="gpu", openpaiConfig=own))
     assert job["defaults"] == {"virtualCluster": "research", "deployment": "share"}, "the job's own is kept"
     assert protocol_errors(job) == []

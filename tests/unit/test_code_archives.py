@@ -97,13 +97,19 @@ def test_an_archive_made_by_tar_with_dot_slash_names_is_accepted(target):
 A_PY = member("a.py", data=b"a")
 UNSAFE = [
     # (what, members, words after "code archive member ")
-    ("symlink to /etc/passwd", [member("pw", tarfile.SYMTYPE, link="/etc/passwd")],
-     f"'pw' is a symbolic link to '/etc/passwd': a code snapshot {ONLY_FILES}"),
+    (
+        "symlink to /etc/passwd",
+        [member("pw", tarfile.SYMTYPE, link="/etc/passwd")],
+        f"'pw' is a symbolic link to '/etc/passwd': a code snapshot {ONLY_FILES}",
+    ),
     ("symlink to ../x", [member("up", tarfile.SYMTYPE, link="../x")], "'up' is a symbolic link to '../x'"),
     # packing follows links and never writes one, so a link inside the tree is refused too
     ("symlink inside", [A_PY, member("b.py", tarfile.SYMTYPE, link="a.py")], "'b.py' is a symbolic link to 'a.py'"),
-    ("hard link out", [member("pw", tarfile.LNKTYPE, link="../../etc/passwd")],
-     "'pw' is a hard link to '../../etc/passwd'"),
+    (
+        "hard link out",
+        [member("pw", tarfile.LNKTYPE, link="../../etc/passwd")],
+        "'pw' is a hard link to '../../etc/passwd'",
+    ),
     ("hard link inside", [A_PY, member("b.py", tarfile.LNKTYPE, link="a.py")], "'b.py' is a hard link to 'a.py'"),
     ("char device", [member("tty", tarfile.CHRTYPE)], f"'tty' is a character device: a code snapshot {ONLY_FILES}"),
     ("block device", [member("disk", tarfile.BLKTYPE)], "'disk' is a block device"),
@@ -112,8 +118,11 @@ UNSAFE = [
     ("absolute", [member("/etc/cron.d/evil", data=b"x")], f"'/etc/cron.d/evil' {OUTSIDE}"),
     ("dot dot", [member("../escape.py", data=b"x")], f"'../escape.py' {OUTSIDE}"),
     ("dot dot inside", [member("pkg/../../up.py", data=b"x")], f"'pkg/../../up.py' {OUTSIDE}"),
-    ("under a file", [member("a", data=b"x"), member("a/b.py", data=b"y")],
-     "'a/b.py' is inside 'a', which the archive has as a file"),
+    (
+        "under a file",
+        [member("a", data=b"x"), member("a/b.py", data=b"y")],
+        "'a/b.py' is inside 'a', which the archive has as a file",
+    ),
     ("file and dir", [member("a", tarfile.DIRTYPE), member("a", data=b"x")], "'a' is in the archive twice"),
 ]
 
@@ -191,9 +200,7 @@ def test_what_is_not_a_tar_gz_is_refused(target, data, words):
 
 
 @pytest.mark.parametrize("filters", [True, False], ids=["python-filters", "without-filters"])
-def test_unpacked_files_are_ours_without_setuid_or_write_for_others_with_or_without_pythons_filters(
-    tmp_path, filters
-):
+def test_unpacked_files_are_ours_without_setuid_or_write_for_others_with_or_without_pythons_filters(tmp_path, filters):
     """Debian bookworm's own Python 3.11.2 has no tarfile extraction filters (the image built on it
     runs without them): the unpacking does what the "data" filter would, either way."""
     script, folder = member("run.sh", data=b"echo hi\n"), member("sub", tarfile.DIRTYPE)

@@ -48,8 +48,10 @@ def test_another_adapter_is_refused_counted_and_logged_once_per_trial(caplog: py
     gate, before = EventGate(), refused(NOT_OWNER)
     caplog.set_level(logging.WARNING, "services.dispatcher.ownership")
 
-    admitted = [gate.admits(subjects.events("E1", trial, "openpai"), event(trial), "local-gpu")
-                for trial in ("T1", "T1", "T1", "T2")]  # fmt: skip
+    admitted = [
+        gate.admits(subjects.events("E1", trial, "openpai"), event(trial), "local-gpu")
+        for trial in ("T1", "T1", "T1", "T2")
+    ]
 
     assert admitted == [False] * 4
     assert refused(NOT_OWNER) == before + 4

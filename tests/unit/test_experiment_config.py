@@ -74,16 +74,24 @@ def test_unknown_keys_are_named() -> None:
     [
         ({"trialConcurrency": -1}, "trialConcurrency: Input should be greater than 0"),
         ({"trainingService": {"platform": "k8s"}}, "unknown platform 'k8s'; available: local"),
-        ({"trainingService": {"platform": "frameworkcontroller", "storage": {"storageType": "pvc"}}},
-         "storage.storageType must be nfs or azureStorage, not 'pvc'"),
-        ({"trainingService": [{"platform": "local"}, {"platform": "aml"}]},
-         "trainingService lists platform(s) aml that Trialbus does not have; a hybrid list may hold local, remote"),
+        (
+            {"trainingService": {"platform": "frameworkcontroller", "storage": {"storageType": "pvc"}}},
+            "storage.storageType must be nfs or azureStorage, not 'pvc'",
+        ),
+        (
+            {"trainingService": [{"platform": "local"}, {"platform": "aml"}]},
+            "trainingService lists platform(s) aml that Trialbus does not have; a hybrid list may hold local, remote",
+        ),
         ({"trainingService": [{"platform": "local"}, {"platform": "local"}]}, "lists platform local more than once"),
         ({"trainingService": []}, "trainingService is an empty list"),
-        ({"trainingService": [{"platform": "local"}, {"platform": "remote"}]},
-         "trainingService item 1 (remote): machineList: Field required"),
-        ({"trainingService": [{"platform": "local", "trialCodeDirectory": "/elsewhere"}]},
-         "trialCodeDirectory differs from trialCodeDirectory"),
+        (
+            {"trainingService": [{"platform": "local"}, {"platform": "remote"}]},
+            "trainingService item 1 (remote): machineList: Field required",
+        ),
+        (
+            {"trainingService": [{"platform": "local", "trialCodeDirectory": "/elsewhere"}]},
+            "trialCodeDirectory differs from trialCodeDirectory",
+        ),
         ({"trainingService": {"platform": "kubeflow"}}, "platform 'kubeflow' is not available in Trialbus"),
         ({"maxTrialDuration": "3 years"}, "bad duration '3 years'"),
         ({"trialGpuNumber": 1}, "useActiveGpu must be set when trialGpuNumber > 0"),
@@ -129,10 +137,12 @@ def remote(*machines: dict, **extra) -> dict:
 
 
 def test_remote_machines_take_nni_names_and_defaults():
-    config = ExperimentConfig.model_validate(remote(
-        {"host": "gpu1", "user": "alice", "ssh_key_file": "~/.ssh/id_ed25519", "gpuIndices": "0,1"},
-        {"HOST": "gpu2", "port": 2222, "user": "bob", "password": "pw", "sshKeyFile": "/ignored"},
-    ))  # fmt: skip
+    config = ExperimentConfig.model_validate(
+        remote(
+            {"host": "gpu1", "user": "alice", "ssh_key_file": "~/.ssh/id_ed25519", "gpuIndices": "0,1"},
+            {"HOST": "gpu2", "port": 2222, "user": "bob", "password": "pw", "sshKeyFile": "/ignored"},
+        )
+    )
     first, second = config.training_service.machine_list
     assert (first.port, first.gpu_indices, first.max_trial_number_per_gpu) == (22, [0, 1], 1)
     assert first.use_active_gpu is False
@@ -180,7 +190,9 @@ def test_remote_checkpoint_sync_is_on_by_default_and_takes_nni_units():
     # off stays off on the bus (None fields are left out there), and as the API shows it
     again = ExperimentConfig.model_validate(off.wire_json())
     assert again.training_service.checkpoints is None and off.public_json()["trainingService"]["checkpointSync"] == {
-        "enabled": False, "maxSize": 1024}  # fmt: skip
+        "enabled": False,
+        "maxSize": 1024,
+    }
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,9 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def ended(n: int, status: TrialStatus = TrialStatus.FAILED, line: str | None = MISSING, exp: str = "e1") -> TrialState:
-    return TrialState(id=f"t{n}", experiment_id=exp, sequence_id=n, platform="local", submit_time=NOW,
-                      status=status, last_error=line)  # fmt: skip
+    return TrialState(
+        id=f"t{n}", experiment_id=exp, sequence_id=n, platform="local", submit_time=NOW, status=status, last_error=line
+    )
 
 
 def guard() -> FailFast:
@@ -52,8 +53,13 @@ def test_different_lines_turn_it_off():
 
 
 def test_cancels_and_failures_without_a_line_are_not_counted():
-    trials = [ended(0), ended(1, TrialStatus.USER_CANCELED, None), ended(2, TrialStatus.FAILED, None),
-              ended(3, TrialStatus.SYS_CANCELED, None), ended(4)]  # fmt: skip
+    trials = [
+        ended(0),
+        ended(1, TrialStatus.USER_CANCELED, None),
+        ended(2, TrialStatus.FAILED, None),
+        ended(3, TrialStatus.SYS_CANCELED, None),
+        ended(4),
+    ]
     assert decisions(trials) == [None] * 5
     assert decisions([*trials, ended(5)])[-1] is not None  # the third counted end
 
@@ -101,7 +107,8 @@ async def test_ended_stops_a_running_experiment_through_the_stop_it_was_given():
 
     g = FailFast(stop)
     config = ExperimentConfig.model_validate(
-        {"trialCommand": "x", "trialConcurrency": 2, "trainingService": {"platform": "local"}, "failFast": 2})
+        {"trialCommand": "x", "trialConcurrency": 2, "trainingService": {"platform": "local"}, "failFast": 2}
+    )
     running = ExperimentState(id="e1", config=config, start_time=NOW)
     g.ended(ended(0), running)
     g.ended(ended(1), running)
@@ -126,11 +133,15 @@ def test_the_line_on_the_wire_is_one_bounded_printable_line():
 
 @pytest.mark.parametrize(
     ("state", "last_error"),
-    [({"exitCode": 1, "done": True, "endTime": 1.0, "lastError": "boom"}, "boom"),
-     ({"exitCode": 127, "done": True, "error": "cannot start the trial: [Errno 2]", "lastError": "cannot start"},
-      "cannot start"),
-     ({"exitCode": 0, "done": True, "lastError": "a warning"}, None),  # succeeded: nothing to explain
-     ({"exitCode": 1, "done": True, "lastError": ["not", "a", "line"]}, None)],  # a trial wrote it: checked
-)  # fmt: skip
+    [
+        ({"exitCode": 1, "done": True, "endTime": 1.0, "lastError": "boom"}, "boom"),
+        (
+            {"exitCode": 127, "done": True, "error": "cannot start the trial: [Errno 2]", "lastError": "cannot start"},
+            "cannot start",
+        ),
+        ({"exitCode": 0, "done": True, "lastError": "a warning"}, None),  # succeeded: nothing to explain
+        ({"exitCode": 1, "done": True, "lastError": ["not", "a", "line"]}, None),
+    ],  # a trial wrote it: checked
+)
 def test_the_keeper_s_last_stderr_line_goes_with_a_failure_only(state: dict, last_error: str | None):
     assert outcome_of(state, 0).last_error == last_error

@@ -21,14 +21,23 @@ from services.adapters.frameworkcontroller import frameworks
 from tests.emulators.kubernetes.schema import check_framework
 from trialbus.cli import app
 
-ROLE = {"name": "worker", "taskNumber": 2, "command": "python3 mnist.py", "gpuNumber": 1, "cpuNumber": 2,
-        "memorySize": "8gb", "dockerImage": "pytorch/pytorch:2.1"}  # fmt: skip
+ROLE = {
+    "name": "worker",
+    "taskNumber": 2,
+    "command": "python3 mnist.py",
+    "gpuNumber": 1,
+    "cpuNumber": 2,
+    "memorySize": "8gb",
+    "dockerImage": "pytorch/pytorch:2.1",
+}
 NFS = {"storageType": "nfs", "server": "10.0.0.5", "path": "/export/nni"}
 
 
 def config(**service) -> dict:
-    return {"trialConcurrency": 2, "trainingService": {"platform": "frameworkcontroller", "storage": NFS,
-                                                       "taskRoles": [ROLE], **service}}  # fmt: skip
+    return {
+        "trialConcurrency": 2,
+        "trainingService": {"platform": "frameworkcontroller", "storage": NFS, "taskRoles": [ROLE], **service},
+    }
 
 
 def errors_of(data: dict) -> str:
@@ -46,8 +55,13 @@ def test_a_v2_config_needs_no_trial_command_and_takes_both_spellings_of_the_poli
     assert service.task_roles[0].framework_attempt_completion_policy.min_succeed_task_count == 2
     assert service.task_roles[0].memory_mb == 8192 and service.storage.url == "nfs://10.0.0.5/export/nni"
     assert service.reuse_mode is True, "NNI's default; every trial is one Framework either way"
-    again = ExperimentConfig.model_validate(config(taskRoles=[{**ROLE, "framework_attempt_completion_policy": {
-        "min_failed_task_count": 1, "minSucceedTaskCount": 1}}]))  # fmt: skip
+    again = ExperimentConfig.model_validate(
+        config(
+            taskRoles=[
+                {**ROLE, "framework_attempt_completion_policy": {"min_failed_task_count": 1, "minSucceedTaskCount": 1}}
+            ]
+        )
+    )
     assert again.training_service.task_roles[0].framework_attempt_completion_policy.min_succeed_task_count == 1
 
 
@@ -55,13 +69,24 @@ def test_a_v2_config_needs_no_trial_command_and_takes_both_spellings_of_the_poli
     ("service", "expected"),
     [
         ({"taskRoles": [{**ROLE, "name": "Worker_1"}]}, "must match ^[a-z0-9]{1,63}$"),
-        ({"taskRoles": [ROLE, {**ROLE, "name": "ps"}], "reportingTaskRole": "chief"},
-         "reportingTaskRole 'chief' is not a task role of taskRoles (worker, ps)"),
+        (
+            {"taskRoles": [ROLE, {**ROLE, "name": "ps"}], "reportingTaskRole": "chief"},
+            "reportingTaskRole 'chief' is not a task role of taskRoles (worker, ps)",
+        ),
         ({"taskRoles": [ROLE, ROLE]}, "task role names must differ"),
         ({"taskRoles": []}, "taskRoles: List should have at least 1 item"),
         ({"storage": {"storageType": "pvc", "path": "/x"}}, "storageType must be nfs or azureStorage, not 'pvc'"),
-        ({"storage": {"storageType": "azureStorage", "azureAccount": "acct", "azureShare": "share",
-                      "keyVaultName": "vault"}}, "set both keyVaultName and keyVaultKey"),  # fmt: skip
+        (
+            {
+                "storage": {
+                    "storageType": "azureStorage",
+                    "azureAccount": "acct",
+                    "azureShare": "share",
+                    "keyVaultName": "vault",
+                }
+            },
+            "set both keyVaultName and keyVaultKey",
+        ),
         ({"taskRoles": [{**ROLE, "memorySize": "8 furlongs"}]}, "bad size '8 furlongs'"),
         ({"namespace": "Not_A_Namespace"}, "namespace: String should match pattern"),
         ({"containerMountPath": "mnt"}, "must be an absolute path inside the pods"),
@@ -73,7 +98,8 @@ def test_bad_configs_are_refused_with_the_reason(service: dict, expected: str):
 
 
 def test_the_v1_layout_is_converted_as_nnictl_converts_it(tmp_path: Path):
-    (tmp_path / "config.yml").write_text(textwrap.dedent("""
+    (tmp_path / "config.yml").write_text(
+        textwrap.dedent("""
         authorName: default
         experimentName: example_mnist_pytorch
         trialConcurrency: 1
@@ -100,7 +126,8 @@ def test_the_v1_layout_is_converted_as_nnictl_converts_it(tmp_path: Path):
           storage: nfs
           serviceAccountName: frameworkcontroller
           nfs: {server: 10.10.10.10, path: /var/nfs/nni}
-        """))  # fmt: skip
+        """)
+    )
     found = load_experiment_config(tmp_path / "config.yml")
     service = found.training_service
     assert (found.trial_command, found.max_trial_number) == ("python3 mnist.py", 10)
@@ -115,9 +142,16 @@ def test_the_v1_layout_is_converted_as_nnictl_converts_it(tmp_path: Path):
 
 
 def test_v1_layouts_nni_does_not_convert_are_refused(tmp_path: Path):
-    (tmp_path / "pvc.yml").write_text(yaml.safe_dump({
-        "trainingServicePlatform": "frameworkcontroller", "trialConcurrency": 1, "trial": {"codeDir": "."},
-        "frameworkcontrollerConfig": {"storage": "pvc", "configPath": "fc_template.yml", "pvc": {"path": "/x"}}}))
+    (tmp_path / "pvc.yml").write_text(
+        yaml.safe_dump(
+            {
+                "trainingServicePlatform": "frameworkcontroller",
+                "trialConcurrency": 1,
+                "trial": {"codeDir": "."},
+                "frameworkcontrollerConfig": {"storage": "pvc", "configPath": "fc_template.yml", "pvc": {"path": "/x"}},
+            }
+        )
+    )
     with pytest.raises(ValueError, match="pvc storage or a configPath template is not converted"):
         load_experiment_config(tmp_path / "pvc.yml")
 
@@ -127,17 +161,31 @@ def service_of(**service) -> FrameworkcontrollerConfig:
 
 
 def test_a_trial_s_framework():
-    roles = [{**ROLE, "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": -1, "minSucceedTaskCount": 1}},
-             {**ROLE, "name": "ps", "gpuNumber": 0, "taskNumber": 1}]  # fmt: skip
-    service = service_of(taskRoles=roles, serviceAccountName="runner",
-                         retryPolicy={"fancyRetryPolicy": True, "maxRetryCount": 2})  # fmt: skip
-    body = frameworks.render(service, "exp1", "AbC9d", 1, "host-1", "/tmp/mount/trialbus/trials/exp1/AbC9d-1",
-                             "/tmp/mount/trialbus/bin/h/trial_keeper.py")  # fmt: skip
+    roles = [
+        {**ROLE, "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": -1, "minSucceedTaskCount": 1}},
+        {**ROLE, "name": "ps", "gpuNumber": 0, "taskNumber": 1},
+    ]
+    service = service_of(
+        taskRoles=roles, serviceAccountName="runner", retryPolicy={"fancyRetryPolicy": True, "maxRetryCount": 2}
+    )
+    body = frameworks.render(
+        service,
+        "exp1",
+        "AbC9d",
+        1,
+        "host-1",
+        "/tmp/mount/trialbus/trials/exp1/AbC9d-1",
+        "/tmp/mount/trialbus/bin/h/trial_keeper.py",
+    )
     meta = body["metadata"]
     assert re.fullmatch(r"[a-z0-9]{1,63}", meta["name"]) and meta["name"].startswith("tbexp1tabc9da1")
     assert meta["name"] != frameworks.name_of("exp1", "abc9d", 1), "ids differing in case differ in name"
-    assert meta["labels"] == {"trialbus.io/experiment": "exp1", "trialbus.io/trial": "AbC9d",
-                              "trialbus.io/attempt": "1", "trialbus.io/replica": "host-1"}  # fmt: skip
+    assert meta["labels"] == {
+        "trialbus.io/experiment": "exp1",
+        "trialbus.io/trial": "AbC9d",
+        "trialbus.io/attempt": "1",
+        "trialbus.io/replica": "host-1",
+    }
     assert body["spec"]["executionType"] == "Start"
     assert body["spec"]["retryPolicy"] == {"fancyRetryPolicy": True, "maxRetryCount": 2}
     worker, ps = body["spec"]["taskRoles"]
@@ -146,8 +194,11 @@ def test_a_trial_s_framework():
     assert worker["task"]["retryPolicy"] == {"fancyRetryPolicy": False, "maxRetryCount": 0}
     pod = worker["task"]["pod"]["spec"]
     container = pod["containers"][0]
-    assert container["resources"]["requests"] == container["resources"]["limits"] == {
-        "cpu": "2", "memory": "8192Mi", "nvidia.com/gpu": "1"}  # fmt: skip
+    assert (
+        container["resources"]["requests"]
+        == container["resources"]["limits"]
+        == {"cpu": "2", "memory": "8192Mi", "nvidia.com/gpu": "1"}
+    )
     assert "nvidia.com/gpu" not in ps["task"]["pod"]["spec"]["containers"][0]["resources"]["limits"]
     assert pod["volumes"] == [{"name": "trialbus-storage", "nfs": {"server": "10.0.0.5", "path": "/export/nni"}}]
     assert container["volumeMounts"] == [{"name": "trialbus-storage", "mountPath": "/tmp/mount"}]
@@ -158,8 +209,12 @@ def test_a_trial_s_framework():
     assert "report.env" not in ps["task"]["pod"]["spec"]["containers"][0]["command"][2]
     assert check_framework(copy.deepcopy(body), strict=True) == [], "the CRD's schema, no field pruned"
     for role in (worker, ps):  # the part the CRD does not check: a valid PodTemplate
-        template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "x"},
-                    "template": role["task"]["pod"]}  # fmt: skip
+        template = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": "x"},
+            "template": role["task"]["pod"],
+        }
         kubernetes_validate.validate(template, "1.30", strict=True)
 
 
@@ -168,8 +223,11 @@ def test_the_first_task_role_reports_unless_reporting_task_role_names_another():
 
     def reporters(**chosen: str) -> list[str]:
         body = frameworks.render(service_of(taskRoles=roles, **chosen), "e", "t", 0, "r", "/tmp/mount/t", "/k.py")
-        return [role["name"] for role in body["spec"]["taskRoles"]
-                if "report.env" in role["task"]["pod"]["spec"]["containers"][0]["command"][2]]  # fmt: skip
+        return [
+            role["name"]
+            for role in body["spec"]["taskRoles"]
+            if "report.env" in role["task"]["pod"]["spec"]["containers"][0]["command"][2]
+        ]
 
     assert reporters() == ["worker"], "NNI's configs have no reportingTaskRole: the first role reports"
     assert reporters(reportingTaskRole="chief") == ["chief"]
@@ -181,17 +239,29 @@ def test_azure_storage_mounts_the_experiment_s_secret():
     body = frameworks.render(service_of(storage=storage), "exp1", "t1", 0, "r", "/tmp/mount/t", "/tmp/mount/k.py")
     assert check_framework(copy.deepcopy(body), strict=True) == []
     volume = body["spec"]["taskRoles"][0]["task"]["pod"]["spec"]["volumes"][0]
-    assert volume == {"name": "trialbus-storage", "azureFile": {"secretName": "trialbus-exp1-azure",
-                                                                 "shareName": "trials", "readOnly": False}}
+    assert volume == {
+        "name": "trialbus-storage",
+        "azureFile": {"secretName": "trialbus-exp1-azure", "shareName": "trials", "readOnly": False},
+    }
 
 
 def completed(code: int, kind: str, attributes: list[str] | None, trigger: str | None = None) -> dict:
-    completion = {"code": code, "phrase": "Phrase", "type": {"name": kind, "attributes": attributes},
-                  "diagnostics": "diagnosed\nmore"}  # fmt: skip
+    completion = {
+        "code": code,
+        "phrase": "Phrase",
+        "type": {"name": kind, "attributes": attributes},
+        "diagnostics": "diagnosed\nmore",
+    }
     if trigger:
         completion["trigger"] = {"message": trigger, "taskRoleName": "worker", "taskIndex": 0}
-    return {"metadata": {"name": "fw"}, "status": {"state": "Completed", "completionTime": "2026-11-22T10:00:00Z",
-                                                   "attemptStatus": {"completionStatus": completion}}}  # fmt: skip
+    return {
+        "metadata": {"name": "fw"},
+        "status": {
+            "state": "Completed",
+            "completionTime": "2026-11-22T10:00:00Z",
+            "attemptStatus": {"completionStatus": completion},
+        },
+    }
 
 
 @pytest.mark.parametrize(
@@ -199,14 +269,31 @@ def completed(code: int, kind: str, attributes: list[str] | None, trigger: str |
     [
         (completed(0, "Succeeded", []), {"exitCode": 0}, False, TrialStatus.SUCCEEDED, None, None),
         (completed(0, "Succeeded", None), {}, False, TrialStatus.SUCCEEDED, None, None),
-        (completed(3, "Failed", None, "FailedTaskCount 1 has reached MinFailedTaskCount 1 in the TaskRole"),
-         {"exitCode": 3}, False, TrialStatus.FAILED, "trial",
-         "completion code 3 (Phrase, unknown); the trial command exited with 3: FailedTaskCount 1 has reached"),
-        (completed(200, "Failed", ["Transient"]), {}, False, TrialStatus.FAILED, "infrastructure",
-         "completion code 200 (Phrase, transient): diagnosed"),
+        (
+            completed(3, "Failed", None, "FailedTaskCount 1 has reached MinFailedTaskCount 1 in the TaskRole"),
+            {"exitCode": 3},
+            False,
+            TrialStatus.FAILED,
+            "trial",
+            "completion code 3 (Phrase, unknown); the trial command exited with 3: FailedTaskCount 1 has reached",
+        ),
+        (
+            completed(200, "Failed", ["Transient"]),
+            {},
+            False,
+            TrialStatus.FAILED,
+            "infrastructure",
+            "completion code 200 (Phrase, transient): diagnosed",
+        ),
         (completed(210, "Failed", ["Permanent"]), {}, False, TrialStatus.FAILED, "permanent", "(Phrase, permanent)"),
-        (completed(201, "Failed", ["Transient", "Conflict"]), {}, False, TrialStatus.FAILED, "infrastructure",
-         "code 201"),
+        (
+            completed(201, "Failed", ["Transient", "Conflict"]),
+            {},
+            False,
+            TrialStatus.FAILED,
+            "infrastructure",
+            "code 201",
+        ),
         (completed(-1200, "Failed", ["Permanent"]), {}, False, TrialStatus.FAILED, "permanent", "code -1200"),
         (completed(-300, "Failed", []), {}, False, TrialStatus.FAILED, "trial", "code -300"),
         # a pod stopped for someone else's reason is preempted; a lost node is the infrastructure's
@@ -214,12 +301,24 @@ def completed(code: int, kind: str, attributes: list[str] | None, trigger: str |
         (completed(-1000, "Failed", ["Transient"]), {}, False, TrialStatus.FAILED, "preempted", "code -1000"),
         (completed(-1003, "Failed", ["Transient"]), {}, False, TrialStatus.FAILED, "preempted", "code -1003"),
         (completed(-1001, "Failed", ["Transient"]), {}, False, TrialStatus.FAILED, "infrastructure", "code -1001"),
-        (completed(-210, "Failed", ["Permanent"]), {}, False, TrialStatus.SYS_CANCELED, None,
-         "Framework fw was stopped outside Trialbus"),
-        (completed(-210, "Failed", ["Permanent"]), {"exitCode": -15}, True, TrialStatus.FAILED, "permanent",
-         "the trial command exited with -15"),
+        (
+            completed(-210, "Failed", ["Permanent"]),
+            {},
+            False,
+            TrialStatus.SYS_CANCELED,
+            None,
+            "Framework fw was stopped outside Trialbus",
+        ),
+        (
+            completed(-210, "Failed", ["Permanent"]),
+            {"exitCode": -15},
+            True,
+            TrialStatus.FAILED,
+            "permanent",
+            "the trial command exited with -15",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_completed_framework_s_outcome(framework, keeper, canceled, status, failure, says):
     outcome = frameworks.outcome_of(framework, keeper, canceled)
     assert (outcome.status, outcome.failure) == (status, failure)
@@ -233,11 +332,17 @@ def test_a_completed_framework_s_outcome(framework, keeper, canceled, status, fa
 @pytest.mark.parametrize(
     ("state", "phase"),
     [
-        ("AttemptCreationPending", "waiting"), ("AttemptCreationRequested", "waiting"), ("AttemptPreparing", "waiting"),
-        ("AttemptRunning", "running"), ("AttemptDeletionPending", "running"), ("AttemptDeletionRequested", "running"),
-        ("AttemptDeleting", "running"), ("AttemptCompleted", "running"), ("Completed", "ended"),
+        ("AttemptCreationPending", "waiting"),
+        ("AttemptCreationRequested", "waiting"),
+        ("AttemptPreparing", "waiting"),
+        ("AttemptRunning", "running"),
+        ("AttemptDeletionPending", "running"),
+        ("AttemptDeletionRequested", "running"),
+        ("AttemptDeleting", "running"),
+        ("AttemptCompleted", "running"),
+        ("Completed", "ended"),
     ],
-)  # fmt: skip
+)
 def test_every_framework_state_reads_as_the_trial_s(state: str, phase: str):
     assert frameworks.phase(frameworks.state_of({"status": {"state": state}})) == phase
 

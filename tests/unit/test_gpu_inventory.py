@@ -127,8 +127,14 @@ def test_rejects_xml_that_is_not_nvidia_smis(text, message):
 
 
 def fake_gpu(name: str, used: int, processes: list[dict]) -> dict:
-    return {"name": name, "memoryTotalMib": 40960, "memoryUsedMib": used, "gpuUtil": 7, "memoryUtil": 3,
-            "processes": processes}  # fmt: skip
+    return {
+        "name": name,
+        "memoryTotalMib": 40960,
+        "memoryUsedMib": used,
+        "gpuUtil": 7,
+        "memoryUtil": 3,
+        "processes": processes,
+    }
 
 
 THREE = [
@@ -275,10 +281,17 @@ class FakeNvml:
 
 MIB = 2**20
 DEVICES = [
-    {"uuid": "GPU-aaa", "name": b"NVIDIA H100 80GB HBM3", "total": 81559 * MIB, "used": 1643 * MIB + 5,
-     "util": (37, 12), "compute": [(479, 1634 * MIB), (480, None)], "graphics": [(479, 2 * MIB), (900, 3 * MIB)]},
+    {
+        "uuid": "GPU-aaa",
+        "name": b"NVIDIA H100 80GB HBM3",
+        "total": 81559 * MIB,
+        "used": 1643 * MIB + 5,
+        "util": (37, 12),
+        "compute": [(479, 1634 * MIB), (480, None)],
+        "graphics": [(479, 2 * MIB), (900, 3 * MIB)],
+    },
     {"uuid": "GPU-bbb", "name": "NVIDIA H100 80GB HBM3", "total": 81559 * MIB, "used": 0, "util": None},
-]  # fmt: skip
+]
 
 
 def test_nvml_reads_gpus_and_stays_initialised():
@@ -286,11 +299,23 @@ def test_nvml_reads_gpus_and_stays_initialised():
     reader = GpuReader("auto", nvml=nvml)
     first, second = reader.read(), reader.read()
     assert (first.source, first.error, nvml.inits) == ("nvml", None, 1)
-    assert first.gpus == second.gpus == (
-        Gpu(0, "GPU-aaa", "NVIDIA H100 80GB HBM3", 81559, 1643, 37, 12,
-            (GpuProcess(479, "compute", 1634), GpuProcess(480, "compute", None), GpuProcess(900, "graphics", 3))),
-        Gpu(1, "GPU-bbb", "NVIDIA H100 80GB HBM3", 81559, 0, None, None, ()),
-    )  # fmt: skip
+    assert (
+        first.gpus
+        == second.gpus
+        == (
+            Gpu(
+                0,
+                "GPU-aaa",
+                "NVIDIA H100 80GB HBM3",
+                81559,
+                1643,
+                37,
+                12,
+                (GpuProcess(479, "compute", 1634), GpuProcess(480, "compute", None), GpuProcess(900, "graphics", 3)),
+            ),
+            Gpu(1, "GPU-bbb", "NVIDIA H100 80GB HBM3", 81559, 0, None, None, ()),
+        )
+    )
     reader.close()
     reader.close()
     assert nvml.shutdowns == 1

@@ -50,8 +50,15 @@ def peer(replica: str, *gpus: GpuStatus) -> PlatformStatus:
 
 
 def gpu(index: int, trials: list[str] | None = None, foreign: int = 0) -> GpuStatus:
-    return GpuStatus(index=index, uuid=f"GPU-{index}", name="A100", memory_total_mib=40960, memory_used_mib=0,
-                     trials=trials or [], foreign_processes=foreign)
+    return GpuStatus(
+        index=index,
+        uuid=f"GPU-{index}",
+        name="A100",
+        memory_total_mib=40960,
+        memory_used_mib=0,
+        trials=trials or [],
+        foreign_processes=foreign,
+    )
 
 
 def test_a_peer_with_idle_gpus_is_offered_the_trial(tmp_path):

@@ -76,8 +76,11 @@ def env_of(container: dict) -> dict[str, dict]:
 
 def budgets_of(docs: list[dict], pod_labels: dict[str, str]) -> list[dict]:
     """The PodDisruptionBudgets whose selector picks pods with these labels."""
-    return [budget for budget in of_kind(docs, "PodDisruptionBudget").values()
-            if budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()]  # fmt: skip
+    return [
+        budget
+        for budget in of_kind(docs, "PodDisruptionBudget").values()
+        if budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    ]
 
 
 def auth_users() -> set[str]:
@@ -168,8 +171,10 @@ def test_each_service_runs_its_command_as_its_own_nats_user(rendered, build):
 def test_the_http_services_listen_on_every_address_behind_their_services(rendered, build):
     docs = rendered[build]
     workloads, services = of_kind(docs, *WORKLOADS), of_kind(docs, "Service")
-    for name, variable, port in (("dispatcher", "TRIALBUS_API_HOST", 8080),
-                                 ("metrics-gateway", "TRIALBUS_GATEWAY_HOST", 8081)):  # fmt: skip
+    for name, variable, port in (
+        ("dispatcher", "TRIALBUS_API_HOST", 8080),
+        ("metrics-gateway", "TRIALBUS_GATEWAY_HOST", 8081),
+    ):
         template = workloads[name]["spec"]["template"]
         [container] = template["spec"]["containers"]
         assert env_of(container)[variable]["value"] == "0.0.0.0"
@@ -229,16 +234,24 @@ def test_the_frameworkcontroller_adapter_runs_as_the_service_account_its_role_is
 
 def test_the_frameworkcontroller_role_grants_exactly_what_the_adapter_uses():
     docs = {d["kind"]: d for d in yaml.safe_load_all((BASE / "frameworkcontroller-rbac.yaml").read_text())}
-    rules = {(rule["apiGroups"][0], resource): set(rule["verbs"])
-             for rule in docs["Role"]["rules"] for resource in rule["resources"]}  # fmt: skip
+    rules = {
+        (rule["apiGroups"][0], resource): set(rule["verbs"])
+        for rule in docs["Role"]["rules"]
+        for resource in rule["resources"]
+    }
     assert rules == {
         ("frameworkcontroller.microsoft.com", "frameworks"): {"create", "get", "list", "watch", "patch", "delete"},
         ("", "secrets"): {"create", "delete"},
     }
     binding = docs["RoleBinding"]
     assert binding["roleRef"]["name"] == docs["Role"]["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": docs["ServiceAccount"]["metadata"]["name"],
-                                    "namespace": docs["ServiceAccount"]["metadata"]["namespace"]}]  # fmt: skip
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": docs["ServiceAccount"]["metadata"]["name"],
+            "namespace": docs["ServiceAccount"]["metadata"]["namespace"],
+        }
+    ]
 
 
 # ---------------------------------------------------------------- NATS
@@ -289,8 +302,9 @@ def test_nats_server_accepts_its_configuration_with_the_pods_environment(rendere
     (tmp_path / "nats.conf").write_text(conf)
     (tmp_path / "auth.conf").write_text(auth)
     # When nats-server checks it, then it is valid (every $VARIABLE resolved)
-    result = subprocess.run([binary, "-t", "-c", str(tmp_path / "nats.conf")], env=env, capture_output=True,
-                            text=True, timeout=30)  # fmt: skip
+    result = subprocess.run(
+        [binary, "-t", "-c", str(tmp_path / "nats.conf")], env=env, capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -303,8 +317,12 @@ def _matches(selector: dict, labels: dict[str, str]) -> bool:
         return False
     for expression in selector.get("matchExpressions", []):
         key, operator, values = expression["key"], expression["operator"], expression.get("values", [])
-        held = {"Exists": key in labels, "DoesNotExist": key not in labels,
-                "In": labels.get(key) in values, "NotIn": labels.get(key) not in values}  # fmt: skip
+        held = {
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+            "In": labels.get(key) in values,
+            "NotIn": labels.get(key) not in values,
+        }
         if not held[operator]:
             return False
     return True

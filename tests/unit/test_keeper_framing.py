@@ -141,8 +141,15 @@ def test_control_characters_and_quotes_are_escaped():
 
 
 def test_state_is_valid_json():
-    state = {"keeperPid": 12, "startTime": 1700000000.25, "exitCode": -9, "done": True, "canceled": False,
-             "error": 'gateway said "no"\n', "metricsFlushed": None}
+    state = {
+        "keeperPid": 12,
+        "startTime": 1700000000.25,
+        "exitCode": -9,
+        "done": True,
+        "canceled": False,
+        "error": 'gateway said "no"\n',
+        "metricsFlushed": None,
+    }
     assert json.loads(keeper.json_object(state)) == state
 
 

@@ -253,76 +253,175 @@ paiConfig:
   host: 10.10.10.10
 """
 
-COMMON_V2 = {"experimentName": "example_mnist", "searchSpaceFile": "search_space.json", "useAnnotation": False,
-             "trialCodeDirectory": ".",
-             "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}}}  # fmt: skip
+COMMON_V2 = {
+    "experimentName": "example_mnist",
+    "searchSpaceFile": "search_space.json",
+    "useAnnotation": False,
+    "trialCodeDirectory": ".",
+    "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}},
+}
 EXPECTED = {
     "local": {
-        **COMMON_V2, "trialConcurrency": 2, "maxExperimentDuration": "1h", "maxTrialDuration": "10m",
-        "maxTrialNumber": 50, "multiThread": True, "logLevel": "info", "trialCommand": "python3 mnist.py",
-        "trialGpuNumber": 1, "tunerGpuIndices": "0",
-        "tuner": {"className": "my_tuner.MyTuner", "codeDirectory": "tuners",
-                  "classArgs": {"optimize_mode": "maximize"}},
+        **COMMON_V2,
+        "trialConcurrency": 2,
+        "maxExperimentDuration": "1h",
+        "maxTrialDuration": "10m",
+        "maxTrialNumber": 50,
+        "multiThread": True,
+        "logLevel": "info",
+        "trialCommand": "python3 mnist.py",
+        "trialGpuNumber": 1,
+        "tunerGpuIndices": "0",
+        "tuner": {
+            "className": "my_tuner.MyTuner",
+            "codeDirectory": "tuners",
+            "classArgs": {"optimize_mode": "maximize"},
+        },
         "assessor": {"name": "Curvefitting", "classArgs": {"epoch_num": 20, "threshold": 0.9}},
         "trainingService": {"platform": "local", "gpuIndices": "0,1", "maxTrialNumberPerGpu": 2, "useActiveGpu": True},
     },
     "remote": {
-        **COMMON_V2, "trialConcurrency": 2, "maxExperimentDuration": "1h", "maxTrialNumber": 10,
-        "trialCommand": "python3 mnist.py", "trialGpuNumber": 0,
-        "trainingService": {"platform": "remote", "reuseMode": False, "machineList": [
-            {"host": "10.1.1.1", "user": "bob", "password": "bob123"},
-            {"host": "10.1.1.2", "port": 2222, "user": "alice", "sshKeyFile": "id_rsa",
-             "sshPassphrase": "open sesame", "pythonPath": "/opt/conda/bin"}]},
+        **COMMON_V2,
+        "trialConcurrency": 2,
+        "maxExperimentDuration": "1h",
+        "maxTrialNumber": 10,
+        "trialCommand": "python3 mnist.py",
+        "trialGpuNumber": 0,
+        "trainingService": {
+            "platform": "remote",
+            "reuseMode": False,
+            "machineList": [
+                {"host": "10.1.1.1", "user": "bob", "password": "bob123"},
+                {
+                    "host": "10.1.1.2",
+                    "port": 2222,
+                    "user": "alice",
+                    "sshKeyFile": "id_rsa",
+                    "sshPassphrase": "open sesame",
+                    "pythonPath": "/opt/conda/bin",
+                },
+            ],
+        },
     },
     "pai": {
-        **COMMON_V2, "trialConcurrency": 1, "maxExperimentDuration": "1h", "maxTrialNumber": 10,
-        "trialCommand": "python3 mnist.py", "trialGpuNumber": 0,
+        **COMMON_V2,
+        "trialConcurrency": 1,
+        "maxExperimentDuration": "1h",
+        "maxTrialNumber": 10,
+        "trialCommand": "python3 mnist.py",
+        "trialGpuNumber": 0,
         "trainingService": {
-            "platform": "openpai", "trialCpuNumber": 1, "trialMemorySize": 8196, "dockerImage": "msranni/nni:latest",
-            "virtualCluster": "default", "localStorageMountPoint": "/mnt/pai",
-            "containerStorageMountPoint": "/mnt/share", "storageConfigName": "confignfs", "username": "username",
-            "token": "token", "host": "10.10.10.10", "reuseMode": True},
+            "platform": "openpai",
+            "trialCpuNumber": 1,
+            "trialMemorySize": 8196,
+            "dockerImage": "msranni/nni:latest",
+            "virtualCluster": "default",
+            "localStorageMountPoint": "/mnt/pai",
+            "containerStorageMountPoint": "/mnt/share",
+            "storageConfigName": "confignfs",
+            "username": "username",
+            "token": "token",
+            "host": "10.10.10.10",
+            "reuseMode": True,
+        },
     },
     "fc_nfs": {
-        **COMMON_V2, "trialConcurrency": 1, "maxExperimentDuration": "1h", "maxTrialNumber": 10,
+        **COMMON_V2,
+        "trialConcurrency": 1,
+        "maxExperimentDuration": "1h",
+        "maxTrialNumber": 10,
         "assessor": {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize"}},
         "trialCommand": "python3 mnist.py",
         "trainingService": {
-            "platform": "frameworkcontroller", "serviceAccountName": "frameworkcontroller",
+            "platform": "frameworkcontroller",
+            "serviceAccountName": "frameworkcontroller",
             "storage": {"storageType": "nfs", "server": "10.10.10.10", "path": "/var/nfs/nni"},
-            "taskRoles": [{"name": "worker", "taskNumber": 1, "command": "python3 mnist.py", "gpuNumber": 1,
-                           "cpuNumber": 1, "memorySize": 8192, "dockerImage": "msranni/nni:latest",
-                           "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": 1}}]},
+            "taskRoles": [
+                {
+                    "name": "worker",
+                    "taskNumber": 1,
+                    "command": "python3 mnist.py",
+                    "gpuNumber": 1,
+                    "cpuNumber": 1,
+                    "memorySize": 8192,
+                    "dockerImage": "msranni/nni:latest",
+                    "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": 1},
+                }
+            ],
+        },
     },
     "fc_azure": {
-        **COMMON_V2, "trialConcurrency": 2, "maxExperimentDuration": "15m", "maxTrialNumber": 2,
-        "tuner": {"name": "Random"}, "trialCommand": "python3 ps.py",
+        **COMMON_V2,
+        "trialConcurrency": 2,
+        "maxExperimentDuration": "15m",
+        "maxTrialNumber": 2,
+        "tuner": {"name": "Random"},
+        "trialCommand": "python3 ps.py",
         "trainingService": {
-            "platform": "frameworkcontroller", "serviceAccountName": "frameworkcontroller", "namespace": "kubeflow",
+            "platform": "frameworkcontroller",
+            "serviceAccountName": "frameworkcontroller",
+            "namespace": "kubeflow",
             "reuseMode": False,
-            "storage": {"storageType": "azureStorage", "azureAccount": "nnistorage", "azureShare": "nni-share",
-                        "keyVaultName": "nni-vault", "keyVaultKey": "storage-key"},
+            "storage": {
+                "storageType": "azureStorage",
+                "azureAccount": "nnistorage",
+                "azureShare": "nni-share",
+                "keyVaultName": "nni-vault",
+                "keyVaultKey": "storage-key",
+            },
             "taskRoles": [
-                {"name": "ps", "taskNumber": 1, "command": "python3 ps.py", "gpuNumber": 0, "cpuNumber": 1,
-                 "memorySize": 4096, "dockerImage": "msranni/nni:latest",
-                 "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": -1}},
-                {"name": "worker", "taskNumber": 2, "command": "python3 mnist.py", "gpuNumber": 1, "cpuNumber": 2,
-                 "memorySize": 8192, "dockerImage": "msranni/nni:latest",
-                 "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": 2}}]},
+                {
+                    "name": "ps",
+                    "taskNumber": 1,
+                    "command": "python3 ps.py",
+                    "gpuNumber": 0,
+                    "cpuNumber": 1,
+                    "memorySize": 4096,
+                    "dockerImage": "msranni/nni:latest",
+                    "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": -1},
+                },
+                {
+                    "name": "worker",
+                    "taskNumber": 2,
+                    "command": "python3 mnist.py",
+                    "gpuNumber": 1,
+                    "cpuNumber": 2,
+                    "memorySize": 8192,
+                    "dockerImage": "msranni/nni:latest",
+                    "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": 2},
+                },
+            ],
+        },
     },
     "hybrid": {
-        **COMMON_V2, "trialConcurrency": 3, "maxExperimentDuration": "1h", "maxTrialNumber": 10,
-        "trialCommand": "python3 mnist.py", "trialGpuNumber": 0,
+        **COMMON_V2,
+        "trialConcurrency": 3,
+        "maxExperimentDuration": "1h",
+        "maxTrialNumber": 10,
+        "trialCommand": "python3 mnist.py",
+        "trialGpuNumber": 0,
         "trainingService": [
             {"platform": "local"},
-            {"platform": "remote", "reuseMode": True,
-             "machineList": [{"host": "10.1.1.1", "user": "xxx", "password": "xxx", "port": 22}]},
-            {"platform": "openpai", "trialCpuNumber": 1, "trialMemorySize": 8192, "dockerImage": "msranni/nni:latest",
-             "localStorageMountPoint": "/mnt/pai", "containerStorageMountPoint": "/mnt/share",
-             "storageConfigName": "confignfs", "username": "alice", "token": "app-token", "host": "10.10.10.10"},
+            {
+                "platform": "remote",
+                "reuseMode": True,
+                "machineList": [{"host": "10.1.1.1", "user": "xxx", "password": "xxx", "port": 22}],
+            },
+            {
+                "platform": "openpai",
+                "trialCpuNumber": 1,
+                "trialMemorySize": 8192,
+                "dockerImage": "msranni/nni:latest",
+                "localStorageMountPoint": "/mnt/pai",
+                "containerStorageMountPoint": "/mnt/share",
+                "storageConfigName": "confignfs",
+                "username": "alice",
+                "token": "app-token",
+                "host": "10.10.10.10",
+            },
         ],
     },
-}  # fmt: skip
+}
 TEXTS = {"local": LOCAL, "remote": REMOTE, "pai": PAI, "fc_nfs": FC_NFS, "fc_azure": FC_AZURE, "hybrid": HYBRID}
 
 #: Where our conversion differs from NNI 3.0's converter on purpose (docs/nni-v1.md says why):
@@ -369,8 +468,15 @@ def nni_converted() -> dict[str, Any]:
         print(json.dumps(out))
     """)
     configs = {name: v1(name) for name in TEXTS}
-    done = subprocess.run([sys.executable, "-c", script], input=json.dumps(configs), capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(sdk)}, timeout=120, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        input=json.dumps(configs),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(sdk)},
+        timeout=120,
+        check=True,
+    )
     return json.loads(done.stdout.splitlines()[-1])
 
 
@@ -406,8 +512,11 @@ def test_a_local_v1_file_loads_with_its_tuner_class_gpus_and_limits(tmp_path: Pa
     assert (config.trial_command, config.trial_gpu_number, config.trial_concurrency) == ("python3 mnist.py", 1, 2)
     assert (config.max_experiment_duration, config.max_trial_duration, config.max_trial_number) == (3600, 600, 50)
     assert config.multi_thread is True
-    assert config.tuner == {"className": "my_tuner.MyTuner", "codeDirectory": str(tmp_path / "tuners"),
-                            "classArgs": {"optimize_mode": "maximize"}}  # fmt: skip
+    assert config.tuner == {
+        "className": "my_tuner.MyTuner",
+        "codeDirectory": str(tmp_path / "tuners"),
+        "classArgs": {"optimize_mode": "maximize"},
+    }
     assert config.search_space_file == str(tmp_path / "search_space.json")
     assert config.trial_code_directory == str(tmp_path)
 
@@ -427,8 +536,11 @@ def test_a_pai_v1_file_loads_as_openpai(tmp_path: Path) -> None:
     config = load_experiment_config(write(tmp_path, "pai"))
     service = config.training_service
     assert isinstance(service, OpenpaiConfig)
-    assert (service.host, service.username, service.token.get_secret_value()) == ("https://10.10.10.10", "username",
-                                                                                  "token")  # fmt: skip
+    assert (service.host, service.username, service.token.get_secret_value()) == (
+        "https://10.10.10.10",
+        "username",
+        "token",
+    )
     assert (service.trial_cpu_number, service.trial_memory_mb, service.docker_image) == (1, 8196, "msranni/nni:latest")
     assert (service.local_storage_mount_point, service.container_storage_mount_point) == ("/mnt/pai", "/mnt/share")
     assert (service.storage_config_name, service.virtual_cluster, service.reuse_mode) == ("confignfs", "default", True)

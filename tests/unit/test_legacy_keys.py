@@ -48,10 +48,18 @@ REFUSED = [
     ("local", "trial.nasMode", "enas_mode", "trial.nasMode: NNI's NAS modes rewrite annotated trial code"),
     ("local", "tuner.includeIntermediateResults", True, "tuner.includeIntermediateResults: NNI 2 dropped it"),
     ("local", "assessor.gpuNum", 1, "assessor.gpuNum: not a key of NNI's v1 layout here"),
-    ("local", "sharedStorage", {"storageType": "NFS", "nfsServer": "10.0.0.1"},
-     "sharedStorage: Trialbus does not mount"),
-    ("local", "machineList", [{"ip": "10.1.1.1"}], "machineList: a section of platform remote, which this config "
-                                                   "does not use (the platform is local)"),
+    (
+        "local",
+        "sharedStorage",
+        {"storageType": "NFS", "nfsServer": "10.0.0.1"},
+        "sharedStorage: Trialbus does not mount",
+    ),
+    (
+        "local",
+        "machineList",
+        [{"ip": "10.1.1.1"}],
+        "machineList: a section of platform remote, which this config does not use (the platform is local)",
+    ),
     ("local", "trial.cpuNum", 2, "trial.cpuNum: an OpenPAI key"),
     ("local", "trial.taskRoles", [], "trial.taskRoles: a frameworkcontroller key"),
     ("local", "trial.worker", {"replicas": 1}, "trial.worker: a trial key of NNI's kubeflow platform"),
@@ -60,15 +68,28 @@ REFUSED = [
     ("local", "kubeflowConfig", {"operator": "tf-operator"}, "kubeflowConfig: a section of NNI's kubeflow platform"),
     ("local", "amlConfig", {"subscriptionId": "x"}, "amlConfig: a section of NNI's aml platform"),
     ("local", "dltsConfig", {"dashboard": "x"}, "dltsConfig: a section of NNI's dlts platform"),
-    ("local", "hybridConfig", {"trainingServicePlatforms": ["local"]}, "hybridConfig: only read with "
-                                                                       "trainingServicePlatform: hybrid"),
-    ("local", "localConfig.gpuIndex", 0, "localConfig.gpuIndex: not a key of NNI's v1 layout here (this section "
-                                         "takes gpuIndices, maxTrialNumPerGpu, useActiveGpu)"),
+    (
+        "local",
+        "hybridConfig",
+        {"trainingServicePlatforms": ["local"]},
+        "hybridConfig: only read with trainingServicePlatform: hybrid",
+    ),
+    (
+        "local",
+        "localConfig.gpuIndex",
+        0,
+        "localConfig.gpuIndex: not a key of NNI's v1 layout here (this section "
+        "takes gpuIndices, maxTrialNumPerGpu, useActiveGpu)",
+    ),
     ("local", "maxtrialnum", 3, "maxtrialnum: unknown key; v1 keys are spelled exactly: maxTrialNum"),
     ("local", "maxTrialNumber", 3, "maxTrialNumber: the v2 name of maxTrialNum"),
     ("local", "trainingService", {"platform": "local"}, "trainingService: not a key of NNI's v1 layout"),
-    ("local", "tuner.builtinTunerName", "TPE", "tuner: set builtinTunerName or codeDir, classFileName, className, "
-                                               "not both"),
+    (
+        "local",
+        "tuner.builtinTunerName",
+        "TPE",
+        "tuner: set builtinTunerName or codeDir, classFileName, className, not both",
+    ),
     ("local", "tuner.classFileName", "my_tuner", "tuner.classFileName: must name a .py file"),
     ("local", "tuner.codeDir", ..., "tuner: set builtinTunerName, or codeDir, classFileName, className together"),
     ("local", "advisor", {"builtinAdvisorName": "Hyperband"}, "advisor: set an advisor, or a tuner"),
@@ -81,26 +102,50 @@ REFUSED = [
     ("pai", "paiConfig.maxTrialNumPerGpu", 2, "paiConfig.maxTrialNumPerGpu: several trials per GPU"),
     ("pai", "paiConfig", ..., "Need to set paiConfig for pai"),
     ("pai", "trial.dataDir", "hdfs://10.0.0.1/data", "trial.dataDir: a trial key of NNI's paiYarn platform"),
-    ("fc_nfs", "frameworkcontrollerConfig.configPath", "fc.yml", "frameworkcontrollerConfig.configPath: a pvc "
-     "storage or a configPath template is not converted by NNI either"),
+    (
+        "fc_nfs",
+        "frameworkcontrollerConfig.configPath",
+        "fc.yml",
+        "frameworkcontrollerConfig.configPath: a pvc storage or a configPath template is not converted by NNI either",
+    ),
     ("fc_nfs", "frameworkcontrollerConfig.storage", "pvc", "frameworkcontrollerConfig.storage: a pvc storage"),
     ("fc_nfs", "frameworkcontrollerConfig.pvc", {"path": "/x"}, "frameworkcontrollerConfig.pvc: a pvc storage"),
-    ("fc_nfs", "frameworkcontrollerConfig.keyVault", {"vaultName": "v", "name": "n"},
-     "frameworkcontrollerConfig.keyVault: only read with storage azureStorage (storage is nfs)"),
-    ("fc_nfs", "trial.taskRoles.0.privateRegistryAuthPath", "auth.json", "trial.taskRoles.0.privateRegistryAuthPath: "
-     "Trialbus does not create image pull secrets"),
-    ("fc_nfs", "trial.taskRoles.0.frameworkAttemptCompletionPolicy.minSucceedTaskCount", 1,
-     "trial.taskRoles.0.frameworkAttemptCompletionPolicy.minSucceedTaskCount: the v2 name of minSucceededTaskCount"),
-    ("fc_nfs", "trial.command", "python3 x.py", "trial.command: not a trial key for frameworkcontroller: each of "
-     "trial.taskRoles has its own"),
+    (
+        "fc_nfs",
+        "frameworkcontrollerConfig.keyVault",
+        {"vaultName": "v", "name": "n"},
+        "frameworkcontrollerConfig.keyVault: only read with storage azureStorage (storage is nfs)",
+    ),
+    (
+        "fc_nfs",
+        "trial.taskRoles.0.privateRegistryAuthPath",
+        "auth.json",
+        "trial.taskRoles.0.privateRegistryAuthPath: Trialbus does not create image pull secrets",
+    ),
+    (
+        "fc_nfs",
+        "trial.taskRoles.0.frameworkAttemptCompletionPolicy.minSucceedTaskCount",
+        1,
+        "trial.taskRoles.0.frameworkAttemptCompletionPolicy.minSucceedTaskCount: the v2 name of minSucceededTaskCount",
+    ),
+    (
+        "fc_nfs",
+        "trial.command",
+        "python3 x.py",
+        "trial.command: not a trial key for frameworkcontroller: each of trial.taskRoles has its own",
+    ),
     ("fc_nfs", "frameworkcontrollerConfig", ..., "Need to set frameworkcontrollerConfig for frameworkcontroller"),
     ("hybrid", "machineList", ..., "Need to set machineList for remote in hybrid mode"),
     ("hybrid", "paiConfig", ..., "Need to set paiConfig for pai in hybrid mode"),
-    ("hybrid", "hybridConfig.trainingServicePlatforms", ["local", "remote"],
-     "paiConfig: a section of platform pai, which this config does not use (hybridConfig lists local, remote)"),
+    (
+        "hybrid",
+        "hybridConfig.trainingServicePlatforms",
+        ["local", "remote"],
+        "paiConfig: a section of platform pai, which this config does not use (hybridConfig lists local, remote)",
+    ),
     ("hybrid", "hybridConfig.trainingServicePlatforms", ["local"], "trial.cpuNum: an OpenPAI key"),
     ("hybrid", "hybridConfig.platforms", ["local"], "hybridConfig.platforms: unknown key"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("name", "path", "value", "message"), REFUSED, ids=[f"{r[0]}:{r[1]}" for r in REFUSED])
@@ -127,13 +172,16 @@ def test_nni_platforms_trialbus_does_not_have_are_refused_naming_those_it_has(pl
     assert "Trialbus runs local, remote, pai, frameworkcontroller, and hybrid of local, remote, pai" in message
 
 
-@pytest.mark.parametrize(("listed", "message"), [
-    (["local", "aml"], "aml (an NNI platform Trialbus does not have)"),
-    (["kubeflow", "dlts", "adl"], "kubeflow (an NNI platform Trialbus does not have), dlts (an NNI platform"),
-    (["local", "frameworkcontroller"], "frameworkcontroller (not in NNI's v1 hybrid mode; write the config in v2"),
-    (["local", "local"], "local listed more than once"),
-    ([], "hybridConfig.trainingServicePlatforms: must list the platforms"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("listed", "message"),
+    [
+        (["local", "aml"], "aml (an NNI platform Trialbus does not have)"),
+        (["kubeflow", "dlts", "adl"], "kubeflow (an NNI platform Trialbus does not have), dlts (an NNI platform"),
+        (["local", "frameworkcontroller"], "frameworkcontroller (not in NNI's v1 hybrid mode; write the config in v2"),
+        (["local", "local"], "local listed more than once"),
+        ([], "hybridConfig.trainingServicePlatforms: must list the platforms"),
+    ],
+)
 def test_a_v1_hybrid_list_names_the_platforms_it_cannot_run(listed: list[str], message: str) -> None:
     found = refusal(changed("hybrid", "hybridConfig.trainingServicePlatforms", listed))
     assert message in found
@@ -149,10 +197,14 @@ def test_an_unknown_platform_is_refused_with_v1_s_name_for_openpai() -> None:
 # --- no effect: accepted, and nothing else changes ---------------------------------------------
 
 NO_EFFECT = [
-    ("authorName", "someone else"), ("description", "a longer story"), ("versionCheck", True),
-    ("logCollection", "http"), ("multiPhase", False), ("trial.nasMode", "classic_mode"),
+    ("authorName", "someone else"),
+    ("description", "a longer story"),
+    ("versionCheck", True),
+    ("logCollection", "http"),
+    ("multiPhase", False),
+    ("trial.nasMode", "classic_mode"),
     ("tuner.includeIntermediateResults", False),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("path", "value"), NO_EFFECT)
@@ -160,10 +212,14 @@ def test_keys_without_effect_here_are_accepted_and_change_nothing(path: str, val
     assert to_v2(changed("remote", path, value)) == to_v2(changed("remote", path, ...))
 
 
-@pytest.mark.parametrize(("name", "path", "value"), [
-    ("pai", "paiConfig.useActiveGpu", True), ("pai", "paiConfig.maxTrialNumPerGpu", 1),
-    ("fc_azure", "frameworkcontrollerConfig.uploadRetryCount", 5),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "path", "value"),
+    [
+        ("pai", "paiConfig.useActiveGpu", True),
+        ("pai", "paiConfig.maxTrialNumPerGpu", 1),
+        ("fc_azure", "frameworkcontrollerConfig.uploadRetryCount", 5),
+    ],
+)
 def test_platform_keys_without_effect_here_change_nothing(name: str, path: str, value: Any) -> None:
     assert to_v2(changed(name, path, value)) == to_v2(changed(name, path, ...))
 
@@ -177,10 +233,17 @@ def test_pai_resources_in_paiconfig_win_over_the_trial_s_as_in_nni() -> None:
 
 def test_assessor_and_advisor_classes_convert_as_the_tuner_s() -> None:
     data = v1("remote")
-    data["assessor"] = {"codeDir": "assessors", "classFileName": "stop.py", "className": "Stopper",
-                        "classArgs": {"patience": 3}}  # fmt: skip
-    assert to_v2(data)["assessor"] == {"className": "stop.Stopper", "codeDirectory": "assessors",
-                                       "classArgs": {"patience": 3}}  # fmt: skip
+    data["assessor"] = {
+        "codeDir": "assessors",
+        "classFileName": "stop.py",
+        "className": "Stopper",
+        "classArgs": {"patience": 3},
+    }
+    assert to_v2(data)["assessor"] == {
+        "className": "stop.Stopper",
+        "codeDirectory": "assessors",
+        "classArgs": {"patience": 3},
+    }
     del data["tuner"], data["assessor"]
     data["advisor"] = {"builtinAdvisorName": "BOHB", "classArgs": {"optimize_mode": "maximize"}, "gpuIndices": 1}
     converted = to_v2(data)
@@ -191,47 +254,143 @@ def test_assessor_and_advisor_classes_convert_as_the_tuner_s() -> None:
 # --- every key of NNI 2.x's v1 schema (nni/tools/nnictl/config_schema.py) ---------------------
 
 COMMON = [
-    "authorName", "experimentName", "description", "trialConcurrency", "maxExecDuration", "maxTrialDuration",
-    "maxTrialNum", "searchSpacePath", "multiPhase", "multiThread", "nniManagerIp", "logDir", "debug", "versionCheck",
-    "logLevel", "logCollection", "useAnnotation", "tuner.builtinTunerName", "tuner.classArgs",
-    "tuner.includeIntermediateResults", "tuner.gpuIndices", "sharedStorage.storageType",
-    "sharedStorage.localMountPoint", "sharedStorage.remoteMountPoint", "sharedStorage.nfsServer",
-    "sharedStorage.exportedDirectory", "sharedStorage.storageAccountName", "sharedStorage.storageAccountKey",
-    "sharedStorage.containerName", "sharedStorage.localMounted",
-]  # fmt: skip
+    "authorName",
+    "experimentName",
+    "description",
+    "trialConcurrency",
+    "maxExecDuration",
+    "maxTrialDuration",
+    "maxTrialNum",
+    "searchSpacePath",
+    "multiPhase",
+    "multiThread",
+    "nniManagerIp",
+    "logDir",
+    "debug",
+    "versionCheck",
+    "logLevel",
+    "logCollection",
+    "useAnnotation",
+    "tuner.builtinTunerName",
+    "tuner.classArgs",
+    "tuner.includeIntermediateResults",
+    "tuner.gpuIndices",
+    "sharedStorage.storageType",
+    "sharedStorage.localMountPoint",
+    "sharedStorage.remoteMountPoint",
+    "sharedStorage.nfsServer",
+    "sharedStorage.exportedDirectory",
+    "sharedStorage.storageAccountName",
+    "sharedStorage.storageAccountKey",
+    "sharedStorage.containerName",
+    "sharedStorage.localMounted",
+]
 TRIAL_KEYS = ["trial.command", "trial.codeDir", "trial.gpuNum", "trial.nasMode"]
 PAI_TRIAL_KEYS = [
-    "trial.nniManagerNFSMountPath", "trial.containerNFSMountPath", "trial.cpuNum", "trial.memoryMB", "trial.image",
-    "trial.virtualCluster", "trial.paiStorageConfigName", "trial.paiConfigPath",
-]  # fmt: skip
-MACHINE_KEYS = [f"machineList.0.{k}" for k in ("ip", "port", "username", "sshKeyPath", "passphrase", "gpuIndices",
-                                               "maxTrialNumPerGpu", "useActiveGpu", "pythonPath",
-                                               "passwd")]  # fmt: skip
-PAI_CONFIG_KEYS = [f"paiConfig.{k}" for k in ("userName", "passWord", "token", "host", "reuse", "gpuNum", "cpuNum",
-                                              "memoryMB", "maxTrialNumPerGpu", "useActiveGpu")]  # fmt: skip
+    "trial.nniManagerNFSMountPath",
+    "trial.containerNFSMountPath",
+    "trial.cpuNum",
+    "trial.memoryMB",
+    "trial.image",
+    "trial.virtualCluster",
+    "trial.paiStorageConfigName",
+    "trial.paiConfigPath",
+]
+MACHINE_KEYS = [
+    f"machineList.0.{k}"
+    for k in (
+        "ip",
+        "port",
+        "username",
+        "sshKeyPath",
+        "passphrase",
+        "gpuIndices",
+        "maxTrialNumPerGpu",
+        "useActiveGpu",
+        "pythonPath",
+        "passwd",
+    )
+]
+PAI_CONFIG_KEYS = [
+    f"paiConfig.{k}"
+    for k in (
+        "userName",
+        "passWord",
+        "token",
+        "host",
+        "reuse",
+        "gpuNum",
+        "cpuNum",
+        "memoryMB",
+        "maxTrialNumPerGpu",
+        "useActiveGpu",
+    )
+]
 SCHEMA = {
-    "local": [*COMMON, *TRIAL_KEYS, "localConfig.gpuIndices", "localConfig.maxTrialNumPerGpu",
-              "localConfig.useActiveGpu"],
+    "local": [
+        *COMMON,
+        *TRIAL_KEYS,
+        "localConfig.gpuIndices",
+        "localConfig.maxTrialNumPerGpu",
+        "localConfig.useActiveGpu",
+    ],
     "remote": [*COMMON, *TRIAL_KEYS, *MACHINE_KEYS, "remoteConfig.reuse"],
     "pai": [*COMMON, "trial.codeDir", "trial.command", "trial.gpuNum", *PAI_TRIAL_KEYS, *PAI_CONFIG_KEYS],
-    "fc_nfs": [*COMMON, "trial.codeDir", "trial.nasMode", "frameworkcontrollerConfig.storage",
-               "frameworkcontrollerConfig.serviceAccountName", "frameworkcontrollerConfig.nfs.server",
-               "frameworkcontrollerConfig.nfs.path", "frameworkcontrollerConfig.namespace",
-               "frameworkcontrollerConfig.configPath", "frameworkcontrollerConfig.reuse",
-               "frameworkcontrollerConfig.pvc.path",
-               *[f"trial.taskRoles.0.{k}" for k in ("name", "taskNum", "command", "gpuNum", "cpuNum", "memoryMB",
-                                                    "image", "privateRegistryAuthPath",
-                                                    "frameworkAttemptCompletionPolicy.minFailedTaskCount",
-                                                    "frameworkAttemptCompletionPolicy.minSucceededTaskCount")]],
-    "fc_azure": ["frameworkcontrollerConfig.keyVault.vaultName", "frameworkcontrollerConfig.keyVault.name",
-                 "frameworkcontrollerConfig.azureStorage.accountName",
-                 "frameworkcontrollerConfig.azureStorage.azureShare", "frameworkcontrollerConfig.uploadRetryCount"],
-    "hybrid": [*COMMON, *TRIAL_KEYS, *PAI_TRIAL_KEYS, "hybridConfig.trainingServicePlatforms", *MACHINE_KEYS,
-               *PAI_CONFIG_KEYS, "remoteConfig.reuse", "localConfig.useActiveGpu"],
-}  # fmt: skip
+    "fc_nfs": [
+        *COMMON,
+        "trial.codeDir",
+        "trial.nasMode",
+        "frameworkcontrollerConfig.storage",
+        "frameworkcontrollerConfig.serviceAccountName",
+        "frameworkcontrollerConfig.nfs.server",
+        "frameworkcontrollerConfig.nfs.path",
+        "frameworkcontrollerConfig.namespace",
+        "frameworkcontrollerConfig.configPath",
+        "frameworkcontrollerConfig.reuse",
+        "frameworkcontrollerConfig.pvc.path",
+        *[
+            f"trial.taskRoles.0.{k}"
+            for k in (
+                "name",
+                "taskNum",
+                "command",
+                "gpuNum",
+                "cpuNum",
+                "memoryMB",
+                "image",
+                "privateRegistryAuthPath",
+                "frameworkAttemptCompletionPolicy.minFailedTaskCount",
+                "frameworkAttemptCompletionPolicy.minSucceededTaskCount",
+            )
+        ],
+    ],
+    "fc_azure": [
+        "frameworkcontrollerConfig.keyVault.vaultName",
+        "frameworkcontrollerConfig.keyVault.name",
+        "frameworkcontrollerConfig.azureStorage.accountName",
+        "frameworkcontrollerConfig.azureStorage.azureShare",
+        "frameworkcontrollerConfig.uploadRetryCount",
+    ],
+    "hybrid": [
+        *COMMON,
+        *TRIAL_KEYS,
+        *PAI_TRIAL_KEYS,
+        "hybridConfig.trainingServicePlatforms",
+        *MACHINE_KEYS,
+        *PAI_CONFIG_KEYS,
+        "remoteConfig.reuse",
+        "localConfig.useActiveGpu",
+    ],
+}
 #: Accepted whatever their value, and dropped: docs/nni-v1.md says why each changes nothing here.
-DROPPED = {"authorName", "description", "versionCheck", "logCollection", "paiConfig.useActiveGpu",
-           "frameworkcontrollerConfig.uploadRetryCount"}  # fmt: skip
+DROPPED = {
+    "authorName",
+    "description",
+    "versionCheck",
+    "logCollection",
+    "paiConfig.useActiveGpu",
+    "frameworkcontrollerConfig.uploadRetryCount",
+}
 KEYS = [(name, path) for name, paths in SCHEMA.items() for path in paths]
 
 
@@ -259,25 +418,65 @@ def _documented(path: str) -> str:
 
 
 OTHER_PLATFORMS = [
-    "kubeflowConfig.operator", "kubeflowConfig.apiVersion", "kubeflowConfig.storage", "kubeflowConfig.nfs.server",
-    "kubeflowConfig.nfs.path", "kubeflowConfig.reuse", "kubeflowConfig.namespace", "kubeflowConfig.keyVault.vaultName",
-    "kubeflowConfig.keyVault.name", "kubeflowConfig.azureStorage.accountName",
-    "kubeflowConfig.azureStorage.azureShare", "kubeflowConfig.uploadRetryCount",
-    *[f"trial.{role}.{k}" for role in ("ps", "master", "worker")
-      for k in ("replicas", "command", "gpuNum", "cpuNum", "memoryMB", "image", "privateRegistryAuthPath")],
-    "amlConfig.subscriptionId", "amlConfig.resourceGroup", "amlConfig.workspaceName", "amlConfig.computeTarget",
-    "amlConfig.maxTrialNumPerGpu", "amlConfig.useActiveGpu", "dltsConfig.dashboard", "dltsConfig.cluster",
-    "dltsConfig.team", "dltsConfig.email", "dltsConfig.password", "trial.namespace", "trial.imagePullSecrets[].name",
-    "trial.nfs.server", "trial.nfs.path", "trial.nfs.containerMountPath", "trial.adaptive",
-    "trial.checkpoint.storageClass", "trial.checkpoint.storageSize", "trial.memorySize", "trial.authFile",
-    "trial.shmMB", "trial.dataDir", "trial.outputDir", "trial.portList[].label", "trial.portList[].beginAt",
+    "kubeflowConfig.operator",
+    "kubeflowConfig.apiVersion",
+    "kubeflowConfig.storage",
+    "kubeflowConfig.nfs.server",
+    "kubeflowConfig.nfs.path",
+    "kubeflowConfig.reuse",
+    "kubeflowConfig.namespace",
+    "kubeflowConfig.keyVault.vaultName",
+    "kubeflowConfig.keyVault.name",
+    "kubeflowConfig.azureStorage.accountName",
+    "kubeflowConfig.azureStorage.azureShare",
+    "kubeflowConfig.uploadRetryCount",
+    *[
+        f"trial.{role}.{k}"
+        for role in ("ps", "master", "worker")
+        for k in ("replicas", "command", "gpuNum", "cpuNum", "memoryMB", "image", "privateRegistryAuthPath")
+    ],
+    "amlConfig.subscriptionId",
+    "amlConfig.resourceGroup",
+    "amlConfig.workspaceName",
+    "amlConfig.computeTarget",
+    "amlConfig.maxTrialNumPerGpu",
+    "amlConfig.useActiveGpu",
+    "dltsConfig.dashboard",
+    "dltsConfig.cluster",
+    "dltsConfig.team",
+    "dltsConfig.email",
+    "dltsConfig.password",
+    "trial.namespace",
+    "trial.imagePullSecrets[].name",
+    "trial.nfs.server",
+    "trial.nfs.path",
+    "trial.nfs.containerMountPath",
+    "trial.adaptive",
+    "trial.checkpoint.storageClass",
+    "trial.checkpoint.storageSize",
+    "trial.memorySize",
+    "trial.authFile",
+    "trial.shmMB",
+    "trial.dataDir",
+    "trial.outputDir",
+    "trial.portList[].label",
+    "trial.portList[].beginAt",
     "trial.portList[].portNumber",
-]  # fmt: skip
+]
 
 
 def test_the_docs_list_every_v1_key() -> None:
-    keys = {_documented(path) for _, path in KEYS} | set(OTHER_PLATFORMS) | {
-        "trainingServicePlatform", "assessor.builtinAssessorName", "advisor.builtinAdvisorName", "tuner.codeDir",
-        "tuner.classFileName", "tuner.className"}  # fmt: skip
+    keys = (
+        {_documented(path) for _, path in KEYS}
+        | set(OTHER_PLATFORMS)
+        | {
+            "trainingServicePlatform",
+            "assessor.builtinAssessorName",
+            "advisor.builtinAdvisorName",
+            "tuner.codeDir",
+            "tuner.classFileName",
+            "tuner.className",
+        }
+    )
     missing = sorted(key for key in keys if f"`{key}`" not in DOCS)
     assert not missing, f"docs/nni-v1.md does not list {missing}"

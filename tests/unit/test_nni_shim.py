@@ -174,8 +174,14 @@ def python(code: str, *path: Path, cwd: Path | None = None, **env: str) -> list:
 
 def trial_env(trial_dir: Path, platform: str = "local") -> dict[str, str]:
     (trial_dir / "parameter.cfg").write_text(PARAMETERS)
-    return {"NNI_PLATFORM": platform, "NNI_SYS_DIR": str(trial_dir), "NNI_OUTPUT_DIR": str(trial_dir),
-            "NNI_TRIAL_JOB_ID": "Ab3dE", "NNI_EXP_ID": "k3x9a2bq", "NNI_TRIAL_SEQ_ID": "4"}  # fmt: skip
+    return {
+        "NNI_PLATFORM": platform,
+        "NNI_SYS_DIR": str(trial_dir),
+        "NNI_OUTPUT_DIR": str(trial_dir),
+        "NNI_TRIAL_JOB_ID": "Ab3dE",
+        "NNI_EXP_ID": "k3x9a2bq",
+        "NNI_TRIAL_SEQ_ID": "4",
+    }
 
 
 def test_a_trial_forked_from_a_template_reads_its_own_environment(tmp_path: Path) -> None:

@@ -27,10 +27,16 @@ from tests.emulators.openpai import exitspec
 
 def service(**extra) -> OpenpaiConfig:
     base = {
-        "host": "pai.example.com", "username": "alice", "token": "tok", "trialCpuNumber": 2,
-        "trialMemorySize": "8gb", "storageConfigName": "confignfs", "localStorageMountPoint": "/mnt/local",
-        "containerStorageMountPoint": "/mnt/share", "virtualCluster": "gpu",
-    }  # fmt: skip
+        "host": "pai.example.com",
+        "username": "alice",
+        "token": "tok",
+        "trialCpuNumber": 2,
+        "trialMemorySize": "8gb",
+        "storageConfigName": "confignfs",
+        "localStorageMountPoint": "/mnt/local",
+        "containerStorageMountPoint": "/mnt/share",
+        "virtualCluster": "gpu",
+    }
     return OpenpaiConfig.model_validate({**base, **extra})
 
 
@@ -50,19 +56,32 @@ def test_the_default_job_is_nni_s_with_our_name_and_wrapped_commands():
 
 def test_the_user_s_job_keeps_every_field_and_its_templates():
     template = {
-        "protocolVersion": 2, "name": "ignored", "type": "job", "jobRetryCount": 2,
-        "parameters": {"lr": 0.1}, "secrets": {"key": "s3cret"},
+        "protocolVersion": 2,
+        "name": "ignored",
+        "type": "job",
+        "jobRetryCount": 2,
+        "parameters": {"lr": 0.1},
+        "secrets": {"key": "s3cret"},
         "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "pytorch/pytorch"}],
         "taskRoles": {
-            "worker": {"instances": 2, "dockerImage": "img",
-                       "resourcePerInstance": {"gpu": 1, "cpu": 4, "memoryMB": 8192, "ports": {"nccl": 1}},
-                       "commands": ["python3 train.py --lr <% $parameters.lr %> --key <% $secrets.key %>"]},
-            "ps": {"instances": 1, "dockerImage": "img", "resourcePerInstance": {"gpu": 0, "cpu": 2, "memoryMB": 4096},
-                   "commands": ["python3 ps.py"]},
+            "worker": {
+                "instances": 2,
+                "dockerImage": "img",
+                "resourcePerInstance": {"gpu": 1, "cpu": 4, "memoryMB": 8192, "ports": {"nccl": 1}},
+                "commands": ["python3 train.py --lr <% $parameters.lr %> --key <% $secrets.key %>"],
+            },
+            "ps": {
+                "instances": 1,
+                "dockerImage": "img",
+                "resourcePerInstance": {"gpu": 0, "cpu": 2, "memoryMB": 4096},
+                "commands": ["python3 ps.py"],
+            },
         },
-        "extras": {"gangAllocation": True,
-                   "com.microsoft.pai.runtimeplugin": [{"plugin": "ssh", "parameters": {"jobssh": True}}]},
-    }  # fmt: skip
+        "extras": {
+            "gangAllocation": True,
+            "com.microsoft.pai.runtimeplugin": [{"plugin": "ssh", "parameters": {"jobssh": True}}],
+        },
+    }
     config = service(openpaiConfig=template)
     job = jobs.render(config, "trialbus_e_t", "ignored", 0, SHARE, "/k/trial_keeper.py")
     assert job["name"] == "trialbus_e_t" and job["jobRetryCount"] == 2 and job["secrets"] == {"key": "s3cret"}
@@ -71,7 +90,8 @@ def test_the_user_s_job_keeps_every_field_and_its_templates():
     assert "python3 train.py --lr <% $parameters.lr %> --key <% $secrets.key %>" in worker
     assert "report.env" in worker[-1] and "report.env" not in ps[-1], "only the reporting role reports"
     assert template["taskRoles"]["worker"]["commands"] == [
-        "python3 train.py --lr <% $parameters.lr %> --key <% $secrets.key %>"], "the config is not changed"
+        "python3 train.py --lr <% $parameters.lr %> --key <% $secrets.key %>"
+    ], "the config is not changed"
 
 
 def reporters(config: OpenpaiConfig) -> list[str]:
@@ -85,10 +105,18 @@ def test_the_first_task_role_reports_unless_reporting_task_role_names_another():
     assert jobs.reporting_role(service(openpaiConfig=two)) == "worker", "NNI's configs have no reportingTaskRole"
     assert reporters(service(openpaiConfig=two)) == ["worker"]
     assert reporters(service(openpaiConfig=two, reportingTaskRole="ps")) == ["ps"]
-    again = ExperimentConfig.model_validate_json(ExperimentConfig.model_validate({
-        "trialCommand": "x", "trialConcurrency": 1, "trialGpuNumber": 0,
-        "trainingService": service(openpaiConfig=two).model_dump(by_alias=True, context={"clear_secrets": True}),
-    }).model_dump_json(by_alias=True, context={"clear_secrets": True}))  # fmt: skip
+    again = ExperimentConfig.model_validate_json(
+        ExperimentConfig.model_validate(
+            {
+                "trialCommand": "x",
+                "trialConcurrency": 1,
+                "trialGpuNumber": 0,
+                "trainingService": service(openpaiConfig=two).model_dump(
+                    by_alias=True, context={"clear_secrets": True}
+                ),
+            }
+        ).model_dump_json(by_alias=True, context={"clear_secrets": True})
+    )
     assert jobs.reporting_role(again.training_service) == "worker", "the order survives the trip over the bus"
     assert reporters(service()) == ["taskrole"], "NNI's generated job: its one role"
 
@@ -103,11 +131,18 @@ def test_a_reporting_task_role_that_names_no_role_is_refused_with_the_roles(tmp_
         service(reportingTaskRole="worker")
     # From openpaiConfigFile, the roles are known once the file is read (where the config is loaded).
     (tmp_path / "job.yml").write_text(yaml.safe_dump(two, sort_keys=False))
-    (tmp_path / "config.yml").write_text(yaml.safe_dump({
-        "trialCommand": "x", "trialConcurrency": 1, "trialGpuNumber": 0,
-        "trainingService": service(openpaiConfigFile="job.yml", reportingTaskRole="chief").model_dump(
-            by_alias=True, exclude_none=True, context={"clear_secrets": True}, mode="json"),
-    }))  # fmt: skip
+    (tmp_path / "config.yml").write_text(
+        yaml.safe_dump(
+            {
+                "trialCommand": "x",
+                "trialConcurrency": 1,
+                "trialGpuNumber": 0,
+                "trainingService": service(openpaiConfigFile="job.yml", reportingTaskRole="chief").model_dump(
+                    by_alias=True, exclude_none=True, context={"clear_secrets": True}, mode="json"
+                ),
+            }
+        )
+    )
     with pytest.raises(ValueError, match=re.escape(expected)):
         jobs.reporting_role(load_experiment_config(tmp_path / "config.yml").training_service)
     with pytest.raises(ValidationError, match="set openpaiConfig or openpaiConfigFile, not both"):
@@ -124,10 +159,23 @@ def test_a_reporting_task_role_that_names_no_role_is_refused_with_the_roles(tmp_
     ],
 )
 def test_bad_openpai_configs_are_refused(change, expected):
-    data = {"trialCommand": "python3 t.py", "trialConcurrency": 1, "trialGpuNumber": 0, "trainingService": {
-        "platform": "openpai", "host": "h", "username": "u", "token": "t", "trialCpuNumber": 1,
-        "trialMemorySize": "1gb", "storageConfigName": "s", "localStorageMountPoint": "/l",
-        "containerStorageMountPoint": "/c", **change}}  # fmt: skip
+    data = {
+        "trialCommand": "python3 t.py",
+        "trialConcurrency": 1,
+        "trialGpuNumber": 0,
+        "trainingService": {
+            "platform": "openpai",
+            "host": "h",
+            "username": "u",
+            "token": "t",
+            "trialCpuNumber": 1,
+            "trialMemorySize": "1gb",
+            "storageConfigName": "s",
+            "localStorageMountPoint": "/l",
+            "containerStorageMountPoint": "/c",
+            **change,
+        },
+    }
     with pytest.raises(ValidationError) as caught:
         ExperimentConfig.model_validate(data)
     assert expected in format_validation_error(caught.value)
@@ -143,11 +191,17 @@ def test_the_wrapped_commands_run_the_role_s_commands_under_the_keeper(tmp_path:
     (trial / ".trialbus").mkdir(parents=True)
     (trial / ".trialbus" / "report.env").write_bytes(sharefs.settings_file({"TRIALBUS_TRIAL_ID": "t1"}))
     (trial / ".trialbus" / "quiet.env").write_bytes(sharefs.settings_file({"TRIALBUS_TRIAL_ID": "t1"}))
-    script = "\n".join(jobs.wrap(["echo one $PAI_CURRENT_TASK_ROLE_NAME", "echo 'two \"quoted\" $HOME'"], True,
-                                 str(trial), str(KEEPER_PATH)))  # fmt: skip
+    script = "\n".join(
+        jobs.wrap(
+            ["echo one $PAI_CURRENT_TASK_ROLE_NAME", "echo 'two \"quoted\" $HOME'"], True, str(trial), str(KEEPER_PATH)
+        )
+    )
     for index in ("0", "1"):
-        env = {"PATH": "/usr/bin:/bin", "PAI_CURRENT_TASK_ROLE_NAME": "worker",
-               "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": index}  # fmt: skip
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "PAI_CURRENT_TASK_ROLE_NAME": "worker",
+            "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": index,
+        }
         subprocess.run(["bash", "-c", script], env=env, check=True, timeout=30)
         out = (trial / f"worker-{index}" / "stdout").read_text()
         assert out == 'one worker\ntwo "quoted" $HOME\n', out
@@ -161,12 +215,17 @@ def test_a_wrapped_task_passes_sigterm_on_to_its_keeper_and_trial(tmp_path: Path
     (trial / ".trialbus" / "quiet.env").write_bytes(sharefs.settings_file({"TRIALBUS_TRIAL_ID": "t1"}))
     saved, ready = tmp_path / "saved", tmp_path / "ready"
     # not exec'd, and not the last line: the role's shell runs it as its child, as it runs most commands
-    command = ("python3 -c 'import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.5), "
-               f"open(\"{saved}\", \"w\").write(\"checkpoint\"), sys.exit(0))); open(\"{ready}\", \"w\").close(); "
-               "time.sleep(60)'")
+    command = (
+        "python3 -c 'import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.5), "
+        f'open("{saved}", "w").write("checkpoint"), sys.exit(0))); open("{ready}", "w").close(); '
+        "time.sleep(60)'"
+    )
     script = "\n".join(jobs.wrap([command, "echo done"], False, str(trial), str(KEEPER_PATH)))
-    env = {"PATH": "/usr/bin:/bin", "PAI_CURRENT_TASK_ROLE_NAME": "worker",
-           "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": "0"}  # fmt: skip
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PAI_CURRENT_TASK_ROLE_NAME": "worker",
+        "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": "0",
+    }
     task = subprocess.Popen(["sh", "-c", script], env=env, start_new_session=True)
     state = trial / "worker-0" / ".trialbus" / "state.json"
     deadline = time.monotonic() + 20  # the keeper started the trial, and the trial has its SIGTERM handler
@@ -182,14 +241,19 @@ def test_every_rendered_job_passes_the_server_s_schema():
     from tests.emulators.openpai.protocol import schema_errors
 
     two = {
-        "protocolVersion": 2, "name": "x", "type": "job",
+        "protocolVersion": 2,
+        "name": "x",
+        "type": "job",
         "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "python:3.11"}],
         "taskRoles": {
-            role: {"dockerImage": "img", "resourcePerInstance": {"gpu": 0, "cpu": 1, "memoryMB": 512},
-                   "commands": ["python3 trial.py"]}
+            role: {
+                "dockerImage": "img",
+                "resourcePerInstance": {"gpu": 0, "cpu": 1, "memoryMB": 512},
+                "commands": ["python3 trial.py"],
+            }
             for role in ("worker", "ps")
         },
-    }  # fmt: skip
+    }
     for config in (service(), service(openpaiConfig=two, reportingTaskRole="ps")):
         job = jobs.render(config, jobs.job_name("exp1", "Ab3dE", 2), "python3 trial.py", 1, SHARE, "/k/keeper.py")
         assert schema_errors(job) == [], job
@@ -197,14 +261,29 @@ def test_every_rendered_job_passes_the_server_s_schema():
 
 
 def test_job_secrets_are_masked_outside_the_bus():
-    template = {"secrets": {"key": "s3cret"}, "taskRoles": {"w": {"commands": ["x"]}},
-                "prerequisites": [{"name": "img", "type": "dockerimage", "uri": "r/i",
-                                   "auth": {"username": "u", "password": "hunter2", "registryuri": "r"}}]}  # fmt: skip
-    config = ExperimentConfig.model_validate({
-        "trialCommand": "x", "trialConcurrency": 1, "trialGpuNumber": 0,
-        "trainingService": {**service(openpaiConfig=template).model_dump(by_alias=True, mode="python"),
-                            "token": "tok"},
-    })  # fmt: skip
+    template = {
+        "secrets": {"key": "s3cret"},
+        "taskRoles": {"w": {"commands": ["x"]}},
+        "prerequisites": [
+            {
+                "name": "img",
+                "type": "dockerimage",
+                "uri": "r/i",
+                "auth": {"username": "u", "password": "hunter2", "registryuri": "r"},
+            }
+        ],
+    }
+    config = ExperimentConfig.model_validate(
+        {
+            "trialCommand": "x",
+            "trialConcurrency": 1,
+            "trialGpuNumber": 0,
+            "trainingService": {
+                **service(openpaiConfig=template).model_dump(by_alias=True, mode="python"),
+                "token": "tok",
+            },
+        }
+    )
     shown = str(config.public_json())
     assert "s3cret" not in shown and "hunter2" not in shown and "tok'" not in shown
     wire = config.wire_json()["trainingService"]["openpaiConfig"]
@@ -226,7 +305,7 @@ def test_job_secrets_are_masked_outside_the_bus():
         (256, "trial"),  # an undefined positive code
         (-8000, "trial"),  # an undefined negative code
     ],
-)  # fmt: skip
+)
 def test_an_exit_spec_s_failure_class(code: int, failure: str):
     assert adapter.failure_of(exitspec.record(code)) == failure
 
@@ -258,7 +337,11 @@ def test_a_job_openpai_retried_by_itself_and_trialbus_stopped_ends_failed_infras
     why = "OpenPAI retried it by itself; Trialbus stopped that retry"
     outcome = adapter.outcome_of(ended_job(client, tmp_path, "STOPPED", {"appExitCode": -210}, taken_back=why))
     assert (outcome.status, outcome.failure, outcome.exit_code, outcome.message) == (
-        TrialStatus.FAILED, "infrastructure", None, why)
+        TrialStatus.FAILED,
+        "infrastructure",
+        None,
+        why,
+    )
     stopped = adapter.outcome_of(ended_job(client, tmp_path, "STOPPED", {"appExitCode": -210}))
     assert (stopped.status, stopped.failure) == (TrialStatus.SYS_CANCELED, None), "stopped by someone else"
 
@@ -278,4 +361,3 @@ def test_a_failed_job_carries_its_reporting_task_s_last_stderr_line(client, tmp_
     state.write_text(json.dumps({"exitCode": 1, "done": True, "lastError": "KeyError: 'lr'"}))
     outcome = adapter.outcome_of(job)
     assert (outcome.status, outcome.exit_code, outcome.last_error) == (TrialStatus.FAILED, 1, "KeyError: 'lr'")
-

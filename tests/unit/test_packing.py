@@ -83,16 +83,18 @@ def test_nniignore_patterns_follow_gitignore_rules(tmp_path: Path) -> None:
     root = make_tree(
         tmp_path,
         {
-            ".nniignore": "\n".join([
-                "# caches and outputs",
-                "__pycache__/",
-                "*.log",
-                "!keep.log",
-                "/build",
-                "data/**/*.bin",
-                "checkpoints/",
-                "",
-            ]),
+            ".nniignore": "\n".join(
+                [
+                    "# caches and outputs",
+                    "__pycache__/",
+                    "*.log",
+                    "!keep.log",
+                    "/build",
+                    "data/**/*.bin",
+                    "checkpoints/",
+                    "",
+                ]
+            ),
             "trial.py": "",
             "keep.log": "",
             "run.log": "",
@@ -107,19 +109,39 @@ def test_nniignore_patterns_follow_gitignore_rules(tmp_path: Path) -> None:
         },
     )
     assert names(pack_code(root).data) == [
-        ".nniignore", "data", "data/a", "data/a/b", "data/a/readme.md", "keep.log", "src",
-        "src/build", "src/build/x.py", "src/checkpoints", "trial.py",
+        ".nniignore",
+        "data",
+        "data/a",
+        "data/a/b",
+        "data/a/readme.md",
+        "keep.log",
+        "src",
+        "src/build",
+        "src/build/x.py",
+        "src/checkpoints",
+        "trial.py",
     ]
 
 
 def test_a_nested_nniignore_applies_to_its_own_folder(tmp_path: Path) -> None:
     root = make_tree(
         tmp_path,
-        {"lib/.nniignore": "/generated\n*.tmp\n", "lib/generated/g.py": "", "lib/a.tmp": "", "lib/ok.py": "",
-         "generated/kept.py": "", "b.tmp": ""},
+        {
+            "lib/.nniignore": "/generated\n*.tmp\n",
+            "lib/generated/g.py": "",
+            "lib/a.tmp": "",
+            "lib/ok.py": "",
+            "generated/kept.py": "",
+            "b.tmp": "",
+        },
     )
     assert names(pack_code(root).data) == [
-        "b.tmp", "generated", "generated/kept.py", "lib", "lib/.nniignore", "lib/ok.py",
+        "b.tmp",
+        "generated",
+        "generated/kept.py",
+        "lib",
+        "lib/.nniignore",
+        "lib/ok.py",
     ]
 
 

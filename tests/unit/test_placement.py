@@ -12,8 +12,9 @@ REMOTE = {"platform": "remote", "machineList": [{"host": "a", "user": "u"}, {"ho
 
 
 def config(*services: dict, gpus: int = 0) -> ExperimentConfig:
-    return ExperimentConfig.model_validate({"trialCommand": "true", "trialConcurrency": 8, "trialGpuNumber": gpus,
-                                            "trainingService": list(services)})  # fmt: skip
+    return ExperimentConfig.model_validate(
+        {"trialCommand": "true", "trialConcurrency": 8, "trialGpuNumber": gpus, "trainingService": list(services)}
+    )
 
 
 def status(adapter: str, replica: str = "r1", age: float = 0.0, **fields) -> PlatformStatus:
@@ -29,8 +30,9 @@ def placement(*statuses: PlatformStatus) -> Placement:
 
 def test_trials_spread_evenly_over_platforms_with_room():
     exp = config({"platform": "local"}, REMOTE)
-    chosen = placement(status("local-gpu", max_trials=4),
-                       status("remote", machines=[MachineStatus(name="u@a:22", up=True, cpus=2)]))
+    chosen = placement(
+        status("local-gpu", max_trials=4), status("remote", machines=[MachineStatus(name="u@a:22", up=True, cpus=2)])
+    )
     picks = []
     for _ in range(6):
         adapter = chosen.choose("e", exp)
@@ -51,8 +53,9 @@ def test_a_platform_down_or_holding_waiting_requests_gets_nothing():
     down = [MachineStatus(name="u@a:22", up=False, error="refused"), MachineStatus(name="u@b:22", up=False)]
     chosen = placement(status("local-gpu", max_trials=4, waiting=["t:0"]), status("remote", machines=down))
     assert chosen.choose("e", exp) is None
-    assert chosen.why_waiting(exp) == ("waiting for a platform with room: local is full; "
-                                       "remote is down (no machine reachable)")
+    assert chosen.why_waiting(exp) == (
+        "waiting for a platform with room: local is full; remote is down (no machine reachable)"
+    )
     stale = placement(status("local-gpu", max_trials=4, age=20), status("remote", machines=[down[0]]))
     assert stale.choose("e", exp) == "remote"  # machine b was never reported: usable
     assert "local is down (no local-gpu adapter replica published its status in 15s)" in stale.why_waiting(exp)
@@ -61,9 +64,17 @@ def test_a_platform_down_or_holding_waiting_requests_gets_nothing():
 
 
 def test_clusters_queue_so_openpai_has_room_while_it_answers():
-    pai = {"platform": "openpai", "host": "h", "username": "u", "token": "t", "trialCpuNumber": 1,
-           "trialMemorySize": "1gb", "storageConfigName": "s", "localStorageMountPoint": "/s",
-           "containerStorageMountPoint": "/s"}  # fmt: skip
+    pai = {
+        "platform": "openpai",
+        "host": "h",
+        "username": "u",
+        "token": "t",
+        "trialCpuNumber": 1,
+        "trialMemorySize": "1gb",
+        "storageConfigName": "s",
+        "localStorageMountPoint": "/s",
+        "containerStorageMountPoint": "/s",
+    }
     exp = config({"platform": "local"}, pai)
     chosen = placement(status("local-gpu", max_trials=1), status("openpai", clusters=[{"name": "u@h"}]))
     chosen.occupy("e", "local-gpu")

@@ -32,10 +32,23 @@ def remote(**machine: Any) -> dict[str, Any]:
 
 
 def openpai(**service: Any) -> dict[str, Any]:
-    return {"trialCommand": "python3 trial.py", "trialConcurrency": 1, "trialGpuNumber": 0, "trainingService": {
-        "platform": "openpai", "host": "pai.example.com", "username": "alice", "token": TOKEN, "trialCpuNumber": 1,
-        "trialMemorySize": "1gb", "storageConfigName": "nfs", "localStorageMountPoint": "/mnt/l",
-        "containerStorageMountPoint": "/mnt/c", **service}}  # fmt: skip
+    return {
+        "trialCommand": "python3 trial.py",
+        "trialConcurrency": 1,
+        "trialGpuNumber": 0,
+        "trainingService": {
+            "platform": "openpai",
+            "host": "pai.example.com",
+            "username": "alice",
+            "token": TOKEN,
+            "trialCpuNumber": 1,
+            "trialMemorySize": "1gb",
+            "storageConfigName": "nfs",
+            "localStorageMountPoint": "/mnt/l",
+            "containerStorageMountPoint": "/mnt/c",
+            **service,
+        },
+    }
 
 
 def state(config: dict[str, Any]) -> ExperimentState:
@@ -44,8 +57,15 @@ def state(config: dict[str, Any]) -> ExperimentState:
 
 def request(config: dict[str, Any] | None = None, token: str = "trial-token-0d1e") -> TrialRequest:
     config = ExperimentConfig.model_validate(config or remote(password=PASSWORD))
-    return TrialRequest(experiment_id="e1", trial_id="T1", sequence_id=0, trial_command="python3 trial.py",
-                        parameter_record="{}", training_service=config.training_service, token=token)  # fmt: skip
+    return TrialRequest(
+        experiment_id="e1",
+        trial_id="T1",
+        sequence_id=0,
+        trial_command="python3 trial.py",
+        parameter_record="{}",
+        training_service=config.training_service,
+        token=token,
+    )
 
 
 def test_a_secret_round_trips_sealed():
@@ -125,8 +145,10 @@ def test_an_adapter_without_the_key_says_which_key_to_set():
     raw = request().encode()
     sealing.install(None)
     why = sealing.unreadable(TrialRequest.decode(raw))
-    assert why == ("trainingService.machineList.0.password cannot be unsealed: this service has no "
-                   "TRIALBUS_SECRETS_KEY; set it to the dispatcher's key")  # fmt: skip
+    assert why == (
+        "trainingService.machineList.0.password cannot be unsealed: this service has no "
+        "TRIALBUS_SECRETS_KEY; set it to the dispatcher's key"
+    )
 
 
 def test_repr_logs_and_api_answers_never_show_a_secret():

@@ -15,9 +15,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize(
     ("value", "mode", "limit"),
-    [(None, "no", None), ("no", "no", None), (False, "no", None), ("always", "always", None),
-     ("unless-stopped", "unless-stopped", None), ("on-failure", "on-failure", None), ("on-failure:3", "on-failure", 3)],
-)  # fmt: skip
+    [
+        (None, "no", None),
+        ("no", "no", None),
+        (False, "no", None),
+        ("always", "always", None),
+        ("unless-stopped", "unless-stopped", None),
+        ("on-failure", "on-failure", None),
+        ("on-failure:3", "on-failure", 3),
+    ],
+)
 def test_every_compose_restart_value_is_understood(value, mode, limit):
     policy = RestartPolicy.parse(value)
     assert (policy.mode, policy.max_restarts) == (mode, limit)

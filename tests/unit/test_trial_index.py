@@ -17,8 +17,15 @@ NOW = utcnow()
 
 
 def trial(sequence: int, status: TrialStatus = TrialStatus.WAITING, final=None) -> TrialState:
-    return TrialState(id=f"t{sequence}", experiment_id="e", sequence_id=sequence, platform="local-gpu",
-                      submit_time=NOW, status=status, final_metric=final)  # fmt: skip
+    return TrialState(
+        id=f"t{sequence}",
+        experiment_id="e",
+        sequence_id=sequence,
+        platform="local-gpu",
+        submit_time=NOW,
+        status=status,
+        final_metric=final,
+    )
 
 
 def every(index: ExperimentTrials, order="sequence", statuses=None, limit=3) -> list[str]:
@@ -53,12 +60,21 @@ def test_pages_in_submission_order_filtered_by_status():
     assert every(index) == [f"t{i}" for i in range(12)]
     assert every(index, statuses=[TrialStatus.RUNNING]) == ["t1", "t4", "t7", "t10"]
     assert every(index, statuses=[TrialStatus.FAILED, TrialStatus.SUCCEEDED], limit=5) == [
-        "t0", "t2", "t3", "t5", "t6", "t8", "t9", "t11"]  # fmt: skip
+        "t0",
+        "t2",
+        "t3",
+        "t5",
+        "t6",
+        "t8",
+        "t9",
+        "t11",
+    ]
     assert index.page("sequence", None, None, 100).cursor is None  # one page: no next
 
 
-@pytest.mark.parametrize(("minimize", "best_first"), [(False, ["t3", "t1", "t0", "t2"]), (True, ["t2", "t0", "t1",
-                                                                                                     "t3"])])
+@pytest.mark.parametrize(
+    ("minimize", "best_first"), [(False, ["t3", "t1", "t0", "t2"]), (True, ["t2", "t0", "t1", "t3"])]
+)
 def test_pages_by_final_metric_best_first_then_those_without(minimize, best_first):
     index = ExperimentTrials(minimize=minimize)
     for i, value in enumerate([0.5, 0.7, 0.1, {"default": 0.9, "loss": 3}]):
@@ -125,8 +141,13 @@ def expected_order(trials: dict[int, TrialState], order: str, statuses, descendi
 
 
 @settings(max_examples=80, deadline=None)
-@given(seed=st.integers(min_value=0, max_value=2**32), minimize=st.booleans(), descending=st.booleans(),
-       order=st.sampled_from(["sequence", "metric"]), filtered=st.integers(min_value=0, max_value=4))
+@given(
+    seed=st.integers(min_value=0, max_value=2**32),
+    minimize=st.booleans(),
+    descending=st.booleans(),
+    order=st.sampled_from(["sequence", "metric"]),
+    filtered=st.integers(min_value=0, max_value=4),
+)
 def test_a_window_at_any_offset_is_that_slice_of_the_order(seed, minimize, descending, order, filtered):
     """Any offset and size, any filter (none, one status, several), either direction, as trials
     keep changing after the first window: always the slice of the order computed from all trials."""
@@ -151,7 +172,7 @@ def test_a_window_at_any_offset_is_that_slice_of_the_order(seed, minimize, desce
         assert index.total(statuses) == len(everything)
         for _ in range(5):
             offset, limit = rng.randrange(len(everything) + 3), rng.randrange(1, 12)
-            assert index.window(order, statuses, offset, limit, descending) == everything[offset:offset + limit]
+            assert index.window(order, statuses, offset, limit, descending) == everything[offset : offset + limit]
         assert index.window(order, statuses, 0, 1000, descending) == everything
         change(10)  # the orders over all statuses are kept from now on
 
@@ -160,8 +181,11 @@ def test_paging_a_window_by_offset_sees_every_trial_once():
     # Given 1,000 trials, a third of them with a metric
     index = ExperimentTrials(minimize=False)
     for i in range(1000):
-        index.put(trial(i, TrialStatus.SUCCEEDED if i % 3 == 0 else TrialStatus.FAILED, (i * 37) % 101 if i % 3 == 0
-                        else None))  # fmt: skip
+        index.put(
+            trial(
+                i, TrialStatus.SUCCEEDED if i % 3 == 0 else TrialStatus.FAILED, (i * 37) % 101 if i % 3 == 0 else None
+            )
+        )
     # When a table pages through them 64 rows at a time, best first
     seen = [t for offset in range(0, 1000, 64) for t in index.window("metric", None, offset, 64)]
     # Then it sees each once, the last page ends at the last trial, and nothing lies past the end

@@ -11,28 +11,42 @@ import pytest
 from services.tuner.algorithms import NoMoreTrials, assessor, tuner
 from services.tuner.space import SearchSpaceError, grid, parse_search_space
 
-SPACE = parse_search_space({
-    "lr": {"_type": "loguniform", "_value": [1e-4, 0.1]},
-    "batch": {"_type": "choice", "_value": [16, 32, 64]},
-    "layer": {"_type": "choice", "_value": [
-        {"_name": "Empty"},
-        {"_name": "Conv", "kernel": {"_type": "randint", "_value": [1, 4]}},
-    ]},
-})
-GRID_SPACE = parse_search_space({
-    "batch": {"_type": "choice", "_value": [16, 32]},
-    "layer": {"_type": "choice", "_value": [
-        {"_name": "Empty"},
-        {"_name": "Conv", "kernel": {"_type": "randint", "_value": [1, 4]}},
-    ]},
-})
+SPACE = parse_search_space(
+    {
+        "lr": {"_type": "loguniform", "_value": [1e-4, 0.1]},
+        "batch": {"_type": "choice", "_value": [16, 32, 64]},
+        "layer": {
+            "_type": "choice",
+            "_value": [
+                {"_name": "Empty"},
+                {"_name": "Conv", "kernel": {"_type": "randint", "_value": [1, 4]}},
+            ],
+        },
+    }
+)
+GRID_SPACE = parse_search_space(
+    {
+        "batch": {"_type": "choice", "_value": [16, 32]},
+        "layer": {
+            "_type": "choice",
+            "_value": [
+                {"_name": "Empty"},
+                {"_name": "Conv", "kernel": {"_type": "randint", "_value": [1, 4]}},
+            ],
+        },
+    }
+)
 TUNERS = ["Random", "TPE", "GridSearch", "Anneal", "Evolution", "Hyperband", "BOHB"]
 
 
 def within_space(params: dict) -> bool:
     layer_ok = params["layer"] in ({"_name": "Empty"}, *({"_name": "Conv", "kernel": k} for k in (1, 2, 3)))
-    return set(params) == {"lr", "batch", "layer"} and 1e-4 <= params["lr"] <= 0.1 and params["batch"] in (
-        16, 32, 64) and layer_ok
+    return (
+        set(params) == {"lr", "batch", "layer"}
+        and 1e-4 <= params["lr"] <= 0.1
+        and params["batch"] in (16, 32, 64)
+        and layer_ok
+    )
 
 
 @pytest.mark.parametrize("name", TUNERS)
@@ -45,8 +59,9 @@ def test_every_builtin_tuner_builds_by_either_key_and_any_case(name: str) -> Non
 
 @pytest.mark.parametrize("name", ["Random", "TPE", "Evolution", "Anneal"])
 def test_samplers_propose_nni_shaped_parameters_within_the_space(name: str) -> None:
-    built = tuner({"name": name, "classArgs": {"population_size": 4}} if name == "Evolution" else {"name": name},
-                  SPACE, seed=1)
+    built = tuner(
+        {"name": name, "classArgs": {"population_size": 4}} if name == "Evolution" else {"name": name}, SPACE, seed=1
+    )
     for _ in range(25):  # past TPE's and NSGA-II's start-up, so the model-based proposals are checked too
         number, params = built.ask()
         assert within_space(params), params
@@ -77,13 +92,14 @@ def best_of(config: dict, seed: int) -> float:
     built = tuner(config, parse_search_space({"x": {"_type": "uniform", "_value": [0, 1]}}), seed=seed)
     for _ in range(30):
         number, params = built.ask()
-        built.tell(number, -(params["x"] - 0.3) ** 2)
+        built.tell(number, -((params["x"] - 0.3) ** 2))
     return built.best()[1]
 
 
 def test_tpe_beats_random_on_average_on_a_smooth_function() -> None:
-    tpe = statistics.mean(best_of({"name": "TPE", "classArgs": {"tpe_args": {"n_startup_jobs": 10}}}, s)
-                          for s in range(5))
+    tpe = statistics.mean(
+        best_of({"name": "TPE", "classArgs": {"tpe_args": {"n_startup_jobs": 10}}}, s) for s in range(5)
+    )
     random = statistics.mean(best_of({"name": "Random"}, s) for s in range(5))
     assert tpe > random
 
@@ -94,8 +110,9 @@ def test_seed_makes_proposals_repeatable() -> None:
 
 
 def test_medianstop_prunes_a_clearly_bad_trial_after_its_warm_up() -> None:
-    built = tuner({"name": "TPE"}, SPACE, seed=0, assessor_config={"name": "Medianstop",
-                                                                   "classArgs": {"start_step": 3}})
+    built = tuner(
+        {"name": "TPE"}, SPACE, seed=0, assessor_config={"name": "Medianstop", "classArgs": {"start_step": 3}}
+    )
     for good in range(4):
         number, _ = built.ask()
         for step in range(10):
@@ -117,8 +134,10 @@ def test_medianstop_prunes_a_clearly_bad_trial_after_its_warm_up() -> None:
 def test_assessors_map_to_pruners() -> None:
     assert isinstance(assessor(None), optuna.pruners.NopPruner)
     assert isinstance(assessor({"name": "Medianstop", "classArgs": {"start_step": 2}}), optuna.pruners.MedianPruner)
-    assert isinstance(assessor({"builtinAssessorName": "curvefitting", "classArgs": {"epoch_num": 20}}),
-                      optuna.pruners.PercentilePruner)
+    assert isinstance(
+        assessor({"builtinAssessorName": "curvefitting", "classArgs": {"epoch_num": 20}}),
+        optuna.pruners.PercentilePruner,
+    )
 
 
 def test_hyperband_and_bohb_bring_their_own_pruner() -> None:
@@ -129,18 +148,23 @@ def test_hyperband_and_bohb_bring_their_own_pruner() -> None:
 
 
 def test_unknown_names_raise_with_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="unknown tuner 'SMAC'; the known tuners are Random, TPE, GridSearch, "
-                                         "Anneal, Evolution, Hyperband, BOHB"):
+    with pytest.raises(
+        ValueError,
+        match="unknown tuner 'SMAC'; the known tuners are Random, TPE, GridSearch, Anneal, Evolution, Hyperband, BOHB",
+    ):
         tuner({"name": "SMAC"}, SPACE)
     with pytest.raises(ValueError, match="the known assessors are Medianstop, Curvefitting"):
         assessor({"name": "Nope"})
 
 
-@pytest.mark.parametrize(("config", "complaint"), [
-    ({"name": "TPE", "classArgs": {"optimize_mode": "max"}}, "optimize_mode"),
-    ({"name": "TPE", "classArgs": {"population_size": 4}}, "does not take classArgs"),
-    ({"classArgs": {}}, "needs a name"),
-])
+@pytest.mark.parametrize(
+    ("config", "complaint"),
+    [
+        ({"name": "TPE", "classArgs": {"optimize_mode": "max"}}, "optimize_mode"),
+        ({"name": "TPE", "classArgs": {"population_size": 4}}, "does not take classArgs"),
+        ({"classArgs": {}}, "needs a name"),
+    ],
+)
 def test_bad_tuner_configs_say_what_is_wrong(config: dict, complaint: str) -> None:
     with pytest.raises(ValueError, match=complaint):
         tuner(config, SPACE)
@@ -148,8 +172,9 @@ def test_bad_tuner_configs_say_what_is_wrong(config: dict, complaint: str) -> No
 
 def test_assessor_must_optimize_the_same_way_as_the_tuner() -> None:
     with pytest.raises(ValueError, match="optimize_mode"):
-        tuner({"name": "TPE"}, SPACE, assessor_config={"name": "Medianstop",
-                                                       "classArgs": {"optimize_mode": "minimize"}})
+        tuner(
+            {"name": "TPE"}, SPACE, assessor_config={"name": "Medianstop", "classArgs": {"optimize_mode": "minimize"}}
+        )
 
 
 # --- adopting trials proposed elsewhere (a restarted tuner's predecessor, a person) ----------------
@@ -207,8 +232,12 @@ def _completed(built, count: int, level: float, steps: int) -> None:
 
 
 def test_curvefitting_stops_a_curve_in_the_worst_quarter_only_after_start_step() -> None:
-    built = tuner({"name": "Random"}, SPACE, seed=0,
-                  assessor_config={"name": "Curvefitting", "classArgs": {"start_step": 4, "epoch_num": 10}})
+    built = tuner(
+        {"name": "Random"},
+        SPACE,
+        seed=0,
+        assessor_config={"name": "Curvefitting", "classArgs": {"start_step": 4, "epoch_num": 10}},
+    )
     _completed(built, 4, 0.9, 10)
     fair, _ = built.ask()  # a curve as good as the best
     bad, _ = built.ask()

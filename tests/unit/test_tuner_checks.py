@@ -20,8 +20,12 @@ SPACE = {"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}, "bs": {"_type":
 
 
 def config(tuner: dict[str, Any] | None, assessor: dict[str, Any] | None = None, space=SPACE) -> ExperimentConfig:
-    fields = {"trialCommand": "python3 trial.py", "trialConcurrency": 1, "trainingService": {"platform": "local"},
-              "searchSpace": space}
+    fields = {
+        "trialCommand": "python3 trial.py",
+        "trialConcurrency": 1,
+        "trainingService": {"platform": "local"},
+        "searchSpace": space,
+    }
     fields.update({"tuner": tuner} if tuner is not None else {})
     fields.update({"assessor": assessor} if assessor is not None else {})
     return ExperimentConfig.model_validate(fields)
@@ -36,8 +40,10 @@ CONFIGS = [
     config({"name": "Hyperband", "classArgs": {"R": 9, "eta": 3}}),
     config({"builtinTunerName": "BOHB", "classArgs": {"max_budget": 9}}),
     config({"name": "TPE"}, {"name": "Medianstop", "classArgs": {"start_step": 2}}),
-    config({"name": "Anneal", "classArgs": {"optimize_mode": "minimize"}},
-           {"name": "Curvefitting", "classArgs": {"optimize_mode": "minimize", "gap": 2}}),
+    config(
+        {"name": "Anneal", "classArgs": {"optimize_mode": "minimize"}},
+        {"name": "Curvefitting", "classArgs": {"optimize_mode": "minimize", "gap": 2}},
+    ),
     config({"name": "TPE", "classArgs": {"optimize_mode": "minimize"}}, {"name": "Medianstop"}),  # it follows TPE
     # Refused by a name, a classArg's name or optimize_mode, read without Optuna.
     config({"name": "Bayes"}),
@@ -69,8 +75,10 @@ def test_the_check_refuses_what_building_the_tuner_refuses_with_the_same_reason(
     built = outcome(for_experiment, cfg)
     assert outcome(check, cfg) == built
     if "Bayes" in repr(cfg.tuner):
-        assert built == "refused: unknown tuner 'Bayes'; the known tuners are Random, TPE, GridSearch, Anneal, " \
-                        "Evolution, Hyperband, BOHB"  # fmt: skip
+        assert (
+            built == "refused: unknown tuner 'Bayes'; the known tuners are Random, TPE, GridSearch, Anneal, "
+            "Evolution, Hyperband, BOHB"
+        )
 
 
 def test_the_cases_above_include_refusals_of_each_kind() -> None:

@@ -78,10 +78,15 @@ def code(tmp_path: Path) -> Path:
 
 
 def config(**fields) -> ExperimentConfig:
-    return ExperimentConfig.model_validate({
-        "trialCommand": "python3 trial.py", "trialConcurrency": 2, "trainingService": {"platform": "local"},
-        "searchSpace": {"x": [1, 100]}, **fields,
-    })  # fmt: skip
+    return ExperimentConfig.model_validate(
+        {
+            "trialCommand": "python3 trial.py",
+            "trialConcurrency": 2,
+            "trainingService": {"platform": "local"},
+            "searchSpace": {"x": [1, 100]},
+            **fields,
+        }
+    )
 
 
 def tuner(code: Path, class_name: str = "recorder.Recorder", **args) -> dict:
@@ -158,11 +163,13 @@ def test_each_load_reads_its_own_code_directory_as_it_is_now(tmp_path: Path) -> 
 
 def test_a_failure_message_fits_the_dispatcher_and_keeps_where_the_users_code_failed() -> None:
     frames = "".join(f'  File "/code/deep.py", line {n}, in f{n}\n    f{n + 1}()\n' for n in range(60))
-    failed = ClassFailed("tuner class deep.T failed in generate_parameters",
-                         f"Traceback (most recent call last):\n{frames}ValueError: at the bottom")  # fmt: skip
+    failed = ClassFailed(
+        "tuner class deep.T failed in generate_parameters",
+        f"Traceback (most recent call last):\n{frames}ValueError: at the bottom",
+    )
     message = failed.message("the tuner failed: ")
     assert len(message) <= 1000 and message.startswith("the tuner failed: tuner class deep.T failed in")
-    assert message.endswith('line 59, in f59\n    f60()\nValueError: at the bottom')
+    assert message.endswith("line 59, in f59\n    f60()\nValueError: at the bottom")
 
 
 # -- which tuner: classes get the search space as written ---------------------------------------------------------
@@ -203,21 +210,30 @@ def test_results_and_ends_reach_the_tuner_as_nni_passes_them(code: Path) -> None
     before = driven.adopt({"x": 9}, 7, resumed=True)  # on the bus before the tuner started: its id kept
     assert before == 7 and driven.propose(1).trials == [(8, {"x": 80})]  # new ids follow the resumed ones
     del calls[:]
-    driven.finish([
-        (0, TrialEnd("t0", TrialStatus.SUCCEEDED, 0.5)),
-        (1, TrialEnd("t1", TrialStatus.FAILED, {"default": 0.2, "loss": 3})),  # final result, then failed
-        (2, TrialEnd("t2", TrialStatus.EARLY_STOPPED)),
-        (by_hand, TrialEnd("t3", TrialStatus.SUCCEEDED, 0.7)),
-        (before, TrialEnd("t4", TrialStatus.SUCCEEDED, 0.9)),
-    ])  # fmt: skip
+    driven.finish(
+        [
+            (0, TrialEnd("t0", TrialStatus.SUCCEEDED, 0.5)),
+            (1, TrialEnd("t1", TrialStatus.FAILED, {"default": 0.2, "loss": 3})),  # final result, then failed
+            (2, TrialEnd("t2", TrialStatus.EARLY_STOPPED)),
+            (by_hand, TrialEnd("t3", TrialStatus.SUCCEEDED, 0.7)),
+            (before, TrialEnd("t4", TrialStatus.SUCCEEDED, 0.9)),
+        ]
+    )
     assert calls == [
         ("import_data", [{"parameter": {"x": 9}, "value": 0.9}]),
         ("receive_trial_result", 0, {"x": 0}, 0.5, {"customized": False, "trial_job_id": "t0"}),
-        ("receive_trial_result", 1, {"x": 10}, {"default": 0.2, "loss": 3}, {"customized": False,
-                                                                              "trial_job_id": "t1"}),
-        ("trial_end", 0, True, {}), ("trial_end", 1, False, {}), ("trial_end", 2, False, {}),
+        (
+            "receive_trial_result",
+            1,
+            {"x": 10},
+            {"default": 0.2, "loss": 3},
+            {"customized": False, "trial_job_id": "t1"},
+        ),
+        ("trial_end", 0, True, {}),
+        ("trial_end", 1, False, {}),
+        ("trial_end", 2, False, {}),
         ("trial_end", None, True, {}),  # its result is not the tuner's (NNI's rule without _accept_customized)
-    ]  # fmt: skip
+    ]
     driven.close(ended=True)
 
 
@@ -225,8 +241,10 @@ def test_a_tuner_that_accepts_customized_trials_gets_their_results_marked_custom
     driven, calls = recorder(code, accept_customized=True)
     by_hand = driven.adopt({"x": 7}, None, resumed=False)
     driven.finish([(by_hand, TrialEnd("t9", TrialStatus.SUCCEEDED, 0.7))])
-    assert calls[1:] == [("receive_trial_result", None, {"x": 7}, 0.7, {"customized": True, "trial_job_id": "t9"}),
-                         ("trial_end", None, True, {})]  # fmt: skip
+    assert calls[1:] == [
+        ("receive_trial_result", None, {"x": 7}, 0.7, {"customized": True, "trial_job_id": "t9"}),
+        ("trial_end", None, True, {}),
+    ]
     assert driven.propose(1).trials == [(0, {"x": 0})]  # the tuner's ids start at 0 all the same
     driven.close(ended=False)
 
@@ -249,8 +267,9 @@ def test_multi_thread_generates_the_trials_wanted_at_once_on_several_threads(cod
 
 
 def test_the_user_class_failing_later_names_the_call_and_the_line(code: Path) -> None:
-    (code / "late.py").write_text(textwrap.dedent(
-        """
+    (code / "late.py").write_text(
+        textwrap.dedent(
+            """
         class Late:
             def update_search_space(self, search_space):
                 pass
@@ -261,7 +280,8 @@ def test_the_user_class_failing_later_names_the_call_and_the_line(code: Path) ->
             def receive_trial_result(self, parameter_id, parameters, value, **kwargs):
                 raise KeyError(parameter_id)
         """
-    ))  # fmt: skip
+        )
+    )
     spec = loading.spec(tuner(code, "late.Late"), "tuner")
     driven = NniTuner(loading.construct(spec, loading.load(spec)), {}, Calls(spec.owner))
     assert driven.propose(1).trials == [(0, {"a": 1})]

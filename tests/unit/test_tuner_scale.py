@@ -13,11 +13,13 @@ from services.tuner.history import DEFAULT_KEEP_BEST, History
 from services.tuner.space import parse_search_space
 from services.tuner.trials import Ended, experiment_of
 
-SPACE = parse_search_space({
-    "lr": {"_type": "loguniform", "_value": [1e-5, 0.1]},
-    "batch": {"_type": "choice", "_value": [16, 32, 64, 128]},
-    "dropout": {"_type": "uniform", "_value": [0, 0.5]},
-})
+SPACE = parse_search_space(
+    {
+        "lr": {"_type": "loguniform", "_value": [1e-5, 0.1]},
+        "batch": {"_type": "choice", "_value": [16, 32, 64, 128]},
+        "dropout": {"_type": "uniform", "_value": [0, 0.5]},
+    }
+)
 
 
 def history_of(built: Tuner) -> History:
@@ -32,8 +34,11 @@ def resumed(built: Tuner, count: int, seed: int = 0) -> float:
     rng = random.Random(seed)
     best = float("-inf")
     for _ in range(count):
-        params = {"lr": 10 ** rng.uniform(-5, -1), "batch": rng.choice([16, 32, 64, 128]),
-                  "dropout": rng.uniform(0, 0.5)}  # fmt: skip
+        params = {
+            "lr": 10 ** rng.uniform(-5, -1),
+            "batch": rng.choice([16, 32, 64, 128]),
+            "dropout": rng.uniform(0, 0.5),
+        }
         value = rng.random()
         best = max(best, value)
         built.tell(built.adopt(params), value)
@@ -66,8 +71,9 @@ def test_random_and_hyperband_keep_the_default_bound_at_any_size() -> None:
 
 def test_below_the_bound_proposals_are_those_of_optunas_own_storage() -> None:
     bounded = tuner({"name": "TPE", "classArgs": {"n_startup_jobs": 5}}, SPACE, seed=3, history=100)
-    plain = Tuner(optuna.create_study(sampler=optuna.samplers.TPESampler(n_startup_trials=5, seed=3),
-                                      direction="maximize"), SPACE)  # fmt: skip
+    plain = Tuner(
+        optuna.create_study(sampler=optuna.samplers.TPESampler(n_startup_trials=5, seed=3), direction="maximize"), SPACE
+    )
     for i in range(60):
         (a_number, a_params), (b_number, b_params) = bounded.ask(), plain.ask()
         assert (a_number, a_params) == (b_number, b_params), i

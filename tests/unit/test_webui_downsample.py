@@ -32,8 +32,7 @@ def test_the_extremes_of_any_run_of_trials_are_those_of_the_data(changes, start,
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=3000), st.integers(4, 200),
-       st.booleans())  # fmt: skip
+@given(st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=3000), st.integers(4, 200), st.booleans())
 def test_the_chart_keeps_at_most_its_points_every_extreme_and_the_true_best(metrics, points, minimize):
     finals = Finals()
     for sequence, value in enumerate(metrics):

@@ -19,16 +19,31 @@ SSH_PASSWORD = "ssh-password-never-shown-91c2"
 
 
 def local_config(**overrides: Any) -> dict[str, Any]:
-    return {"experimentName": "demo", "trialCommand": "python3 trial.py", "trialConcurrency": 2,
-            "trainingService": {"platform": "local"}, **overrides}  # fmt: skip
+    return {
+        "experimentName": "demo",
+        "trialCommand": "python3 trial.py",
+        "trialConcurrency": 2,
+        "trainingService": {"platform": "local"},
+        **overrides,
+    }
 
 
 def openpai_config(**service: Any) -> dict[str, Any]:
-    return local_config(trialGpuNumber=0, trainingService={
-        "platform": "openpai", "host": "pai.example.com", "username": "alice", "token": PAI_TOKEN,
-        "trialCpuNumber": 1, "trialMemorySize": "1gb", "storageConfigName": "nfs",
-        "localStorageMountPoint": "/mnt/l", "containerStorageMountPoint": "/mnt/c", **service,
-    })  # fmt: skip
+    return local_config(
+        trialGpuNumber=0,
+        trainingService={
+            "platform": "openpai",
+            "host": "pai.example.com",
+            "username": "alice",
+            "token": PAI_TOKEN,
+            "trialCpuNumber": 1,
+            "trialMemorySize": "1gb",
+            "storageConfigName": "nfs",
+            "localStorageMountPoint": "/mnt/l",
+            "containerStorageMountPoint": "/mnt/c",
+            **service,
+        },
+    )
 
 
 def remote_config() -> dict[str, Any]:
@@ -44,8 +59,7 @@ def experiment(experiment_id: str = "exp1", config: dict | None = None, start: d
 
 def trial(trial_id: str, sequence: int = 0, experiment_id: str = "exp1", **fields: Any) -> TrialState:
     fields.setdefault("platform", "local-gpu")
-    return TrialState(id=trial_id, experiment_id=experiment_id, sequence_id=sequence, submit_time=START,
-                      **fields)  # fmt: skip
+    return TrialState(id=trial_id, experiment_id=experiment_id, sequence_id=sequence, submit_time=START, **fields)
 
 
 def model_with(state: ExperimentState, *trials: TrialState) -> Model:
@@ -58,9 +72,18 @@ def model_with(state: ExperimentState, *trials: TrialState) -> Model:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(0.5, 0.5), (3, 3.0), ({"default": 0.25, "loss": 9}, 0.25), ({"loss": 1}, None), (None, None),
-     (True, None), ("0.5", None), (float("nan"), None), ({"default": float("inf")}, None)],
-)  # fmt: skip
+    [
+        (0.5, 0.5),
+        (3, 3.0),
+        ({"default": 0.25, "loss": 9}, 0.25),
+        ({"loss": 1}, None),
+        (None, None),
+        (True, None),
+        ("0.5", None),
+        (float("nan"), None),
+        ({"default": float("inf")}, None),
+    ],
+)
 def test_the_default_metric_is_the_number_or_the_dicts_default(value, expected):
     assert default_metric(value) == expected
 
@@ -221,8 +244,11 @@ def test_trials_before_their_minimizing_experiment_are_ranked_its_way_once_it_co
 
 
 def test_a_deleted_trial_leaves_the_counts_and_the_best():
-    model = model_with(experiment(), trial("t0", 0, status=TrialStatus.SUCCEEDED, final_metric=0.9),
-                       trial("t1", 1, status=TrialStatus.RUNNING))  # fmt: skip
+    model = model_with(
+        experiment(),
+        trial("t0", 0, status=TrialStatus.SUCCEEDED, final_metric=0.9),
+        trial("t1", 1, status=TrialStatus.RUNNING),
+    )
     model.delete_trial("t0")
     assert model.best("exp1") is None
     assert (model.counts("exp1")["SUCCEEDED"], model.counts("exp1")["RUNNING"]) == (0, 1)
@@ -234,10 +260,12 @@ def test_the_overview_shows_the_first_failures_one_per_line_with_the_log_command
     missing, other = "ModuleNotFoundError: No module named 'sklearn'", "<script>alert(1)</script>"
     model = model_with(experiment(), trial("t0", 0, status=TrialStatus.RUNNING))
     assert model.overview("exp1")["failures"] == []
-    failed = [trial("t0", 0, status=TrialStatus.FAILED, exit_code=1, last_error=missing),
-              trial("t1", 1, status=TrialStatus.FAILED, exit_code=1, last_error=missing),
-              trial("t2", 2, status=TrialStatus.FAILED, exit_code=1),  # no line: nothing to show
-              trial("t3", 3, status=TrialStatus.FAILED, exit_code=2, last_error=other)]  # fmt: skip
+    failed = [
+        trial("t0", 0, status=TrialStatus.FAILED, exit_code=1, last_error=missing),
+        trial("t1", 1, status=TrialStatus.FAILED, exit_code=1, last_error=missing),
+        trial("t2", 2, status=TrialStatus.FAILED, exit_code=1),  # no line: nothing to show
+        trial("t3", 3, status=TrialStatus.FAILED, exit_code=2, last_error=other),
+    ]
     for t in failed:
         model.put_trial(t)
     assert model.overview("exp1")["failures"] == [

@@ -24,10 +24,16 @@ if TYPE_CHECKING:  # rich, and the client with NATS and pydantic, load when a co
 T = TypeVar("T")
 
 STATUS_STYLE = {
-    "WAITING": "dim", "RUNNING": "cyan", "SUCCEEDED": "green", "FAILED": "red",
-    "USER_CANCELED": "yellow", "SYS_CANCELED": "yellow", "EARLY_STOPPED": "magenta",
-    "DONE": "green", "STOPPED": "yellow",
-}  # fmt: skip
+    "WAITING": "dim",
+    "RUNNING": "cyan",
+    "SUCCEEDED": "green",
+    "FAILED": "red",
+    "USER_CANCELED": "yellow",
+    "SYS_CANCELED": "yellow",
+    "EARLY_STOPPED": "magenta",
+    "DONE": "green",
+    "STOPPED": "yellow",
+}
 #: Where the web UI is when nothing says otherwise (``trialbus up``'s default port).
 DEFAULT_WEBUI_URL = "http://127.0.0.1:8082"
 
@@ -61,8 +67,13 @@ def with_client(ctx: typer.Context, work: Callable[[AsyncClient], Awaitable[T]])
     options: Options = ctx.obj
 
     async def main() -> T:
-        async with AsyncClient(options.nats_url, request_timeout=options.timeout, user=options.nats_user,
-                               password=options.nats_password, data_dir=options.data_dir) as client:  # fmt: skip
+        async with AsyncClient(
+            options.nats_url,
+            request_timeout=options.timeout,
+            user=options.nats_user,
+            password=options.nats_password,
+            data_dir=options.data_dir,
+        ) as client:
             return await work(client)
 
     try:

@@ -19,8 +19,9 @@ app = typer.Typer(help="Create, run, list, show, stop, resume and export experim
 
 ExperimentId = Annotated[str, typer.Argument(metavar="ID")]
 #: nnictl's optional ID: left out, the one running experiment.
-MaybeExperimentId = Annotated[str | None, typer.Argument(metavar="ID", show_default=False,
-                                                         help="Left out: the one running experiment.")]  # fmt: skip
+MaybeExperimentId = Annotated[
+    str | None, typer.Argument(metavar="ID", show_default=False, help="Left out: the one running experiment.")
+]
 
 
 @app.command("create")
@@ -68,16 +69,22 @@ def experiment_run(
     except ValueError as exc:
         raise fail(str(exc)) from None
     out = console()
-    experiment = Experiment(loaded, nats_url=options.nats_url, user=options.nats_user,
-                            password=options.nats_password, request_timeout=options.timeout,
-                            data_dir=options.data_dir)  # fmt: skip
+    experiment = Experiment(
+        loaded,
+        nats_url=options.nats_url,
+        user=options.nats_user,
+        password=options.nats_password,
+        request_timeout=options.timeout,
+        data_dir=options.data_dir,
+    )
     try:
         experiment_id = experiment.start()
         url = f"{webui_url(options.nats_url)}/experiments/{experiment_id}"
         out.print(f"created experiment [bold]{experiment_id}[/]; web UI: {url}")
         if detach:
-            out.print(f"it runs on its own: `trialbus watch {experiment_id}`, `trialbus experiment stop "
-                      f"{experiment_id}`")
+            out.print(
+                f"it runs on its own: `trialbus watch {experiment_id}`, `trialbus experiment stop {experiment_id}`"
+            )
             return
         view = RunView(experiment_id, loaded)
         try:
@@ -191,8 +198,9 @@ def experiment_export(
     kind: Annotated[ExportType, typer.Option("--type", "-t", help="json or csv, as nnictl writes them.")],
     experiment_id: MaybeExperimentId = None,
     filename: Annotated[Path | None, typer.Option("--filename", "-f", help="Write here (default: stdout).")] = None,
-    intermediate: Annotated[bool, typer.Option("--intermediate", "-i", help="Add each trial's intermediate "
-                                                                            "results.")] = False,  # fmt: skip
+    intermediate: Annotated[
+        bool, typer.Option("--intermediate", "-i", help="Add each trial's intermediate results.")
+    ] = False,
 ) -> None:
     """Export the trials' parameters, final results and statuses as nnictl experiment export does."""
     import asyncio
@@ -205,8 +213,10 @@ def experiment_export(
         steps = None
         if intermediate:
             found = await asyncio.gather(*(client.trial_metrics(t.id) for t in trials))
-            steps = {t.id: [m.value for m in sorted(ms, key=lambda m: m.sequence) if m.type == MetricType.PERIODICAL]
-                     for t, ms in zip(trials, found, strict=True)}  # fmt: skip
+            steps = {
+                t.id: [m.value for m in sorted(ms, key=lambda m: m.sequence) if m.type == MetricType.PERIODICAL]
+                for t, ms in zip(trials, found, strict=True)
+            }
         return export.records(trials, steps)
 
     records = with_client(ctx, work)

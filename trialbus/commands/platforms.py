@@ -41,8 +41,9 @@ def platform_list(ctx: typer.Context) -> None:
     if not replicas:
         console().print("no adapter replica is running")
         return
-    table = Table("adapter", "replica", "trials", "waiting", "GPU", "memory MiB", "util", "our trials", "other",
-                  box=None)
+    table = Table(
+        "adapter", "replica", "trials", "waiting", "GPU", "memory MiB", "util", "our trials", "other", box=None
+    )
     for p in replicas:
         trials = f"{p.running}/{p.max_trials}" if p.max_trials else str(p.running)
         replica = f"{p.replica} [yellow](draining)[/]" if p.draining else p.replica
@@ -51,8 +52,9 @@ def platform_list(ctx: typer.Context) -> None:
             table.add_row(*first, "", "", "", "", "")
             for m in p.machines:
                 state = f"{m.cpus} CPUs" if m.up else f"[red]unreachable[/]: {m.error}"
-                _gpu_rows(table, ("", f"└ {m.name}", str(m.running), ""), m.gpus, state if not m.gpus or not m.up
-                          else None)  # fmt: skip
+                _gpu_rows(
+                    table, ("", f"└ {m.name}", str(m.running), ""), m.gpus, state if not m.gpus or not m.up else None
+                )
             continue
         if p.clusters:  # openpai: one line per cluster and user
             table.add_row(*first, "", "", "", "", "")
@@ -75,6 +77,11 @@ def _gpu_rows(table: Table, first: tuple[str, ...], gpus: list, instead: str | N
         return
     for n, g in enumerate(gpus):
         util = "-" if g.gpu_util is None else f"{g.gpu_util}%"
-        table.add_row(*(first if n == 0 else ("",) * 4), f"{g.index}: {g.name}",
-                      f"{g.memory_used_mib}/{g.memory_total_mib}", util, str(len(g.trials)),
-                      str(g.foreign_processes))  # fmt: skip
+        table.add_row(
+            *(first if n == 0 else ("",) * 4),
+            f"{g.index}: {g.name}",
+            f"{g.memory_used_mib}/{g.memory_total_mib}",
+            util,
+            str(len(g.trials)),
+            str(g.foreign_processes),
+        )

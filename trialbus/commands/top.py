@@ -55,8 +55,22 @@ def table(rows: list[tuple[ExperimentView, TrialState | None, list[str]]], every
     running = sum(e.status == ExperimentStatus.RUNNING for e, *_ in rows)
     when = f"refreshed {time.strftime('%H:%M:%S')} every {every:g}s, Ctrl-C to quit" if every else ""
     title = f"{len(rows)} experiment{'' if len(rows) == 1 else 's'}, {running} running"
-    shown = Table("experiment", "name", "status", "platform", "running", "waiting", "ended", "best", "trial",
-                  "duration", "started", title=title, caption=when, box=None)  # fmt: skip
+    shown = Table(
+        "experiment",
+        "name",
+        "status",
+        "platform",
+        "running",
+        "waiting",
+        "ended",
+        "best",
+        "trial",
+        "duration",
+        "started",
+        title=title,
+        caption=when,
+        box=None,
+    )
     shown.caption = "\n".join(filter(None, [*(line for *_, why in rows for line in why), when]))  # why they failed
     shown.caption_justify = "left"
     for e, best, _ in rows:
@@ -64,11 +78,18 @@ def table(rows: list[tuple[ExperimentView, TrialState | None, list[str]]], every
         ended = sum(n for s, n in counts.items() if s not in (TrialStatus.WAITING, TrialStatus.RUNNING))
         limit = e.config.max_trial_number
         shown.add_row(
-            e.id, escape(e.config.experiment_name or ""), status(e.status), e.config.platform,
-            str(counts.get("RUNNING", 0)), str(counts.get("WAITING", 0)), f"{ended}/{limit}" if limit else str(ended),
-            metric(best.final_metric) if best else "", best.id if best else "",
-            duration(e.start_time, e.end_time, e.stopped_seconds), moment(e.start_time),
-        )  # fmt: skip
+            e.id,
+            escape(e.config.experiment_name or ""),
+            status(e.status),
+            e.config.platform,
+            str(counts.get("RUNNING", 0)),
+            str(counts.get("WAITING", 0)),
+            f"{ended}/{limit}" if limit else str(ended),
+            metric(best.final_metric) if best else "",
+            best.id if best else "",
+            duration(e.start_time, e.end_time, e.stopped_seconds),
+            moment(e.start_time),
+        )
     return shown
 
 

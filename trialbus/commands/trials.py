@@ -18,21 +18,36 @@ log_app = typer.Typer(help="Read logs (nnictl log): `trialbus log trial ID`.", n
 Head = Annotated[int | None, typer.Option("--head", min=1, help="Only the N with the highest default metric.")]
 Tail = Annotated[int | None, typer.Option("--tail", min=1, help="Only the N with the lowest default metric.")]
 #: nnictl's ``[ID] --trial_id TRIAL``, or plainly ``TRIAL``.
-First = Annotated[str | None, typer.Argument(metavar="ID", show_default=False,
-                                             help="The trial; with -T, its experiment (nnictl's order).")]  # fmt: skip
-TrialOption = Annotated[str | None, typer.Option("--trial-id", "--trial_id", "-T", show_default=False,
-                                                 help="The trial (nnictl's -T).")]  # fmt: skip
+First = Annotated[
+    str | None,
+    typer.Argument(metavar="ID", show_default=False, help="The trial; with -T, its experiment (nnictl's order)."),
+]
+TrialOption = Annotated[
+    str | None, typer.Option("--trial-id", "--trial_id", "-T", show_default=False, help="The trial (nnictl's -T).")
+]
 
 
-Status = Annotated[str | None, typer.Option("--status", show_default=False,
-                                            help="Only trials in these statuses: RUNNING,WAITING")]  # fmt: skip
+Status = Annotated[
+    str | None, typer.Option("--status", show_default=False, help="Only trials in these statuses: RUNNING,WAITING")
+]
 Sort = Annotated[str, typer.Option("--sort", help="sequence (submission order) or metric (best final first).")]
-Limit = Annotated[int | None, typer.Option("--limit", min=1, max=5000, show_default=False,
-                                           help="Only the first N (one page from the dispatcher).")]  # fmt: skip
+Limit = Annotated[
+    int | None,
+    typer.Option(
+        "--limit", min=1, max=5000, show_default=False, help="Only the first N (one page from the dispatcher)."
+    ),
+]
 
 
-def _table(ctx: typer.Context, experiment_id: str | None, head: int | None, tail: int | None,
-           only: str | None = None, sort: str = "sequence", limit: int | None = None) -> None:  # fmt: skip
+def _table(
+    ctx: typer.Context,
+    experiment_id: str | None,
+    head: int | None,
+    tail: int | None,
+    only: str | None = None,
+    sort: str = "sequence",
+    limit: int | None = None,
+) -> None:
     from rich.table import Table
 
     from contracts.state import default_metric
@@ -48,21 +63,36 @@ def _table(ctx: typer.Context, experiment_id: str | None, head: int | None, tail
 
     trials = with_client(ctx, work)
     if head or tail:  # nnictl's: by the default metric, highest first; trials without one are left out
-        scored = sorted((t for t in trials if default_metric(t.final_metric) is not None),
-                        key=lambda t: default_metric(t.final_metric) or 0.0, reverse=True)  # fmt: skip
+        scored = sorted(
+            (t for t in trials if default_metric(t.final_metric) is not None),
+            key=lambda t: default_metric(t.final_metric) or 0.0,
+            reverse=True,
+        )
         trials = scored[:head] if head else scored[-tail:] if tail else scored
     table = Table("trial", "seq", "status", "intermediate", "final", "duration", "platform", box=None)
     for t in trials:
-        table.add_row(t.id, str(t.sequence_id), status(t.status), str(t.intermediate_count),
-                      metric(t.final_metric), duration(t.start_time, t.end_time), t.platform)  # fmt: skip
+        table.add_row(
+            t.id,
+            str(t.sequence_id),
+            status(t.status),
+            str(t.intermediate_count),
+            metric(t.final_metric),
+            duration(t.start_time, t.end_time),
+            t.platform,
+        )
     console().print(table)
 
 
 @app.command("list")
 def trial_list(
-    ctx: typer.Context, experiment_id: Annotated[str, typer.Argument(metavar="EXP")], head: Head = None,
-    tail: Tail = None, status: Status = None, sort: Sort = "sequence", limit: Limit = None,
-) -> None:  # fmt: skip
+    ctx: typer.Context,
+    experiment_id: Annotated[str, typer.Argument(metavar="EXP")],
+    head: Head = None,
+    tail: Tail = None,
+    status: Status = None,
+    sort: Sort = "sequence",
+    limit: Limit = None,
+) -> None:
     """List the trials of an experiment."""
     _table(ctx, experiment_id, head, tail, status, sort, limit)
 
@@ -70,14 +100,15 @@ def trial_list(
 @app.command("ls")
 def trial_ls(
     ctx: typer.Context,
-    experiment_id: Annotated[str | None, typer.Argument(metavar="EXP", show_default=False,
-                                                        help="Left out: the one running experiment.")] = None,
+    experiment_id: Annotated[
+        str | None, typer.Argument(metavar="EXP", show_default=False, help="Left out: the one running experiment.")
+    ] = None,
     head: Head = None,
     tail: Tail = None,
     status: Status = None,
     sort: Sort = "sequence",
     limit: Limit = None,
-) -> None:  # fmt: skip
+) -> None:
     """List the trials of an experiment (nnictl trial ls)."""
     _table(ctx, experiment_id, head, tail, status, sort, limit)
 
@@ -146,8 +177,7 @@ def trial_log(
 def _named(first: str | None, trial_id: str | None) -> None:
     """A trial is named, or the usage is shown (exit 2) before anything is contacted."""
     if first is None and trial_id is None:
-        raise typer.BadParameter("name the trial: TRIAL, or -T TRIAL (`trialbus trial ls` lists them)",
-                                 param_hint="ID")  # fmt: skip
+        raise typer.BadParameter("name the trial: TRIAL, or -T TRIAL (`trialbus trial ls` lists them)", param_hint="ID")
 
 
 async def _the_trial(client: AsyncClient, first: str | None, trial_id: str | None) -> str:

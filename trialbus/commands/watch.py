@@ -57,13 +57,26 @@ class WatchView:
         summary = "  ".join(f"{status(s)} {n}" for s, n in sorted(counts.items())) or "no trials yet"
         more = f" (last {len(shown)} of {len(rows)})" if len(shown) < len(rows) else ""
         table = Table(
-            "trial", "seq", "status", "intermediate", "latest", "final", "duration",
+            "trial",
+            "seq",
+            "status",
+            "intermediate",
+            "latest",
+            "final",
+            "duration",
             title=f"experiment {self.experiment_id} {escape(self.name)} {status(self.status)}",
             caption=summary + more + (f"\n{self.failure}" if self.failure else ""),
         )
         for r in shown:
-            table.add_row(r.id, "" if r.seq is None else str(r.seq), status(r.status), str(r.intermediate),
-                          metric(r.latest), metric(r.final), duration(r.start, r.end))
+            table.add_row(
+                r.id,
+                "" if r.seq is None else str(r.seq),
+                status(r.status),
+                str(r.intermediate),
+                metric(r.latest),
+                metric(r.final),
+                duration(r.start, r.end),
+            )
         return table
 
 

@@ -24,15 +24,30 @@ from typing import Any
 
 #: Each exported name and the module that defines it.
 _WHERE = {
-    "LOCAL": "compose", "SERVICES": "compose", "ServiceDef": "compose", "compose_services": "compose",
-    "StackError": "errors", "StackOptions": "options", "nats_server_binary": "options", "Stack": "parts",
-    "RestartPolicy": "policy", "run": "supervisor",
-}  # fmt: skip
+    "LOCAL": "compose",
+    "SERVICES": "compose",
+    "ServiceDef": "compose",
+    "compose_services": "compose",
+    "StackError": "errors",
+    "StackOptions": "options",
+    "nats_server_binary": "options",
+    "Stack": "parts",
+    "RestartPolicy": "policy",
+    "run": "supervisor",
+}
 
 __all__ = [
-    "LOCAL", "SERVICES", "RestartPolicy", "ServiceDef", "Stack", "StackError", "StackOptions", "compose_services",
-    "nats_server_binary", "run",
-]  # fmt: skip
+    "LOCAL",
+    "SERVICES",
+    "RestartPolicy",
+    "ServiceDef",
+    "Stack",
+    "StackError",
+    "StackOptions",
+    "compose_services",
+    "nats_server_binary",
+    "run",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -18,8 +18,14 @@ from trialbus.stack.errors import StackError
 if TYPE_CHECKING:  # rich and the stack's code load when a command runs, not with the CLI (trialbus.cli)
     from trialbus.stack.control import StackStatus
 
-DataDir = Annotated[Path | None, typer.Option(envvar="TRIALBUS_DATA_DIR", show_default=False,
-                                               help="Where the stack keeps its data and logs [default: .trialbus].")]
+DataDir = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="TRIALBUS_DATA_DIR",
+        show_default=False,
+        help="Where the stack keeps its data and logs [default: .trialbus].",
+    ),
+]
 STATE_STYLE = {"running": "green", "starting": "cyan", "restarting": "yellow", "stopping": "yellow", "exited": "red"}
 
 
@@ -79,8 +85,12 @@ def up(
         float, typer.Option(min=1, help="Seconds a stop may take (CMD, trials, every part) before it kills.")
     ] = 25.0,
     cluster: Annotated[
-        int, typer.Option(callback=_cluster_size, help="nats-servers: 1, or a JetStream cluster of 3 or 5 as in "
-                          "production, every stream and bucket on each (the first on --nats-port).")
+        int,
+        typer.Option(
+            callback=_cluster_size,
+            help="nats-servers: 1, or a JetStream cluster of 3 or 5 as in "
+            "production, every stream and bucket on each (the first on --nats-port).",
+        ),
     ] = 1,
 ) -> None:
     """Start nats-server and the services of compose.yaml, and keep them running until Ctrl-C.
@@ -102,9 +112,16 @@ def up(
     from trialbus.stack.supervisor import run
 
     data_dir = data_dir or getattr(ctx.obj, "data_dir", None) or Path(local.DEFAULT_DATA_DIR)
-    options = StackOptions(data_dir=data_dir, nats_port=nats_port, api_port=api_port, gateway_port=gateway_port,
-                           webui_port=webui_port, keep_trials=keep_trials, stop_timeout=stop_timeout,
-                           cluster=cluster)  # fmt: skip
+    options = StackOptions(
+        data_dir=data_dir,
+        nats_port=nats_port,
+        api_port=api_port,
+        gateway_port=gateway_port,
+        webui_port=webui_port,
+        keep_trials=keep_trials,
+        stop_timeout=stop_timeout,
+        cluster=cluster,
+    )
     # rich types ``file`` as IO[str]; it only writes and flushes, which _Unbreakable does
     console = Console(file=_Unbreakable(sys.stderr), highlight=False)  # type: ignore[arg-type]
     try:
@@ -144,8 +161,12 @@ def status_command(
     data_dir: DataDir = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     every: Annotated[
-        bool, typer.Option("--all", "-a", help="List every running `trialbus up` of this user instead: pid, data "
-                           "dir, URLs, since when.")
+        bool,
+        typer.Option(
+            "--all",
+            "-a",
+            help="List every running `trialbus up` of this user instead: pid, data dir, URLs, since when.",
+        ),
     ] = False,
 ) -> None:
     """Each part of the stack on this data dir: pid, state, uptime, restarts, health. Exit 0 while it runs.
@@ -189,9 +210,16 @@ def _list_stacks(as_json: bool) -> None:
     from trialbus import runtime
 
     found: list[dict[str, Any]] = [
-        {"pid": r.pid, "data_dir": r.data_dir, "started_at": r.started_at, "nats_url": r.stack.nats_url,
-         "api_url": r.stack.api_url, "webui_url": r.stack.webui_url} for r in local.running()
-    ]  # fmt: skip
+        {
+            "pid": r.pid,
+            "data_dir": r.data_dir,
+            "started_at": r.started_at,
+            "nats_url": r.stack.nats_url,
+            "api_url": r.stack.api_url,
+            "webui_url": r.stack.webui_url,
+        }
+        for r in local.running()
+    ]
     console = Console(highlight=False, soft_wrap=True)
     if as_json:
         print(json.dumps(found, indent=1))
@@ -214,15 +242,17 @@ def _print_status(found: StackStatus | None, data_dir: Path) -> None:
 
     console = Console(highlight=False)
     if found is None:
-        console.print(f"no stack has run on {data_dir} (`trialbus up --data-dir {data_dir}` starts one; "
-                      "`trialbus status --all` lists this user's running stacks)")  # fmt: skip
+        console.print(
+            f"no stack has run on {data_dir} (`trialbus up --data-dir {data_dir}` starts one; "
+            "`trialbus status --all` lists this user's running stacks)"
+        )
         return
     headline = {
         "running": f"[green]running[/]: `trialbus up` pid {found.supervisor_pid}, since {found.started_at[:19]}",
         "leftovers": f"[red]left running by `trialbus up` pid {found.supervisor_pid}, which is gone[/]: "
-                     f"`trialbus down --data-dir {data_dir}` stops it (`trialbus up` does too)",
+        f"`trialbus down --data-dir {data_dir}` stops it (`trialbus up` does too)",
         "stopped": "[dim]stopped[/]",
-    }[found.state]  # fmt: skip
+    }[found.state]
     ports = ", ".join(f"{name} {port}" for name, port in found.ports.items())
     console.print(f"Trialbus stack on {found.data_dir}: {headline}; ports {ports}")
     table = Table(box=None, pad_edge=False)
@@ -230,8 +260,15 @@ def _print_status(found: StackStatus | None, data_dir: Path) -> None:
         table.add_column(column, justify="right" if column in ("pid", "restarts") else "left")
     for part in found.parts:
         style = STATE_STYLE.get(part.state, "")
-        table.add_row(part.name, str(part.pid or "-"), f"[{style}]{part.state}[/]", _duration(part.for_seconds),
-                      str(part.restarts), part.health, part.last_exit or "")  # fmt: skip
+        table.add_row(
+            part.name,
+            str(part.pid or "-"),
+            f"[{style}]{part.state}[/]",
+            _duration(part.for_seconds),
+            str(part.restarts),
+            part.health,
+            part.last_exit or "",
+        )
     console.print(table)
 
 

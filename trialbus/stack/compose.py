@@ -46,29 +46,56 @@ class ServiceDef:
 #: credentials and folders. Every other variable compose.yaml gives a service, its command and
 #: the order of the services are the same locally.
 LOCAL = {
-    "TRIALBUS_NATS_URL", "TRIALBUS_NATS_CREDS", "TRIALBUS_ALLOWED_HOSTS",
-    "TRIALBUS_API_HOST", "TRIALBUS_API_PORT", "TRIALBUS_GATEWAY_HOST", "TRIALBUS_GATEWAY_PORT",
-    "TRIALBUS_GATEWAY_URL", "TRIALBUS_TRIAL_GATEWAY_URL", "TRIALBUS_DATA_DIR",
-    "TRIALBUS_ADAPTER_HTTP_HOST", "TRIALBUS_ADAPTER_HTTP_PORT", "TRIALBUS_REPLICA",
-    "TRIALBUS_TUNER_HTTP_HOST", "TRIALBUS_TUNER_HTTP_PORT", "TRIALBUS_WEBUI_HOST", "TRIALBUS_WEBUI_PORT",
+    "TRIALBUS_NATS_URL",
+    "TRIALBUS_NATS_CREDS",
+    "TRIALBUS_ALLOWED_HOSTS",
+    "TRIALBUS_API_HOST",
+    "TRIALBUS_API_PORT",
+    "TRIALBUS_GATEWAY_HOST",
+    "TRIALBUS_GATEWAY_PORT",
+    "TRIALBUS_GATEWAY_URL",
+    "TRIALBUS_TRIAL_GATEWAY_URL",
+    "TRIALBUS_DATA_DIR",
+    "TRIALBUS_ADAPTER_HTTP_HOST",
+    "TRIALBUS_ADAPTER_HTTP_PORT",
+    "TRIALBUS_REPLICA",
+    "TRIALBUS_TUNER_HTTP_HOST",
+    "TRIALBUS_TUNER_HTTP_PORT",
+    "TRIALBUS_WEBUI_HOST",
+    "TRIALBUS_WEBUI_PORT",
     "TRIALBUS_WEBUI_URL",
-}  # fmt: skip
+}
 #: Secret settings: compose.yaml says which service gets which; the local stack fills the
 #: variables they name with its own credentials, never from the user's environment by accident.
-SECRETS = {"TRIALBUS_NATS_PASSWORD", "TRIALBUS_API_TOKEN", "TRIALBUS_API_READ_TOKEN", "TRIALBUS_TRIAL_SECRET",
-           "TRIALBUS_SECRETS_KEY"}  # fmt: skip
+SECRETS = {
+    "TRIALBUS_NATS_PASSWORD",
+    "TRIALBUS_API_TOKEN",
+    "TRIALBUS_API_READ_TOKEN",
+    "TRIALBUS_TRIAL_SECRET",
+    "TRIALBUS_SECRETS_KEY",
+}
 #: The local values of those, per kind of service (the common ones come from the stack).
 LOCAL_ENV = {
-    "services.dispatcher": {"TRIALBUS_API_HOST": "{host}", "TRIALBUS_API_PORT": "{api_port}",
-                            "TRIALBUS_WEBUI_URL": "http://{host}:{webui_port}"},  # linked from its page at /
+    "services.dispatcher": {
+        "TRIALBUS_API_HOST": "{host}",
+        "TRIALBUS_API_PORT": "{api_port}",
+        "TRIALBUS_WEBUI_URL": "http://{host}:{webui_port}",
+    },  # linked from its page at /
     "services.metrics_gateway": {"TRIALBUS_GATEWAY_HOST": "{host}", "TRIALBUS_GATEWAY_PORT": "{gateway_port}"},
-    "adapter": {"TRIALBUS_REPLICA": "{name}-0", "TRIALBUS_GATEWAY_URL": "http://{host}:{gateway_port}",
-                "TRIALBUS_ADAPTER_HTTP_HOST": "{host}", "TRIALBUS_ADAPTER_HTTP_PORT": "{port}"},
+    "adapter": {
+        "TRIALBUS_REPLICA": "{name}-0",
+        "TRIALBUS_GATEWAY_URL": "http://{host}:{gateway_port}",
+        "TRIALBUS_ADAPTER_HTTP_HOST": "{host}",
+        "TRIALBUS_ADAPTER_HTTP_PORT": "{port}",
+    },
     "services.adapters.local_gpu": {"TRIALBUS_WORK_DIR": "{data_dir}/trials"},
-    "services.tuner": {"TRIALBUS_REPLICA": "{name}-0", "TRIALBUS_TUNER_HTTP_HOST": "{host}",
-                       "TRIALBUS_TUNER_HTTP_PORT": "{port}"},
+    "services.tuner": {
+        "TRIALBUS_REPLICA": "{name}-0",
+        "TRIALBUS_TUNER_HTTP_HOST": "{host}",
+        "TRIALBUS_TUNER_HTTP_PORT": "{port}",
+    },
     "services.webui": {"TRIALBUS_WEBUI_HOST": "{host}", "TRIALBUS_WEBUI_PORT": "{webui_port}"},
-}  # fmt: skip
+}
 HEALTH = {
     "services.dispatcher": "http://{host}:{api_port}/healthz",
     "services.metrics_gateway": "http://{host}:{gateway_port}/healthz",

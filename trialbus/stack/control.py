@@ -73,8 +73,18 @@ def stack_status(data_dir: Path, probe: bool = True) -> StackStatus | None:
         live = supervised and part.pid is not None or part.name in left
         shown = part.state if supervised else ("running" if live else "exited")
         health = _health(record.host, part) if live and probe else "-"
-        parts.append(PartStatus(part.name, part.pid if live else None, shown, (now - part.since).total_seconds(),
-                                part.restarts, health, part.last_exit, part.log))  # fmt: skip
+        parts.append(
+            PartStatus(
+                part.name,
+                part.pid if live else None,
+                shown,
+                (now - part.since).total_seconds(),
+                part.restarts,
+                health,
+                part.last_exit,
+                part.log,
+            )
+        )
     return StackStatus(str(data_dir), state, record.supervisor_pid, record.started_at.isoformat(), record.ports, parts)
 
 
@@ -91,8 +101,10 @@ def down(data_dir: Path, console: Console, keep_trials: bool = False, timeout: f
     if lock.held_elsewhere():
         supervisor = record.supervisor() if record is not None else None
         if supervisor is None or not supervisor.alive():
-            raise StackError(f"a process holds {lock.path} but is not the `trialbus up` recorded in "
-                             f"{data_dir / 'stack.json'}; stop it by hand")  # fmt: skip
+            raise StackError(
+                f"a process holds {lock.path} but is not the `trialbus up` recorded in "
+                f"{data_dir / 'stack.json'}; stop it by hand"
+            )
         (data_dir / STOP_REQUEST).write_text(StopRequest(keep_trials=keep_trials).model_dump_json())
         began = time.monotonic()
         supervisor.signal(signal.SIGTERM)

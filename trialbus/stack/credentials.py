@@ -29,8 +29,11 @@ from trialbus import local
 from trialbus.stack.errors import StackError
 
 #: Secrets a local stack keeps, by compose variable, each in its own file (mode 0600).
-FILES = {"TRIALBUS_API_TOKEN": "api-token", "TRIALBUS_TRIAL_SECRET": "trial-secret",
-         "TRIALBUS_SECRETS_KEY": "secrets-key"}  # fmt: skip
+FILES = {
+    "TRIALBUS_API_TOKEN": "api-token",
+    "TRIALBUS_TRIAL_SECRET": "trial-secret",
+    "TRIALBUS_SECRETS_KEY": "secrets-key",
+}
 NATS_PASSWORDS = "nats-passwords.json"
 
 
@@ -83,8 +86,9 @@ def load(data_dir: Path, environ: dict[str, str] | None = None) -> Credentials:
     if token := environ.get("TRIALBUS_API_TOKEN"):
         keep_secret(data_dir / FILES["TRIALBUS_API_TOKEN"], token)
 
-    passwords = json.loads(secret_file(data_dir / NATS_PASSWORDS, lambda: json.dumps(
-        {user: nats_password() for user in users})))  # fmt: skip
+    passwords = json.loads(
+        secret_file(data_dir / NATS_PASSWORDS, lambda: json.dumps({user: nats_password() for user in users}))
+    )
     missing = [user for user in users if user not in passwords]
     if missing:  # a newer auth.conf has a user this data dir does not know yet
         passwords.update({user: nats_password() for user in missing})

@@ -51,8 +51,10 @@ def check_size(size: int) -> None:
     if size < 1:
         raise StackError(f"--cluster {size}: a stack needs at least one nats-server (1, 3 or 5)")
     if size > MAX_SIZE:
-        raise StackError(f"--cluster {size}: at most {MAX_SIZE} servers, as JetStream keeps at most {MAX_SIZE} "
-                         "copies of a stream; use 3 or 5")  # fmt: skip
+        raise StackError(
+            f"--cluster {size}: at most {MAX_SIZE} servers, as JetStream keeps at most {MAX_SIZE} "
+            "copies of a stream; use 3 or 5"
+        )
     raise StackError(
         f"--cluster {size}: a JetStream cluster needs an odd number of servers, 3 or more ({size} survive no "
         f"more lost servers than {size - 1}: a quorum is {size // 2 + 1} of {size}); use 1 (one server), 3 or 5"
@@ -120,8 +122,10 @@ def plan(host: str, nats_port: int, size: int, data_dir: Path, taken: Iterable[i
     _check_store(data_dir / CLUSTER_STORE, names)
     ports = free_ports(host, 3 * size - 1, {nats_port, *taken})
     client, routes, monitors = [nats_port, *ports[: size - 1]], ports[size - 1 : 2 * size - 1], ports[2 * size - 1 :]
-    nodes = tuple(Node(name, client[i], routes[i], monitors[i], data_dir / CLUSTER_STORE / name,
-                       data_dir / f"{name}.conf") for i, name in enumerate(names))  # fmt: skip
+    nodes = tuple(
+        Node(name, client[i], routes[i], monitors[i], data_dir / CLUSTER_STORE / name, data_dir / f"{name}.conf")
+        for i, name in enumerate(names)
+    )
     return Broker(host, nodes)
 
 
@@ -172,17 +176,20 @@ def write_configs(broker: Broker, data_dir: Path) -> None:
     routes = ", ".join(json.dumps(f"nats://{ROUTE_USER}:{password}@{broker.host}:{n.route_port}") for n in broker.nodes)
     for node in broker.nodes:
         node.store.mkdir(parents=True, exist_ok=True)
-        local.write_private(node.config, (
-            header + "# Mode 0600: it holds the password the nodes route to each other with.\n"
-            f"server_name: {json.dumps(node.name)}\n"
-            f"listen: {json.dumps(f'{broker.host}:{node.port}')}\n"
-            f"http: {json.dumps(f'{broker.host}:{node.monitor_port}')}\n"
-            f"jetstream {{ store_dir: {json.dumps(str(node.store))} }}\n"
-            "cluster {\n"
-            f"  name: {CLUSTER_NAME}\n"
-            f"  listen: {json.dumps(f'{broker.host}:{node.route_port}')}\n"
-            f"  authorization {{ user: {ROUTE_USER}, password: {json.dumps(password)} }}\n"
-            f"  routes: [{routes}]\n"
-            "}\n"
-            "include nats-auth.conf\n"
-        ))  # fmt: skip
+        local.write_private(
+            node.config,
+            (
+                header + "# Mode 0600: it holds the password the nodes route to each other with.\n"
+                f"server_name: {json.dumps(node.name)}\n"
+                f"listen: {json.dumps(f'{broker.host}:{node.port}')}\n"
+                f"http: {json.dumps(f'{broker.host}:{node.monitor_port}')}\n"
+                f"jetstream {{ store_dir: {json.dumps(str(node.store))} }}\n"
+                "cluster {\n"
+                f"  name: {CLUSTER_NAME}\n"
+                f"  listen: {json.dumps(f'{broker.host}:{node.route_port}')}\n"
+                f"  authorization {{ user: {ROUTE_USER}, password: {json.dumps(password)} }}\n"
+                f"  routes: [{routes}]\n"
+                "}\n"
+                "include nats-auth.conf\n"
+            ),
+        )

@@ -107,11 +107,17 @@ class Part:
 
     def record(self) -> PartRecord:
         return PartRecord(
-            name=self.name, pid=self.proc.pid if self.alive() and self.proc else None,
-            started=self.identity.started if self.alive() and self.identity else None, state=self.state,
-            since=self.since, restarts=self.restarts.count, health=self.health_url, port=self.port,
-            last_exit=self.last_exit, log=str(self.log),
-        )  # fmt: skip
+            name=self.name,
+            pid=self.proc.pid if self.alive() and self.proc else None,
+            started=self.identity.started if self.alive() and self.identity else None,
+            state=self.state,
+            since=self.since,
+            restarts=self.restarts.count,
+            health=self.health_url,
+            port=self.port,
+            last_exit=self.last_exit,
+            log=str(self.log),
+        )
 
 
 class Stack:
@@ -145,9 +151,14 @@ class Stack:
         """Environment for programs that use the stack (``trialbus up -- CMD``): its URLs, the
         NATS client user and the API token, as a client on this machine finds them."""
         found = self.local_stack()
-        env = {"TRIALBUS_NATS_URL": found.nats_url, "TRIALBUS_API_URL": found.api_url,
-               "TRIALBUS_WEBUI_URL": found.webui_url, "TRIALBUS_DATA_DIR": str(self.data_dir),
-               "TRIALBUS_NATS_USER": found.nats_user, "TRIALBUS_NATS_PASSWORD": found.nats_password}  # fmt: skip
+        env = {
+            "TRIALBUS_NATS_URL": found.nats_url,
+            "TRIALBUS_API_URL": found.api_url,
+            "TRIALBUS_WEBUI_URL": found.webui_url,
+            "TRIALBUS_DATA_DIR": str(self.data_dir),
+            "TRIALBUS_NATS_USER": found.nats_user,
+            "TRIALBUS_NATS_PASSWORD": found.nats_password,
+        }
         if found.api_token:
             env["TRIALBUS_API_TOKEN"] = found.api_token
         return {**self._base_env(), **env}
@@ -185,15 +196,24 @@ class Stack:
     def _define(self) -> list[Part]:
         o = self.options
         values: dict[str, str | int] = {
-            "host": o.host, "nats_port": o.nats_port, "api_port": o.api_port,
-            "gateway_port": o.gateway_port, "webui_port": o.webui_port, "data_dir": str(self.data_dir),
-        }  # fmt: skip
+            "host": o.host,
+            "nats_port": o.nats_port,
+            "api_port": o.api_port,
+            "gateway_port": o.gateway_port,
+            "webui_port": o.webui_port,
+            "data_dir": str(self.data_dir),
+        }
         self.credentials = creds = credentials.load(self.data_dir)
-        broker = self.broker = nats.plan(o.host, o.nats_port, o.cluster, self.data_dir,
-                                         (o.api_port, o.gateway_port, o.webui_port))  # fmt: skip
+        broker = self.broker = nats.plan(
+            o.host, o.nats_port, o.cluster, self.data_dir, (o.api_port, o.gateway_port, o.webui_port)
+        )
         local.write(self.data_dir, self.local_stack())
-        common = {**self._base_env(), "TRIALBUS_NATS_URL": broker.urls, "TRIALBUS_DATA_DIR": str(self.data_dir),
-                  "TRIALBUS_STREAM_REPLICAS": str(broker.replicas)}  # fmt: skip
+        common = {
+            **self._base_env(),
+            "TRIALBUS_NATS_URL": broker.urls,
+            "TRIALBUS_DATA_DIR": str(self.data_dir),
+            "TRIALBUS_STREAM_REPLICAS": str(broker.replicas),
+        }
 
         def restarts() -> Restarts:
             return Restarts(o.restart_backoff, o.restart_backoff_max, o.crash_loop, o.crash_loop_window)
@@ -201,9 +221,19 @@ class Stack:
         binary = nats_server_binary()
         nats.write_configs(broker, self.data_dir)
         nats_env = {**common, **{v: creds.nats[u] for u, v in creds.nats_variables.items()}}
-        parts = [Part(node.name, [binary, "-c", str(node.config)], nats_env, node.health(o.host), node.port,
-                      self.nats_restart, self.log_dir / f"{node.name}.log", restarts())
-                 for node in broker.nodes]  # fmt: skip
+        parts = [
+            Part(
+                node.name,
+                [binary, "-c", str(node.config)],
+                nats_env,
+                node.health(o.host),
+                node.port,
+                self.nats_restart,
+                self.log_dir / f"{node.name}.log",
+                restarts(),
+            )
+            for node in broker.nodes
+        ]
         variables = {**os.environ, **creds.variables}
         for service in self.services:
             env = {**common, **{k: _fill(v, values) for k, v in service.env.items()}}
@@ -211,8 +241,18 @@ class Stack:
                 if (value := interpolate(template, variables)) is not None:
                     env[key] = value
             health = _fill(service.health, values) if service.health else None
-            parts.append(Part(service.name, [sys.executable, *service.argv], env, health, None, service.restart,
-                              self.log_dir / f"{service.name}.log", restarts()))  # fmt: skip
+            parts.append(
+                Part(
+                    service.name,
+                    [sys.executable, *service.argv],
+                    env,
+                    health,
+                    None,
+                    service.restart,
+                    self.log_dir / f"{service.name}.log",
+                    restarts(),
+                )
+            )
         return parts
 
     def local_stack(self) -> local.LocalStack:
@@ -222,8 +262,14 @@ class Stack:
         if creds is None:
             raise RuntimeError("the stack's credentials are not loaded yet (define the stack first)")
         urls = self.broker.urls if self.broker is not None else o.nats_url
-        return local.LocalStack(nats_url=urls, nats_user="client", nats_password=creds.nats["client"],
-                                api_url=o.api_url, webui_url=o.webui_url, api_token=creds.api_token)  # fmt: skip
+        return local.LocalStack(
+            nats_url=urls,
+            nats_user="client",
+            nats_password=creds.nats["client"],
+            api_url=o.api_url,
+            webui_url=o.webui_url,
+            api_token=creds.api_token,
+        )
 
     def check_ports(self) -> None:
         """Each port of the stack is free, or an error naming the port, who holds it and the option to change."""
@@ -238,16 +284,20 @@ class Stack:
                 continue
             holder = port_holder(port)
             if holder is None:
-                raise StackError(f"port {port} for {what} is in use on {o.host} by a program this user cannot see: "
-                                 f"stop it, or choose another port with {flag}")  # fmt: skip
+                raise StackError(
+                    f"port {port} for {what} is in use on {o.host} by a program this user cannot see: "
+                    f"stop it, or choose another port with {flag}"
+                )
             stack = stack_of(holder)
             if stack is not None:
                 raise StackError(
                     f"port {port} for {what} is in use on {o.host} by {describe(holder, 60)}, part of the Trialbus "
                     f"stack on {stack}: `trialbus down --data-dir {stack}` stops it; or choose another port with {flag}"
                 )
-            raise StackError(f"port {port} for {what} is in use on {o.host} by {describe(holder)}: stop that "
-                             f"program, or choose another port with {flag}")  # fmt: skip
+            raise StackError(
+                f"port {port} for {what} is in use on {o.host} by {describe(holder)}: stop that "
+                f"program, or choose another port with {flag}"
+            )
 
     def spawn(self, part: Part, reason: str | None = None) -> None:
         """Start ``part`` (again, after ``reason``); its log is new at the first start, appended after."""
@@ -260,9 +310,13 @@ class Stack:
                 out.write(f"\n----- {when}: restarted after {reason} -----\n".encode())
                 out.flush()
             part.proc = subprocess.Popen(
-                part.argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                part.argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         part.identity = ProcessId.of(part.proc.pid) or ProcessId(part.proc.pid, 0.0)
         part.started = time.monotonic()
         part.restart_at = None
@@ -291,19 +345,23 @@ class Stack:
                         waiting.remove(part)
                         self.mark(part, "running")
                         where = f"nats://{self.options.host}:{part.port}" if part.port else part.health_url or "running"
-                        self.console.print(f"[green]✓[/] {part.name} ready: {where} "
-                                           f"[dim](pid {part.process().pid}, log {part.log})[/]")  # fmt: skip
+                        self.console.print(
+                            f"[green]✓[/] {part.name} ready: {where} [dim](pid {part.process().pid}, log {part.log})[/]"
+                        )
                     elif not part.alive():
-                        raise StackError(f"{part.name} exited during startup ({part.exit_text()}); log: {part.log}",
-                                         tail(part.log))  # fmt: skip
+                        raise StackError(
+                            f"{part.name} exited during startup ({part.exit_text()}); log: {part.log}", tail(part.log)
+                        )
                 if not waiting:
                     break
                 if self.signals.requested:
                     raise StackError("interrupted during startup; stopped what had started", exit_code=130)
                 if time.monotonic() > deadline:
                     late = waiting[0]
-                    raise StackError(f"{late.name} was not ready within {self.options.start_timeout:g}s; "
-                                     f"log: {late.log}", tail(late.log))  # fmt: skip
+                    raise StackError(
+                        f"{late.name} was not ready within {self.options.start_timeout:g}s; log: {late.log}",
+                        tail(late.log),
+                    )
                 self.signals.wait(0.1)
 
     def mark(self, part: Part, state: PartState) -> None:

@@ -157,8 +157,11 @@ def claim(data_dir: Path) -> DataDirLock:
     if lock.acquire():
         return lock
     record = read_record(data_dir)
-    who = f"`trialbus up` (pid {record.supervisor_pid}, since {record.started_at:%Y-%m-%d %H:%M:%S})" if record else (
-        f"another `trialbus up` (it holds {lock.path})")
+    who = (
+        f"`trialbus up` (pid {record.supervisor_pid}, since {record.started_at:%Y-%m-%d %H:%M:%S})"
+        if record
+        else (f"another `trialbus up` (it holds {lock.path})")
+    )
     raise StackError(
         f"a stack already runs on {data_dir}: {who}. Stop it with `trialbus down --data-dir {data_dir}`, "
         f"see it with `trialbus status --data-dir {data_dir}`, or use another --data-dir"

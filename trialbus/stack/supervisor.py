@@ -129,18 +129,24 @@ class Supervisor:
         any directory find it there. A runtime dir that cannot be used costs only that."""
         found = self.stack.local_stack()
         try:
-            self._registration = runtime.register(self._me.pid, str(self.stack.data_dir),
-                                                  self.started_at.isoformat(), asdict(found))  # fmt: skip
+            self._registration = runtime.register(
+                self._me.pid, str(self.stack.data_dir), self.started_at.isoformat(), asdict(found)
+            )
         except OSError as exc:  # RuntimeDirError included
-            self.console.print(f"[yellow]could not register the stack for clients in other directories ({exc}): "
-                               f"they find it with TRIALBUS_DATA_DIR={self.stack.data_dir}[/]")  # fmt: skip
+            self.console.print(
+                f"[yellow]could not register the stack for clients in other directories ({exc}): "
+                f"they find it with TRIALBUS_DATA_DIR={self.stack.data_dir}[/]"
+            )
 
     def _banner(self) -> None:
         o = self.options
         found = self.stack.local_stack()
         broker = self.stack.broker
-        nats = f"NATS cluster of {len(broker.nodes)} ({broker.urls})" if broker and broker.clustered else (
-            f"NATS {o.nats_url}")
+        nats = (
+            f"NATS cluster of {len(broker.nodes)} ({broker.urls})"
+            if broker and broker.clustered
+            else (f"NATS {o.nats_url}")
+        )
         self.console.print(
             f"[bold green]Trialbus is up[/]: {nats}, API {o.api_url}, "
             f"gateway http://{o.host}:{o.gateway_port}; logs in {self.stack.log_dir}"
@@ -148,19 +154,27 @@ class Supervisor:
         if self.console.is_terminal or not found.api_token:  # the login link holds the token: never in a log
             self.console.print(f"Web UI: {escape(found.login_url)}", soft_wrap=True)
         else:
-            self.console.print(f"Web UI: {found.webui_url} (log in with {found.webui_url}/login?token=<the token in "
-                               f"{self.stack.data_dir / API_TOKEN_FILE}>)", soft_wrap=True)  # fmt: skip
+            self.console.print(
+                f"Web UI: {found.webui_url} (log in with {found.webui_url}/login?token=<the token in "
+                f"{self.stack.data_dir / API_TOKEN_FILE}>)",
+                soft_wrap=True,
+            )
         if self._registration is not None:
-            self.console.print(f"[dim]Credentials (mode 0600) in {self.stack.data_dir} and {self._registration.path}: "
-                               "the CLI and the Python client find them from any directory (`trialbus status --all` "
-                               "lists the stacks)[/]")  # fmt: skip
+            self.console.print(
+                f"[dim]Credentials (mode 0600) in {self.stack.data_dir} and {self._registration.path}: "
+                "the CLI and the Python client find them from any directory (`trialbus status --all` "
+                "lists the stacks)[/]"
+            )
         else:
-            self.console.print(f"[dim]Credentials (mode 0600) in {self.stack.data_dir}: the CLI and the Python client "
-                               f"find them from this directory or with TRIALBUS_DATA_DIR={self.stack.data_dir}[/]")
+            self.console.print(
+                f"[dim]Credentials (mode 0600) in {self.stack.data_dir}: the CLI and the Python client "
+                f"find them from this directory or with TRIALBUS_DATA_DIR={self.stack.data_dir}[/]"
+            )
         if not self.command:
             trials = "leaves running trials to the next `trialbus up`" if o.keep_trials else "cancels running trials"
-            self.console.print(f"Press Ctrl-C to stop ({trials}; twice to kill at once). "
-                               f"`trialbus status` shows each part.")  # fmt: skip
+            self.console.print(
+                f"Press Ctrl-C to stop ({trials}; twice to kill at once). `trialbus status` shows each part."
+            )
 
     def _run_command(self, command: Sequence[str]) -> subprocess.Popen[bytes]:
         """CMD in its own process group: the stop signal reaches it once, from here."""
@@ -195,17 +209,18 @@ class Supervisor:
         if not part.policy.restarts(code, part.restarts.count):
             self.stack.mark(part, "exited")
             raise StackError(
-                f"{part.name} stopped unexpectedly ({text}) and its restart policy is '{part.policy}'; "
-                f"log: {part.log}", tail(part.log),
-            )  # fmt: skip
+                f"{part.name} stopped unexpectedly ({text}) and its restart policy is '{part.policy}'; log: {part.log}",
+                tail(part.log),
+            )
         delay = part.restarts.exited(now)
         if delay is None:
             self.stack.mark(part, "exited")
             o = self.options
             raise StackError(
                 f"{part.name} keeps dying: {o.crash_loop} exits within {o.crash_loop_window:g}s, the last with "
-                f"{text}; stopped the stack. Its log: {part.log}", tail(part.log, 30),
-            )  # fmt: skip
+                f"{text}; stopped the stack. Its log: {part.log}",
+                tail(part.log, 30),
+            )
         part.restart_at = now + delay
         self._exited_at[part.name] = now
         self.stack.mark(part, "restarting")
@@ -227,12 +242,16 @@ class Supervisor:
         if self.stack.ready(part):
             self.stack.mark(part, "running")
             away = now - self._exited_at.pop(part.name, part.started)
-            self.console.print(f"[green]✓[/] {_clock()} {part.name} ready again "
-                               f"[dim](pid {part.process().pid}, {away:.1f}s after it exited)[/]")  # fmt: skip
+            self.console.print(
+                f"[green]✓[/] {_clock()} {part.name} ready again "
+                f"[dim](pid {part.process().pid}, {away:.1f}s after it exited)[/]"
+            )
         elif now - part.started > self.options.start_timeout and part.name not in self._late:
             self._late.add(part.name)
-            self.console.print(f"[yellow]{_clock()} {part.name} is not ready {self.options.start_timeout:g}s "
-                               f"after its restart; still waiting. Log: {part.log}[/]")  # fmt: skip
+            self.console.print(
+                f"[yellow]{_clock()} {part.name} is not ready {self.options.start_timeout:g}s "
+                f"after its restart; still waiting. Log: {part.log}[/]"
+            )
 
     # -- stopping ------------------------------------------------------------------------------
 
@@ -244,8 +263,10 @@ class Supervisor:
         deadline = time.monotonic() + o.stop_timeout
         request = take_stop_request(self.stack.data_dir)
         if self.signals.requested and not self.signals.hurried:
-            self.console.print(f"[bold]{_clock()} stopping[/] ({escape(self._how(request))}); "
-                               "press Ctrl-C again to kill every part at once")  # fmt: skip
+            self.console.print(
+                f"[bold]{_clock()} stopping[/] ({escape(self._how(request))}); "
+                "press Ctrl-C again to kill every part at once"
+            )
         code = self._stop_command(code, deadline)
         keep = o.keep_trials or (request is not None and request.keep_trials)
         user_stop = self.signals.requested or (self.child is not None and self.child.returncode is not None)
@@ -253,8 +274,10 @@ class Supervisor:
             self._end_trials(request, min(deadline - 2.0, time.monotonic() + o.stop_timeout * TRIALS_SHARE))
         self.stack.stop(deadline)
         if self.signals.hurried:
-            self.console.print("[bold red]second signal: killed every part of the stack at once[/] (trials still "
-                               "running are left to the next `trialbus up`, which adopts them)")  # fmt: skip
+            self.console.print(
+                "[bold red]second signal: killed every part of the stack at once[/] (trials still "
+                "running are left to the next `trialbus up`, which adopts them)"
+            )
             return 128 + (self.signals.first or signal.SIGINT)
         return code
 
@@ -290,16 +313,21 @@ class Supervisor:
         reason = f"trialbus up stopped ({self._how(request)})"
         with self.console.status("ending the running trials…"):
             found = self.stack.local_stack()
-            result = end_running_trials(found.nats_url, (found.nats_user, found.nats_password), reason, deadline,
-                                        lambda: self.signals.hurried)  # fmt: skip
+            result = end_running_trials(
+                found.nats_url, (found.nats_user, found.nats_password), reason, deadline, lambda: self.signals.hurried
+            )
         if result.error:
-            self.console.print(f"[yellow]could not stop the running experiments ({escape(result.error)}); their "
-                               "trials run on and the next `trialbus up` adopts them[/]")  # fmt: skip
+            self.console.print(
+                f"[yellow]could not stop the running experiments ({escape(result.error)}); their "
+                "trials run on and the next `trialbus up` adopts them[/]"
+            )
         for experiment_id, trials in result.stopped.items():
             self.console.print(f"stopped experiment {experiment_id} ({trials} running trials cancelled: {reason})")
         if result.still_running:
-            self.console.print(f"[yellow]{result.still_running} trials had not ended in time; their adapters "
-                               "end them, or the next `trialbus up` does[/]")  # fmt: skip
+            self.console.print(
+                f"[yellow]{result.still_running} trials had not ended in time; their adapters "
+                "end them, or the next `trialbus up` does[/]"
+            )
 
     # -- the state file ------------------------------------------------------------------------
 
@@ -307,8 +335,9 @@ class Supervisor:
         child, identity = self.child, self._child_id
         if child is None or identity is None or child.poll() is not None:
             return None
-        return PartRecord(name="command", pid=child.pid, started=identity.started, state="running",
-                          since=self.started_at, log="")  # fmt: skip
+        return PartRecord(
+            name="command", pid=child.pid, started=identity.started, state="running", since=self.started_at, log=""
+        )
 
     def _nats_ports(self) -> dict[str, int]:
         return self.stack.broker.ports if self.stack.broker is not None else {}
@@ -317,15 +346,19 @@ class Supervisor:
         o = self.options
         me = self._me
         record = StackRecord(
-            supervisor_pid=me.pid, supervisor_started=me.started, started_at=self.started_at,
-            data_dir=str(self.stack.data_dir), host=o.host, ports={**o.ports, **self._nats_ports()},
+            supervisor_pid=me.pid,
+            supervisor_started=me.started,
+            started_at=self.started_at,
+            data_dir=str(self.stack.data_dir),
+            host=o.host,
+            ports={**o.ports, **self._nats_ports()},
             keep_trials=o.keep_trials,
-            parts=[part.record() for part in self.stack.parts], command=self._command_record(),
-        )  # fmt: skip
+            parts=[part.record() for part in self.stack.parts],
+            command=self._command_record(),
+        )
         with contextlib.suppress(OSError):  # a full disk must not stop the supervision
             write_record(self.stack.data_dir, record)
 
 
 def _clock() -> str:
     return datetime.now().strftime("%H:%M:%S")
-

@@ -71,8 +71,12 @@ class FakeAdapter(PlatformAdapter):
         duration = float(parameters.get("duration", 0.0))
         handle = TrialHandle(request.experiment_id, request.trial_id, request.attempt, ref=key)
         stderr = parameters.get("stderr")
-        run = FakeRun(handle, time.monotonic() + duration, int(parameters.get("exitCode", 0)),
-                      stderr if isinstance(stderr, str) else None)
+        run = FakeRun(
+            handle,
+            time.monotonic() + duration,
+            int(parameters.get("exitCode", 0)),
+            stderr if isinstance(stderr, str) else None,
+        )
         self.platform.runs[key] = self.platform.live[key] = run
         self.platform.starts[request.trial_id] = self.platform.starts.get(request.trial_id, 0) + 1
         asyncio.get_running_loop().call_later(duration, self.notify, handle)  # the platform's "it exited" callback

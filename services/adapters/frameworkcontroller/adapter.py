@@ -116,8 +116,10 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
     def root(self, service: FrameworkcontrollerConfig) -> sharefs.Share:
         local = self.settings.share_mounts.get(service.storage.url)
         if local is None:
-            raise PermanentError(f"storage {service.storage.url} is not mounted on the adapter's host: mount it and "
-                                 "name the folder in TRIALBUS_SHARE_MOUNTS")  # fmt: skip
+            raise PermanentError(
+                f"storage {service.storage.url} is not mounted on the adapter's host: mount it and "
+                "name the folder in TRIALBUS_SHARE_MOUNTS"
+            )
         return sharefs.Share(str(local), service.container_mount_path)
 
     async def check(self, service: TrainingService) -> list[str]:
@@ -127,8 +129,10 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         try:
             local = Path(self.root(service).local)
             if not local.is_dir() or not os.access(local, os.W_OK):
-                problems.append(f"storage {service.storage.url} is mounted at {local} on the adapter's host, but that "
-                                "is not a writable folder")  # fmt: skip
+                problems.append(
+                    f"storage {service.storage.url} is mounted at {local} on the adapter's host, but that "
+                    "is not a writable folder"
+                )
         except PermanentError as exc:
             problems.append(str(exc))
         if isinstance(service.storage, AzureStorage):
@@ -156,13 +160,20 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
             raise PermanentError(f"the frameworkcontroller adapter cannot run platform {service.platform!r}")
         root = self.root(service)
         share = sharefs.trial_share(root, request.experiment_id, request.trial_id, request.attempt)
-        bin_hash, fresh = await sharefs.prepare(self.bus, self.bundle, root, share, request, "frameworkcontroller",
-                                                self.settings)  # fmt: skip
+        bin_hash, fresh = await sharefs.prepare(
+            self.bus, self.bundle, root, share, request, "frameworkcontroller", self.settings
+        )
         if isinstance(service.storage, AzureStorage):
             await self._secret(request.experiment_id, service)
-        body = frameworks.render(service, request.experiment_id, request.trial_id, request.attempt,
-                                 self.settings.replica, share.container,
-                                 f"{root.container}/trialbus/bin/{bin_hash}/trial_keeper.py")  # fmt: skip
+        body = frameworks.render(
+            service,
+            request.experiment_id,
+            request.trial_id,
+            request.attempt,
+            self.settings.replica,
+            share.container,
+            f"{root.container}/trialbus/bin/{bin_hash}/trial_keeper.py",
+        )
         name = body["metadata"]["name"]
         try:
             await self.kube().create(service.namespace, body)
@@ -170,16 +181,30 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
             if fresh:  # not ours: a name we did not create
                 raise PermanentError(f"a Framework named {service.namespace}/{name} exists already") from None
             log.info("Framework %s/%s was created before a restart: adopting it", service.namespace, name)
-        job = self._track(TrialHandle(request.experiment_id, request.trial_id, request.attempt,
-                                      ref=f"{service.namespace}/{name}#{share.local}", start_time=utcnow()),
-                          service)  # fmt: skip
+        job = self._track(
+            TrialHandle(
+                request.experiment_id,
+                request.trial_id,
+                request.attempt,
+                ref=f"{service.namespace}/{name}#{share.local}",
+                start_time=utcnow(),
+            ),
+            service,
+        )
         return job.handle
 
     def _track(self, handle: TrialHandle, service: FrameworkcontrollerConfig) -> Job:
         namespace, name = handle.ref.split("#", 1)[0].split("/", 1)
         timeout = service.preparing_timeout or self.settings.preparing_timeout
-        job = Job(handle, namespace, name, handle.ref.split("#", 1)[1], f"{service.reporting_role.name}-0", timeout,
-                  since=time.monotonic())  # fmt: skip
+        job = Job(
+            handle,
+            namespace,
+            name,
+            handle.ref.split("#", 1)[1],
+            f"{service.reporting_role.name}-0",
+            timeout,
+            since=time.monotonic(),
+        )
         self.jobs[(handle.trial_id, handle.attempt)] = self.by_name[(namespace, name)] = job
         if namespace not in self._watches or self._watches[namespace].done():
             self._watches[namespace] = asyncio.create_task(self._watch(namespace))
@@ -191,18 +216,24 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
                 from azure.identity import DefaultAzureCredential
                 from azure.keyvault.secrets import SecretClient
             except ImportError:
-                raise PermanentError("keyVaultName needs the Azure SDK on the adapter's host: pip install "
-                                     "'trialbus[azure]' (or set TRIALBUS_AZURE_STORAGE_KEY instead)") from None
+                raise PermanentError(
+                    "keyVaultName needs the Azure SDK on the adapter's host: pip install "
+                    "'trialbus[azure]' (or set TRIALBUS_AZURE_STORAGE_KEY instead)"
+                ) from None
             client = SecretClient(f"https://{storage.key_vault_name}.vault.azure.net", DefaultAzureCredential())
             try:
                 secret = await asyncio.to_thread(client.get_secret, storage.key_vault_key)
             except Exception as exc:  # noqa: BLE001 - the SDK's errors are many; say which vault and key
-                raise PermanentError(f"cannot read secret {storage.key_vault_key!r} from Key Vault "
-                                     f"{storage.key_vault_name!r}: {type(exc).__name__}") from None
+                raise PermanentError(
+                    f"cannot read secret {storage.key_vault_key!r} from Key Vault "
+                    f"{storage.key_vault_name!r}: {type(exc).__name__}"
+                ) from None
             return str(secret.value)
         if self.settings.azure_storage_key is None:
-            raise PermanentError("storageType azureStorage needs the storage account key: set keyVaultName and "
-                                 "keyVaultKey, or TRIALBUS_AZURE_STORAGE_KEY on the adapter")  # fmt: skip
+            raise PermanentError(
+                "storageType azureStorage needs the storage account key: set keyVaultName and "
+                "keyVaultKey, or TRIALBUS_AZURE_STORAGE_KEY on the adapter"
+            )
         return self.settings.azure_storage_key.get_secret_value()
 
     async def _secret(self, experiment_id: str, service: FrameworkcontrollerConfig) -> None:
@@ -213,11 +244,20 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         assert isinstance(storage, AzureStorage)
         key = await self._storage_key(storage)
         encoded = {"azurestorageaccountname": storage.azure_account, "azurestorageaccountkey": key}
-        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                "metadata": {"name": frameworks.secret_name(experiment_id), "namespace": service.namespace,
-                             "labels": {f"{frameworks.LABEL}/experiment": experiment_id,
-                                        f"{frameworks.LABEL}/replica": frameworks.label_value(self.settings.replica)}},
-                "data": {k: base64.b64encode(v.encode()).decode() for k, v in encoded.items()}}  # fmt: skip
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {
+                "name": frameworks.secret_name(experiment_id),
+                "namespace": service.namespace,
+                "labels": {
+                    f"{frameworks.LABEL}/experiment": experiment_id,
+                    f"{frameworks.LABEL}/replica": frameworks.label_value(self.settings.replica),
+                },
+            },
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in encoded.items()},
+        }
         await self.kube().create_secret(service.namespace, body)
         self.secrets[experiment_id] = service.namespace
 
@@ -228,8 +268,13 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         if job.outcome is not None:
             return job.outcome
         if job.deleted:
-            job.outcome = TrialOutcome(TrialStatus.SYS_CANCELED, None, f"Framework {job.namespace}/{job.name} was "
-                                       "deleted outside Trialbus", None, utcnow())  # fmt: skip
+            job.outcome = TrialOutcome(
+                TrialStatus.SYS_CANCELED,
+                None,
+                f"Framework {job.namespace}/{job.name} was deleted outside Trialbus",
+                None,
+                utcnow(),
+            )
             return job.outcome
         state = frameworks.state_of(job.framework)
         if frameworks.phase(state) == "ended" and job.framework is not None:  # ended: a state read from it
@@ -240,16 +285,25 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         if frameworks.phase(state) == "waiting" and not job.canceled:
             if state == "AttemptPreparing" and waited > job.preparing_timeout:
                 await self.kube().stop(job.namespace, job.name)
-                job.outcome = TrialOutcome(TrialStatus.FAILED, None, f"Framework {job.namespace}/{job.name} stayed "
-                                           f"AttemptPreparing for {waited:.0f}s (an image that cannot be pulled, or no "
-                                           "room for its pods?): stopped", "trial", utcnow())  # fmt: skip
+                job.outcome = TrialOutcome(
+                    TrialStatus.FAILED,
+                    None,
+                    f"Framework {job.namespace}/{job.name} stayed "
+                    f"AttemptPreparing for {waited:.0f}s (an image that cannot be pulled, or no "
+                    "room for its pods?): stopped",
+                    "trial",
+                    utcnow(),
+                )
                 return job.outcome
             if waited > self.settings.queue_note_after:
-                raise Stale(f"Framework {job.namespace}/{job.name} is {state} (waiting for its pods)",
-                            delay=self.settings.poll_interval)  # fmt: skip
+                raise Stale(
+                    f"Framework {job.namespace}/{job.name} is {state} (waiting for its pods)",
+                    delay=self.settings.poll_interval,
+                )
         if self.error is not None:
-            raise Stale(f"cannot watch Framework {job.namespace}/{job.name}: {self.error}",
-                        delay=self.settings.poll_interval)  # fmt: skip
+            raise Stale(
+                f"cannot watch Framework {job.namespace}/{job.name}: {self.error}", delay=self.settings.poll_interval
+            )
         return None
 
     async def cancel(self, handle: TrialHandle) -> None:
@@ -335,8 +389,9 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
                 if trialdir.is_reported(folder):
                     continue
                 started = frameworks.parse_time((obj.get("status") or {}).get("startTime")) or utcnow()
-                handle = TrialHandle(state.id, trial_id, attempt, ref=f"{service.namespace}/{meta['name']}#{folder}",
-                                     start_time=started)  # fmt: skip
+                handle = TrialHandle(
+                    state.id, trial_id, attempt, ref=f"{service.namespace}/{meta['name']}#{folder}", start_time=started
+                )
                 self._track(handle, service).framework = obj
                 handles.append(handle)
         return handles

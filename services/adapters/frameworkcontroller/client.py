@@ -40,8 +40,11 @@ class Kubernetes:
         from kubernetes import client, config
 
         self.timeout = timeout
-        path = kubeconfig or (Path(os.environ["KUBECONFIG"].split(os.pathsep)[0]) if os.environ.get("KUBECONFIG")
-                              else Path("~/.kube/config").expanduser())  # fmt: skip
+        path = kubeconfig or (
+            Path(os.environ["KUBECONFIG"].split(os.pathsep)[0])
+            if os.environ.get("KUBECONFIG")
+            else Path("~/.kube/config").expanduser()
+        )
         try:
             if path.is_file():
                 self.api = config.new_client_from_config(config_file=str(path))
@@ -51,8 +54,10 @@ class Kubernetes:
                 self.api = client.ApiClient()
                 self.where = "this pod's cluster"
             else:
-                raise PermanentError(f"no Kubernetes configuration: {path} does not exist and this is not a pod; "
-                                     "set KUBECONFIG (or TRIALBUS_KUBECONFIG) to a kubeconfig file")  # fmt: skip
+                raise PermanentError(
+                    f"no Kubernetes configuration: {path} does not exist and this is not a pod; "
+                    "set KUBECONFIG (or TRIALBUS_KUBECONFIG) to a kubeconfig file"
+                )
         except config.ConfigException as exc:
             raise PermanentError(f"cannot read the Kubernetes configuration {path}: {exc}") from None
         self.server = self.api.configuration.host
@@ -79,41 +84,78 @@ class Kubernetes:
         except ApiException as exc:
             raise error_of(exc.status, exc.body, doing) from None
         except (HTTPError, OSError) as exc:
-            raise TransientError(f"cannot reach the Kubernetes API server at {self.server} while {doing}: {exc}",
-                                 delay=2.0) from None  # fmt: skip
+            raise TransientError(
+                f"cannot reach the Kubernetes API server at {self.server} while {doing}: {exc}", delay=2.0
+            ) from None
 
     # ------------------------------------------------------------------ frameworks
 
     async def create(self, namespace: str, body: dict) -> dict:
         name = body["metadata"]["name"]
-        return await self.call(f"creating Framework {namespace}/{name}", self.custom.create_namespaced_custom_object,
-                               GROUP, VERSION, namespace, PLURAL, body)  # fmt: skip
+        return await self.call(
+            f"creating Framework {namespace}/{name}",
+            self.custom.create_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            body,
+        )
 
     async def get(self, namespace: str, name: str) -> dict | None:
         try:
-            return await self.call(f"reading Framework {namespace}/{name}", self.custom.get_namespaced_custom_object,
-                                   GROUP, VERSION, namespace, PLURAL, name)  # fmt: skip
+            return await self.call(
+                f"reading Framework {namespace}/{name}",
+                self.custom.get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+            )
         except NotFound:
             return None
 
     async def list(self, namespace: str, selector: str) -> tuple[list[dict], str]:
         """The Frameworks matching ``selector`` and the list's resourceVersion (to watch from)."""
-        found = await self.call(f"listing Frameworks in namespace {namespace}",
-                                self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
-                                label_selector=selector)  # fmt: skip
+        found = await self.call(
+            f"listing Frameworks in namespace {namespace}",
+            self.custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            label_selector=selector,
+        )
         return found.get("items") or [], str((found.get("metadata") or {}).get("resourceVersion") or "")
 
     async def stop(self, namespace: str, name: str) -> None:
         """``executionType: Stop`` (merge patch); a Framework already gone is no error."""
         with contextlib.suppress(NotFound):
-            await self.call(f"stopping Framework {namespace}/{name}", self.custom.patch_namespaced_custom_object,
-                            GROUP, VERSION, namespace, PLURAL, name, {"spec": {"executionType": "Stop"}},
-                            _content_type="application/merge-patch+json")  # fmt: skip
+            await self.call(
+                f"stopping Framework {namespace}/{name}",
+                self.custom.patch_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"spec": {"executionType": "Stop"}},
+                _content_type="application/merge-patch+json",
+            )
 
     async def delete(self, namespace: str, name: str) -> None:
         with contextlib.suppress(NotFound):
-            await self.call(f"deleting Framework {namespace}/{name}", self.custom.delete_namespaced_custom_object,
-                            GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Foreground")  # fmt: skip
+            await self.call(
+                f"deleting Framework {namespace}/{name}",
+                self.custom.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                propagation_policy="Foreground",
+            )
 
     def watch(self, namespace: str, selector: str, resource_version: str, seconds: int) -> Iterator[dict]:
         """Events of the Frameworks matching ``selector`` after ``resource_version``, for at most
@@ -124,11 +166,22 @@ class Kubernetes:
         try:
             # The generated client types every answer ``object``; unread (``_preload_content=False``), it is
             # urllib3's response.
-            response = cast(HTTPResponse, self.custom.list_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, label_selector=selector, watch=True,
-                resource_version=resource_version or None, allow_watch_bookmarks=True, timeout_seconds=seconds,
-                _preload_content=False, _request_timeout=(self.timeout, seconds + self.timeout),
-            ))  # fmt: skip
+            response = cast(
+                HTTPResponse,
+                self.custom.list_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    label_selector=selector,
+                    watch=True,
+                    resource_version=resource_version or None,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=seconds,
+                    _preload_content=False,
+                    _request_timeout=(self.timeout, seconds + self.timeout),
+                ),
+            )
         except ApiException as exc:
             if exc.status == 410:
                 raise Gone(f"resourceVersion {resource_version} is too old") from None
@@ -169,11 +222,12 @@ class Kubernetes:
         """What stops the adapter from running Frameworks in ``namespace``: no FrameworkController
         CRD, no permission to list Frameworks there."""
         try:
-            resources = await self.call(f"reading the API group {GROUP}", self.custom.get_api_resources, GROUP,
-                                        VERSION)  # fmt: skip
+            resources = await self.call(f"reading the API group {GROUP}", self.custom.get_api_resources, GROUP, VERSION)
         except NotFound:
-            return [f"{self.server} does not serve {GROUP}/{VERSION}: FrameworkController is not installed in this "
-                    "cluster (it creates its CRD when it starts)"]  # fmt: skip
+            return [
+                f"{self.server} does not serve {GROUP}/{VERSION}: FrameworkController is not installed in this "
+                "cluster (it creates its CRD when it starts)"
+            ]
         except (TransientError, PermanentError) as exc:
             return [str(exc)]
         if PLURAL not in {r.name for r in resources.resources}:
@@ -197,11 +251,15 @@ def error_of(status: int | None, body: Any, doing: str) -> AdapterError:
     except (ValueError, AttributeError):
         message, reason = str(body)[:300], ""
     if status == 401:
-        return PermanentError(f"the Kubernetes API server refused the credentials while {doing} (401: {message}); "
-                              "check the kubeconfig's user or the service account token")  # fmt: skip
+        return PermanentError(
+            f"the Kubernetes API server refused the credentials while {doing} (401: {message}); "
+            "check the kubeconfig's user or the service account token"
+        )
     if status == 403:
-        return PermanentError(f"Kubernetes forbids {doing} (403: {message}); grant the adapter's service account "
-                              "the Role in k8s/base/frameworkcontroller-rbac.yaml")  # fmt: skip
+        return PermanentError(
+            f"Kubernetes forbids {doing} (403: {message}); grant the adapter's service account "
+            "the Role in k8s/base/frameworkcontroller-rbac.yaml"
+        )
     if status == 404:
         return NotFound(f"not found while {doing} (404: {message})")
     if status == 409:

@@ -53,8 +53,12 @@ def name_of(experiment_id: str, trial_id: str, attempt: int) -> str:
 
 
 def labels(experiment_id: str, trial_id: str, attempt: int, replica: str) -> dict[str, str]:
-    return {f"{LABEL}/experiment": experiment_id, f"{LABEL}/trial": trial_id, f"{LABEL}/attempt": str(attempt),
-            f"{LABEL}/replica": label_value(replica)}  # fmt: skip
+    return {
+        f"{LABEL}/experiment": experiment_id,
+        f"{LABEL}/trial": trial_id,
+        f"{LABEL}/attempt": str(attempt),
+        f"{LABEL}/replica": label_value(replica),
+    }
 
 
 def replica_selector(replica: str) -> str:
@@ -72,15 +76,28 @@ def secret_name(experiment_id: str) -> str:
     return f"trialbus-{experiment_id.lower()}-azure"[:253]
 
 
-def render(service: FrameworkcontrollerConfig, experiment_id: str, trial_id: str, attempt: int, replica: str,
-           trial_dir: str, keeper: str) -> dict[str, Any]:  # fmt: skip
+def render(
+    service: FrameworkcontrollerConfig,
+    experiment_id: str,
+    trial_id: str,
+    attempt: int,
+    replica: str,
+    trial_dir: str,
+    keeper: str,
+) -> dict[str, Any]:
     """The Framework of one attempt (``trial_dir``, ``keeper``: their paths in the pods)."""
     report = service.reporting_role.name
     if service.storage.storage_type == "nfs":
         volume = {"name": VOLUME, "nfs": {"server": service.storage.server, "path": service.storage.path}}
     else:
-        volume = {"name": VOLUME, "azureFile": {"secretName": secret_name(experiment_id),
-                                                 "shareName": service.storage.azure_share, "readOnly": False}}
+        volume = {
+            "name": VOLUME,
+            "azureFile": {
+                "secretName": secret_name(experiment_id),
+                "shareName": service.storage.azure_share,
+                "readOnly": False,
+            },
+        }
     no_retry = {"fancyRetryPolicy": False, "maxRetryCount": 0}
     roles = []
     for role in service.task_roles:
@@ -90,38 +107,49 @@ def render(service: FrameworkcontrollerConfig, experiment_id: str, trial_id: str
         script = wrap([role.command], role.name == report, trial_dir, keeper, "FC_TASKROLE_NAME", "FC_TASK_INDEX")
         pod_spec: dict[str, Any] = {
             "restartPolicy": "Never",
-            "containers": [{
-                "name": "framework", "image": role.docker_image, "command": ["sh", "-c", "\n".join(script)],
-                "resources": {"requests": resources, "limits": dict(resources)},
-                "volumeMounts": [{"name": VOLUME, "mountPath": service.container_mount_path}],
-            }],
+            "containers": [
+                {
+                    "name": "framework",
+                    "image": role.docker_image,
+                    "command": ["sh", "-c", "\n".join(script)],
+                    "resources": {"requests": resources, "limits": dict(resources)},
+                    "volumeMounts": [{"name": VOLUME, "mountPath": service.container_mount_path}],
+                }
+            ],
             "volumes": [volume],
-        }  # fmt: skip
+        }
         if service.service_account_name:
             pod_spec["serviceAccountName"] = service.service_account_name
         policy = role.framework_attempt_completion_policy
-        roles.append({
-            "name": role.name,
-            "taskNumber": role.task_number,
-            "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": max(policy.min_failed_task_count, 1),
-                                                 "minSucceededTaskCount": policy.min_succeed_task_count},
-            "task": {
-                "retryPolicy": role.retry_policy.model_dump(by_alias=True) if role.retry_policy else no_retry,
-                "podGracefulDeletionTimeoutSec": 60,
-                "pod": {"metadata": {"labels": {f"{LABEL}/experiment": experiment_id}}, "spec": pod_spec},
-            },
-        })  # fmt: skip
+        roles.append(
+            {
+                "name": role.name,
+                "taskNumber": role.task_number,
+                "frameworkAttemptCompletionPolicy": {
+                    "minFailedTaskCount": max(policy.min_failed_task_count, 1),
+                    "minSucceededTaskCount": policy.min_succeed_task_count,
+                },
+                "task": {
+                    "retryPolicy": role.retry_policy.model_dump(by_alias=True) if role.retry_policy else no_retry,
+                    "podGracefulDeletionTimeoutSec": 60,
+                    "pod": {"metadata": {"labels": {f"{LABEL}/experiment": experiment_id}}, "spec": pod_spec},
+                },
+            }
+        )
     return {
         "apiVersion": API_VERSION,
         "kind": "Framework",
-        "metadata": {"name": name_of(experiment_id, trial_id, attempt), "namespace": service.namespace,
-                     "labels": labels(experiment_id, trial_id, attempt, replica)},
+        "metadata": {
+            "name": name_of(experiment_id, trial_id, attempt),
+            "namespace": service.namespace,
+            "labels": labels(experiment_id, trial_id, attempt, replica),
+        },
         "spec": {
             "executionType": "Start",
             "retryPolicy": service.retry_policy.model_dump(by_alias=True) if service.retry_policy else no_retry,
             "taskRoles": roles,
         },
-    }  # fmt: skip
+    }
 
 
 def phase(state: str) -> str:
@@ -159,8 +187,9 @@ def outcome_of(framework: dict, keeper: dict, canceled: bool) -> TrialOutcome:
     code, phrase = completion.get("code"), completion.get("phrase") or "unknown"
     attributes = list((completion.get("type") or {}).get("attributes") or [])
     if code == STOP_CODE and not canceled:
-        return TrialOutcome(TrialStatus.SYS_CANCELED, exit_code, f"Framework {name} was stopped outside Trialbus",
-                            None, end)  # fmt: skip
+        return TrialOutcome(
+            TrialStatus.SYS_CANCELED, exit_code, f"Framework {name} was stopped outside Trialbus", None, end
+        )
     said = "permanent" if "Permanent" in attributes else "transient" if "Transient" in attributes else "unknown"
     classes: dict[str, Failure] = {"permanent": "permanent", "transient": "infrastructure"}  # retry classes
     failure = classes.get(said, "trial")

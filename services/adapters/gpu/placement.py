@@ -139,6 +139,7 @@ def reserve(ask: GpuAsk, gpus: Sequence[GpuView]) -> tuple[int, ...]:
     with the fewest of our trials (they drain soonest), lowest index on a tie; GPUs that
     a foreign process blocks come last."""
     usable = set(eligible(ask, [g.index for g in gpus]))
+
     def drains_first(gpu: GpuView) -> tuple:  # a foreign process may never leave: last resort
         return (bool(gpu.foreign) and not ask.use_active, len(gpu.ours), gpu.index)
 

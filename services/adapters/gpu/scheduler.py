@@ -51,9 +51,13 @@ class GpuScheduler:
     """GPU placement for one adapter replica (see the module docstring)."""
 
     def __init__(
-        self, settings: GpuSettings, adapter: str, holdings: Callable[[], Iterable[Holding]],
-        capacity_freed: Callable[[], None], read: Callable[[], Awaitable[gpus.Inventory]] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        settings: GpuSettings,
+        adapter: str,
+        holdings: Callable[[], Iterable[Holding]],
+        capacity_freed: Callable[[], None],
+        read: Callable[[], Awaitable[gpus.Inventory]] | None = None,
+    ) -> None:
         """``read``: the inventory of another host (default: this host's, NVML or nvidia-smi)."""
         self.settings, self.adapter = settings, adapter
         self._holdings, self._capacity_freed = holdings, capacity_freed
@@ -142,10 +146,12 @@ class GpuScheduler:
         """A peer replica whose last status shows enough idle GPUs for the trial now."""
         for peer in self.peers:
             idle = [
-                g for g in peer.gpus
-                if (ask.indices is None or g.index in ask.indices) and not g.trials
+                g
+                for g in peer.gpus
+                if (ask.indices is None or g.index in ask.indices)
+                and not g.trials
                 and (ask.use_active or not g.foreign_processes)
-            ]  # fmt: skip
+            ]
             if len(idle) >= ask.count:
                 return peer.replica
         return None
@@ -156,10 +162,11 @@ class GpuScheduler:
             for index in holding.gpus:
                 held[index].append(holding.per_gpu)
         return [
-            placement.GpuView(g.index, tuple(held[g.index]), self._foreign_now(g.index), g.memory_used_mib,
-                              g.gpu_util or 0)
+            placement.GpuView(
+                g.index, tuple(held[g.index]), self._foreign_now(g.index), g.memory_used_mib, g.gpu_util or 0
+            )
             for g in self.inventory.gpus
-        ]  # fmt: skip
+        ]
 
     def _foreign_now(self, index: int) -> int:
         """Foreign processes on a GPU as of now: one seen at the read that has exited since
@@ -228,13 +235,19 @@ class GpuScheduler:
             "gpu_error": self.inventory.error,
             "gpus": [
                 GpuStatus(
-                    index=g.index, uuid=g.uuid, name=g.name, memory_total_mib=g.memory_total_mib,
-                    memory_used_mib=g.memory_used_mib, gpu_util=g.gpu_util, memory_util=g.memory_util,
-                    trials=held[g.index], foreign_processes=self._foreign_now(g.index),
+                    index=g.index,
+                    uuid=g.uuid,
+                    name=g.name,
+                    memory_total_mib=g.memory_total_mib,
+                    memory_used_mib=g.memory_used_mib,
+                    gpu_util=g.gpu_util,
+                    memory_util=g.memory_util,
+                    trials=held[g.index],
+                    foreign_processes=self._foreign_now(g.index),
                 )
                 for g in self.inventory.gpus
             ],
-        }  # fmt: skip
+        }
 
 
 def _alive(pid: int) -> bool:

@@ -75,8 +75,9 @@ class LocalGpuAdapter(PlatformAdapter):
         self.gpus = GpuScheduler(settings, self.name, self.table.holdings, self.capacity_freed)
         self.launcher = Launcher(settings, table=self.table, code=self.code, keepers=self.keepers, gpus=self.gpus)
         self.watcher = Watcher(self.table, settings.kill_grace, self.keepers.learn)
-        self.retention = Retention(trials_dir, str(settings.checkpoint_root), settings.trial_retention,
-                                   self.table.running_ids)  # fmt: skip
+        self.retention = Retention(
+            trials_dir, str(settings.checkpoint_root), settings.trial_retention, self.table.running_ids
+        )
 
     async def _fetch_code(self, digest: str) -> bytes:
         assert self._bus is not None  # code is fetched for launches, which come after the start

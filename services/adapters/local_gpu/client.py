@@ -72,13 +72,16 @@ def spawn_keeper(python: str, keeper: str, env: Mapping[str, str], trial_dir: st
     keeper through ``keeperPid`` in ``state.json``, which the keeper writes at once.
     """
     return os.posix_spawn(
-        python, [python, "-S", "-I", keeper], env, setsid=True,
+        python,
+        [python, "-S", "-I", keeper],
+        env,
+        setsid=True,
         file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
             (os.POSIX_SPAWN_OPEN, 1, f"{trial_dir}/{KEEPER_OUT}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
             (os.POSIX_SPAWN_DUP2, 1, 2),
         ],
-    )  # fmt: skip
+    )
 
 
 class KeeperZygote:
@@ -103,13 +106,16 @@ class KeeperZygote:
         os.set_inheritable(from_w, True)
         try:
             self.pid = os.posix_spawn(
-                self.python, [self.python, "-S", "-I", self.keeper, "--zygote"], os.environ, setsid=True,
+                self.python,
+                [self.python, "-S", "-I", self.keeper, "--zygote"],
+                os.environ,
+                setsid=True,
                 file_actions=[
                     (os.POSIX_SPAWN_DUP2, to_r, 0),
                     (os.POSIX_SPAWN_DUP2, from_w, 1),
                     (os.POSIX_SPAWN_OPEN, 2, str(self.log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
                 ],
-            )  # fmt: skip
+            )
         finally:
             os.close(to_r)
             os.close(from_w)

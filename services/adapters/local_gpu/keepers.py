@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 class KeeperSpawner:
     """Starts the keepers of this host's trials (the module's docstring)."""
 
-    def __init__(self, settings: LocalGpuSettings, keeper_path: str, shim_path: str,
-                 on_kept_end: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self, settings: LocalGpuSettings, keeper_path: str, shim_path: str, on_kept_end: Callable[[str], None]
+    ) -> None:
         """``on_kept_end(trial_dir)``: a kept keeper said its trial ended."""
         self.settings, self.shim_path, self.on_kept_end = settings, shim_path, on_kept_end
         self.keeper_source = self.keeper_path = keeper_path  # the path becomes the .pyc's at start
@@ -60,11 +61,16 @@ class KeeperSpawner:
         # After the zygote started: keepers forked from it, and their trials, keep the host's limit.
         before, now, enough = client.raise_fd_limit(settings.max_trials)
         if now != before:
-            log.info("raised the soft limit of open files from %d to %d (max_trials %d)", before, now,
-                     settings.max_trials)  # fmt: skip
+            log.info(
+                "raised the soft limit of open files from %d to %d (max_trials %d)", before, now, settings.max_trials
+            )
         if not enough:
-            log.warning("open files are limited to %d: past about %d running trials, their ends are noticed at the "
-                        "next poll, not at once (raise the hard limit: ulimit -Hn)", now, now - client.FD_HEADROOM)
+            log.warning(
+                "open files are limited to %d: past about %d running trials, their ends are noticed at the "
+                "next poll, not at once (raise the hard limit: ulimit -Hn)",
+                now,
+                now - client.FD_HEADROOM,
+            )
         # The trial sees the keeper's environment minus TRIALBUS_*: never pass ours (NATS secrets) on.
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
         env.update(
@@ -82,11 +88,18 @@ class KeeperSpawner:
                 self.ends, env["TRIALBUS_DONE_SOCKET"] = ends, ends.address
             except OSError as exc:
                 log.warning("each warm trial gets a keeper of its own: no socket for their notices (%s)", exc)
-            self.warm = WarmPool(work_dir / "templates", self.keeper_source, log.warning,
-                                 shim=self.shim_path if shim else None, max_templates=settings.warm_templates,
-                                 idle=settings.warm_idle, reuse_keepers=self.ends is not None)  # fmt: skip
-        log.info("work dir %s; nni shim %s; warm start %s", work_dir, "on" if shim else "off",
-                 "on" if self.warm else "off")  # fmt: skip
+            self.warm = WarmPool(
+                work_dir / "templates",
+                self.keeper_source,
+                log.warning,
+                shim=self.shim_path if shim else None,
+                max_templates=settings.warm_templates,
+                idle=settings.warm_idle,
+                reuse_keepers=self.ends is not None,
+            )
+        log.info(
+            "work dir %s; nni shim %s; warm start %s", work_dir, "on" if shim else "off", "on" if self.warm else "off"
+        )
         self.env = env
         if self.warm is not None:
             self._sweeps = asyncio.create_task(self._sweep_templates(self.warm))

@@ -38,8 +38,15 @@ log = logging.getLogger(__name__)
 class Launcher:
     """Launches trials into a :class:`~.table.TrialTable` (the module's docstring)."""
 
-    def __init__(self, settings: LocalGpuSettings, *, table: TrialTable, code: CodeCache, keepers: KeeperSpawner,
-                 gpus: GpuScheduler) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: LocalGpuSettings,
+        *,
+        table: TrialTable,
+        code: CodeCache,
+        keepers: KeeperSpawner,
+        gpus: GpuScheduler,
+    ) -> None:
         self.settings, self.table, self.code, self.keepers, self.gpus = settings, table, code, keepers, gpus
 
     async def launch(self, request: TrialRequest) -> TrialHandle | None:
@@ -123,8 +130,9 @@ class Launcher:
             return False
         age = time.time() - os.path.getmtime(trial_dir)
         if age < UNBORN_GRACE:
-            raise TransientError("an earlier launch of this trial may still be starting its keeper",
-                                 delay=UNBORN_GRACE - age)  # fmt: skip
+            raise TransientError(
+                "an earlier launch of this trial may still be starting its keeper", delay=UNBORN_GRACE - age
+            )
         log.info("%s: an earlier launch died before starting the trial keeper; launching it afresh", trial_dir)
         shutil.rmtree(trial_dir, ignore_errors=True)
         return True

@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 class Retention:
     """Finished trials' directories and stale checkpoints, and the removal loop (the module's docstring)."""
 
-    def __init__(self, trials_dir: str, checkpoint_root: str, retention: float,
-                 running: Callable[[], set[tuple[str, str]]]) -> None:  # fmt: skip
+    def __init__(
+        self, trials_dir: str, checkpoint_root: str, retention: float, running: Callable[[], set[tuple[str, str]]]
+    ) -> None:
         """``retention``: seconds (0 keeps everything); ``running()``: ``(experiment, trial)`` of
         the trials running here, whose checkpoints stay."""
         self.trials_dir, self.checkpoint_root, self.retention = trials_dir, checkpoint_root, retention
@@ -59,13 +60,21 @@ class Retention:
             try:
                 removed = await asyncio.to_thread(remove_expired, self.trials_dir, retention)
                 if removed:
-                    log.info("removed %d finished trial director%s older than %.0fs", removed,
-                             "y" if removed == 1 else "ies", retention)
+                    log.info(
+                        "removed %d finished trial director%s older than %.0fs",
+                        removed,
+                        "y" if removed == 1 else "ies",
+                        retention,
+                    )
                 running = self.running()
                 stale = await asyncio.to_thread(remove_stale, self.checkpoint_root, retention, running)
                 if stale:
-                    log.info("removed %d checkpoint director%s unchanged for %.0fs", stale,
-                             "y" if stale == 1 else "ies", retention)
+                    log.info(
+                        "removed %d checkpoint director%s unchanged for %.0fs",
+                        stale,
+                        "y" if stale == 1 else "ies",
+                        retention,
+                    )
             except Exception:
                 log.exception("cannot clean up old trial directories")
             await asyncio.sleep(min(3600.0, max(1.0, retention / 4)))

@@ -42,8 +42,15 @@ class TrialTable:
     def get(self, key: tuple[str, int]) -> Trial | None:
         return self.trials.get(key)
 
-    def track(self, experiment_id: str, trial_id: str, attempt: int, trial_dir: str,
-              keeper: client.Keeper | None, started: datetime) -> Trial:  # fmt: skip
+    def track(
+        self,
+        experiment_id: str,
+        trial_id: str,
+        attempt: int,
+        trial_dir: str,
+        keeper: client.Keeper | None,
+        started: datetime,
+    ) -> Trial:
         """Remember a trial and watch its keeper."""
         handle = TrialHandle(experiment_id, trial_id, attempt, ref=trial_dir, start_time=started)
         trial = self.trials[(trial_id, attempt)] = Trial(handle, trial_dir, keeper)

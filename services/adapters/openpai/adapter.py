@@ -72,8 +72,9 @@ class OpenpaiAdapter(PlatformAdapter):
         self.pools = Pools(settings)
         self.experiments = Experiments(self.name)
         self.launcher = Launcher(settings, self.bundle, self.clients, self.jobs, self.pools)
-        self.watcher = Watcher(settings, self.clients, self.jobs, self.pools, self.experiments, self.bundle.hash,
-                               self.notify)  # fmt: skip
+        self.watcher = Watcher(
+            settings, self.clients, self.jobs, self.pools, self.experiments, self.bundle.hash, self.notify
+        )
         self.restarts = Restarts(settings.replica, self.clients, self.jobs, self.pools, self.experiments)
 
     # ------------------------------------------------------------------ lifecycle
@@ -117,8 +118,9 @@ class OpenpaiAdapter(PlatformAdapter):
         problems = []
         share = Path(service.local_storage_mount_point)
         if not share.is_dir():
-            problems.append(f"localStorageMountPoint {share} is not a directory on the adapter's host "
-                            "(mount the share there)")  # fmt: skip
+            problems.append(
+                f"localStorageMountPoint {share} is not a directory on the adapter's host (mount the share there)"
+            )
         elif not os.access(share, os.W_OK):
             problems.append(f"localStorageMountPoint {share} is not writable by the adapter")
         try:
@@ -132,9 +134,16 @@ class OpenpaiAdapter(PlatformAdapter):
         for client in self.clients:
             environments, busy = self.pools.describe(client)
             jobs_ = sum(1 for j in self.jobs if j.client is client and j.env is None and j.outcome is None)
-            clusters.append({"name": f"{client.username}@{client.host}", "jobs": jobs_,
-                             "environments": environments, "busy_environments": busy,
-                             "paused_for": client.paused_for(), "error": client.error})  # fmt: skip
+            clusters.append(
+                {
+                    "name": f"{client.username}@{client.host}",
+                    "jobs": jobs_,
+                    "environments": environments,
+                    "busy_environments": busy,
+                    "paused_for": client.paused_for(),
+                    "error": client.error,
+                }
+            )
         return {"clusters": clusters}
 
 

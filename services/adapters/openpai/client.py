@@ -37,16 +37,21 @@ class JobExists(AdapterError):
 class OpenpaiClient:
     """One cluster, one user."""
 
-    def __init__(self, host: str, username: str, token: str, ca_bundle: Path | None, timeout: float,
-                 rate_limit_backoff: float) -> None:  # fmt: skip
+    def __init__(
+        self, host: str, username: str, token: str, ca_bundle: Path | None, timeout: float, rate_limit_backoff: float
+    ) -> None:
         self.host, self.username = host.rstrip("/"), username
         self.rate_limit_backoff = rate_limit_backoff
         self._cooldown_until = 0.0  # monotonic: no submission before (after a 429)
         self._cooldown = 0.0  # seconds of the last back-off, doubled at each 429 in a row
         self.error: str | None = None  # why the last job-list read failed
         verify = ssl.create_default_context(cafile=str(ca_bundle)) if ca_bundle else True
-        self._http = httpx.AsyncClient(base_url=f"{self.host}/rest-server/api/v2", timeout=timeout,
-                                       headers={"Authorization": f"Bearer {token}"}, verify=verify)  # fmt: skip
+        self._http = httpx.AsyncClient(
+            base_url=f"{self.host}/rest-server/api/v2",
+            timeout=timeout,
+            headers={"Authorization": f"Bearer {token}"},
+            verify=verify,
+        )
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -69,8 +74,7 @@ class OpenpaiClient:
         wait = self._cooldown_until - time.monotonic()
         if wait > 0:
             raise TransientError(f"OpenPAI rate limit: next submission in {wait:.0f}s", delay=wait)
-        reply = await self._request("POST", "/jobs", content=job_yaml.encode(),
-                                    headers={"Content-Type": "text/yaml"})  # fmt: skip
+        reply = await self._request("POST", "/jobs", content=job_yaml.encode(), headers={"Content-Type": "text/yaml"})
         if reply.status_code == 429:
             error, now = rate_limited(reply, f"submitting job {self.framework(job)}"), time.monotonic()
             if now >= self._cooldown_until:  # a new refusal, not another answer of the same burst
@@ -128,8 +132,10 @@ class OpenpaiClient:
         if reply.status_code == 200:
             names = {s.get("name") for s in _items(reply.json())}
             if names and storage not in names:
-                problems.append(f"storageConfigName {storage!r} is not a storage of {self.host} "
-                                f"(it has {', '.join(sorted(map(str, names)))})")  # fmt: skip
+                problems.append(
+                    f"storageConfigName {storage!r} is not a storage of {self.host} "
+                    f"(it has {', '.join(sorted(map(str, names)))})"
+                )
         return problems
 
     async def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
@@ -161,8 +167,9 @@ class Clients:
         token = service.token.get_secret_value()
         key = (service.host, service.username, hashlib.sha256(token.encode()).hexdigest())
         if (found := self._by_key.get(key)) is None:
-            found = self._by_key[key] = OpenpaiClient(service.host, service.username, token, self._ca_bundle,
-                                                      self._timeout, self._rate_limit_backoff)  # fmt: skip
+            found = self._by_key[key] = OpenpaiClient(
+                service.host, service.username, token, self._ca_bundle, self._timeout, self._rate_limit_backoff
+            )
         return found
 
     def __iter__(self) -> Iterator[OpenpaiClient]:

@@ -73,8 +73,15 @@ def reporting_role(service: OpenpaiConfig) -> str:
     return choose_reporting_role(service.reporting_task_role, ["taskrole"], "the job generated without openpaiConfig")
 
 
-def trial_job(service: OpenpaiConfig, experiment_id: str, trial_id: str, attempt: int, trial_command: str, gpus: int,
-              bin_hash: str) -> tuple[str, Share, dict]:  # fmt: skip
+def trial_job(
+    service: OpenpaiConfig,
+    experiment_id: str,
+    trial_id: str,
+    attempt: int,
+    trial_command: str,
+    gpus: int,
+    bin_hash: str,
+) -> tuple[str, Share, dict]:
     """The name, the folders and the job of one trial attempt, with the keeper installed on the
     share under ``trialbus/bin/<bin_hash>/`` (secrets in clear: what the cluster receives)."""
     name = job_name(experiment_id, trial_id, attempt)
@@ -85,8 +92,16 @@ def trial_job(service: OpenpaiConfig, experiment_id: str, trial_id: str, attempt
     return name, share, render(service, name, trial_command, gpus, share, keeper)
 
 
-def environment_job(service: OpenpaiConfig, experiment_id: str, env_id: str, trial_command: str, gpus: int,
-                    bin_hash: str, poll: float, orphan: float) -> tuple[str, Share, dict]:  # fmt: skip
+def environment_job(
+    service: OpenpaiConfig,
+    experiment_id: str,
+    env_id: str,
+    trial_command: str,
+    gpus: int,
+    bin_hash: str,
+    poll: float,
+    orphan: float,
+) -> tuple[str, Share, dict]:
     """The name, the folders and the job of one reuse-mode environment, whose runner is
     installed on the share under ``trialbus/bin/<bin_hash>/`` (``poll``, ``orphan``: its
     ``--poll`` and ``--orphan``)."""
@@ -94,20 +109,36 @@ def environment_job(service: OpenpaiConfig, experiment_id: str, env_id: str, tri
     local, container = service.local_storage_mount_point.rstrip("/"), service.container_storage_mount_point
     where = f"trialbus/envs/{experiment_id}/{env_id}"
     share = Share(f"{local}/{where}", f"{container}/{where}")
-    runner = ["python3", "-S", "-I", f"{container}/trialbus/bin/{bin_hash}/{RUNNER}", "--env", share.container,
-              "--poll", str(poll), "--orphan", str(orphan)]  # fmt: skip
+    runner = [
+        "python3",
+        "-S",
+        "-I",
+        f"{container}/trialbus/bin/{bin_hash}/{RUNNER}",
+        "--env",
+        share.container,
+        "--poll",
+        str(poll),
+        "--orphan",
+        str(orphan),
+    ]
     return name, share, render_environment(service, name, trial_command, gpus, share.container, runner)
 
 
 def render(service: OpenpaiConfig, name: str, trial_command: str, gpus: int, share: Share, keeper: str) -> dict:
     """The job for one attempt (see the module docstring). ``keeper``: its path in the container."""
     report = reporting_role(service)
-    return _job(service, name, trial_command, gpus,
-                lambda role, commands: wrap(commands, role == report, share.container, keeper))  # fmt: skip
+    return _job(
+        service,
+        name,
+        trial_command,
+        gpus,
+        lambda role, commands: wrap(commands, role == report, share.container, keeper),
+    )
 
 
-def render_environment(service: OpenpaiConfig, name: str, trial_command: str, gpus: int, env_dir: str,
-                       runner: list[str]) -> dict:  # fmt: skip
+def render_environment(
+    service: OpenpaiConfig, name: str, trial_command: str, gpus: int, env_dir: str, runner: list[str]
+) -> dict:
     """The job of one reuse-mode environment: each task writes its role's commands to a script
     and runs the environment runner (``runner``: its command line, without ``--task``), which
     runs the trials handed to the environment one after another through the keeper."""
@@ -116,7 +147,7 @@ def render_environment(service: OpenpaiConfig, name: str, trial_command: str, gp
     def run(role: str, commands: list[str]) -> list[str]:
         task = f'{env_dir}/"$PAI_CURRENT_TASK_ROLE_NAME"-"$PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"'
         return [
-            f"E={task} && mkdir -p \"$E\" && C=$(mktemp) && cat > \"$C\" <<'{MARK}'",
+            f'E={task} && mkdir -p "$E" && C=$(mktemp) && cat > "$C" <<\'{MARK}\'',
             *(command.strip() for command in commands),
             MARK,
             " ".join([*runner, '--task "$E" --command "$C"', *(["--reports"] if role == report else [])]),
@@ -125,8 +156,9 @@ def render_environment(service: OpenpaiConfig, name: str, trial_command: str, gp
     return _job(service, name, trial_command, gpus, run)
 
 
-def _job(service: OpenpaiConfig, name: str, trial_command: str, gpus: int,
-         commands_of: Callable[[str, list[str]], list[str]]) -> dict:  # fmt: skip
+def _job(
+    service: OpenpaiConfig, name: str, trial_command: str, gpus: int, commands_of: Callable[[str, list[str]], list[str]]
+) -> dict:
     """The user's ``openpaiConfig`` (or NNI's default job) named ``name``, each task role's
     commands replaced by ``commands_of(role, commands)``."""
     if service.openpai_config is not None:
@@ -162,17 +194,21 @@ def default_job(service: OpenpaiConfig, trial_command: str, gpus: int) -> dict[s
                 "completion": {"minFailedInstances": 1, "minSucceededInstances": -1},
                 "taskRetryCount": 0,
                 "dockerImage": "docker_image_0",
-                "resourcePerInstance": {"gpu": gpus, "cpu": service.trial_cpu_number,
-                                        "memoryMB": service.trial_memory_mb},
+                "resourcePerInstance": {
+                    "gpu": gpus,
+                    "cpu": service.trial_cpu_number,
+                    "memoryMB": service.trial_memory_mb,
+                },
                 "commands": [trial_command],
             }
         },
         "extras": {"storages": [{"name": service.storage_config_name}], "submitFrom": "trialbus"},
-    }  # fmt: skip
+    }
     return job  # defaults.virtualCluster: added by _job, as to the user's job
 
 
 def wrap(commands: list[str], reports: bool, trial_dir: str, keeper: str) -> list[str]:
     """The task's commands run under the keeper (see the module docstring)."""
-    return sharefs.wrap(commands, reports, trial_dir, keeper, "PAI_CURRENT_TASK_ROLE_NAME",
-                        "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX")  # fmt: skip
+    return sharefs.wrap(
+        commands, reports, trial_dir, keeper, "PAI_CURRENT_TASK_ROLE_NAME", "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"
+    )

@@ -63,9 +63,15 @@ class Launcher:
         local, container = service.local_storage_mount_point.rstrip("/"), service.container_storage_mount_point
         try:
             report = jobs.reporting_role(service)
-            name, share, job_spec = jobs.trial_job(service, request.experiment_id, request.trial_id, request.attempt,
-                                                   request.trial_command, request.trial_gpu_number or 0,
-                                                   self.bundle.hash)  # fmt: skip
+            name, share, job_spec = jobs.trial_job(
+                service,
+                request.experiment_id,
+                request.trial_id,
+                request.attempt,
+                request.trial_command,
+                request.trial_gpu_number or 0,
+                self.bundle.hash,
+            )
         except ValueError as exc:
             raise PermanentError(str(exc)) from None
         if self.bus is None:
@@ -74,11 +80,33 @@ class Launcher:
         keeper, fresh = await sharefs.prepare(self.bus, self.bundle, root, share, request, "pai", self.settings)
         client = self.clients.get(service)
         if service.reuse_mode:
-            env = await self.pools.place(key, service, client, request.experiment_id, share.container, fresh,
-                                         request.trial_gpu_number or 0, request.trial_command, keeper)  # fmt: skip
-            job = self.tracked.add(Job(TrialHandle(request.experiment_id, request.trial_id, request.attempt,
-                                                ref=f"{client.framework(env.name)}#{share.local}"),
-                                    client, env.name, share, report, env=env, tasks=task_count(service)))  # fmt: skip
+            env = await self.pools.place(
+                key,
+                service,
+                client,
+                request.experiment_id,
+                share.container,
+                fresh,
+                request.trial_gpu_number or 0,
+                request.trial_command,
+                keeper,
+            )
+            job = self.tracked.add(
+                Job(
+                    TrialHandle(
+                        request.experiment_id,
+                        request.trial_id,
+                        request.attempt,
+                        ref=f"{client.framework(env.name)}#{share.local}",
+                    ),
+                    client,
+                    env.name,
+                    share,
+                    report,
+                    env=env,
+                    tasks=task_count(service),
+                )
+            )
             return job.handle
         try:
             await client.submit(yaml.safe_dump(job_spec, sort_keys=False), name)
@@ -86,7 +114,19 @@ class Launcher:
             if fresh:  # not ours: a name we did not submit
                 raise PermanentError(f"an OpenPAI job named {client.framework(name)} exists already") from None
             log.info("job %s was submitted before a restart: adopting it", client.framework(name))
-        job = self.tracked.add(Job(TrialHandle(request.experiment_id, request.trial_id, request.attempt,
-                                            ref=f"{client.framework(name)}#{share.local}", start_time=utcnow()),
-                                client, name, share, report))  # fmt: skip
+        job = self.tracked.add(
+            Job(
+                TrialHandle(
+                    request.experiment_id,
+                    request.trial_id,
+                    request.attempt,
+                    ref=f"{client.framework(name)}#{share.local}",
+                    start_time=utcnow(),
+                ),
+                client,
+                name,
+                share,
+                report,
+            )
+        )
         return job.handle

@@ -22,7 +22,9 @@ from services.adapters.openpai.trial import Job
 
 #: ``failure`` of a trial from the exit spec's ``behavior``.
 BEHAVIOR: dict[str, Failure] = {
-    "TRANSIENT": "infrastructure", "TRANSIENT_CONFLICT": "infrastructure", "PERMANENT": "permanent",
+    "TRANSIENT": "infrastructure",
+    "TRANSIENT_CONFLICT": "infrastructure",
+    "PERMANENT": "permanent",
 }
 #: Exit codes of a task stopped for someone else's reason, failure ``preempted`` rather than the
 #: TRANSIENT behavior's ``infrastructure`` (OpenPAI's k8s-job-exit-spec.yaml): −101
@@ -45,8 +47,13 @@ def outcome_of(job: Job) -> TrialOutcome:
     if job.state == "STOPPED" and job.taken_back is not None:  # the trial's exit code is the retry's, if any
         return TrialOutcome(TrialStatus.FAILED, None, job.taken_back, job.taken_failure, end_time)
     if job.state == "STOPPED":
-        return TrialOutcome(TrialStatus.SYS_CANCELED, exit_code, f"job {job.client.framework(job.name)} was stopped "
-                            "outside Trialbus", None, end_time)  # fmt: skip
+        return TrialOutcome(
+            TrialStatus.SYS_CANCELED,
+            exit_code,
+            f"job {job.client.framework(job.name)} was stopped outside Trialbus",
+            None,
+            end_time,
+        )
     spec = status.get("appExitSpec") or {}
     code = status.get("appExitCode")
     phrase = spec.get("phrase") or "unknown"
@@ -57,8 +64,9 @@ def outcome_of(job: Job) -> TrialOutcome:
     if diagnostics := str(status.get("appExitDiagnostics") or "").strip():
         message += f": {diagnostics.splitlines()[0][:200]}"
     last = keeper.get("lastError")
-    return TrialOutcome(TrialStatus.FAILED, exit_code, message, failure_of(spec), end_time,
-                        last if isinstance(last, str) else None)  # fmt: skip
+    return TrialOutcome(
+        TrialStatus.FAILED, exit_code, message, failure_of(spec), end_time, last if isinstance(last, str) else None
+    )
 
 
 def failure_of(spec: dict) -> Failure:

@@ -51,8 +51,14 @@ class Restarts:
             held = {}
             if service.reuse_mode:
                 gpus = state.config.gpus_for(service)
-                held = self.pools.adopt(state.id, service.local_storage_mount_point, client, gpus or 0,
-                                        state.config.command_for(service), self.replica)  # fmt: skip
+                held = self.pools.adopt(
+                    state.id,
+                    service.local_storage_mount_point,
+                    client,
+                    gpus or 0,
+                    state.config.command_for(service),
+                    self.replica,
+                )
             attempts = sharefs.unreported(service.local_storage_mount_point, state.id, self.replica)
             for key in set(held) - {(t, a) for t, a, _ in attempts}:  # released before its ticket was removed
                 held.pop(key).drop(key)
@@ -65,8 +71,9 @@ class Restarts:
                 env = held.get(key)
                 name = env.name if env else jobs.job_name(state.id, trial_id, key[1])
                 started = datetime.fromtimestamp(entry.stat().st_mtime, UTC)
-                handle = TrialHandle(state.id, trial_id, key[1], ref=f"{client.framework(name)}#{entry}",
-                                     start_time=started)  # fmt: skip
+                handle = TrialHandle(
+                    state.id, trial_id, key[1], ref=f"{client.framework(name)}#{entry}", start_time=started
+                )
                 self.tracked.add(Job(handle, client, name, share, report, env=env, tasks=task_count(service)))
                 handles.append(handle)
         return handles
@@ -89,5 +96,6 @@ class Restarts:
 
     async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
         job = self.tracked.get((handle.trial_id, handle.attempt))
-        return await asyncio.to_thread(sharefs.log_tail, job.share.local if job else handle.ref.split("#", 1)[1],
-                                       max_bytes)  # fmt: skip
+        return await asyncio.to_thread(
+            sharefs.log_tail, job.share.local if job else handle.ref.split("#", 1)[1], max_bytes
+        )

@@ -117,9 +117,18 @@ class Pools:
 
     # ------------------------------------------------------------------ placing
 
-    async def place(self, key: Key, service: OpenpaiConfig, client: OpenpaiClient, experiment_id: str,
-                    trial_dir: str, fresh: bool, gpus: int, trial_command: str,
-                    bin_hash: str) -> Environment:  # fmt: skip
+    async def place(
+        self,
+        key: Key,
+        service: OpenpaiConfig,
+        client: OpenpaiClient,
+        experiment_id: str,
+        trial_dir: str,
+        fresh: bool,
+        gpus: int,
+        trial_command: str,
+        bin_hash: str,
+    ) -> Environment:
         """The environment that runs the trial: the one it was handed to before a restart, an
         idle one, a new one, or — when OpenPAI refuses a new one for now — the least busy."""
         if not fresh:
@@ -140,12 +149,26 @@ class Pools:
         env.hand(key, trial_dir)
         return env
 
-    async def _create(self, service: OpenpaiConfig, client: OpenpaiClient, experiment_id: str, gpus: int,
-                      trial_command: str, bin_hash: str) -> Environment:  # fmt: skip
+    async def _create(
+        self,
+        service: OpenpaiConfig,
+        client: OpenpaiClient,
+        experiment_id: str,
+        gpus: int,
+        trial_command: str,
+        bin_hash: str,
+    ) -> Environment:
         try:
-            name, share, spec = jobs.environment_job(service, experiment_id, secrets.token_hex(3), trial_command, gpus,
-                                                     bin_hash, self.settings.reuse_poll,
-                                                     self.settings.reuse_orphan_timeout)  # fmt: skip
+            name, share, spec = jobs.environment_job(
+                service,
+                experiment_id,
+                secrets.token_hex(3),
+                trial_command,
+                gpus,
+                bin_hash,
+                self.settings.reuse_poll,
+                self.settings.reuse_orphan_timeout,
+            )
         except ValueError as exc:
             raise PermanentError(str(exc)) from None
         folder = Path(share.local)
@@ -184,11 +207,15 @@ class Pools:
             return None  # (a trial stopped with its environment ends as the environment did)
         what = env.client.framework(env.name)
         if env.state == "STOPPED":
-            return TrialOutcome(TrialStatus.SYS_CANCELED, None, f"environment job {what} was stopped outside "
-                                "Trialbus while the trial ran")  # fmt: skip
+            return TrialOutcome(
+                TrialStatus.SYS_CANCELED,
+                None,
+                f"environment job {what} was stopped outside Trialbus while the trial ran",
+            )
         started = "while the trial ran" if task.exists() else "before the trial started"
-        return TrialOutcome(TrialStatus.FAILED, None, f"environment job {what} ended ({env.state}) {started}",
-                            "infrastructure")  # fmt: skip
+        return TrialOutcome(
+            TrialStatus.FAILED, None, f"environment job {what} ended ({env.state}) {started}", "infrastructure"
+        )
 
     def ended(self, env: Environment, key: Key, trial_folder: str, tasks: int) -> None:
         """The trial has its outcome: free the environment; tell the other tasks to stop it."""
@@ -218,8 +245,9 @@ class Pools:
                 env.retired = True
                 _mark(env.folder / "retired")
                 del self.environments[env.name]
-                log.info("environment %s idle for %.0fs: stopping it", env.client.framework(env.name),
-                         now - env.idle_since)  # fmt: skip
+                log.info(
+                    "environment %s idle for %.0fs: stopping it", env.client.framework(env.name), now - env.idle_since
+                )
                 try:
                     await env.client.stop(env.name)
                 except (TransientError, PermanentError) as exc:  # its runner leaves by itself later
@@ -232,8 +260,9 @@ class Pools:
 
     # ------------------------------------------------------------------ restarts
 
-    def adopt(self, experiment_id: str, local: str, client: OpenpaiClient, gpus: int, trial_command: str,
-              replica: str) -> dict[Key, Environment]:  # fmt: skip
+    def adopt(
+        self, experiment_id: str, local: str, client: OpenpaiClient, gpus: int, trial_command: str, replica: str
+    ) -> dict[Key, Environment]:
         """The environments a previous run of this replica kept for this experiment (not
         retired), and which trial each one holds."""
         held: dict[Key, Environment] = {}
@@ -241,8 +270,9 @@ class Pools:
         for folder in sorted(base.iterdir()) if base.is_dir() else ():
             if (folder / "retired").exists() or not sharefs.owned_by(folder, replica):
                 continue
-            env = Environment(jobs.environment_name(experiment_id, folder.name), experiment_id, folder, client, gpus,
-                              trial_command)  # fmt: skip
+            env = Environment(
+                jobs.environment_name(experiment_id, folder.name), experiment_id, folder, client, gpus, trial_command
+            )
             for ticket in sorted(p.name for p in (folder / "tickets").iterdir() if not p.name.startswith(".")):
                 trial_id, _, attempt = ticket.split("-", 1)[1].rpartition("-")
                 env.tickets[(trial_id, int(attempt))] = ticket

@@ -160,8 +160,11 @@ class Runner:
             state = read_json(state_path)
             if not ended(state):
                 os.makedirs(task + "/" + trialdir.META, exist_ok=True)
-                state.update(error="the trial was interrupted: its OpenPAI environment restarted (a job or task "
-                             "retry) while it ran", endTime=time.time())  # fmt: skip
+                state.update(
+                    error="the trial was interrupted: its OpenPAI environment restarted (a job or task "
+                    "retry) while it ran",
+                    endTime=time.time(),
+                )
                 write_json(state_path, state)
             return
         except OSError as exc:  # the trial folder is gone: nothing to run
@@ -213,8 +216,9 @@ class Runner:
 
         if self.warm is None:
             here = os.path.dirname(os.path.abspath(__file__))
-            self.warm = warm_pool.WarmPool(warm_pool.Path(self.task, "templates"), here + "/trial_keeper.py",
-                                           self.say, shim=here + "/nni_shim")  # fmt: skip
+            self.warm = warm_pool.WarmPool(
+                warm_pool.Path(self.task, "templates"), here + "/trial_keeper.py", self.say, shim=here + "/nni_shim"
+            )
         env = {os.fsdecode(k): os.fsdecode(v) for k, v in environ.items()}
         preload = [name for name in env.get("TRIALBUS_WARM_PRELOAD", "").split(",") if name]
         forked = self.warm.fork(env, preload, wait=5)

@@ -55,9 +55,15 @@ class Watcher:
     """Job states, OpenPAI's own retries taken back, reuse mode's upkeep (the module's docstring)."""
 
     def __init__(
-        self, settings: OpenpaiSettings, clients: Clients, tracked: Jobs, pools: Pools, experiments: Experiments,
-        bundle_hash: str, notify: Callable[[TrialHandle], None],
-    ) -> None:  # fmt: skip
+        self,
+        settings: OpenpaiSettings,
+        clients: Clients,
+        tracked: Jobs,
+        pools: Pools,
+        experiments: Experiments,
+        bundle_hash: str,
+        notify: Callable[[TrialHandle], None],
+    ) -> None:
         self.settings, self.clients, self.tracked, self.pools = settings, clients, tracked, pools
         self.experiments, self.bundle_hash, self.notify = experiments, bundle_hash, notify
         self._loops: list[asyncio.Task] = []
@@ -158,11 +164,16 @@ class Watcher:
             return
         log.info("OpenPAI retried job %s by itself after a platform failure: stopped it", what)
         spec = await self._exit_spec(job, retries - 1)  # the platform attempt that failed
-        why = f"exit code {spec['code']} ({spec.get('phrase') or 'transient'})" if spec.get("code") is not None \
+        why = (
+            f"exit code {spec['code']} ({spec.get('phrase') or 'transient'})"
+            if spec.get("code") is not None
             else "a reason of the platform its exit spec calls transient (a lost node, an eviction, a preemption)"
+        )
         job.taken_failure = failure_of(spec) if spec else "infrastructure"
-        job.taken_back = (f"OpenPAI job {what} failed for {why} and OpenPAI retried it by itself; Trialbus stopped "
-                          "that retry to retry the trial as its next attempt")  # fmt: skip
+        job.taken_back = (
+            f"OpenPAI job {what} failed for {why} and OpenPAI retried it by itself; Trialbus stopped "
+            "that retry to retry the trial as its next attempt"
+        )
 
     async def _exit_spec(self, job: Job, attempt_id: int) -> dict:
         """The exit spec a platform attempt of the job ended with ({} when OpenPAI cannot say)."""
@@ -188,9 +199,17 @@ class Watcher:
                 if service is None:
                     raise PermanentError(f"experiment {job.handle.experiment_id} is gone")
                 env.drop(key)
-                job.env = await self.pools.place(key, service, job.client, job.handle.experiment_id,
-                                                 job.share.container, True, env.gpus, env.trial_command,
-                                                 self.bundle_hash)  # fmt: skip
+                job.env = await self.pools.place(
+                    key,
+                    service,
+                    job.client,
+                    job.handle.experiment_id,
+                    job.share.container,
+                    True,
+                    env.gpus,
+                    env.trial_command,
+                    self.bundle_hash,
+                )
                 log.info("trial %s moved to environment %s", key[0], job.env.name)
             except (TransientError, PermanentError) as exc:
                 log.warning("cannot move trial %s to another environment: %s", key[0], exc)

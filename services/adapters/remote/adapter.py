@@ -54,16 +54,36 @@ class RemoteAdapter(PlatformAdapter):
         self.checkpoints = CheckpointSync(settings, self.notify)
         self.trials = TrialTable(self.checkpoints.track)
         self.placement = MachinePlacement(settings, self.name, self.trials.values, self.capacity_freed)
-        self.pool = MachinePool(settings=settings, bundle=self.bundle, trials=self.trials, placement=self.placement,
-                                on_event=self._on_agent_event, on_up=self._on_up)  # fmt: skip
-        self.watcher = Watcher(settings=settings, trials=self.trials, pool=self.pool, checkpoints=self.checkpoints,
-                               notify=self.notify)  # fmt: skip
-        self.launcher = Launcher(settings=settings, bundle=self.bundle, pool=self.pool, placement=self.placement,
-                                 trials=self.trials, checkpoints=self.checkpoints,
-                                 refresh=self.watcher.refresh)  # fmt: skip
-        self.restarts = Restarts(settings=settings, pool=self.pool, trials=self.trials, placement=self.placement,
-                                 refresh=self.watcher.refresh, found=self.found, notify=self.notify,
-                                 capacity_freed=self.capacity_freed)  # fmt: skip
+        self.pool = MachinePool(
+            settings=settings,
+            bundle=self.bundle,
+            trials=self.trials,
+            placement=self.placement,
+            on_event=self._on_agent_event,
+            on_up=self._on_up,
+        )
+        self.watcher = Watcher(
+            settings=settings, trials=self.trials, pool=self.pool, checkpoints=self.checkpoints, notify=self.notify
+        )
+        self.launcher = Launcher(
+            settings=settings,
+            bundle=self.bundle,
+            pool=self.pool,
+            placement=self.placement,
+            trials=self.trials,
+            checkpoints=self.checkpoints,
+            refresh=self.watcher.refresh,
+        )
+        self.restarts = Restarts(
+            settings=settings,
+            pool=self.pool,
+            trials=self.trials,
+            placement=self.placement,
+            refresh=self.watcher.refresh,
+            found=self.found,
+            notify=self.notify,
+            capacity_freed=self.capacity_freed,
+        )
         self._bus: Bus | None = None
         self._loops: list[asyncio.Task] = []
 
@@ -74,8 +94,11 @@ class RemoteAdapter(PlatformAdapter):
         self.watcher.start()
         self.launcher.start(bus)
         self.checkpoints.start(bus)
-        self._loops = [asyncio.create_task(self.watcher.loop()), asyncio.create_task(self.restarts.retention_loop()),
-                       asyncio.create_task(platforms.watch_experiments(bus, self._on_experiment))]  # fmt: skip
+        self._loops = [
+            asyncio.create_task(self.watcher.loop()),
+            asyncio.create_task(self.restarts.retention_loop()),
+            asyncio.create_task(platforms.watch_experiments(bus, self._on_experiment)),
+        ]
 
     async def stop(self) -> None:
         for task in self._loops:

@@ -58,8 +58,12 @@ class Agent:
         self.out_lock = threading.Lock()
         self.buf = b""
         here = os.path.dirname(os.path.abspath(__file__))
-        self.warm = warm_pool.WarmPool(warm_pool.Path(self.root, "templates"), here + "/trial_keeper.py",
-                                       lambda line: sys.stderr.write(line + "\n"), shim=here + "/nni_shim")
+        self.warm = warm_pool.WarmPool(
+            warm_pool.Path(self.root, "templates"),
+            here + "/trial_keeper.py",
+            lambda line: sys.stderr.write(line + "\n"),
+            shim=here + "/nni_shim",
+        )
         self.forked = {}  # pid -> template key, for the keepers forked warm
 
     # -- protocol ---------------------------------------------------------------------------
@@ -68,12 +72,21 @@ class Agent:
         data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
         with self.out_lock:
             while data:
-                data = data[os.write(1, data):]
+                data = data[os.write(1, data) :]
 
     def serve(self):
         os.makedirs(self.root + "/trials", exist_ok=True)
-        self.send({"ready": {"root": self.root, "pid": os.getpid(), "cpus": os.cpu_count() or 1,
-                             "python": sys.version.split()[0], "keeper": trial_keeper.VERSION}})
+        self.send(
+            {
+                "ready": {
+                    "root": self.root,
+                    "pid": os.getpid(),
+                    "cpus": os.cpu_count() or 1,
+                    "python": sys.version.split()[0],
+                    "keeper": trial_keeper.VERSION,
+                }
+            }
+        )
         while True:
             ready = select.select([0] + list(self.watched), [], [])[0]
             for fd in ready:
@@ -269,10 +282,18 @@ class Agent:
 
     def op_list(self, request):
         """Every trial directory not yet reported: what a restarted adapter adopts."""
-        return [{"experiment": experiment, "trial": trial, "attempt": attempt, "dir": path,
-                 "state": read_json(path + "/" + STATE), "mtime": os.stat(path).st_mtime,
-                 "gpus": read_json(path + "/" + trialdir.GPUS)}
-                for experiment, trial, attempt, path in trialdir.unreported(self.root + "/trials")]
+        return [
+            {
+                "experiment": experiment,
+                "trial": trial,
+                "attempt": attempt,
+                "dir": path,
+                "state": read_json(path + "/" + STATE),
+                "mtime": os.stat(path).st_mtime,
+                "gpus": read_json(path + "/" + trialdir.GPUS),
+            }
+            for experiment, trial, attempt, path in trialdir.unreported(self.root + "/trials")
+        ]
 
     def op_find(self, request):
         """The directory of a trial's attempt, the newest unless ``attempt`` names one (for its log

@@ -197,9 +197,14 @@ class CheckpointSync:
             try:
                 async with self._slots:
                     archive = machine.files.scratch("checkpoint")
-                    packed = await machine.call("checkpoint_pack", dir=checkpoint.directory, archive=archive,
-                                                maxBytes=options.max_bytes, since=checkpoint.synced,
-                                                timeout=PACKING_TIMEOUT)  # fmt: skip
+                    packed = await machine.call(
+                        "checkpoint_pack",
+                        dir=checkpoint.directory,
+                        archive=archive,
+                        maxBytes=options.max_bytes,
+                        since=checkpoint.synced,
+                        timeout=PACKING_TIMEOUT,
+                    )
                     signature = packed["signature"]
                     if packed.get("over"):
                         self._over(checkpoint, signature, options)
@@ -211,12 +216,22 @@ class CheckpointSync:
                     elif not packed.get("unchanged"):
                         await self._put(checkpoint, name, archive)
                         checkpoint.synced = signature
-                        log.info("saved the checkpoint of trial %s (attempt %d) from %s in the object store: "
-                                 "%d files, %d bytes packed", handle.trial_id, handle.attempt, machine.name,
-                                 signature[FILES], packed["size"])  # fmt: skip
+                        log.info(
+                            "saved the checkpoint of trial %s (attempt %d) from %s in the object store: "
+                            "%d files, %d bytes packed",
+                            handle.trial_id,
+                            handle.attempt,
+                            machine.name,
+                            signature[FILES],
+                            packed["size"],
+                        )
             except (TransientError, *_STORE_ERRORS) as exc:  # AgentError, MachineDown among them
-                log.warning("cannot save the checkpoint of trial %s from %s now: %s", handle.trial_id, machine.name,
-                            exc or type(exc).__name__)  # fmt: skip
+                log.warning(
+                    "cannot save the checkpoint of trial %s from %s now: %s",
+                    handle.trial_id,
+                    machine.name,
+                    exc or type(exc).__name__,
+                )
             except Exception:  # a bug: said, and the next change is copied again
                 log.exception("cannot save the checkpoint of trial %s from %s", handle.trial_id, machine.name)
 
@@ -240,9 +255,14 @@ class CheckpointSync:
                 log.warning(
                     "the checkpoint directory of trial %s on %s holds %.1f MiB in %d files, over "
                     "checkpointSync.maxSize (%d MiB) or %d files: it is not copied to the object store, and a "
-                    "retry on another machine starts without it", handle.trial_id, checkpoint.machine.name,
-                    signature[BYTES] / _MiB, signature[FILES], options.max_bytes // _MiB, MAX_FILES,
-                )  # fmt: skip
+                    "retry on another machine starts without it",
+                    handle.trial_id,
+                    checkpoint.machine.name,
+                    signature[BYTES] / _MiB,
+                    signature[FILES],
+                    options.max_bytes // _MiB,
+                    MAX_FILES,
+                )
 
     # ------------------------------------------------------------------ before a retry starts
 
@@ -263,8 +283,9 @@ class CheckpointSync:
         except _STORE_ERRORS as exc:
             self._unreadable(request, machine, exc)
             return None
-        here = await machine.call("checkpoint_scan", dir=directory, experiment=request.experiment_id,
-                                  trial=request.trial_id)  # fmt: skip
+        here = await machine.call(
+            "checkpoint_scan", dir=directory, experiment=request.experiment_id, trial=request.trial_id
+        )
         signature, ran_here = here["signature"], here["attempt"]
         saved_by = int(((info.headers or {}).get(ATTEMPT) or ["-1"])[0])
         if ran_here is not None and ran_here >= request.attempt:
@@ -284,16 +305,27 @@ class CheckpointSync:
                     self._unreadable(request, machine, exc)
                     return None
                 await machine.files.upload(local, remote)
-                found = await machine.call("checkpoint_unpack", dir=directory, archive=remote,
-                                           maxBytes=options.max_bytes, timeout=PACKING_TIMEOUT)  # fmt: skip
+                found = await machine.call(
+                    "checkpoint_unpack",
+                    dir=directory,
+                    archive=remote,
+                    maxBytes=options.max_bytes,
+                    timeout=PACKING_TIMEOUT,
+                )
         except AgentError as exc:  # an archive refused, a full disk: the attempt can run all the same
             self._unreadable(request, machine, exc)
             return None
         finally:
             local.unlink(missing_ok=True)
         origin = ((info.headers or {}).get(ORIGIN) or ["?"])[0]
-        log.info("restored the checkpoint of trial %s, saved by attempt %d on %s, on %s for attempt %d",
-                 request.trial_id, saved_by, origin, machine.name, request.attempt)  # fmt: skip
+        log.info(
+            "restored the checkpoint of trial %s, saved by attempt %d on %s, on %s for attempt %d",
+            request.trial_id,
+            saved_by,
+            origin,
+            machine.name,
+            request.attempt,
+        )
         return found["signature"]
 
     def _unreadable(self, request: TrialRequest, machine: Machine, exc: Exception) -> None:
@@ -301,8 +333,13 @@ class CheckpointSync:
         (TransientError), else said, and the attempt starts without it."""
         if isinstance(exc, _NO_ANSWER):
             raise TransientError(f"cannot read the checkpoint of trial {request.trial_id}: {exc}", delay=2.0) from exc
-        log.warning("cannot restore the checkpoint of trial %s on %s (%s): attempt %d starts without it",
-                    request.trial_id, machine.name, exc or type(exc).__name__, request.attempt)  # fmt: skip
+        log.warning(
+            "cannot restore the checkpoint of trial %s on %s (%s): attempt %d starts without it",
+            request.trial_id,
+            machine.name,
+            exc or type(exc).__name__,
+            request.attempt,
+        )
 
     async def _checkpoints(self) -> ObjectStore:
         if self._store is None:

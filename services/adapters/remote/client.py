@@ -54,9 +54,12 @@ logging.getLogger("asyncssh").setLevel(logging.WARNING)
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
 #: What the agent needs on the machine besides the keeper: itself and its helpers (stdlib only).
-AGENT_FILES = {"agent.py": AGENT_PATH, "agent_checkpoints.py": Path(__file__).with_name("agent_checkpoints.py"),
-               "agent_host.py": Path(__file__).with_name("agent_host.py"),
-               "trialdir.py": Path(trialdir.__file__)}  # fmt: skip
+AGENT_FILES = {
+    "agent.py": AGENT_PATH,
+    "agent_checkpoints.py": Path(__file__).with_name("agent_checkpoints.py"),
+    "agent_host.py": Path(__file__).with_name("agent_host.py"),
+    "trialdir.py": Path(trialdir.__file__),
+}
 
 
 def _quote(path: str) -> str:
@@ -82,9 +85,13 @@ class Machine:
     """One SSH machine: connect, keep connected, run the agent, call it (module docstring)."""
 
     def __init__(
-        self, config: RemoteMachineConfig, settings: RemoteSettings, bundle: Bundle,
-        on_event: Callable[[Machine, dict], None], on_up: Callable[[Machine], None],
-    ) -> None:  # fmt: skip
+        self,
+        config: RemoteMachineConfig,
+        settings: RemoteSettings,
+        bundle: Bundle,
+        on_event: Callable[[Machine, dict], None],
+        on_up: Callable[[Machine], None],
+    ) -> None:
         self.name = config.address
         self.key = machine_key(config)
         self.config = config  # the newest experiment's credentials win
@@ -108,8 +115,14 @@ class Machine:
         self._ids = 0
         self.probes: dict[str | None, dict] = {}  # pythonPath → what python3 there is
         self.last_used = time.monotonic()  # an idle machine's connection is closed after a while
-        self.files = Transfers(name=self.name, bundle=bundle, remote_root=settings.remote_root, up=self.up,
-                               down_reason=self.down_reason, call=self.call)  # fmt: skip
+        self.files = Transfers(
+            name=self.name,
+            bundle=bundle,
+            remote_root=settings.remote_root,
+            up=self.up,
+            down_reason=self.down_reason,
+            call=self.call,
+        )
 
     # ------------------------------------------------------------------ connection
 
@@ -195,12 +208,19 @@ class Machine:
             writer.close()
             raise
         options: dict = {
-            "username": config.user, "known_hosts": known_hosts, "connect_timeout": settings.ssh_connect_timeout,
-            "keepalive_interval": settings.ssh_keepalive, "keepalive_count_max": 3,
-        }  # fmt: skip
+            "username": config.user,
+            "known_hosts": known_hosts,
+            "connect_timeout": settings.ssh_connect_timeout,
+            "keepalive_interval": settings.ssh_keepalive,
+            "keepalive_count_max": 3,
+        }
         if config.password is not None:
-            options.update(password=config.password.get_secret_value(), client_keys=None, agent_path=None,
-                           preferred_auth="password,keyboard-interactive")  # fmt: skip
+            options.update(
+                password=config.password.get_secret_value(),
+                client_keys=None,
+                agent_path=None,
+                preferred_auth="password,keyboard-interactive",
+            )
         elif config.ssh_key is not None or config.ssh_key_file:
             passphrase = config.ssh_passphrase.get_secret_value() if config.ssh_passphrase else None
             try:
@@ -258,15 +278,18 @@ class Machine:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with open(path, "a") as f:
             f.write(line)
-        log.warning("trusted the new host key of %s (%s) on first use; added to %s", self.name,
-                    key.get_fingerprint(), path)  # fmt: skip
+        log.warning(
+            "trusted the new host key of %s (%s) on first use; added to %s", self.name, key.get_fingerprint(), path
+        )
 
     async def _start_agent(self, conn: asyncssh.SSHClientConnection) -> None:
         root = self.settings.remote_root.rstrip("/")
         path = self.config.python_path
-        prefix = f"PATH={_quote(path)}:\"$PATH\" " if path else ""
-        command = (f"{prefix}exec python3 -S -I {_quote(root)}/bin/{self.bundle.hash}/agent.py {_quote(root)} "
-                   f"2>{_quote(root)}/agent.log")  # never a stderr pipe nobody reads
+        prefix = f'PATH={_quote(path)}:"$PATH" ' if path else ""
+        command = (
+            f"{prefix}exec python3 -S -I {_quote(root)}/bin/{self.bundle.hash}/agent.py {_quote(root)} "
+            f"2>{_quote(root)}/agent.log"
+        )  # never a stderr pipe nobody reads
         self._agent = await conn.create_process(command, encoding=None)
         try:
             async with asyncio.timeout(30):

@@ -34,10 +34,16 @@ class Launcher:
     """How the remote adapter launches a trial (the module's docstring)."""
 
     def __init__(
-        self, *, settings: RemoteSettings, bundle: Bundle, pool: MachinePool, placement: MachinePlacement,
-        trials: TrialTable, checkpoints: CheckpointSync,
+        self,
+        *,
+        settings: RemoteSettings,
+        bundle: Bundle,
+        pool: MachinePool,
+        placement: MachinePlacement,
+        trials: TrialTable,
+        checkpoints: CheckpointSync,
         refresh: Callable[[Machine, list[Trial]], Awaitable[None]],
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``refresh``: read trials' status now (for an attempt that a machine already had)."""
         self.settings, self.bundle = settings, bundle
         self._pool, self._placement, self._trials, self._checkpoints = pool, placement, trials, checkpoints
@@ -66,8 +72,15 @@ class Launcher:
         with self._placement.starting(machine, key, held, per_gpu):  # awaits below: its GPUs stay taken
             return await self._start(request, service, machine, where, held, per_gpu)
 
-    async def _start(self, request: TrialRequest, service: RemoteConfig, machine: Machine, where: dict,
-                     held: tuple[int, ...], per_gpu: int) -> TrialHandle:  # fmt: skip
+    async def _start(
+        self,
+        request: TrialRequest,
+        service: RemoteConfig,
+        machine: Machine,
+        where: dict,
+        held: tuple[int, ...],
+        per_gpu: int,
+    ) -> TrialHandle:
         key = (request.trial_id, request.attempt)
         env, files = await self._environment(request, machine, where)
         trials_dir = f"{machine.root}/trials"
@@ -77,8 +90,9 @@ class Launcher:
         if held:
             files["gpus.json"] = json.dumps({"indices": list(held), "perGpu": per_gpu})
         try:
-            result = await machine.call("launch", dir=trial_dir, env=env, files=files, warm=request.warm_start,
-                                        preload=request.warm_preload)  # fmt: skip
+            result = await machine.call(
+                "launch", dir=trial_dir, env=env, files=files, warm=request.warm_start, preload=request.warm_preload
+            )
         except AgentError as exc:
             raise PermanentError(f"cannot start the trial on {machine.name}: {exc}") from None
         if (trial := self._trials.get(key)) is not None:
@@ -94,8 +108,7 @@ class Launcher:
             trial.gpus, trial.per_gpu = held, per_gpu
         return trial.handle
 
-    async def _environment(self, request: TrialRequest, machine: Machine,
-                           where: dict) -> tuple[dict, dict]:  # fmt: skip
+    async def _environment(self, request: TrialRequest, machine: Machine, where: dict) -> tuple[dict, dict]:
         probe = await self._pool.probe(machine, machine.config.python_path)
         env = {
             "PATH": probe["path"],
@@ -121,8 +134,9 @@ class Launcher:
         if request.grace_period is not None:
             env["TRIALBUS_KILL_GRACE"] = str(request.grace_period)
         if code_ref := request.code_ref:
-            env["TRIALBUS_CODE_DIR"] = await machine.files.code_dir(code_ref.removeprefix("sha256:"),
-                                                              lambda: self._archive(code_ref))  # fmt: skip
+            env["TRIALBUS_CODE_DIR"] = await machine.files.code_dir(
+                code_ref.removeprefix("sha256:"), lambda: self._archive(code_ref)
+            )
         return env, {"token": request.token.get_secret_value()}
 
     async def _archive(self, code_ref: str) -> bytes:

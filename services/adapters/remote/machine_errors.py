@@ -41,8 +41,9 @@ class AgentProblem(Exception):
 
 
 def is_permanent(exc: BaseException) -> bool:
-    return isinstance(exc, UnknownHost | KeyProblem | AgentProblem | asyncssh.PermissionDenied
-                      | asyncssh.HostKeyNotVerifiable)  # fmt: skip
+    return isinstance(
+        exc, UnknownHost | KeyProblem | AgentProblem | asyncssh.PermissionDenied | asyncssh.HostKeyNotVerifiable
+    )
 
 
 def key_problem(exc: BaseException, config: RemoteMachineConfig) -> str:

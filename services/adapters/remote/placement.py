@@ -45,8 +45,13 @@ class Placed(Protocol):
 class MachinePlacement:
     """Choose machines and GPUs for the remote adapter (module docstring)."""
 
-    def __init__(self, settings: RemoteSettings, adapter: str, trials: Callable[[], Iterable[Placed]],
-                 capacity_freed: Callable[[], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: RemoteSettings,
+        adapter: str,
+        trials: Callable[[], Iterable[Placed]],
+        capacity_freed: Callable[[], None],
+    ) -> None:
         self.settings, self.adapter = settings, adapter
         self._trials, self._capacity_freed = trials, capacity_freed
         self.gpus: dict[str, GpuScheduler] = {}  # machine key → its scheduler (made on its first GPU trial)
@@ -91,10 +96,12 @@ class MachinePlacement:
         for machine in sorted(up, key=lambda m: self.running(m)):
             config = machine.config
             ask = placement.GpuAsk(
-                trial=subjects.dispatch_id(request.trial_id, request.attempt), count=request.trial_gpu_number,
+                trial=subjects.dispatch_id(request.trial_id, request.attempt),
+                count=request.trial_gpu_number,
                 indices=tuple(config.gpu_indices) if config.gpu_indices is not None else None,
-                per_gpu=config.max_trial_number_per_gpu, use_active=config.use_active_gpu,
-            )  # fmt: skip
+                per_gpu=config.max_trial_number_per_gpu,
+                use_active=config.use_active_gpu,
+            )
             scheduler = await self.scheduler(machine)
             indices = [g.index for g in scheduler.inventory.gpus]
             if (why := placement.never_reason(ask, indices, host=machine.name)) is not None:
@@ -119,9 +126,12 @@ class MachinePlacement:
         started = self._started.get(machine.key)
         if started is None:
             scheduler = self.gpus[machine.key] = GpuScheduler(
-                self.settings, self.adapter, lambda: self.holdings(machine), self._capacity_freed,
+                self.settings,
+                self.adapter,
+                lambda: self.holdings(machine),
+                self._capacity_freed,
                 read=lambda: self._inventory(machine),
-            )  # fmt: skip
+            )
             started = self._started[machine.key] = asyncio.ensure_future(scheduler.start())
         try:
             await asyncio.shield(started)
@@ -148,13 +158,16 @@ class MachinePlacement:
         return Inventory("nvidia-smi", gpus, sessions=sessions)
 
     def holdings(self, machine: Machine) -> list[Holding]:
-        placing = [Holding(subjects.dispatch_id(*key), held, per_gpu, None)
-                   for key, (held, per_gpu) in self._placing.get(machine.key, {}).items() if held]  # fmt: skip
+        placing = [
+            Holding(subjects.dispatch_id(*key), held, per_gpu, None)
+            for key, (held, per_gpu) in self._placing.get(machine.key, {}).items()
+            if held
+        ]
         return placing + [
             Holding(t.key, t.gpus, t.per_gpu, (t.status.get("state") or {}).get("pgid"))
             for t in self._trials()
             if t.machine is machine and t.gpus and t.running
-        ]  # fmt: skip
+        ]
 
     def describe(self, machine: Machine) -> list[GpuStatus]:
         scheduler = self.gpus.get(machine.key)

@@ -34,9 +34,15 @@ class MachinePool:
     """The remote adapter's pool of machines (the module's docstring)."""
 
     def __init__(
-        self, *, settings: RemoteSettings, bundle: Bundle, trials: TrialTable, placement: MachinePlacement,
-        on_event: Callable[[Machine, dict], None], on_up: Callable[[Machine], None],
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        settings: RemoteSettings,
+        bundle: Bundle,
+        trials: TrialTable,
+        placement: MachinePlacement,
+        on_event: Callable[[Machine, dict], None],
+        on_up: Callable[[Machine], None],
+    ) -> None:
         """``trials`` and ``placement`` say which machines are busy; ``on_event`` hears every
         machine's agent events, ``on_up`` of every machine that is (back) up."""
         self.settings, self.bundle = settings, bundle
@@ -84,8 +90,7 @@ class MachinePool:
         """Close the connections no trial and no experiment has needed for ``IDLE_CLOSE`` seconds."""
         busy = self._trials.machine_keys() | set(self.abandoned) | set(self.unreported)
         busy |= self._placement.busy()
-        idle = [m for m in self.machines.values()
-                if m.key not in busy and time.monotonic() - m.last_used > IDLE_CLOSE]  # fmt: skip
+        idle = [m for m in self.machines.values() if m.key not in busy and time.monotonic() - m.last_used > IDLE_CLOSE]
         for machine in idle:
             del self.machines[machine.key]
             await self._placement.forget(machine)
@@ -160,8 +165,14 @@ class MachinePool:
         for machine in self.machines.values():
             if machine.key not in shown:
                 continue
-            machines.append({
-                "name": machine.name, "up": machine.up.is_set(), "error": machine.error, "cpus": machine.cpus,
-                "running": self._placement.running(machine), "gpus": self._placement.describe(machine),
-            })  # fmt: skip
+            machines.append(
+                {
+                    "name": machine.name,
+                    "up": machine.up.is_set(),
+                    "error": machine.error,
+                    "cpus": machine.cpus,
+                    "running": self._placement.running(machine),
+                    "gpus": self._placement.describe(machine),
+                }
+            )
         return {"machines": machines}

@@ -31,10 +31,17 @@ class Restarts:
     """What outlives the remote adapter (the module's docstring)."""
 
     def __init__(
-        self, *, settings: RemoteSettings, pool: MachinePool, trials: TrialTable, placement: MachinePlacement,
-        refresh: Callable[[Machine, list[Trial]], Awaitable[None]], found: Callable[[TrialHandle], None],
-        notify: Callable[[], None], capacity_freed: Callable[[], None],
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        settings: RemoteSettings,
+        pool: MachinePool,
+        trials: TrialTable,
+        placement: MachinePlacement,
+        refresh: Callable[[Machine, list[Trial]], Awaitable[None]],
+        found: Callable[[TrialHandle], None],
+        notify: Callable[[], None],
+        capacity_freed: Callable[[], None],
+    ) -> None:
         """``refresh`` reads trials' status now; ``found``, ``notify`` and ``capacity_freed`` are the
         adapter's (:class:`~services.adapters.base.PlatformAdapter`): a trial adopted late, poll all,
         room may have freed."""
@@ -55,8 +62,7 @@ class Restarts:
             handles = []
             for machine in self._pool.values():
                 if not machine.up.is_set():
-                    log.warning("cannot adopt trials on %s now (%s); will when it is back", machine.name,
-                                machine.error)  # fmt: skip
+                    log.warning("cannot adopt trials on %s now (%s); will when it is back", machine.name, machine.error)
                     continue
                 for entry in await machine.call("list"):
                     key = (entry["trial"], entry["attempt"])
@@ -115,8 +121,7 @@ class Restarts:
         except MachineDown:
             self._pool.report_when_back(trial.machine, trial.dir)
 
-    async def past(self, experiment_id: str, trial_id: str,
-                   attempt: int | None = None) -> TrialHandle | None:  # fmt: skip
+    async def past(self, experiment_id: str, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
         """An attempt (the newest by default) of a finished trial whose directory a connected machine keeps."""
         for machine in list(self._pool.values()):
             if not machine.up.is_set():

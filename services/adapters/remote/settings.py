@@ -56,8 +56,9 @@ class RemoteSettings(GpuSettings):
     #: Checkpoint copies in flight at once (each holds one archive in ``data_dir`` while it travels).
     checkpoint_transfers: int = Field(default=4, gt=0)
 
-    _durations = field_validator("unreachable_timeout", "trial_retention", "checkpoint_sync_interval",
-                                 mode="before")(parse_seconds_setting)  # fmt: skip
+    _durations = field_validator("unreachable_timeout", "trial_retention", "checkpoint_sync_interval", mode="before")(
+        parse_seconds_setting
+    )
 
     @property
     def known_hosts_path(self) -> Path:

@@ -38,9 +38,15 @@ class Transfers:
     """A machine's file transfers (the module's docstring)."""
 
     def __init__(
-        self, *, name: str, bundle: Bundle, remote_root: str, up: asyncio.Event, down_reason: Callable[[], str],
+        self,
+        *,
+        name: str,
+        bundle: Bundle,
+        remote_root: str,
+        up: asyncio.Event,
+        down_reason: Callable[[], str],
         call: Callable[..., Awaitable[Any]],
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``up``, ``down_reason`` and ``call``: the machine's connection state, and its agent."""
         self.name, self.bundle, self.remote_root = name, bundle, remote_root
         self._up, self._down_reason, self._call = up, down_reason, call

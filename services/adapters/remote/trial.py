@@ -67,8 +67,9 @@ class TrialTable:
     def pop(self, key: tuple[str, int]) -> Trial | None:
         return self._trials.pop(key, None)
 
-    def track(self, experiment_id: str, trial_id: str, attempt: int, machine: Machine, trial_dir: str,
-              started: datetime) -> Trial:  # fmt: skip
+    def track(
+        self, experiment_id: str, trial_id: str, attempt: int, machine: Machine, trial_dir: str, started: datetime
+    ) -> Trial:
         """Keep a new attempt, its checkpoint directory followed."""
         handle = TrialHandle(experiment_id, trial_id, attempt, ref=f"{machine.key}#{trial_dir}", start_time=started)
         trial = self._trials[(trial_id, attempt)] = Trial(handle, machine, trial_dir, self._follow(handle, machine))

@@ -39,9 +39,14 @@ class Watcher:
     """How the remote adapter watches and stops trials (the module's docstring)."""
 
     def __init__(
-        self, *, settings: RemoteSettings, trials: TrialTable, pool: MachinePool, checkpoints: CheckpointSync,
+        self,
+        *,
+        settings: RemoteSettings,
+        trials: TrialTable,
+        pool: MachinePool,
+        checkpoints: CheckpointSync,
         notify: Callable[[TrialHandle | None], None],
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``notify``: a trial's poll is due (:meth:`~services.adapters.base.PlatformAdapter.notify`)."""
         self.settings, self._trials, self._pool = settings, trials, pool
         self._checkpoints, self._notify = checkpoints, notify
@@ -64,8 +69,9 @@ class Watcher:
             if down_for > self.settings.unreachable_timeout:
                 self._pool.kill_when_back(machine, trial.dir)
                 why = f"{machine.down_reason()}; gave up after {self.settings.unreachable_timeout:g}s"
-                trial.outcome = TrialOutcome(TrialStatus.FAILED, None, why + ": the trial's real end is unknown",
-                                             "infrastructure")  # fmt: skip
+                trial.outcome = TrialOutcome(
+                    TrialStatus.FAILED, None, why + ": the trial's real end is unknown", "infrastructure"
+                )
                 return trial.outcome
             raise Stale(f"{machine.down_reason()}; status and metrics resume when it is back", delay=1.0)
         status = trial.status
@@ -159,17 +165,27 @@ class Watcher:
             url = f"{self.settings.gateway_url.rstrip('/')}/api/v1/trials/{trial.handle.trial_id}/metrics"
             for name, records in found["files"]:
                 body = {"experimentId": trial.handle.experiment_id, "attempt": trial.handle.attempt, "records": records}
-                headers = {"Authorization": f"Bearer {found['token']}",
-                           "X-Trialbus-Keeper-Version": trial.machine.keeper_version}  # fmt: skip
+                headers = {
+                    "Authorization": f"Bearer {found['token']}",
+                    "X-Trialbus-Keeper-Version": trial.machine.keeper_version,
+                }
                 assert self._http is not None  # relays run between start and stop
                 reply = await self._http.post(url, json=body, headers=headers)
                 if reply.status_code != 200:
-                    log.warning("the gateway refused relayed metrics of %s (%d): %s", trial.handle.trial_id,
-                                reply.status_code, reply.text[:300])  # fmt: skip
+                    log.warning(
+                        "the gateway refused relayed metrics of %s (%d): %s",
+                        trial.handle.trial_id,
+                        reply.status_code,
+                        reply.text[:300],
+                    )
                     return
                 await trial.machine.call("unspool", dir=trial.dir, names=[name])
-                log.info("relayed %d metric records of %s from %s over SSH", len(records), trial.handle.trial_id,
-                         trial.machine.name)  # fmt: skip
+                log.info(
+                    "relayed %d metric records of %s from %s over SSH",
+                    len(records),
+                    trial.handle.trial_id,
+                    trial.machine.name,
+                )
         except (MachineDown, AgentError, httpx.HTTPError) as exc:
             log.warning("cannot relay metrics of %s now: %s", trial.handle.trial_id, exc)
         finally:

@@ -103,8 +103,10 @@ class Kubernetes:
         """The kubelet stops ``pod`` (SIGTERM, SIGKILL after its grace period) and fails it with
         ``reason``: ``Evicted`` (node pressure; FC: −1000 PodEvicted) or ``Preempting`` (to admit a
         critical pod; FC: −1003 PodPreemptedForCriticalPod), both Transient."""
-        message = {"Evicted": "The node was low on resource: memory.",
-                   "Preempting": "Preempted in order to admit critical pod"}.get(reason, "")  # fmt: skip
+        message = {
+            "Evicted": "The node was low on resource: memory.",
+            "Preempting": "Preempted in order to admit critical pod",
+        }.get(reason, "")
         self._fail(namespace, pod, {"reason": reason, "message": message, "grace": None})
 
     def delete_pod(self, pod: str, namespace: str = "default") -> None:
@@ -143,11 +145,35 @@ class Kubernetes:
         self.stop()
 
 
-def _command(port: int, state_dir: Path, token: str | None, volumes: Mapping[str, str], stuck_images: Iterable[str],
-             namespaces: Iterable[str] | None, strict: bool, serve_crd: bool, tick: float, history_limit: int,
-             kill_grace: float) -> list[str]:  # fmt: skip
-    cmd = [sys.executable, "-m", "tests.emulators.kubernetes", "--port", str(port), "--state", str(state_dir),
-           "--tick", str(tick), "--history-limit", str(history_limit), "--kill-grace", str(kill_grace), "--quiet"]
+def _command(
+    port: int,
+    state_dir: Path,
+    token: str | None,
+    volumes: Mapping[str, str],
+    stuck_images: Iterable[str],
+    namespaces: Iterable[str] | None,
+    strict: bool,
+    serve_crd: bool,
+    tick: float,
+    history_limit: int,
+    kill_grace: float,
+) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.emulators.kubernetes",
+        "--port",
+        str(port),
+        "--state",
+        str(state_dir),
+        "--tick",
+        str(tick),
+        "--history-limit",
+        str(history_limit),
+        "--kill-grace",
+        str(kill_grace),
+        "--quiet",
+    ]
     cmd += ["--token", token] if token else []
     cmd += [arg for key, local in volumes.items() for arg in ("--volume", f"{key}={local}")]
     cmd += [arg for image in stuck_images for arg in ("--stuck-image", image)]
@@ -184,11 +210,23 @@ def start_kubernetes(
     namespaces = list(namespaces) if namespaces is not None else None
     for _ in range(3):  # another process may take the free port before the server binds it
         port = free_port()
-        cmd = _command(port, state_dir, token, dict(volumes or {}), list(stuck_images), namespaces, strict,
-                       serve_crd, tick, history_limit, kill_grace)
+        cmd = _command(
+            port,
+            state_dir,
+            token,
+            dict(volumes or {}),
+            list(stuck_images),
+            namespaces,
+            strict,
+            serve_crd,
+            tick,
+            history_limit,
+            kill_grace,
+        )
         with (state_dir / "server.log").open("ab") as log:
-            process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL)
+            process = subprocess.Popen(
+                cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         k8s = Kubernetes(process, f"http://127.0.0.1:{port}", token, state_dir)
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline and process.poll() is None:

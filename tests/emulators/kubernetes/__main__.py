@@ -30,24 +30,48 @@ def _volume(text: str) -> tuple[str, str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tests.emulators.kubernetes", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m tests.emulators.kubernetes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     p.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0 in a container)")
     p.add_argument("--state", type=Path, help="directory for pod logs and process records (default: a new temp dir)")
     p.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (default: no auth)")
-    p.add_argument("--volume", type=_volume, action="append", default=[], metavar="nfs://SERVER/PATH=DIR",
-                   help="serve an nfs or azureFile (azurefile://SHARE=DIR) volume from a local folder (repeatable)")
-    p.add_argument("--stuck-image", action="append", default=[], metavar="IMAGE",
-                   help="pods using this image never start: ImagePullBackOff (repeatable)")
-    p.add_argument("--namespace", action="append", default=None, metavar="NS",
-                   help="the namespaces that exist (repeatable; default: any)")
+    p.add_argument(
+        "--volume",
+        type=_volume,
+        action="append",
+        default=[],
+        metavar="nfs://SERVER/PATH=DIR",
+        help="serve an nfs or azureFile (azurefile://SHARE=DIR) volume from a local folder (repeatable)",
+    )
+    p.add_argument(
+        "--stuck-image",
+        action="append",
+        default=[],
+        metavar="IMAGE",
+        help="pods using this image never start: ImagePullBackOff (repeatable)",
+    )
+    p.add_argument(
+        "--namespace",
+        action="append",
+        default=None,
+        metavar="NS",
+        help="the namespaces that exist (repeatable; default: any)",
+    )
     p.add_argument("--strict", action="store_true", help="reject undeclared Framework fields instead of pruning")
     p.add_argument("--no-crd", action="store_true", help="serve no FrameworkController CRD (a cluster without FC)")
     p.add_argument("--tick", type=float, default=0.05, metavar="SECONDS", help="controller step interval")
     p.add_argument("--history-limit", type=int, default=5000, metavar="N", help="writes a watch can resume across")
-    p.add_argument("--kill-grace", type=float, default=2.0, metavar="SECONDS",
-                   help="SIGTERM to SIGKILL when a pod sets no terminationGracePeriodSeconds")
+    p.add_argument(
+        "--kill-grace",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="SIGTERM to SIGKILL when a pod sets no terminationGracePeriodSeconds",
+    )
     p.add_argument("--kubeconfig", type=Path, metavar="PATH", help="also write the kubeconfig here")
     p.add_argument("--context-namespace", default="default", metavar="NS", help="the kubeconfig's default namespace")
     p.add_argument("--quiet", action="store_true", help="do not print the kubeconfig")

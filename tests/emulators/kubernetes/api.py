@@ -69,13 +69,20 @@ class Api:
         for res in served:
             base = f"{res.prefix}/namespaces/{{namespace}}/{res.plural}"
             app.add_api_route(base, self._handler(res, self.collection), methods=["GET", "POST"])
-            app.add_api_route(f"{base}/{{name}}", self._handler(res, self.item), methods=["GET", "PUT", "PATCH",
-                                                                                         "DELETE"])
+            app.add_api_route(
+                f"{base}/{{name}}", self._handler(res, self.item), methods=["GET", "PUT", "PATCH", "DELETE"]
+            )
             app.add_api_route(f"{res.prefix}/{res.plural}", self._handler(res, self.collection), methods=["GET"])
-            app.add_api_route(f"{res.prefix}/watch/namespaces/{{namespace}}/{res.plural}",
-                              self._handler(res, self.collection, force_watch=True), methods=["GET"])
-            app.add_api_route(f"{res.prefix}/watch/{res.plural}", self._handler(res, self.collection,
-                                                                                 force_watch=True), methods=["GET"])
+            app.add_api_route(
+                f"{res.prefix}/watch/namespaces/{{namespace}}/{res.plural}",
+                self._handler(res, self.collection, force_watch=True),
+                methods=["GET"],
+            )
+            app.add_api_route(
+                f"{res.prefix}/watch/{res.plural}",
+                self._handler(res, self.collection, force_watch=True),
+                methods=["GET"],
+            )
         app.add_api_route("/api/v1/namespaces/{namespace}/pods/{name}/log", self.pod_log, methods=["GET"])
 
     def _handler(self, res: Resource, method: Any, force_watch: bool = False) -> Any:
@@ -106,8 +113,14 @@ class Api:
         if rv not in (None, "") and not rv.isdigit():
             raise status.bad_request(f"invalid resource version: {rv!r}")
         items = [copy.deepcopy(o) for o in self.store.list(res, namespace, match)]
-        return _respond({"apiVersion": res.api_version, "kind": f"{res.kind}List",
-                         "metadata": {"resourceVersion": str(self.store.rv)}, "items": items})
+        return _respond(
+            {
+                "apiVersion": res.api_version,
+                "kind": f"{res.kind}List",
+                "metadata": {"resourceVersion": str(self.store.rv)},
+                "items": items,
+            }
+        )
 
     async def create(self, res: Resource, namespace: str, request: Request) -> Response:
         obj = self._admit(res, namespace, await _body(request), None)
@@ -115,8 +128,15 @@ class Api:
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + "".join(secrets.choice(_GENERATE_ALPHABET) for _ in range(5))
         if not meta.get("name"):
-            raise status.invalid(res, "", [status.cause("metadata.name", "Required value: name or generateName is "
-                                                        "required", "FieldValueRequired")])
+            raise status.invalid(
+                res,
+                "",
+                [
+                    status.cause(
+                        "metadata.name", "Required value: name or generateName is required", "FieldValueRequired"
+                    )
+                ],
+            )
         warnings = self._validate(res, obj, None, request)
         if self.store.get(res, namespace, meta["name"]) is not None:
             raise status.already_exists(res, meta["name"])
@@ -140,8 +160,11 @@ class Api:
         if request.method == "PUT":
             obj = self._admit(res, namespace, body, current)
             if not obj["metadata"].get("resourceVersion"):
-                raise status.invalid(res, name, [status.cause("metadata.resourceVersion",
-                                                              "Invalid value: 0x0: must be specified for an update")])
+                raise status.invalid(
+                    res,
+                    name,
+                    [status.cause("metadata.resourceVersion", "Invalid value: 0x0: must be specified for an update")],
+                )
         else:
             content_type = request.headers.get("content-type", "")
             try:
@@ -150,8 +173,9 @@ class Api:
                 raise status.ApiError(422, "Invalid", str(exc)) from None
             obj = self._admit(res, namespace, patched, current)
         if obj["metadata"]["name"] != name:
-            raise status.bad_request(f"the name of the object ({obj['metadata']['name']}) does not match the name "
-                                     f"on the URL ({name})")
+            raise status.bad_request(
+                f"the name of the object ({obj['metadata']['name']}) does not match the name on the URL ({name})"
+            )
         if obj["metadata"].get("resourceVersion") not in (None, current["metadata"]["resourceVersion"]):
             raise status.conflict(res, name)
         warnings = self._validate(res, obj, current, request)
@@ -172,8 +196,15 @@ class Api:
         deleted = copy.deepcopy(self.store.delete(res, meta["namespace"], meta["name"]))
         if res is FRAMEWORKS:
             return _respond(deleted)
-        return _respond({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                         "details": {"name": meta["name"], "kind": res.plural, "uid": meta["uid"]}})
+        return _respond(
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "details": {"name": meta["name"], "kind": res.plural, "uid": meta["uid"]},
+            }
+        )
 
     # ------------------------------------------------------------ admission
 
@@ -184,22 +215,26 @@ class Api:
     def _admit(self, res: Resource, namespace: str, obj: Any, current: Obj | None) -> Obj:
         """The object's identity checks: kind, apiVersion, namespace; server-set metadata dropped on create."""
         if not isinstance(obj, dict):
-            raise status.bad_request(f"{res.kind} in version \"{res.version}\" cannot be handled as a {res.kind}: "
-                                     "the body must be an object")
+            raise status.bad_request(
+                f'{res.kind} in version "{res.version}" cannot be handled as a {res.kind}: the body must be an object'
+            )
         kind, api_version = obj.get("kind"), obj.get("apiVersion")
         if kind is None and current is None and res is SECRETS:
             kind, api_version = obj.setdefault("kind", "Secret"), obj.setdefault("apiVersion", "v1")
         if kind != res.kind or api_version != res.api_version:
-            raise status.bad_request(f"the API version in the data ({api_version}) and kind ({kind}) do not match "
-                                     f"the expected {res.api_version} {res.kind}")
+            raise status.bad_request(
+                f"the API version in the data ({api_version}) and kind ({kind}) do not match "
+                f"the expected {res.api_version} {res.kind}"
+            )
         meta = obj.get("metadata")
         if meta is None:
             meta = obj["metadata"] = {}
         if not isinstance(meta, dict):
             raise status.bad_request("metadata must be an object")
         if meta.get("namespace") not in (None, "", namespace):
-            raise status.bad_request("the namespace of the provided object does not match the namespace sent on "
-                                     "the request")
+            raise status.bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request"
+            )
         self._check_namespace(namespace)
         meta["namespace"] = namespace
         if current is None:
@@ -226,5 +261,5 @@ class Api:
             raise status.not_found(PODS, name)
         tail = request.query_params.get("tailLines")
         if tail and tail.isdigit():
-            text = "".join(text.splitlines(keepends=True)[-int(tail):]) if int(tail) else ""
+            text = "".join(text.splitlines(keepends=True)[-int(tail) :]) if int(tail) else ""
         return PlainTextResponse(text)

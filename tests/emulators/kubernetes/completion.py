@@ -72,8 +72,10 @@ POD_REASONS: list[tuple[re.Pattern[str], int]] = [
     (re.compile(r"(?i)^Preempting$"), -1003),
     (re.compile(r"(?i)^DeadlineExceeded$"), -1004),
     (re.compile(r"(?i)^Forbidden$"), -1005),
-    (re.compile(r"(?i)^(UnexpectedAdmissionError|UnknownReason|InvalidNodeInfo|UnexpectedPredicateFailureType)$"),
-     -1006),
+    (
+        re.compile(r"(?i)^(UnexpectedAdmissionError|UnknownReason|InvalidNodeInfo|UnexpectedPredicateFailureType)$"),
+        -1006,
+    ),
 ]
 STOP_DIAGNOSTICS = "User has requested to stop the Framework"
 ATTEMPT_COMPLETION_DIAGNOSTICS = "Stop to complete current FrameworkAttempt"
@@ -90,16 +92,24 @@ class ContainerExit:
     signal: int = 0
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "reason": self.reason, "message": self.message, "signal": self.signal,
-                "code": self.code}
+        return {
+            "name": self.name,
+            "reason": self.reason,
+            "message": self.message,
+            "signal": self.signal,
+            "code": self.code,
+        }
 
 
 def status_of(code: int, diagnostics: str, phrase: str | None = None) -> dict[str, Any]:
     """``{code, phrase, type: {name, attributes}, diagnostics}`` for a known or unknown code."""
     known_phrase, attributes = CODES.get(code, ("ContainerUnrecognizedFailed", []))
-    return {"code": code, "phrase": phrase or known_phrase,
-            "type": {"name": "Succeeded" if code == SUCCEEDED else "Failed", "attributes": list(attributes)},
-            "diagnostics": diagnostics}
+    return {
+        "code": code,
+        "phrase": phrase or known_phrase,
+        "type": {"name": "Succeeded" if code == SUCCEEDED else "Failed", "attributes": list(attributes)},
+        "diagnostics": diagnostics,
+    }
 
 
 def _cannot_run_code(exit_: ContainerExit) -> int | None:

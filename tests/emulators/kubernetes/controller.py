@@ -62,14 +62,14 @@ class Controller:
             try:
                 if run is None:
                     meta = obj["metadata"]
-                    run = self.runs[uid] = FrameworkRun(uid, meta["namespace"], meta["name"],
-                                                        AttemptRun.of(0, obj.get("spec") or {}))
+                    run = self.runs[uid] = FrameworkRun(
+                        uid, meta["namespace"], meta["name"], AttemptRun.of(0, obj.get("spec") or {})
+                    )
                 elif run.state != "Completed":
                     self._step(run, obj.get("spec") or {})
                 self._write(run, obj)
             except Exception:  # one broken Framework must not stop the others; the log shows it
-                print(f"controller error on {obj['metadata']['namespace']}/{obj['metadata']['name']}:",
-                      file=sys.stderr)
+                print(f"controller error on {obj['metadata']['namespace']}/{obj['metadata']['name']}:", file=sys.stderr)
                 traceback.print_exc()
         self.orphans = [pod for pod in self.orphans if not self.kubelet.stop(pod)]
 
@@ -169,8 +169,9 @@ class Controller:
             for task in role.tasks:
                 if task.state == "AttemptCreationPending" and now >= task.retry_at:
                     task.retry_delay = None
-                    task.pod = self.kubelet.create(run.namespace, role.task_spec.get("pod") or {},
-                                                   self._identity(run, role, task))
+                    task.pod = self.kubelet.create(
+                        run.namespace, role.task_spec.get("pod") or {}, self._identity(run, role, task)
+                    )
                     task.move("AttemptPreparing")
                 if task.state == "AttemptPreparing" and task.pod is not None and self.kubelet.try_start(task.pod):
                     task.attempt_run = timestamp()
@@ -206,19 +207,26 @@ class Controller:
         failed = sum(t.code != 0 for t in done)
         if task.code != 0 and min_failed >= 1 and failed >= min_failed:
             message = f"FailedTaskCount {failed} has reached MinFailedTaskCount {min_failed} in the TaskRole"
-            return inherited | {"diagnostics": f"{message}: {inherited['diagnostics']}",
-                                "trigger": {"message": message, **trigger}}
+            return inherited | {
+                "diagnostics": f"{message}: {inherited['diagnostics']}",
+                "trigger": {"message": message, **trigger},
+            }
         succeeded = sum(t.code == 0 for t in done)
         if task.code == 0 and min_succeeded >= 1 and succeeded >= min_succeeded:
-            message = (f"SucceededTaskCount {succeeded} has reached MinSucceededTaskCount {min_succeeded} "
-                       "in the TaskRole")
-            return inherited | {"diagnostics": f"{message}: {inherited['diagnostics']}",
-                                "trigger": {"message": message, **trigger}}
+            message = (
+                f"SucceededTaskCount {succeeded} has reached MinSucceededTaskCount {min_succeeded} in the TaskRole"
+            )
+            return inherited | {
+                "diagnostics": f"{message}: {inherited['diagnostics']}",
+                "trigger": {"message": message, **trigger},
+            }
         tasks = run.attempt.tasks()
         if all(t.state == "Completed" for t in tasks):
             n = len(tasks)
-            message = (f"CompletedTaskCount {n} has reached TotalTaskCount {n} and no user specified conditions in "
-                       "FrameworkAttemptCompletionPolicy have ever been triggered")
+            message = (
+                f"CompletedTaskCount {n} has reached TotalTaskCount {n} and no user specified conditions in "
+                "FrameworkAttemptCompletionPolicy have ever been triggered"
+            )
             return codes.status_of(codes.SUCCEEDED, message) | {"trigger": {"message": message, **trigger}}
         return None
 
@@ -227,12 +235,19 @@ class Controller:
         """The FC_* variables (and placeholder values) of one task attempt's pod (B.6)."""
         attempt = run.attempt
         return {
-            "FC_FRAMEWORK_NAMESPACE": run.namespace, "FC_FRAMEWORK_NAME": run.name,
-            "FC_TASKROLE_NAME": role.name, "FC_TASK_INDEX": str(task.index),
-            "FC_CONFIGMAP_NAME": f"{run.name}-attempt", "FC_POD_NAME": f"{run.name}-{role.name}-{task.index}",
-            "FC_FRAMEWORK_UID": run.uid, "FC_FRAMEWORK_ATTEMPT_ID": str(attempt.id),
+            "FC_FRAMEWORK_NAMESPACE": run.namespace,
+            "FC_FRAMEWORK_NAME": run.name,
+            "FC_TASKROLE_NAME": role.name,
+            "FC_TASK_INDEX": str(task.index),
+            "FC_CONFIGMAP_NAME": f"{run.name}-attempt",
+            "FC_POD_NAME": f"{run.name}-{role.name}-{task.index}",
+            "FC_FRAMEWORK_UID": run.uid,
+            "FC_FRAMEWORK_ATTEMPT_ID": str(attempt.id),
             "FC_FRAMEWORK_ATTEMPT_INSTANCE_UID": f"{attempt.id}_{attempt.configmap_uid}",
-            "FC_CONFIGMAP_UID": attempt.configmap_uid, "FC_TASKROLE_UID": role.uid, "FC_TASK_UID": task.uid,
-            "FC_TASK_ATTEMPT_ID": str(task.attempt_id), "FC_POD_UID": task.pod_uid,
+            "FC_CONFIGMAP_UID": attempt.configmap_uid,
+            "FC_TASKROLE_UID": role.uid,
+            "FC_TASK_UID": task.uid,
+            "FC_TASK_ATTEMPT_ID": str(task.attempt_id),
+            "FC_POD_UID": task.pod_uid,
             "FC_TASK_ATTEMPT_INSTANCE_UID": f"{task.attempt_id}_{task.pod_uid}",
         }

@@ -12,20 +12,34 @@ from typing import Any
 from .resources import FRAMEWORKS
 
 
-def task_role(name: str, command: str, count: int = 1, policy: tuple[int, int] | None = (1, -1),
-              retry: dict[str, Any] | None = None, image: str = "busybox",
-              volumes: list[dict[str, Any]] | None = None,
-              mounts: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+def task_role(
+    name: str,
+    command: str,
+    count: int = 1,
+    policy: tuple[int, int] | None = (1, -1),
+    retry: dict[str, Any] | None = None,
+    image: str = "busybox",
+    volumes: list[dict[str, Any]] | None = None,
+    mounts: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """A task role of ``count`` tasks whose one container runs ``sh -c command``.
 
     As in Kubernetes, ``$(VAR)`` in the command is expanded and ``$$`` means ``$``: the shell's own
     pid is ``$$$$``. ``policy`` is (minFailedTaskCount, minSucceededTaskCount), None to leave it out;
     ``retry`` the task's retryPolicy.
     """
-    container = {"name": "main", "image": image, "command": ["sh", "-c", command], "volumeMounts": mounts or [],
-                 "resources": {"limits": {"cpu": "1", "memory": "512Mi", "nvidia.com/gpu": 1}}}
-    spec: dict[str, Any] = {"name": name, "taskNumber": count, "task": {"pod": {"spec": {
-        "restartPolicy": "Never", "volumes": volumes or [], "containers": [container]}}}}
+    container = {
+        "name": "main",
+        "image": image,
+        "command": ["sh", "-c", command],
+        "volumeMounts": mounts or [],
+        "resources": {"limits": {"cpu": "1", "memory": "512Mi", "nvidia.com/gpu": 1}},
+    }
+    spec: dict[str, Any] = {
+        "name": name,
+        "taskNumber": count,
+        "task": {"pod": {"spec": {"restartPolicy": "Never", "volumes": volumes or [], "containers": [container]}}},
+    }
     if policy is not None:
         spec["frameworkAttemptCompletionPolicy"] = {"minFailedTaskCount": policy[0], "minSucceededTaskCount": policy[1]}
     if retry is not None:
@@ -33,11 +47,20 @@ def task_role(name: str, command: str, count: int = 1, policy: tuple[int, int] |
     return spec
 
 
-def framework(name: str, *roles: dict[str, Any], execution: str = "Start", retry: dict[str, Any] | None = None,
-              labels: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+def framework(
+    name: str,
+    *roles: dict[str, Any],
+    execution: str = "Start",
+    retry: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """A Framework with these task roles; ``retry`` is the framework's retryPolicy."""
     spec: dict[str, Any] = {"executionType": execution, "taskRoles": list(roles)}
     if retry is not None:
         spec["retryPolicy"] = retry
-    return {"apiVersion": FRAMEWORKS.api_version, "kind": FRAMEWORKS.kind,
-            "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
+    return {
+        "apiVersion": FRAMEWORKS.api_version,
+        "kind": FRAMEWORKS.kind,
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": spec,
+    }

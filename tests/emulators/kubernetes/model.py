@@ -67,15 +67,27 @@ class TaskRun:
 
     def render(self, framework: str) -> dict[str, Any]:
         return {
-            "index": self.index, "instanceUID": self.uid, "startTime": self.start_time,
-            "runTime": self.attempt_run, "completionTime": self.completion_time, "state": self.state,
-            "transitionTime": self.transition_time, "deletionPending": False,
-            "retryPolicyStatus": {"totalRetriedCount": self.retried, "accountableRetriedCount": self.accountable,
-                                  "retryDelaySec": self.retry_delay},
+            "index": self.index,
+            "instanceUID": self.uid,
+            "startTime": self.start_time,
+            "runTime": self.attempt_run,
+            "completionTime": self.completion_time,
+            "state": self.state,
+            "transitionTime": self.transition_time,
+            "deletionPending": False,
+            "retryPolicyStatus": {
+                "totalRetriedCount": self.retried,
+                "accountableRetriedCount": self.accountable,
+                "retryDelaySec": self.retry_delay,
+            },
             "attemptStatus": {
-                "id": self.attempt_id, "startTime": self.attempt_start, "runTime": self.attempt_run,
-                "completionTime": self.attempt_completion_time, "instanceUID": f"{self.attempt_id}_{self.pod_uid}",
-                "podName": f"{framework}-{self.role}-{self.index}", "podUID": self.pod_uid,
+                "id": self.attempt_id,
+                "startTime": self.attempt_start,
+                "runTime": self.attempt_run,
+                "completionTime": self.attempt_completion_time,
+                "instanceUID": f"{self.attempt_id}_{self.pod_uid}",
+                "podName": f"{framework}-{self.role}-{self.index}",
+                "podUID": self.pod_uid,
                 "podNodeName": HOST if self.attempt_run else None,
                 "podIP": "127.0.0.1" if self.attempt_run else None,
                 "podHostIP": "127.0.0.1" if self.attempt_run else None,
@@ -118,8 +130,10 @@ class AttemptRun:
 
     @classmethod
     def of(cls, attempt_id: int, spec: dict[str, Any]) -> AttemptRun:
-        roles = [RoleRun(r.get("name", ""), r, [TaskRun(r.get("name", ""), i) for i in range(r.get("taskNumber") or 0)])
-                 for r in spec.get("taskRoles") or []]
+        roles = [
+            RoleRun(r.get("name", ""), r, [TaskRun(r.get("name", ""), i) for i in range(r.get("taskNumber") or 0)])
+            for r in spec.get("taskRoles") or []
+        ]
         return cls(attempt_id, roles)
 
     def tasks(self) -> list[TaskRun]:
@@ -151,18 +165,32 @@ class FrameworkRun:
     def render(self) -> dict[str, Any]:
         a = self.attempt
         return {
-            "startTime": self.start_time, "runTime": self.run_time, "completionTime": self.completion_time,
-            "transitionTime": self.transition_time, "state": self.state,
-            "retryPolicyStatus": {"totalRetriedCount": self.retried, "accountableRetriedCount": self.accountable,
-                                  "retryDelaySec": self.retry_delay},
+            "startTime": self.start_time,
+            "runTime": self.run_time,
+            "completionTime": self.completion_time,
+            "transitionTime": self.transition_time,
+            "state": self.state,
+            "retryPolicyStatus": {
+                "totalRetriedCount": self.retried,
+                "accountableRetriedCount": self.accountable,
+                "retryDelaySec": self.retry_delay,
+            },
             "attemptStatus": {
-                "id": a.id, "startTime": a.start_time, "runTime": a.run_time, "completionTime": a.completion_time,
-                "instanceUID": f"{a.id}_{a.configmap_uid}", "configMapName": f"{self.name}-attempt",
-                "configMapUID": a.configmap_uid, "completionStatus": a.completion,
+                "id": a.id,
+                "startTime": a.start_time,
+                "runTime": a.run_time,
+                "completionTime": a.completion_time,
+                "instanceUID": f"{a.id}_{a.configmap_uid}",
+                "configMapName": f"{self.name}-attempt",
+                "configMapUID": a.configmap_uid,
+                "completionStatus": a.completion,
                 "taskRoleStatuses": [
-                    {"name": r.name, "instanceUID": r.uid,
-                     "podGracefulDeletionTimeoutSec": r.task_spec.get("podGracefulDeletionTimeoutSec"),
-                     "taskStatuses": [t.render(self.name) for t in r.tasks]}
+                    {
+                        "name": r.name,
+                        "instanceUID": r.uid,
+                        "podGracefulDeletionTimeoutSec": r.task_spec.get("podGracefulDeletionTimeoutSec"),
+                        "taskStatuses": [t.render(self.name) for t in r.tasks],
+                    }
                     for r in a.roles
                 ],
                 "taskRoleStatusesCompressed": None,

@@ -45,8 +45,14 @@ import psutil
 
 from .completion import ContainerExit
 
-PLACEHOLDERS = ("FC_FRAMEWORK_NAMESPACE", "FC_FRAMEWORK_NAME", "FC_TASKROLE_NAME", "FC_TASK_INDEX",
-                "FC_CONFIGMAP_NAME", "FC_POD_NAME")
+PLACEHOLDERS = (
+    "FC_FRAMEWORK_NAMESPACE",
+    "FC_FRAMEWORK_NAME",
+    "FC_TASKROLE_NAME",
+    "FC_TASK_INDEX",
+    "FC_CONFIGMAP_NAME",
+    "FC_POD_NAME",
+)
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 SecretLookup = Callable[[str, str], dict[str, Any] | None]
 
@@ -121,8 +127,14 @@ class Pod:
 class Kubelet:
     """Starts, watches and kills pods; maps volumes to local folders."""
 
-    def __init__(self, state_dir: Path, volumes: dict[str, str], stuck_images: set[str], secret: SecretLookup,
-                 kill_grace: float = 2.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        state_dir: Path,
+        volumes: dict[str, str],
+        stuck_images: set[str],
+        secret: SecretLookup,
+        kill_grace: float = 2.0,
+    ) -> None:
         self.pods_dir, self.pgid_dir, self.link_dir = state_dir / "pods", state_dir / "pgids", state_dir / "links"
         for directory in (self.pods_dir, self.pgid_dir, self.link_dir):
             directory.mkdir(parents=True, exist_ok=True)
@@ -199,8 +211,8 @@ class Kubelet:
             server, path = nfs.get("server", ""), "/" + str(nfs.get("path", "")).strip("/")
             for key in sorted(self.volumes, key=len, reverse=True):
                 prefix = f"nfs://{server}"
-                if key.startswith(prefix) and (path + "/").startswith(key[len(prefix):] + "/"):
-                    return self.volumes[key] / path[len(key) - len(prefix):].lstrip("/"), None
+                if key.startswith(prefix) and (path + "/").startswith(key[len(prefix) :] + "/"):
+                    return self.volumes[key] / path[len(key) - len(prefix) :].lstrip("/"), None
             return None, f"mount.nfs: access denied by server while mounting {server}:{path}"
         if "azureFile" in volume:
             azure = volume["azureFile"] or {}
@@ -241,8 +253,14 @@ class Kubelet:
 
     def _env(self, pod: Pod, spec: dict[str, Any]) -> tuple[dict[str, str], str | None]:
         env = {**os.environ, **pod.identity, "HOSTNAME": pod.name}
-        fields = {"metadata.name": pod.name, "metadata.namespace": pod.namespace, "metadata.uid": pod.uid,
-                  "spec.nodeName": "localhost", "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1"}
+        fields = {
+            "metadata.name": pod.name,
+            "metadata.namespace": pod.namespace,
+            "metadata.uid": pod.uid,
+            "spec.nodeName": "localhost",
+            "status.podIP": "127.0.0.1",
+            "status.hostIP": "127.0.0.1",
+        }
         for item in spec.get("env") or []:
             name, source = item.get("name", ""), item.get("valueFrom") or {}
             if "secretKeyRef" in source:
@@ -264,8 +282,9 @@ class Kubelet:
             pod.exits.append(ContainerExit(container.name, code, "ContainerCannotRun", message))
 
         if not container.argv:
-            return cannot_run(127, "the emulator runs command and args only, not an image's entrypoint: "
-                                   "executable file not found")
+            return cannot_run(
+                127, "the emulator runs command and args only, not an image's entrypoint: executable file not found"
+            )
         try:
             container.cwd.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -273,8 +292,13 @@ class Kubelet:
         with container.log.open("ab") as log:
             try:
                 container.proc = subprocess.Popen(
-                    container.argv, cwd=container.cwd, env=container.env, stdin=subprocess.DEVNULL,
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    container.argv,
+                    cwd=container.cwd,
+                    env=container.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
             except FileNotFoundError:
                 return cannot_run(127, f'exec: "{container.argv[0]}": executable file not found in $PATH')

@@ -46,8 +46,13 @@ class Resource:
         return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
 
     def discovery(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"name": self.plural, "singularName": self.singular, "namespaced": True,
-                                 "kind": self.kind, "verbs": list(self.verbs)}
+        entry: dict[str, Any] = {
+            "name": self.plural,
+            "singularName": self.singular,
+            "namespaced": True,
+            "kind": self.kind,
+            "verbs": list(self.verbs),
+        }
         if self.short_names:
             entry["shortNames"] = list(self.short_names)
         return entry
@@ -59,20 +64,32 @@ SECRETS = Resource("", "v1", "secrets", "secret", "Secret", VERBS)
 
 
 def resource_list(group_version: str, resources: list[Resource]) -> dict[str, Any]:
-    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
-            "resources": [r.discovery() for r in resources]}
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version,
+        "resources": [r.discovery() for r in resources],
+    }
 
 
 def core_versions(server_address: str) -> dict[str, Any]:
     """``GET /api``: the client's ``V1APIVersions`` needs ``serverAddressByClientCIDRs``."""
-    return {"kind": "APIVersions", "versions": ["v1"],
-            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}]}
+    return {
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}],
+    }
 
 
 def fc_group() -> dict[str, Any]:
     version = {"groupVersion": f"{FC_GROUP}/{FC_VERSION}", "version": FC_VERSION}
-    return {"kind": "APIGroup", "apiVersion": "v1", "name": FC_GROUP, "versions": [version],
-            "preferredVersion": version}
+    return {
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": FC_GROUP,
+        "versions": [version],
+        "preferredVersion": version,
+    }
 
 
 def group_list(serve_crd: bool) -> dict[str, Any]:
@@ -82,6 +99,14 @@ def group_list(serve_crd: bool) -> dict[str, Any]:
 
 def version_info() -> dict[str, str]:
     """``GET /version``, as a 1.28 apiserver answers it."""
-    return {"major": "1", "minor": "28", "gitVersion": "v1.28.0-trialbus-emulator", "gitCommit": "",
-            "gitTreeState": "clean", "buildDate": "2024-01-01T00:00:00Z", "goVersion": "go1.21",
-            "compiler": "gc", "platform": "linux/amd64"}
+    return {
+        "major": "1",
+        "minor": "28",
+        "gitVersion": "v1.28.0-trialbus-emulator",
+        "gitCommit": "",
+        "gitTreeState": "clean",
+        "buildDate": "2024-01-01T00:00:00Z",
+        "goVersion": "go1.21",
+        "compiler": "gc",
+        "platform": "linux/amd64",
+    }

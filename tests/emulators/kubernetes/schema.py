@@ -30,46 +30,80 @@ TRANSITIONS = {("Create", "Start"), ("Create", "Stop"), ("Start", "Stop")}
 
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _OPEN = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-_RETRY_POLICY = {"type": "object", "properties": {
-    "maxRetryCount": {"type": "integer", "minimum": -2},
-    "fancyRetryPolicy": {"type": "boolean"},
-}}
-METADATA_SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "pattern": NAME_PATTERN},
-    "generateName": {"type": "string"},
-    "namespace": {"type": "string"},
-    "labels": _STRING_MAP,
-    "annotations": _STRING_MAP,
-    "finalizers": {"type": "array", "items": {"type": "string"}},
-    "ownerReferences": {"type": "array", "items": _OPEN},
-    **{k: {"x-kubernetes-preserve-unknown-fields": True} for k in (
-        "uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp",
-        "deletionGracePeriodSeconds", "managedFields", "selfLink")},
-}}
-FRAMEWORK_SCHEMA: dict[str, Any] = {"type": "object", "properties": {
-    "apiVersion": {"type": "string"},
-    "kind": {"type": "string"},
-    "metadata": METADATA_SCHEMA,
-    "spec": {"type": "object", "properties": {
-        "description": {"type": "string", "nullable": True},
-        "executionType": {"type": "string", "enum": list(EXECUTION_TYPES)},
-        "retryPolicy": _RETRY_POLICY,
-        "taskRoles": {"type": "array", "items": {"type": "object", "properties": {
-            "name": {"type": "string", "pattern": NAME_PATTERN},
-            "taskNumber": {"type": "integer", "minimum": 0, "maximum": 10000},
-            "frameworkAttemptCompletionPolicy": {"type": "object", "properties": {
-                "minFailedTaskCount": {"type": "integer", "minimum": -1},
-                "minSucceededTaskCount": {"type": "integer", "minimum": -1},
-            }},
-            "task": {"type": "object", "properties": {
+_RETRY_POLICY = {
+    "type": "object",
+    "properties": {
+        "maxRetryCount": {"type": "integer", "minimum": -2},
+        "fancyRetryPolicy": {"type": "boolean"},
+    },
+}
+METADATA_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": NAME_PATTERN},
+        "generateName": {"type": "string"},
+        "namespace": {"type": "string"},
+        "labels": _STRING_MAP,
+        "annotations": _STRING_MAP,
+        "finalizers": {"type": "array", "items": {"type": "string"}},
+        "ownerReferences": {"type": "array", "items": _OPEN},
+        **{
+            k: {"x-kubernetes-preserve-unknown-fields": True}
+            for k in (
+                "uid",
+                "resourceVersion",
+                "generation",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "managedFields",
+                "selfLink",
+            )
+        },
+    },
+}
+FRAMEWORK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "apiVersion": {"type": "string"},
+        "kind": {"type": "string"},
+        "metadata": METADATA_SCHEMA,
+        "spec": {
+            "type": "object",
+            "properties": {
+                "description": {"type": "string", "nullable": True},
+                "executionType": {"type": "string", "enum": list(EXECUTION_TYPES)},
                 "retryPolicy": _RETRY_POLICY,
-                "podGracefulDeletionTimeoutSec": {"type": "integer", "nullable": True},
-                "pod": _OPEN,
-            }},
-        }}},
-    }},
-    "status": {**_OPEN, "nullable": True},
-}}
+                "taskRoles": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string", "pattern": NAME_PATTERN},
+                            "taskNumber": {"type": "integer", "minimum": 0, "maximum": 10000},
+                            "frameworkAttemptCompletionPolicy": {
+                                "type": "object",
+                                "properties": {
+                                    "minFailedTaskCount": {"type": "integer", "minimum": -1},
+                                    "minSucceededTaskCount": {"type": "integer", "minimum": -1},
+                                },
+                            },
+                            "task": {
+                                "type": "object",
+                                "properties": {
+                                    "retryPolicy": _RETRY_POLICY,
+                                    "podGracefulDeletionTimeoutSec": {"type": "integer", "nullable": True},
+                                    "pod": _OPEN,
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+        "status": {**_OPEN, "nullable": True},
+    },
+}
 _JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number"}
 
 
@@ -89,23 +123,37 @@ def _walk(value: Any, schema: dict[str, Any], path: str, found: Findings) -> Non
     expected = schema.get("type")
     if expected is not None and not _is(value, expected):
         given = _type_name(value)
-        found.causes.append(status.cause(
-            path, f'Invalid value: "{given}": {path} in body must be of type {expected}: "{given}"',
-            "FieldValueTypeInvalid"))
+        found.causes.append(
+            status.cause(
+                path,
+                f'Invalid value: "{given}": {path} in body must be of type {expected}: "{given}"',
+                "FieldValueTypeInvalid",
+            )
+        )
         return
     if "enum" in schema and value not in schema["enum"]:
         supported = ", ".join(json.dumps(v) for v in schema["enum"])
-        found.causes.append(status.cause(
-            path, f"Unsupported value: {json.dumps(value)}: supported values: {supported}", "FieldValueNotSupported"))
+        found.causes.append(
+            status.cause(
+                path, f"Unsupported value: {json.dumps(value)}: supported values: {supported}", "FieldValueNotSupported"
+            )
+        )
     if "pattern" in schema and not re.search(schema["pattern"], value):
-        found.causes.append(status.cause(
-            path, f"Invalid value: {json.dumps(value)}: {path} in body should match '{schema['pattern']}'"))
+        found.causes.append(
+            status.cause(path, f"Invalid value: {json.dumps(value)}: {path} in body should match '{schema['pattern']}'")
+        )
     if "minimum" in schema and value < schema["minimum"]:
-        found.causes.append(status.cause(
-            path, f"Invalid value: {value}: {path} in body should be greater than or equal to {schema['minimum']}"))
+        found.causes.append(
+            status.cause(
+                path, f"Invalid value: {value}: {path} in body should be greater than or equal to {schema['minimum']}"
+            )
+        )
     if "maximum" in schema and value > schema["maximum"]:
-        found.causes.append(status.cause(
-            path, f"Invalid value: {value}: {path} in body should be less than or equal to {schema['maximum']}"))
+        found.causes.append(
+            status.cause(
+                path, f"Invalid value: {value}: {path} in body should be less than or equal to {schema['maximum']}"
+            )
+        )
     if isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             _walk(item, schema["items"], f"{path}[{i}]", found)
@@ -148,16 +196,21 @@ def check_framework(obj: dict[str, Any], strict: bool, previous: dict[str, Any] 
     name = (obj.get("metadata") or {}).get("name") or ""
     if found.unknown and strict:
         fields = ", ".join(f'unknown field "{p}"' for p in found.unknown)
-        raise status.bad_request(f'Framework in version "v1" cannot be handled as a Framework: '
-                                 f"strict decoding error: {fields}")
+        raise status.bad_request(
+            f'Framework in version "v1" cannot be handled as a Framework: strict decoding error: {fields}'
+        )
     if previous is not None:
         old = (previous.get("spec") or {}).get("executionType") or "Start"
         new = (obj.get("spec") or {}).get("executionType") or "Start"
         if old != new and (old, new) not in TRANSITIONS:
-            found.causes.append(status.cause(
-                "spec.executionType",
-                f"Forbidden: executionType may change only Create -> Start|Stop and Start -> Stop, not {old} -> {new}",
-                "FieldValueForbidden"))
+            found.causes.append(
+                status.cause(
+                    "spec.executionType",
+                    "Forbidden: executionType may change only Create -> Start|Stop and Start -> Stop, "
+                    f"not {old} -> {new}",
+                    "FieldValueForbidden",
+                )
+            )
     if found.causes:
         raise status.invalid(FRAMEWORKS, name, found.causes)
     return [f'unknown field "{p}"' for p in found.unknown]
@@ -169,23 +222,35 @@ def check_secret(obj: dict[str, Any]) -> None:
     name = obj["metadata"].get("name") or ""
     data = obj.get("data") or {}
     if not isinstance(data, dict):
-        raise status.bad_request("Secret in version \"v1\" cannot be handled as a Secret: data must be an object")
+        raise status.bad_request('Secret in version "v1" cannot be handled as a Secret: data must be an object')
     decoded: dict[str, bytes] = {}
     for key, value in data.items():
         try:
             decoded[key] = base64.b64decode(value if isinstance(value, str) else "", validate=True)
         except binascii.Error:
-            raise status.bad_request(f'Secret in version "v1" cannot be handled as a Secret: illegal base64 data '
-                                     f"in data.{key}") from None
+            raise status.bad_request(
+                f'Secret in version "v1" cannot be handled as a Secret: illegal base64 data in data.{key}'
+            ) from None
     for key, value in (obj.pop("stringData", None) or {}).items():
         decoded[key] = str(value).encode()
     causes = []
     if not re.fullmatch(DNS_SUBDOMAIN, name) or len(name) > 253:
-        causes.append(status.cause("metadata.name", f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must '
-                                   "consist of lower case alphanumeric characters, '-' or '.', and must start and end "
-                                   f"with an alphanumeric character (regex used for validation is '{DNS_SUBDOMAIN}')"))
-    causes += [status.cause(f"data[{key}]", f'Invalid value: "{key}": a valid config key must consist of alphanumeric '
-                            "characters, '-', '_' or '.'") for key in decoded if not re.fullmatch(SECRET_KEY, key)]
+        causes.append(
+            status.cause(
+                "metadata.name",
+                f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must '
+                "consist of lower case alphanumeric characters, '-' or '.', and must start and end "
+                f"with an alphanumeric character (regex used for validation is '{DNS_SUBDOMAIN}')",
+            )
+        )
+    causes += [
+        status.cause(
+            f"data[{key}]",
+            f"Invalid value: \"{key}\": a valid config key must consist of alphanumeric characters, '-', '_' or '.'",
+        )
+        for key in decoded
+        if not re.fullmatch(SECRET_KEY, key)
+    ]
     if sum(len(v) for v in decoded.values()) > SECRET_LIMIT:
         causes.append(status.cause("data", f"Too long: must have at most {SECRET_LIMIT} bytes", "FieldValueTooLong"))
     if causes:

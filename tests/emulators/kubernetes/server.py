@@ -72,9 +72,13 @@ class Gate:
             return
         path: str = scope["path"]
         agent = dict(scope["headers"]).get(b"user-agent", b"").decode(errors="replace")
-        entry: dict[str, Any] = {"method": scope["method"], "path": path,
-                                 "query": scope["query_string"].decode(errors="replace"), "agent": agent,
-                                 "status": None}
+        entry: dict[str, Any] = {
+            "method": scope["method"],
+            "path": path,
+            "query": scope["query_string"].decode(errors="replace"),
+            "agent": agent,
+            "status": None,
+        }
         if not path.startswith("/emulator/") and path not in PUBLIC:
             self.log.append(entry)
 
@@ -95,8 +99,13 @@ class Gate:
 def create_app(settings: Settings) -> FastAPI:
     """The emulator; its controller loop runs while the app is up and kills every pod at shutdown."""
     store = Store(settings.history_limit)
-    kubelet = Kubelet(settings.state_dir, settings.volumes, settings.stuck_images,
-                      lambda namespace, name: store.get(SECRETS, namespace, name), settings.kill_grace)
+    kubelet = Kubelet(
+        settings.state_dir,
+        settings.volumes,
+        settings.stuck_images,
+        lambda namespace, name: store.get(SECRETS, namespace, name),
+        settings.kill_grace,
+    )
     controller = Controller(store, kubelet, settings.tick)
     requests: deque[dict[str, Any]] = deque(maxlen=REQUEST_LOG)
 
@@ -173,6 +182,7 @@ def _discovery(app: FastAPI, serve_crd: bool) -> None:
         app.add_api_route(probe, lambda: PlainTextResponse("ok"), methods=["GET"])
 
     if serve_crd:
+
         @app.get(f"/apis/{FC_GROUP}")
         async def fc_group() -> dict[str, Any]:
             return resources.fc_group()

@@ -20,8 +20,15 @@ class ApiError(Exception):
         self.code, self.reason, self.message, self.details = code, reason, message, details
 
     def status(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                                "message": self.message, "reason": self.reason, "code": self.code}
+        body: dict[str, Any] = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
         if self.details is not None:
             body["details"] = self.details
         return body
@@ -51,8 +58,10 @@ def already_exists(resource: Resource, name: str) -> ApiError:
 
 
 def conflict(resource: Resource, name: str) -> ApiError:
-    message = (f'Operation cannot be fulfilled on {resource.qualified} "{name}": the object has been modified; '
-               "please apply your changes to the latest version and try again")
+    message = (
+        f'Operation cannot be fulfilled on {resource.qualified} "{name}": the object has been modified; '
+        "please apply your changes to the latest version and try again"
+    )
     return ApiError(409, "Conflict", message, _details(resource, name))
 
 

@@ -59,8 +59,11 @@ class Store:
         return self.objects.get((resource.plural, namespace, name))
 
     def list(self, resource: Resource, namespace: str | None, match: Callable[[Obj], bool]) -> list[Obj]:
-        found = [obj for (plural, ns, _), obj in sorted(self.objects.items())
-                 if plural == resource.plural and namespace in (None, ns) and match(obj)]
+        found = [
+            obj
+            for (plural, ns, _), obj in sorted(self.objects.items())
+            if plural == resource.plural and namespace in (None, ns) and match(obj)
+        ]
         return found
 
     # ------------------------------------------------------------ writes
@@ -115,8 +118,10 @@ class Store:
         if since is not None and since < self.floor:
             raise status.expired(since, self.floor + 1)
         if since is None:
-            backlog = [Event(self.rv, "ADDED", plural, copy.deepcopy(obj))
-                       for (plural, _, _), obj in sorted(self.objects.items())]
+            backlog = [
+                Event(self.rv, "ADDED", plural, copy.deepcopy(obj))
+                for (plural, _, _), obj in sorted(self.objects.items())
+            ]
         else:
             backlog = [e for e in self.history if e.rv > since]
         queue: asyncio.Queue[Event | None] = asyncio.Queue()

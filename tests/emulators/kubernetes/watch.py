@@ -55,8 +55,14 @@ def _since(value: str | None) -> int | None:
         raise status.bad_request(f"invalid resource version: {value!r}") from None
 
 
-def watch(store: Store, resource: Resource, match: Callable[[Obj], bool], resource_version: str | None,
-          timeout: float | None, bookmarks: bool) -> StreamingResponse:  # fmt: skip
+def watch(
+    store: Store,
+    resource: Resource,
+    match: Callable[[Obj], bool],
+    resource_version: str | None,
+    timeout: float | None,
+    bookmarks: bool,
+) -> StreamingResponse:
     """The streaming response for one watch (``match`` already includes the namespace)."""
     try:
         backlog, queue = store.subscribe(_since(resource_version))
@@ -64,13 +70,20 @@ def watch(store: Store, resource: Resource, match: Callable[[Obj], bool], resour
         if exc.code != 410:
             raise
         return StreamingResponse(iter([_line("ERROR", exc.status())]), media_type="application/json")
-    return StreamingResponse(_events(store, resource, match, backlog, queue, timeout, bookmarks),
-                             media_type="application/json")
+    return StreamingResponse(
+        _events(store, resource, match, backlog, queue, timeout, bookmarks), media_type="application/json"
+    )
 
 
-async def _events(store: Store, resource: Resource, match: Callable[[Obj], bool], backlog: list[Event],
-                  queue: asyncio.Queue[Event | None], timeout: float | None,
-                  bookmarks: bool) -> AsyncIterator[bytes]:  # fmt: skip
+async def _events(
+    store: Store,
+    resource: Resource,
+    match: Callable[[Obj], bool],
+    backlog: list[Event],
+    queue: asyncio.Queue[Event | None],
+    timeout: float | None,
+    bookmarks: bool,
+) -> AsyncIterator[bytes]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout if timeout else None
     try:
@@ -89,8 +102,11 @@ async def _events(store: Store, resource: Resource, match: Callable[[Obj], bool]
                 event = await asyncio.wait_for(queue.get(), wait)
             except TimeoutError:
                 if bookmarks and (deadline is None or loop.time() < deadline):
-                    marker = {"kind": resource.kind, "apiVersion": resource.api_version,
-                              "metadata": {"resourceVersion": str(store.rv)}}
+                    marker = {
+                        "kind": resource.kind,
+                        "apiVersion": resource.api_version,
+                        "metadata": {"resourceVersion": str(store.rv)},
+                    }
                     yield _line("BOOKMARK", marker)
                 continue
             if event is None:

@@ -34,8 +34,15 @@ START_TIMEOUT = 20.0
 class OpenPai:
     """A running emulator: its base URL, credentials, log, and ``stop``."""
 
-    def __init__(self, process: subprocess.Popen[bytes], url: str, state_dir: Path, users: Mapping[str, str],
-                 mounts: Mapping[str, str], trusted: Path | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        url: str,
+        state_dir: Path,
+        users: Mapping[str, str],
+        mounts: Mapping[str, str],
+        trusted: Path | None = None,
+    ) -> None:
         self.process = process
         self.url = url  # the adapter talks to f"{url}/rest-server/api/v2/..."
         self.state_dir = state_dir
@@ -53,8 +60,9 @@ class OpenPai:
 
     def login(self, user: str) -> dict[str, object]:
         """``POST /api/v2/authn/basic/login``: ``{user, token, admin, hasGitHubPAT}`` (a 7-day login token)."""
-        r = httpx.post(f"{self.api}/authn/basic/login", data={"username": user, "password": self.users[user]},
-                       verify=self.verify)  # fmt: skip
+        r = httpx.post(
+            f"{self.api}/authn/basic/login", data={"username": user, "password": self.users[user]}, verify=self.verify
+        )
         r.raise_for_status()
         return r.json()
 
@@ -62,8 +70,11 @@ class OpenPai:
         """An application token for ``user``, obtained through the API (cached per user)."""
         if user not in self._tokens:
             login = self.login(user)
-            r = httpx.post(f"{self.api}/tokens/application", headers={"Authorization": f"Bearer {login['token']}"},
-                           verify=self.verify)  # fmt: skip
+            r = httpx.post(
+                f"{self.api}/tokens/application",
+                headers={"Authorization": f"Bearer {login['token']}"},
+                verify=self.verify,
+            )
             r.raise_for_status()
             self._tokens[user] = r.json()["token"]
         return self._tokens[user]
@@ -112,12 +123,34 @@ class OpenPai:
         self.stop()
 
 
-def _command(port: int, state_dir: Path, users: Mapping[str, str], admin: str | None,
-             vcs: Mapping[str, Sequence[str]] | None, storages: Sequence[str], submit_limit: int,
-             mounts: Mapping[str, str], lag: float, submit_window: float = 3600.0,
-             tls: tuple[Path, Path] | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "tests.emulators.openpai", "--port", str(port), "--state", str(state_dir),
-           "--submit-limit", str(submit_limit), "--submit-window", str(submit_window), "--lag", str(lag)]
+def _command(
+    port: int,
+    state_dir: Path,
+    users: Mapping[str, str],
+    admin: str | None,
+    vcs: Mapping[str, Sequence[str]] | None,
+    storages: Sequence[str],
+    submit_limit: int,
+    mounts: Mapping[str, str],
+    lag: float,
+    submit_window: float = 3600.0,
+    tls: tuple[Path, Path] | None = None,
+) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.emulators.openpai",
+        "--port",
+        str(port),
+        "--state",
+        str(state_dir),
+        "--submit-limit",
+        str(submit_limit),
+        "--submit-window",
+        str(submit_window),
+        "--lag",
+        str(lag),
+    ]
     cmd += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []
     cmd += [arg for name, password in users.items() for arg in ("--user", f"{name}:{password}")]
     cmd += ["--admin", admin] if admin else []
@@ -157,7 +190,10 @@ def start_openpai(
         with (state_dir / "server.log").open("ab") as log:
             process = subprocess.Popen(
                 _command(port, state_dir, users, admin, vcs, storages, submit_limit, mounts, lag, submit_window, tls),
-                cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
             )
         pai = OpenPai(process, f"{scheme}://127.0.0.1:{port}", state_dir, users, mounts, tls[0] if tls else None)
         deadline = time.monotonic() + START_TIMEOUT

@@ -28,22 +28,59 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, required=True, help="TCP port")
     p.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0 in a container)")
     p.add_argument("--state", type=Path, required=True, help="directory for job logs and process-group records")
-    p.add_argument("--user", type=_pair(":"), action="append", default=[], metavar="NAME:PASSWORD",
-                   help="a user (repeatable; default alice:alice-password)")
+    p.add_argument(
+        "--user",
+        type=_pair(":"),
+        action="append",
+        default=[],
+        metavar="NAME:PASSWORD",
+        help="a user (repeatable; default alice:alice-password)",
+    )
     p.add_argument("--admin", action="append", default=[], metavar="NAME", help="an admin user (repeatable)")
-    p.add_argument("--vc", type=_pair(":"), action="append", default=[], metavar="NAME:USER1,USER2",
-                   help="a virtual cluster and its users (repeatable); 'default' is open to all unless given")
-    p.add_argument("--storage", action="append", default=None, metavar="NAME",
-                   help="a storage config name (repeatable; default confignfs)")
+    p.add_argument(
+        "--vc",
+        type=_pair(":"),
+        action="append",
+        default=[],
+        metavar="NAME:USER1,USER2",
+        help="a virtual cluster and its users (repeatable); 'default' is open to all unless given",
+    )
+    p.add_argument(
+        "--storage",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a storage config name (repeatable; default confignfs)",
+    )
     p.add_argument("--submit-limit", type=int, default=60, metavar="N", help="job submissions per user per window")
-    p.add_argument("--submit-window", type=float, default=3600.0, metavar="SECONDS",
-                   help="the window the submission limit counts over (default an hour, as upstream)")
-    p.add_argument("--mount", type=_pair("="), action="append", default=[], metavar="CONTAINER_PATH=LOCAL_PATH",
-                   help="make CONTAINER_PATH a symlink to LOCAL_PATH while the emulator runs (repeatable)")
-    p.add_argument("--lag", type=float, default=0.0, metavar="SECONDS",
-                   help="how long a new job stays AttemptCreationPending before its framework is created")
-    p.add_argument("--tls-cert", type=Path, metavar="PEM",
-                   help="serve HTTPS with this certificate (then its chain; needs --tls-key)")
+    p.add_argument(
+        "--submit-window",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="the window the submission limit counts over (default an hour, as upstream)",
+    )
+    p.add_argument(
+        "--mount",
+        type=_pair("="),
+        action="append",
+        default=[],
+        metavar="CONTAINER_PATH=LOCAL_PATH",
+        help="make CONTAINER_PATH a symlink to LOCAL_PATH while the emulator runs (repeatable)",
+    )
+    p.add_argument(
+        "--lag",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="how long a new job stays AttemptCreationPending before its framework is created",
+    )
+    p.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="PEM",
+        help="serve HTTPS with this certificate (then its chain; needs --tls-key)",
+    )
     p.add_argument("--tls-key", type=Path, metavar="PEM", help="the private key of --tls-cert (unencrypted)")
     args = p.parse_args(argv)
     if (args.tls_cert is None) != (args.tls_key is None):

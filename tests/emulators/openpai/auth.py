@@ -68,8 +68,11 @@ class Auth:
         if not isinstance(username, str) or not username:
             raise ApiError(400, "InvalidParametersError", '"username" is required')
         if not re.fullmatch(r"[\w.-]+", username):
-            raise ApiError(400, "InvalidParametersError",
-                           f'"username" with value "{username}" fails to match the required pattern: /^[\\w.-]+$/')
+            raise ApiError(
+                400,
+                "InvalidParametersError",
+                f'"username" with value "{username}" fails to match the required pattern: /^[\\w.-]+$/',
+            )
         if not isinstance(password, str) or not password:
             raise ApiError(400, "InvalidParametersError", '"password" is required')
         if len(password) < 6:

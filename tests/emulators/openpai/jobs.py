@@ -87,16 +87,20 @@ class JobRoutes:
 
     def _owned(self, caller: Caller, job: Job) -> None:
         if caller.user != job.user and not caller.admin:
-            raise ApiError(403, "ForbiddenUserError",
-                           f"User {caller.user} is not allowed to do operation on job {job.framework_name}.")
+            raise ApiError(
+                403,
+                "ForbiddenUserError",
+                f"User {caller.user} is not allowed to do operation on job {job.framework_name}.",
+            )
 
     def _task(self, job: Job, attempt_id: str, role: str, index: str) -> tuple[Attempt, Task]:
         attempt = self.emu.runner.attempt(job, int(attempt_id)) if attempt_id.isdigit() else None
         for name, tasks in (attempt.tasks if attempt else {}).items():
             if role in (name, convert_name(name)) and index.isdigit() and int(index) < len(tasks):
                 return attempt, tasks[int(index)]  # type: ignore[return-value]
-        raise ApiError(404, "NoTaskError", f"Task {role}/{index} is not found in attempt {attempt_id} of "
-                                           f"{job.framework_name}.")
+        raise ApiError(
+            404, "NoTaskError", f"Task {role}/{index} is not found in attempt {attempt_id} of {job.framework_name}."
+        )
 
     # ------------------------------------------------------------ handlers
 
@@ -124,10 +128,14 @@ class JobRoutes:
             row = views.job_summary(job)
             if f"{job.user}~{job.name}" in self.emu.faults.unknown:
                 row["state"] = "UNKNOWN"
-            if (users and job.user not in users) or (states and row["state"] not in states) \
-                    or (vcs and job.virtual_cluster not in vcs) or (tags_in and not tags_in & set(job.tags)) \
-                    or (tags_out and tags_out & set(job.tags)) \
-                    or (keyword and keyword not in job.name and keyword not in job.user):
+            if (
+                (users and job.user not in users)
+                or (states and row["state"] not in states)
+                or (vcs and job.virtual_cluster not in vcs)
+                or (tags_in and not tags_in & set(job.tags))
+                or (tags_out and tags_out & set(job.tags))
+                or (keyword and keyword not in job.name and keyword not in job.user)
+            ):
                 continue
             rows.append(row)
         rows.sort(key=_ORDER_FIELDS[field], reverse=direction.upper() != "ASC")
@@ -198,18 +206,28 @@ class JobRoutes:
         self._job(framework_name)
         return {"totalCount": 0, "data": []}
 
-    async def task_attempts(self, framework_name: str, attempt_id: str, role: str, index: str,
-                            request: Request) -> dict[str, Any]:
+    async def task_attempts(
+        self, framework_name: str, attempt_id: str, role: str, index: str, request: Request
+    ) -> dict[str, Any]:
         self.emu.caller(request)
         job = self._job(framework_name)
         attempt, task = self._task(job, attempt_id, role, index)
         status = views.task_status(job, attempt, task)
-        return {"username": job.user, "jobName": job.name, "jobAttemptId": attempt.id,
-                "taskRoleName": convert_name(task.role), "taskIndex": task.index, "taskUid": task.uid,
-                "taskState": status["taskState"], "retries": task.retries, "attempts": [status]}
+        return {
+            "username": job.user,
+            "jobName": job.name,
+            "jobAttemptId": attempt.id,
+            "taskRoleName": convert_name(task.role),
+            "taskIndex": task.index,
+            "taskUid": task.uid,
+            "taskState": status["taskState"],
+            "retries": task.retries,
+            "attempts": [status],
+        }
 
-    async def task_logs(self, framework_name: str, attempt_id: str, role: str, index: str, task_attempt_id: str,
-                        request: Request) -> dict[str, Any]:
+    async def task_logs(
+        self, framework_name: str, attempt_id: str, role: str, index: str, task_attempt_id: str, request: Request
+    ) -> dict[str, Any]:
         self.emu.caller(request)
         job = self._job(framework_name)
         try:

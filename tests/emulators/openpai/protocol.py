@@ -201,8 +201,11 @@ Prerequisite = Annotated[
     Annotated[ScriptPrerequisite, Tag("oneOf:script")]
     | Annotated[DataPrerequisite, Tag("oneOf:data")]
     | Annotated[DockerPrerequisite, Tag("oneOf:dockerimage")],
-    Discriminator(_prerequisite_kind, custom_error_type="ajv_oneOf",
-                  custom_error_message="should match exactly one schema in oneOf"),
+    Discriminator(
+        _prerequisite_kind,
+        custom_error_type="ajv_oneOf",
+        custom_error_message="should match exactly one schema in oneOf",
+    ),
 ]
 
 
@@ -303,8 +306,9 @@ def ajv_errors(exc: ValidationError) -> list[dict[str, Any]]:
         elif kind == "extra_forbidden" or (kind == "ajv_key" and loc[-1:] == ["[key]"]):
             name = loc.pop() if kind == "extra_forbidden" else loc[-2]
             loc = loc[:-2] if kind == "ajv_key" else loc
-            out.append(_one(loc, "additionalProperties", {"additionalProperty": name},
-                            "should NOT have additional properties"))
+            out.append(
+                _one(loc, "additionalProperties", {"additionalProperty": name}, "should NOT have additional properties")
+            )
         elif kind == "ajv":
             out.append(_one(loc, ctx["keyword"], ctx["params"], err["msg"]))
         elif kind == "ajv_oneOf":

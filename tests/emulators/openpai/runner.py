@@ -282,8 +282,13 @@ class Runner:
         (task.dir / "user.sh").write_text(command + "\n")
         with (task.dir / "user.pai.stdout").open("ab") as out, (task.dir / "user.pai.stderr").open("ab") as err:
             task.proc = subprocess.Popen(
-                ["bash", "-c", command], cwd=task.dir, env=env, stdin=subprocess.DEVNULL,
-                stdout=out, stderr=err, start_new_session=True,
+                ["bash", "-c", command],
+                cwd=task.dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
             )
         (self.pgid_dir / str(task.proc.pid)).touch()
         task.state, task.launched = "AttemptRunning", now_ms()
@@ -305,8 +310,12 @@ class Runner:
         for task in attempt.all_tasks():
             if task.state != "AttemptRunning":
                 continue
-            if task.failing is not None and task.proc is not None and task.kill_sent is not None \
-                    and time.monotonic() - task.kill_sent > KILL_GRACE:
+            if (
+                task.failing is not None
+                and task.proc is not None
+                and task.kill_sent is not None
+                and time.monotonic() - task.kill_sent > KILL_GRACE
+            ):
                 _kill_all(task.proc.pid)
             user_exit = self._reap(task)
             if user_exit is None:
@@ -360,8 +369,10 @@ class Runner:
         tasks = attempt.all_tasks()
         if all(t.state == "Completed" for t in tasks):
             n = len(tasks)
-            message = (f"CompletedTaskCount {n} has reached TotalTaskCount {n} and no user specified conditions in "
-                       "FrameworkAttemptCompletionPolicy have ever been triggered")
+            message = (
+                f"CompletedTaskCount {n} has reached TotalTaskCount {n} and no user specified conditions in "
+                "FrameworkAttemptCompletionPolicy have ever been triggered"
+            )
             return _completion(0, message, {**trigger, "message": message})
         return None
 

@@ -207,16 +207,27 @@ def _routes(emu: Emulator) -> APIRouter:
         emu.caller(request)
         share = round(100 / len(emu.vcs), 2)
         zero = {"cpu": 0, "vCores": 0, "memory": 0, "gpu": 0, "GPUs": 0}
-        return {vc: {"capacity": share, "usedCapacity": 0, "maxCapacity": share, "dedicated": False,
-                     "resourcesUsed": zero, "resourcesGuaranteed": zero, "resourcesTotal": zero, "status": "RUNNING"}
-                for vc in emu.vcs}
+        return {
+            vc: {
+                "capacity": share,
+                "usedCapacity": 0,
+                "maxCapacity": share,
+                "dedicated": False,
+                "resourcesUsed": zero,
+                "resourcesGuaranteed": zero,
+                "resourcesTotal": zero,
+                "status": "RUNNING",
+            }
+            for vc in emu.vcs
+        }
 
     @router.get("/storages")
     async def storages(request: Request) -> dict[str, Any]:
         emu.caller(request)
         names = emu.settings.storages
-        return {"storages": [{"name": n, "share": True, "volumeName": n, "default": i == 0}
-                             for i, n in enumerate(names)]}
+        return {
+            "storages": [{"name": n, "share": True, "volumeName": n, "default": i == 0} for i, n in enumerate(names)]
+        }
 
     @router.post("/jobs")
     async def submit(request: Request) -> Response:

@@ -48,8 +48,9 @@ def exit_diagnostics(diagnostics: str | None) -> dict[str, Any] | None:
     summary = diagnostics[: match.start() + len("matched:")] + "\n" + yaml.safe_dump(pod)
     result["diagnosticsSummary"] = result["launcher"] = summary
     for container in pod.get("containers") or []:
-        found = re.search(r"\[PAI_RUNTIME_ERROR_START\](.*)\[PAI_RUNTIME_ERROR_END\]", container.get("message") or "",
-                          re.S)
+        found = re.search(
+            r"\[PAI_RUNTIME_ERROR_START\](.*)\[PAI_RUNTIME_ERROR_END\]", container.get("message") or "", re.S
+        )
         if container.get("code", 0) > 0 and found:
             result["runtime"] = {**yaml.safe_load(found.group(1).strip()), "name": container["name"]}
             result["launcher"] = None
@@ -58,8 +59,10 @@ def exit_diagnostics(diagnostics: str | None) -> dict[str, Any] | None:
 
 
 def log_path(job: Job, attempt: Attempt, task: Task) -> str:
-    return (f"/api/v2/jobs/{job.framework_name}/attempts/{attempt.id}/taskRoles/{convert_name(task.role)}"
-            f"/taskIndex/{task.index}/attempts/{task.attempt_id}/logs")
+    return (
+        f"/api/v2/jobs/{job.framework_name}/attempts/{attempt.id}/taskRoles/{convert_name(task.role)}"
+        f"/taskIndex/{task.index}/attempts/{task.attempt_id}/logs"
+    )
 
 
 def task_status(job: Job, attempt: Attempt, task: Task) -> dict[str, Any]:
@@ -168,7 +171,8 @@ def job_detail(job: Job, attempt: Attempt | None = None) -> dict[str, Any]:
         "appExitSpec": exitspec.record(code),
         "appExitDiagnostics": diagnostics["diagnosticsSummary"] if diagnostics else None,
         "appExitMessages": {"container": None, "runtime": diagnostics["runtime"], "launcher": diagnostics["launcher"]}
-        if diagnostics else None,
+        if diagnostics
+        else None,
         "appExitTriggerMessage": trigger.get("message"),
         "appExitTriggerTaskRoleName": trigger.get("taskRoleName"),
         "appExitTriggerTaskIndex": trigger.get("taskIndex"),
@@ -178,7 +182,15 @@ def job_detail(job: Job, attempt: Attempt | None = None) -> dict[str, Any]:
     task_roles = {}
     for role, tasks in (attempt.tasks if attempt else {}).items():
         name = convert_name(role)
-        task_roles[name] = {"taskRoleStatus": {"name": name},
-                            "taskStatuses": [task_status(job, attempt, t) for t in tasks]}  # type: ignore[arg-type]
-    return {"debugId": job.debug_id, "name": job.name, "jobPriority": None, "tags": list(job.tags),
-            "jobStatus": status, "taskRoles": task_roles}
+        task_roles[name] = {
+            "taskRoleStatus": {"name": name},
+            "taskStatuses": [task_status(job, attempt, t) for t in tasks],
+        }  # type: ignore[arg-type]
+    return {
+        "debugId": job.debug_id,
+        "name": job.name,
+        "jobPriority": None,
+        "tags": list(job.tags),
+        "jobStatus": status,
+        "taskRoles": task_roles,
+    }

@@ -54,8 +54,14 @@ class Driver:
     @classmethod
     async def start(cls, core: Dispatcher, concurrency: int = 1, **config: Any) -> Driver:
         """A new RUNNING experiment (as ``create_experiment`` stores it, without asking a platform)."""
-        config = ExperimentConfig.model_validate({"trialCommand": "python3 t.py", "trialConcurrency": concurrency,
-                                                  "trainingService": {"platform": "local"}, **config})  # fmt: skip
+        config = ExperimentConfig.model_validate(
+            {
+                "trialCommand": "python3 t.py",
+                "trialConcurrency": concurrency,
+                "trainingService": {"platform": "local"},
+                **config,
+            }
+        )
         state = ExperimentState(id=secrets.token_hex(4), config=config, code_ref="", start_time=utcnow())
         await core.store.put_experiment(state)
         return cls(core, state.id)
@@ -76,13 +82,30 @@ class Driver:
     def counts(self) -> dict[str, int]:
         return {status: n for status, n in self.experiment()["trialCounts"].items() if n}
 
-    async def say(self, trial_id: str, status: TrialStatus, *, attempt: int | None = None, replica: str = REPLICA,
-                  source: str = ADAPTER, failure: str | None = None, exit_code: int | None = None,
-                  last_error: str | None = None) -> None:  # fmt: skip
+    async def say(
+        self,
+        trial_id: str,
+        status: TrialStatus,
+        *,
+        attempt: int | None = None,
+        replica: str = REPLICA,
+        source: str = ADAPTER,
+        failure: str | None = None,
+        exit_code: int | None = None,
+        last_error: str | None = None,
+    ) -> None:
         """The adapter ``source`` (its replica ``replica``) reports the trial's ``status`` (of its current attempt)."""
         trial = self.core.store.trials[trial_id]
-        event = TrialEvent(experiment_id=self.experiment_id, trial_id=trial_id,
-                           attempt=trial.attempt if attempt is None else attempt, status=status, time=utcnow(),
-                           platform=source, replica=replica, failure=failure, exit_code=exit_code,
-                           last_error=last_error)  # fmt: skip
+        event = TrialEvent(
+            experiment_id=self.experiment_id,
+            trial_id=trial_id,
+            attempt=trial.attempt if attempt is None else attempt,
+            status=status,
+            time=utcnow(),
+            platform=source,
+            replica=replica,
+            failure=failure,
+            exit_code=exit_code,
+            last_error=last_error,
+        )
         await self.core.on_events([(subjects.events(self.experiment_id, trial_id, source), event)])

@@ -25,7 +25,10 @@ async def test_an_infrastructure_failure_runs_again_until_the_budget_is_spent(co
     await run.say(trial, TrialStatus.FAILED, failure="infrastructure")
 
     assert (run.status(trial), run.trial(trial).attempt, run.trial(trial).failure) == (
-        TrialStatus.FAILED, 2, "infrastructure")  # fmt: skip
+        TrialStatus.FAILED,
+        2,
+        "infrastructure",
+    )
     assert [a.failure for a in run.trial(trial).attempts] == ["infrastructure", "infrastructure"]
 
 
@@ -37,7 +40,10 @@ async def test_a_retry_waits_for_its_back_off_while_its_slot_goes_to_the_next_tr
     await core.sweep()
 
     assert (run.status(first), run.trial(first).dispatched, run.trial(first).retry_at is not None) == (
-        TrialStatus.WAITING, False, True)  # fmt: skip
+        TrialStatus.WAITING,
+        False,
+        True,
+    )
     assert run.trial(second).dispatched
 
 

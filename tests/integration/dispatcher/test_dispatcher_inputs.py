@@ -17,7 +17,10 @@ async def test_a_trial_runs_and_ends_as_its_adapter_says_and_frees_its_slot(core
 
     await run.say(first, TrialStatus.RUNNING)
     assert (run.status(first), run.status(second), run.trial(second).dispatched) == (
-        TrialStatus.RUNNING, TrialStatus.WAITING, False)  # fmt: skip
+        TrialStatus.RUNNING,
+        TrialStatus.WAITING,
+        False,
+    )
     await run.say(first, TrialStatus.SUCCEEDED, exit_code=0)
 
     assert (run.status(first), run.trial(first).exit_code) == (TrialStatus.SUCCEEDED, 0)

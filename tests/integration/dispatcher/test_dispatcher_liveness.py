@@ -14,8 +14,9 @@ NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
 
 
 def running(trial_id: str = "t1", status: TrialStatus = TrialStatus.RUNNING) -> TrialState:
-    return TrialState(id=trial_id, experiment_id="e1", sequence_id=0, platform="local-gpu", submit_time=NOW,
-                      status=status, attempt=1)  # fmt: skip
+    return TrialState(
+        id=trial_id, experiment_id="e1", sequence_id=0, platform="local-gpu", submit_time=NOW, status=status, attempt=1
+    )
 
 
 def test_a_trial_never_heard_from_has_its_timeout_to_speak():

@@ -19,14 +19,23 @@ from tests.integration.dispatcher.harness import ADAPTER, REPLICA
 
 
 def trial(**changes) -> TrialState:
-    base = TrialState(id="t1", experiment_id="e1", sequence_id=0, platform=ADAPTER, submit_time=utcnow(),
-                      status=TrialStatus.RUNNING, replica=REPLICA, dispatched=True)  # fmt: skip
+    base = TrialState(
+        id="t1",
+        experiment_id="e1",
+        sequence_id=0,
+        platform=ADAPTER,
+        submit_time=utcnow(),
+        status=TrialStatus.RUNNING,
+        replica=REPLICA,
+        dispatched=True,
+    )
     return base.model_copy(update=changes)
 
 
 def event(status: TrialStatus = TrialStatus.RUNNING, **changes) -> TrialEvent:
-    base = TrialEvent(experiment_id="e1", trial_id="t1", status=status, time=utcnow(), platform=ADAPTER,
-                      replica=REPLICA)  # fmt: skip
+    base = TrialEvent(
+        experiment_id="e1", trial_id="t1", status=status, time=utcnow(), platform=ADAPTER, replica=REPLICA
+    )
     return base.model_copy(update=changes)
 
 

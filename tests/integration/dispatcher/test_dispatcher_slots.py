@@ -22,8 +22,9 @@ ADAPTER = "local-gpu"
 
 
 def experiment(concurrency: int) -> ExperimentState:
-    config = ExperimentConfig.model_validate({"trialCommand": "true", "trialConcurrency": concurrency,
-                                              "trainingService": {"platform": "local"}})  # fmt: skip
+    config = ExperimentConfig.model_validate(
+        {"trialCommand": "true", "trialConcurrency": concurrency, "trainingService": {"platform": "local"}}
+    )
     return ExperimentState(id=EXP, config=config, code_ref="", start_time=NOW)
 
 
@@ -42,8 +43,11 @@ def new_slots(concurrency: int, trials: int) -> tuple[Slots, StateStore]:
 
 def where(slots: Slots, trial_id: str) -> list[str]:
     """The tables that hold the trial: exactly one while it has not ended, none after."""
-    held = [("queue", trial_id in slots.queue[EXP]), ("later", trial_id in slots.later[EXP]),
-            ("active", trial_id in slots.active[EXP])]  # fmt: skip
+    held = [
+        ("queue", trial_id in slots.queue[EXP]),
+        ("later", trial_id in slots.later[EXP]),
+        ("active", trial_id in slots.active[EXP]),
+    ]
     return [name for name, there in held if there]
 
 
@@ -122,8 +126,14 @@ def test_in_any_order_of_ends_and_retries_each_trial_is_held_once_and_slots_neve
             slots.free(ended)
             store.defer(ended)
         elif not trial.status.terminal and what == "retry" and trial.dispatched:
-            again = trial.model_copy(update={"dispatched": False, "attempt": trial.attempt + 1, "platform": ADAPTER,
-                                             "retry_at": now + timedelta(seconds=5 * (n % 2))})  # fmt: skip
+            again = trial.model_copy(
+                update={
+                    "dispatched": False,
+                    "attempt": trial.attempt + 1,
+                    "platform": ADAPTER,
+                    "retry_at": now + timedelta(seconds=5 * (n % 2)),
+                }
+            )
             slots.free(trial)
             slots.again(again)
             store.defer(again)
@@ -131,6 +141,5 @@ def test_in_any_order_of_ends_and_retries_each_trial_is_held_once_and_slots_neve
         assert len(slots.active[EXP]) <= concurrency
         assert slots.placement.sent[ADAPTER] == len(slots.active[EXP])
         for trial_id, trial in store.trials.items():
-            expected = ([[]] if trial.status.terminal else [["active"]] if trial.dispatched else
-                        [["queue"], ["later"]])  # fmt: skip
+            expected = [[]] if trial.status.terminal else [["active"]] if trial.dispatched else [["queue"], ["later"]]
             assert where(slots, trial_id) in expected

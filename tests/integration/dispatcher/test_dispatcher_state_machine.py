@@ -85,8 +85,9 @@ async def run(url: str, steps: list) -> None:
             elif what == "sweep":
                 await core.sweep()
 
-            queue, later, active = (table[run.experiment_id] for table in (core.slots.queue, core.slots.later,
-                                                                           core.slots.active))  # fmt: skip
+            queue, later, active = (
+                table[run.experiment_id] for table in (core.slots.queue, core.slots.later, core.slots.active)
+            )
             assert len(active) <= CONCURRENCY
             assert run.counts().get("RUNNING", 0) <= CONCURRENCY  # never more RUNNING than trialConcurrency
             assert sum(run.counts().values()) == TRIALS
