@@ -26,7 +26,7 @@ class Client:
     """
 
     def __init__(self, url: str | None = None, **options: Any) -> None:
-        from trialbus.client import AsyncClient  # that module exports this class: imported when used
+        from trialbus.async_client import AsyncClient  # imported when used: loading the client costs
 
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trialbus-client", daemon=True)

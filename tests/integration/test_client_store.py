@@ -213,7 +213,7 @@ async def test_a_slow_reader_gets_every_metric_in_order_with_a_bounded_buffer(
     client: AsyncClient, js: JetStreamContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a history far longer than the iterator may buffer ahead of its reader
-    monkeypatch.setattr("trialbus.client.FOLLOW_BUFFER", 16)
+    monkeypatch.setattr("trialbus.async_client.FOLLOW_BUFFER", 16)
     for seq in range(300):
         await publish_metric(js, "long", MetricType.PERIODICAL, seq, seq)
     records = client.metrics(EXP, "long")

@@ -29,6 +29,7 @@ HEAVY = {
     "rich",
     "asyncio",
     "trialbus.client",
+    "trialbus.async_client",
     "trialbus.api",
     "trialbus.configs",
     "trialbus.render",
