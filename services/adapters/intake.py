@@ -234,6 +234,12 @@ class Intake:
             except asyncio.CancelledError:  # stopping before the platform took it: hand it back
                 if not settled:
                     self.trials.drop(owned)
+                    if owned.claim is not None and asyncio.current_task() in self._held:
+                        # Held for capacity, never launched: another replica may take it at once, as
+                        # _give_back lets it (a launch cut short keeps its claim: it may have begun).
+                        with contextlib.suppress(nats.errors.Error):
+                            await self.claims.drop(owned.claim)
+                        owned.claim = None
                     with contextlib.suppress(nats.errors.Error):
                         await msg.nak()
                 raise

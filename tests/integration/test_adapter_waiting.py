@@ -187,6 +187,19 @@ async def test_stopping_while_holding_hands_the_request_to_the_next_replica(stac
     assert (full.platform.starts, roomy.platform.starts) == ({}, {"orphan": 1})
 
 
+async def test_a_request_held_at_stop_gives_its_claim_up_so_any_replica_takes_it_at_once(stack: Stack) -> None:
+    first = await stack.replica(Crowded(slots=0), replica="r1", wait_hold=30)
+    await stack.submit("held", duration=0.1)
+    await until_waiting(stack, "held")
+    claims = await stack.bus.kv("claims")
+    assert (await claims.get("fake.held.0")).value == b"r1"  # claimed while it waits
+
+    await stack.stop(first)
+
+    with pytest.raises((KeyNotFoundError, KeyDeletedError)):  # never launched: nothing left to fence
+        await claims.get("fake.held.0")
+
+
 async def test_the_platforms_bucket_shows_held_requests_and_is_cleared_on_stop(stack: Stack) -> None:
     adapter = Crowded(slots=0)
     service = await stack.replica(adapter, replica="r1", wait_hold=30)
