@@ -91,25 +91,8 @@ def decide(
         return None
     delay = policy.backoff if failure == "preempted" else min(policy.backoff * 2**used, policy.max_backoff)
     why = f"attempt {trial.attempt} {_how(status, failure)}" + (f": {message}" if message else "")
-    retry = trial.model_copy(
-        update={
-            "attempt": trial.attempt + 1,
-            "attempts": past,
-            "status": TrialStatus.WAITING,
-            "dispatched": False,
-            "platform": "" if hybrid else trial.platform,
-            "replica": None,
-            "start_time": None,
-            "end_time": None,
-            "exit_code": None,
-            "final_metric": None,
-            "intermediate_count": 0,
-            "failure": None,
-            "retry_at": when + timedelta(seconds=delay) if delay else None,
-            "message": f"{why}; attempt {trial.attempt + 1} "
-            + (f"starts in {delay:g}s" if delay else "waits for a slot"),
-        }
-    )
+    message = f"{why}; attempt {trial.attempt + 1} " + (f"starts in {delay:g}s" if delay else "waits for a slot")
+    retry = _next_attempt(trial, past, hybrid, when + timedelta(seconds=delay) if delay else None, message)
     return Retry(retry, delay)
 
 
@@ -117,10 +100,22 @@ def manual(trial: TrialState, *, hybrid: bool, when: datetime) -> TrialState:
     """A new attempt of a trial that has ended, asked for by a user (``trialbus trial retry``):
     no budget, no back-off."""
     record = ended_attempt(trial, trial.status, trial.failure, trial.end_time or when, trial.exit_code, trial.message)
+    message = (
+        f"retried by hand after attempt {trial.attempt} ended {trial.status.value}; "
+        f"attempt {trial.attempt + 1} waits for a slot"
+    )
+    return _next_attempt(trial, [*trial.attempts, record], hybrid, None, message)
+
+
+def _next_attempt(
+    trial: TrialState, attempts: list, hybrid: bool, retry_at: datetime | None, message: str
+) -> TrialState:
+    """The trial as its next attempt starts: the ended ones in ``attempts``, waiting for a slot (on
+    any platform of a hybrid experiment), nothing of the last attempt's run kept."""
     return trial.model_copy(
         update={
             "attempt": trial.attempt + 1,
-            "attempts": [*trial.attempts, record],
+            "attempts": attempts,
             "status": TrialStatus.WAITING,
             "dispatched": False,
             "platform": "" if hybrid else trial.platform,
@@ -131,10 +126,9 @@ def manual(trial: TrialState, *, hybrid: bool, when: datetime) -> TrialState:
             "final_metric": None,
             "intermediate_count": 0,
             "failure": None,
-            "retry_at": None,
+            "retry_at": retry_at,
             "cancel_status": None,
-            "message": f"retried by hand after attempt {trial.attempt} ended {trial.status.value}; "
-            f"attempt {trial.attempt + 1} waits for a slot",
+            "message": message,
         }
     )
 
