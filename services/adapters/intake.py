@@ -31,6 +31,7 @@ from services.adapters.errors import PermanentError, TransientError, Waiting
 from services.adapters.trials import Owned, OwnedTrials
 from services.common import logs
 from services.common.bus import Bus
+from services.common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +61,7 @@ async def settle(tasks: Collection[asyncio.Task], grace: float) -> None:
     """Let the tasks finish for up to ``grace`` seconds, then cancel the late ones."""
     if tasks:
         _, late = await asyncio.wait(list(tasks), timeout=grace)
-        for task in late:
-            task.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
+        await cancel_and_wait(late)
 
 
 class Intake:

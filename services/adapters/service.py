@@ -60,7 +60,7 @@ from services.adapters.status import StatusPublisher
 from services.adapters.trials import Owned, OwnedTrials
 from services.common.bus import Bus
 from services.common.lifecycle import Service
-from services.common.tasks import first_failure
+from services.common.tasks import cancel_and_wait, first_failure
 
 if TYPE_CHECKING:  # imported when served (fastapi and uvicorn load slowly)
     from services.common.http import HttpServer
@@ -201,7 +201,7 @@ class AdapterService(Service):
             task.cancel()
         await self.intake.hand_back(grace)  # launches first: nothing new is owned
         await settle(self.trials.reporting, grace)
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        await cancel_and_wait(self._loops)
         await self.control.stop()
         await self.intake.close()
         self.adapter.listen(None)

@@ -23,7 +23,7 @@ from services.common.auth import bind_host
 from services.common.bus import Bus
 from services.common.http import HttpServer
 from services.common.lifecycle import Service
-from services.common.tasks import first_failure
+from services.common.tasks import cancel_and_wait, first_failure
 from services.dispatcher import bus_api
 from services.dispatcher.api import create_app
 from services.dispatcher.consumer import GroupCommit, StreamReader
@@ -116,9 +116,7 @@ class DispatcherService(Service):
             await self._api.unsubscribe()
         if self._heartbeats:
             await self._heartbeats.unsubscribe()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         for reader in self._readers:  # unsubscribed before the drain, so it does not wait on them
             await reader.close()
 

@@ -47,7 +47,7 @@ from contracts.streams import METRICS, stream_name
 from services.common.api import ApiError, call
 from services.common.bus import Bus
 from services.common.logs import bind
-from services.common.tasks import first_failure
+from services.common.tasks import cancel_and_wait, first_failure
 from services.tuner.protocol import ClassFailed, ParameterId, Proposal, TrialEnd, TunerLike
 from services.tuner.threads import DaemonPool, spawn
 from services.tuner.trials import Ended
@@ -155,12 +155,9 @@ class Driver:
             with contextlib.suppress(TimeoutError, Exception):
                 await asyncio.wait_for(asyncio.shield(self._task), DRAIN_GRACE)
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        for task in self._proposing:  # a proposal still waiting is let be: its thread ends when the tuner returns
-            task.cancel()
-        await asyncio.gather(*self._proposing, return_exceptions=True)
+            await cancel_and_wait([self._task])
+        # a proposal still waiting is let be: its thread ends when the tuner returns
+        await cancel_and_wait(self._proposing)
         self._threads.shutdown()
         if self._metrics_sub is not None:
             with contextlib.suppress(nats.errors.Error):

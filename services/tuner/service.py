@@ -40,6 +40,7 @@ from services.common import kvwatch
 from services.common.bus import Bus
 from services.common.http import HttpServer, health_routes
 from services.common.lifecycle import Service
+from services.common.tasks import cancel_and_wait
 from services.tuner.choose import for_experiment
 from services.tuner.driver import Driver, stop_experiment
 from services.tuner.protocol import ClassFailed
@@ -96,11 +97,7 @@ class TunerService(Service):
     async def stop(self) -> None:
         if self._http is not None:
             await self._http.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._tasks)
         async with self._follow_lock:
             self._stopped = True
             if self._unfollow is not None:

@@ -20,7 +20,7 @@ import nats.errors
 from contracts import ContractError, ExperimentState, TrialState, streams
 from services.common import kvwatch, platforms
 from services.common.bus import Bus
-from services.common.tasks import first_failure
+from services.common.tasks import cancel_and_wait, first_failure
 from services.webui.model import Model
 
 log = logging.getLogger(__name__)
@@ -94,9 +94,7 @@ class Feed:
         return first_failure(self._tasks)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
 
 
 async def poll_platforms(bus: Bus, publish: Callable[[list[dict[str, Any]]], None], interval: float) -> None:

@@ -9,14 +9,13 @@ lifecycle drains the bus last.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from services.common.auth import bind_host
 from services.common.bus import Bus
 from services.common.http import HttpServer
 from services.common.lifecycle import Service
-from services.common.tasks import first_failure
+from services.common.tasks import cancel_and_wait, first_failure
 from services.webui.actions import Dispatcher
 from services.webui.app import create_app
 from services.webui.feed import Feed, poll_platforms
@@ -73,11 +72,7 @@ class WebuiService(Service):
         self.hub.close()
         if self.http:
             await self.http.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         await self.hub.cleaned_up()
         if self.feed:
             await self.feed.stop()

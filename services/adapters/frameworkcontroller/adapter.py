@@ -42,6 +42,7 @@ from services.adapters.keeper import Bundle
 from services.adapters.once import OncePerKey
 from services.common import platforms
 from services.common.bus import Bus
+from services.common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +108,9 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
 
     async def stop(self) -> None:
         tasks = [*self._watches.values(), *([self._cleaner] if self._cleaner else [])]
-        for task in tasks:
-            task.cancel()
         if self._kube is not None:
             self._kube.close()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
 
     def root(self, service: FrameworkcontrollerConfig) -> sharefs.Share:
         local = self.settings.share_mounts.get(service.storage.url)

@@ -26,6 +26,7 @@ from services.adapters.gpu import placement
 from services.adapters.gpu.settings import GpuSettings
 from services.common import platforms
 from services.common.bus import Bus
+from services.common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +87,7 @@ class GpuScheduler:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
         if self._reader is not None:
             await asyncio.to_thread(self._reader.close)
 

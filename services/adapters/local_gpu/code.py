@@ -13,6 +13,7 @@ from pathlib import Path
 
 from services.adapters.errors import PermanentError
 from services.common.code_archive import UnsafeArchive, extract_code
+from services.common.tasks import cancel_and_wait
 
 _CODE_REF = re.compile(r"^sha256:([0-9a-f]{64})$")
 
@@ -53,7 +54,4 @@ class CodeCache:
 
     async def close(self) -> None:
         """Cancel the downloads under way."""
-        downloads = list(self._downloads.values())
-        for task in downloads:
-            task.cancel()
-        await asyncio.gather(*downloads, return_exceptions=True)
+        await cancel_and_wait(list(self._downloads.values()))

@@ -22,6 +22,7 @@ from contracts import TrialRequest
 from services.adapters.local_gpu import client
 from services.adapters.local_gpu.ends import KeeperEnds
 from services.adapters.local_gpu.settings import LocalGpuSettings
+from services.common.tasks import cancel_and_wait
 from services.trial_keeper.warm_pool import WarmPool
 
 TEMPLATE_SWEEP = 1.0  # seconds between two sweeps of the warm templates (reaped, idle ones ended)
@@ -120,8 +121,7 @@ class KeeperSpawner:
     async def stop(self) -> None:
         """Stop the sweeps, the zygote, the templates and the notices; the keepers run on."""
         if self._sweeps is not None:
-            self._sweeps.cancel()
-            await asyncio.gather(self._sweeps, return_exceptions=True)
+            await cancel_and_wait([self._sweeps])
         if self.zygote is not None:
             self.zygote.close()
         if self.warm is not None:

@@ -19,6 +19,7 @@ from services.adapters.base import TrialHandle
 from services.adapters.local_gpu import client
 from services.adapters.local_gpu.trial import SAFE_ID
 from services.adapters.remote import agent_checkpoints
+from services.common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,7 @@ class Retention:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
 
     def past(self, experiment_id: str, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
         """An attempt (the newest by default) of a trial whose directory is still here (kept

@@ -47,6 +47,7 @@ from services.adapters.openpai.outcome import failure_of, outcome_of, platform_r
 from services.adapters.openpai.reuse import Environment, Pools
 from services.adapters.openpai.settings import OpenpaiSettings
 from services.adapters.openpai.trial import Job, Jobs
+from services.common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +73,7 @@ class Watcher:
         self._loops = [asyncio.create_task(self._status_loop()), asyncio.create_task(self._reuse_loop())]
 
     async def stop(self) -> None:
-        for loop in self._loops:
-            loop.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        await cancel_and_wait(self._loops)
 
     async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
         job = self.tracked.find(handle)

@@ -38,6 +38,7 @@ from services.adapters.remote.trial import TrialTable
 from services.adapters.remote.watching import Watcher
 from services.common import platforms
 from services.common.bus import Bus
+from services.common.tasks import cancel_and_wait
 from services.trial_keeper import WARM_FILES
 
 
@@ -101,9 +102,7 @@ class RemoteAdapter(PlatformAdapter):
         ]
 
     async def stop(self) -> None:
-        for task in self._loops:
-            task.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        await cancel_and_wait(self._loops)
         await self.checkpoints.stop()
         await self.placement.stop()
         for trial in self.trials:

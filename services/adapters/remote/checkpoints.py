@@ -52,6 +52,7 @@ from services.adapters.remote.client import AgentError, Machine
 from services.adapters.remote.settings import RemoteSettings
 from services.common import logs
 from services.common.bus import NO_ANSWER, Bus
+from services.common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +120,7 @@ class CheckpointSync:
         self.scratch.mkdir(parents=True, exist_ok=True)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
 
     def configure(self, experiment_id: str, service: RemoteConfig) -> None:
         """Learn an experiment's ``checkpointSync`` (from a trial request or the experiment's state)."""
