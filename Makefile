@@ -67,7 +67,7 @@ test: $(STAMP) $(NNI_SDK)/.installed $(NNI_SDK)/.torch-installed sshd chromium d
 	$(BIN)/lint-imports
 	$(MAKE) typecheck
 	$(MAKE) docs
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q --durations=25 -n $(or $(WORKERS),2) --dist loadfile
 
 # Types: mypy over contracts, services, trialbus and bench, as pyproject's [tool.mypy] says (strict on the contracts
 # and services/common).

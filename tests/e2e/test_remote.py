@@ -270,7 +270,8 @@ def test_a_restarted_adapter_adopts_running_remote_trials(remote_stack, sshd_pai
 
 def test_stopping_an_experiment_leaves_no_process_on_any_machine(remote_stack, sshd_pair, ssh_key, code_dir):
     experiment = create(remote_stack, remote_config(code_dir, [machine(s, ssh_key) for s in sshd_pair]))
-    ids = [submit(remote_stack, experiment, {"x": i, "child": True, "sleep": 300}) for i in range(4)]
+    # (a sleep of its own length: other tests on this machine may run a `sleep 300` at the same time)
+    ids = [submit(remote_stack, experiment, {"x": i, "child": True, "sleep": 313}) for i in range(4)]
     for trial_id in ids:
         wait_until(lambda t=trial_id: trial(remote_stack, t)["status"] == "RUNNING", 30, "RUNNING")
     home = ssh_user().home / remote_stack.extra_env["TRIALBUS_REMOTE_ROOT"] / "trials" / experiment
@@ -283,7 +284,7 @@ def test_stopping_an_experiment_leaves_no_process_on_any_machine(remote_stack, s
     for trial_id in ids:
         assert ended(remote_stack, trial_id, timeout=30)["status"] == "USER_CANCELED"
     wait_until(lambda: not any(alive(pid) for pid in pids), 15, "the trials' processes to exit")
-    wait_until(lambda: not sleepers(), 15, "the trials' children to exit")
+    wait_until(lambda: not sleepers(313), 15, "the trials' children to exit")
 
 
 def alive(pid: int) -> bool:
@@ -294,13 +295,16 @@ def alive(pid: int) -> bool:
     return True
 
 
-def sleepers() -> list[int]:
-    """Processes of the machines' user running ``sleep 300`` (the trials' children)."""
+def sleepers(seconds: int) -> list[int]:
+    """Processes of the machines' user running ``sleep <seconds>`` (the trials' children)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if entry.stat().st_uid == ssh_user().uid and (entry / "cmdline").read_bytes() == b"sleep\x00300\x00":
+                if (
+                    entry.stat().st_uid == ssh_user().uid
+                    and (entry / "cmdline").read_bytes() == f"sleep\0{seconds}\0".encode()
+                ):
                     found.append(int(entry.name))
             except OSError:
                 continue
