@@ -145,6 +145,10 @@ class ExperimentState(Contract):
     no_more_trials: bool = False
     #: Seconds it stood STOPPED before being resumed (NNI's resume): not counted as run time.
     stopped_seconds: float = 0.0
+    #: Who created it, and their team (contracts/people.py); None for an experiment made
+    #: before teams, which only an admin may change.
+    owner: str | None = None
+    team: str | None = None
 
     def run_time(self, now: datetime) -> timedelta:
         """How long it has run (to its end, or ``now``), the time it stood stopped left out: what
@@ -165,6 +169,8 @@ class ExperimentState(Contract):
                 "message",
                 "no_more_trials",
                 "stopped_seconds",
+                "owner",
+                "team",
             },
         )
         body["config"] = self.config.public_json()

@@ -50,7 +50,16 @@ METRICS = StreamConfig(
     duplicate_window=3600.0,
 )
 
-STREAMS = (DISPATCH, EVENTS, METRICS)
+AUDIT = StreamConfig(
+    name="AUDIT",
+    description="Who did what, when: every change asked of the dispatcher's API (audit.<team>.<action>)",
+    subjects=["audit.>"],
+    retention=RetentionPolicy.LIMITS,
+    storage=StorageType.FILE,
+    max_age=365 * DAY,
+)
+
+STREAMS = (DISPATCH, EVENTS, METRICS, AUDIT)
 
 EXPERIMENTS_BUCKET = KeyValueConfig(bucket="experiments", history=5, storage=StorageType.FILE)
 TRIALS_BUCKET = KeyValueConfig(bucket="trials", history=5, storage=StorageType.FILE)
@@ -67,7 +76,9 @@ TUNERS_BUCKET = KeyValueConfig(bucket="tuners", history=1, ttl=15.0, storage=Sto
 #: A claim only matters until its request is acked (a redelivery comes within the consumer's ack_wait),
 #: so entries expire after an hour: the bucket holds the last hour's launches.
 CLAIMS_BUCKET = KeyValueConfig(bucket="claims", history=1, ttl=3600.0, storage=StorageType.FILE)
-BUCKETS = (EXPERIMENTS_BUCKET, TRIALS_BUCKET, PLATFORMS_BUCKET, TUNERS_BUCKET, CLAIMS_BUCKET)
+#: People (contracts/people.py): key = user name; a token's hash, never the token.
+USERS_BUCKET = KeyValueConfig(bucket="users", history=1, storage=StorageType.FILE)
+BUCKETS = (EXPERIMENTS_BUCKET, TRIALS_BUCKET, PLATFORMS_BUCKET, TUNERS_BUCKET, CLAIMS_BUCKET, USERS_BUCKET)
 
 CODE_STORE = ObjectStoreConfig(bucket="code", description="trialCodeDirectory snapshots by sha256")
 #: The remote adapter's copies of trials' checkpoint directories (a tar.gz each, named

@@ -64,6 +64,12 @@ def api(operation: str) -> str:
     return f"{API_PREFIX}.{operation}"
 
 
+def audit(team: str = "*", action: str = ">") -> str:
+    """``audit.<team>.<action>``: one change asked of the dispatcher (who, what, the answer),
+    under the team whose work it changed (``_`` when none: users, work made before teams)."""
+    return f"audit.{team}.{action}"
+
+
 def platform_key(adapter: str, replica: str) -> str:
     """Key of a replica's status in the ``platforms`` bucket; characters a key cannot hold
     become ``_`` (KV keys: letters, digits, ``-/_=.``)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,10 @@ class AsyncClient:
     the one of ``data_dir`` (else ``TRIALBUS_DATA_DIR``) when one is named. Without ``url``, the
     NATS of that data dir's stack, else :data:`DEFAULT_NATS_URL`. ``request_timeout`` is in
     seconds. After the first connection, a lost connection is retried forever.
+
+    ``token`` (else ``TRIALBUS_API_TOKEN``) is who asks: a person's token (``trialbus user add``
+    gives one), sent with every API call, so the dispatcher checks what that person may do. Without
+    one, the NATS credential alone speaks, as the stack's admin (docs/security.md, "People").
     """
 
     def __init__(
@@ -60,8 +65,10 @@ class AsyncClient:
         creds: str | Path | None = None,
         request_timeout: float = 10.0,
         data_dir: str | Path | None = None,
+        token: str | None = None,
     ) -> None:
         self.url = local.nats_url(url, data_dir)
+        self.token = token or os.environ.get("TRIALBUS_API_TOKEN") or None
         self.data_dir = data_dir
         self.request_timeout = request_timeout
         self._auth = {"user": user, "password": password, "creds": creds}
@@ -170,7 +177,8 @@ class AsyncClient:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{operation}: the request is not JSON-serialisable: {exc}") from None
         try:
-            msg = await self._nc.request(subject, payload, timeout=self.request_timeout)
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+            msg = await self._nc.request(subject, payload, timeout=self.request_timeout, headers=headers)
         except nats.errors.NoRespondersError:
             raise TrialbusError(503, f"no dispatcher answers on {subject}; is the stack running?") from None
         except TimeoutError:
@@ -215,6 +223,31 @@ class AsyncClient:
         again as their next attempt), or with ``drain=False`` let it take trials again;
         ``{replica, draining, preempted}``."""
         return await self._call("platform.drain", {"adapter": adapter, "replica": replica, "drain": drain})
+
+    # -- people -------------------------------------------------------------------------------
+
+    async def whoami(self) -> dict:
+        """Who this client's token names: ``{name, team, role}``."""
+        return dict(await self._call("whoami", {}))
+
+    async def add_user(self, name: str, team: str, role: str = "member") -> dict:
+        """Add a user (admins only); the answer's ``token`` is shown this once."""
+        return dict(await self._call("user.add", {"name": name, "team": team, "role": role}))
+
+    async def list_users(self) -> list[dict]:
+        return list(await self._call("user.list", {}))
+
+    async def remove_user(self, name: str) -> dict:
+        return dict(await self._call("user.remove", {"name": name}))
+
+    async def rotate_token(self, name: str) -> dict:
+        """A new token for ``name`` (the answer's ``token``, shown this once); the old one stops working."""
+        return dict(await self._call("user.rotate", {"name": name}))
+
+    async def audit(self, limit: int = 100, team: str | None = None) -> list[dict]:
+        """The newest ``limit`` changes asked of the dispatcher, oldest first (one team's, or all for an admin)."""
+        body: dict[str, Any] = {"limit": limit, **({"team": team} if team else {})}
+        return list(await self._call("audit.list", body))
 
     async def stop_experiment(self, experiment_id: str, message: str | None = None) -> ExperimentView:
         """Stop taking trials and cancel the running ones; ``message`` (why) is kept with the

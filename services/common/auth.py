@@ -29,7 +29,7 @@ import ipaddress
 import logging
 import secrets
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -38,6 +38,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode
 from starlette.requests import HTTPConnection
 
+from contracts.people import READER, Caller
 from services.common.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,25 @@ class Access:
         if role == "read" and connection.scope.get("method", "GET") not in SAFE_METHODS:
             raise AccessDenied(403, "the read-only token may only read: this needs TRIALBUS_API_TOKEN")
         return role
+
+    def caller(self, connection: HTTPConnection, identify: Callable[[str | None], Caller | None]) -> Caller:
+        """Who is asking, or :class:`AccessDenied`: Host, then Origin, then the person the bearer
+        token names (``identify``: the stack's tokens and the users'); a viewer only reads."""
+        self.check_host(connection)
+        unsafe = connection.scope.get("method", "GET") not in SAFE_METHODS
+        if unsafe:
+            self.check_origin(connection)
+        scheme, _, presented = connection.headers.get("authorization", "").partition(" ")
+        token = presented.strip() if scheme.lower() == "bearer" and presented.strip() else None
+        caller = identify(token)
+        if caller is None:
+            why = "wrong bearer token" if token else "this needs the API token"
+            raise AccessDenied(401, f"{why}: {self.hint}", {"WWW-Authenticate": "Bearer"})
+        if unsafe and caller == READER:
+            raise AccessDenied(403, "the read-only token may only read: this needs TRIALBUS_API_TOKEN")
+        if unsafe and caller.role == "viewer":
+            raise AccessDenied(403, f"{caller.name} is a viewer: viewers read, and may not change anything")
+        return caller
 
     def credential(self, connection: HTTPConnection, cookie: str | None = None) -> Role:
         full, read = self._secret(self.settings.api_token), self._secret(self.settings.api_read_token)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable
+from typing import Annotated
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request, Security
@@ -17,6 +18,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from contracts.people import Caller
 from services.common import openapi as doc
 from services.common import platforms
 from services.common.api import ApiError
@@ -30,7 +32,7 @@ from services.dispatcher.openapi import CHANGE, CODE_TYPES, READ
 from services.dispatcher.queries import PAGE_DEFAULT
 from services.dispatcher.settings import DispatcherSettings
 
-#: Documents the bearer token in the OpenAPI schema; the check itself is ``authorize`` below.
+#: Documents the bearer token in the OpenAPI schema; the check itself is ``_caller`` below.
 BEARER = HTTPBearer(auto_error=False, description="TRIALBUS_API_TOKEN (`trialbus up` keeps it in <data>/api-token)")
 
 
@@ -51,6 +53,16 @@ def home_page(webui_url: str | None) -> str:
         '<a id="docs" href="/api/docs">API docs</a>, <a href="/api/openapi.json">OpenAPI schema</a>, '
         '<a href="/healthz">health</a>.</p></main></body></html>'
     )
+
+
+def _caller(request: Request) -> Caller:
+    """Who is asking (every route of ``/api/v1``): the app's :class:`Access` and the users it knows."""
+    access: Access = request.app.state.access
+    return access.caller(request, request.app.state.identify)
+
+
+#: A route's parameter for who is asking (FastAPI computes it once per request).
+Asker = Annotated[Caller, Depends(_caller)]
 
 
 def create_app(
@@ -84,8 +96,8 @@ def create_app(
     async def denied(_: Request, exc: AccessDenied) -> JSONResponse:
         return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
 
-    def authorize(request: Request) -> None:
-        access.role(request)
+    app.state.access = access
+    app.state.identify = lambda token: dispatcher().people.identify(token)
 
     @app.get("/", include_in_schema=False, response_class=HTMLResponse)
     async def home(request: Request) -> HTMLResponse:
@@ -114,7 +126,7 @@ def create_app(
             raise ApiError(400, "request body must be a JSON object")
         return data
 
-    api = APIRouter(prefix="/api/v1", dependencies=[Depends(authorize), Security(BEARER)])
+    api = APIRouter(prefix="/api/v1", dependencies=[Depends(_caller), Security(BEARER)])
 
     @api.post(
         "/code",
@@ -133,8 +145,10 @@ def create_app(
         openapi_extra=spec.experiment_body,
         responses={**doc.answer(201, "created", spec.CREATED_EXPERIMENT), **doc.refusals(*CHANGE, 413, 415)},
     )
-    async def create_experiment(request: Request) -> dict:
-        state = await dispatcher().create_experiment(await json_body(request))
+    async def create_experiment(request: Request, caller: Asker) -> dict:
+        core = dispatcher()
+        async with core.people.acting(caller, "experiment.create"):
+            state = await core.create_experiment(await json_body(request), caller)
         return {"id": state.id}
 
     @api.get("/experiments", responses=doc.refusals(*READ))
@@ -147,21 +161,25 @@ def create_app(
         return core.experiment_view(core.experiment(experiment_id))
 
     @api.delete("/experiments/{experiment_id}", responses=doc.refusals(*CHANGE, 404))
-    async def stop_experiment(experiment_id: str) -> dict:
+    async def stop_experiment(experiment_id: str, caller: Asker) -> dict:
         core = dispatcher()
-        return core.experiment_view(await core.stop_experiment(experiment_id))
+        async with core.people.acting(caller, "experiment.stop", experiment_id=experiment_id):
+            return core.experiment_view(await core.stop_experiment(experiment_id))
 
     @api.post("/experiments/{experiment_id}/resume", responses=doc.refusals(*CHANGE, 404, 409))
-    async def resume_experiment(experiment_id: str) -> dict:
+    async def resume_experiment(experiment_id: str, caller: Asker) -> dict:
         """NNI's resume: a STOPPED experiment runs again (409 when it has nothing left to run)."""
         core = dispatcher()
-        return core.experiment_view(await core.resume_experiment(experiment_id))
+        async with core.people.acting(caller, "experiment.resume", experiment_id=experiment_id):
+            return core.experiment_view(await core.resume_experiment(experiment_id))
 
     @api.post("/experiments/{experiment_id}/delete", responses=doc.refusals(*CHANGE, 404, 409))
-    async def delete_experiment(experiment_id: str) -> dict:
+    async def delete_experiment(experiment_id: str, caller: Asker) -> dict:
         """Delete a stopped or done experiment with its trials, their events and metric records
         (nnictl experiment delete); 409 while it runs or its trials are still stopping."""
-        return await dispatcher().delete_experiment(experiment_id)
+        core = dispatcher()
+        async with core.people.acting(caller, "experiment.delete", experiment_id=experiment_id):
+            return await core.delete_experiment(experiment_id)
 
     @api.post(
         "/experiments/{experiment_id}/trials",
@@ -172,14 +190,16 @@ def create_app(
             **doc.refusals(*CHANGE, 404, 409, 413, 415),
         },
     )
-    async def submit_trial(experiment_id: str, request: Request) -> dict:
+    async def submit_trial(experiment_id: str, request: Request, caller: Asker) -> dict:
         data = await json_body(request)
         unknown = set(data) - {"parameters", "parameterId"}
         if unknown:
             raise ApiError(422, f"unknown field(s) {', '.join(sorted(unknown))}; expected parameters and parameterId")
         if "parameters" not in data:
             raise ApiError(422, 'parameters is required, e.g. {"parameters": {"lr": 0.01}}')
-        trial = await dispatcher().submit_trial(experiment_id, data["parameters"], data.get("parameterId"))
+        core = dispatcher()
+        async with core.people.acting(caller, "trial.submit", experiment_id=experiment_id):
+            trial = await core.submit_trial(experiment_id, data["parameters"], data.get("parameterId"))
         return {"id": trial.id, "sequenceId": trial.sequence_id, "status": trial.status.value}
 
     @api.get("/experiments/{experiment_id}/trials", responses=doc.refusals(*READ, 404))
@@ -209,8 +229,12 @@ def create_app(
         status_code=202,
         responses={**doc.answer(202, "canceling", spec.CANCELED_TRIAL), **doc.refusals(*CHANGE, 404, 409)},
     )
-    async def cancel_trial(trial_id: str) -> dict:
-        trial = await dispatcher().cancel_trial(trial_id)
+    async def cancel_trial(trial_id: str, caller: Asker) -> dict:
+        core = dispatcher()
+        async with core.people.acting(
+            caller, "trial.cancel", experiment_id=core.trial(trial_id).experiment_id, target=trial_id
+        ):
+            trial = await core.cancel_trial(trial_id)
         return {"id": trial.id, "status": trial.status.value}
 
     @api.post(
@@ -221,8 +245,12 @@ def create_app(
             **doc.refusals(*CHANGE, 404, 409),
         },
     )
-    async def retry_trial(trial_id: str) -> dict:
-        trial = await dispatcher().retry_trial(trial_id)
+    async def retry_trial(trial_id: str, caller: Asker) -> dict:
+        core = dispatcher()
+        async with core.people.acting(
+            caller, "trial.retry", experiment_id=core.trial(trial_id).experiment_id, target=trial_id
+        ):
+            trial = await core.retry_trial(trial_id)
         return {"id": trial.id, "status": trial.status.value, "attempt": trial.attempt}
 
     @api.get(
@@ -249,20 +277,75 @@ def create_app(
             **doc.refusals(*CHANGE, 404),
         },
     )
-    async def drain_platform(adapter: str, replica: str) -> dict:
-        return await _drain(adapter, replica, True)
+    async def drain_platform(adapter: str, replica: str, caller: Asker) -> dict:
+        return await _drain(caller, adapter, replica, True)
 
     @api.post(
         "/platforms/{adapter}/{replica}/undrain",
         responses={**doc.answer(200, "taking trials again", spec.DRAINED), **doc.refusals(*CHANGE, 404)},
     )
-    async def undrain_platform(adapter: str, replica: str) -> dict:
-        return await _drain(adapter, replica, False)
+    async def undrain_platform(adapter: str, replica: str, caller: Asker) -> dict:
+        return await _drain(caller, adapter, replica, False)
 
-    async def _drain(adapter: str, replica: str, drain: bool) -> dict:
+    async def _drain(caller: Caller, adapter: str, replica: str, drain: bool) -> dict:
         core = dispatcher()
-        reply = await history.drain(core.bus, adapter, replica, drain, core.settings.control_timeout)
+        async with core.people.audited(
+            caller, "platform.drain" if drain else "platform.undrain", f"{adapter}/{replica}"
+        ):
+            if caller.role != "admin":  # a replica runs every team's trials
+                raise ApiError(403, f"{caller.name} is a {caller.role}: only an admin may drain a platform's replica")
+            reply = await history.drain(core.bus, adapter, replica, drain, core.settings.control_timeout)
         return {"replica": reply.replica, "draining": reply.draining, "preempted": reply.preempted}
+
+    @api.get("/whoami", responses=doc.refusals(*READ))
+    async def whoami(caller: Asker) -> dict:
+        """Who the token names: ``{"name", "team", "role"}``."""
+        return caller.view()
+
+    @api.get("/users", responses=doc.refusals(*READ))
+    async def list_users(caller: Asker) -> list[dict]:
+        """Every user (admins only): name, team, role, when made and when their token was last replaced."""
+        return dispatcher().people.users(caller)
+
+    @api.post(
+        "/users",
+        status_code=201,
+        openapi_extra=spec.user_body,
+        responses={
+            **doc.answer(201, "added: the token is shown this once", spec.ADDED_USER),
+            **doc.refusals(*CHANGE, 409, 415),
+        },
+    )
+    async def add_user(request: Request, caller: Asker) -> dict:
+        """Add a user (admins only): ``{"name", "team", "role"}`` (role: admin, member or viewer;
+        default member). The answer holds their token, shown once: only its hash is kept."""
+        data = await json_body(request)
+        unknown = set(data) - {"name", "team", "role"}
+        if unknown:
+            raise ApiError(422, f"unknown field(s) {', '.join(sorted(unknown))}; expected name, team and role")
+        return await dispatcher().people.add(caller, data.get("name"), data.get("team"), data.get("role", "member"))
+
+    @api.delete("/users/{name}", responses=doc.refusals(*CHANGE, 404))
+    async def remove_user(name: str, caller: Asker) -> dict:
+        """Remove a user (admins only): their token stops working at once."""
+        return await dispatcher().people.remove(caller, name)
+
+    @api.post(
+        "/users/{name}/token",
+        responses={
+            **doc.answer(200, "replaced: the new token is shown this once", spec.ADDED_USER),
+            **doc.refusals(*CHANGE, 404),
+        },
+    )
+    async def rotate_token(name: str, caller: Asker) -> dict:
+        """Replace a user's token (admins only): the old one stops working at once."""
+        return await dispatcher().people.rotate(caller, name)
+
+    @api.get("/audit", responses=doc.refusals(*READ))
+    async def audit(caller: Asker, limit: int = 100, team: str | None = None) -> list[dict]:
+        """Who did what, when: the newest ``limit`` changes asked of this API (oldest first), done
+        or refused; admins see every team's (or ``team``'s), others their own team's."""
+        return await dispatcher().people.audit(caller, limit, team)
 
     app.include_router(api)
     return app

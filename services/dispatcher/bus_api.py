@@ -2,6 +2,12 @@
 
 Replies are ``{"ok": true, "result": …}`` or ``{"ok": false, "status": <http>, "error": "…"}``,
 so a client gets the same answers and messages over NATS as over HTTP.
+
+Who is asking: a request with an ``Authorization: Bearer <token>`` header is that token's
+person, with the same checks and audit as over HTTP (an unknown token: 401). A request
+without one is the stack's admin: the NATS credential that could send it is the authority
+(only the stack's services and whoever holds ``client.json`` have one; docs/security.md,
+"People", says what this leaves open).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from contracts import TrialStatus, subjects
+from contracts.people import ADMIN, Caller
 from services.common import platforms
 from services.common.api import ApiError
 from services.common.bus import Bus
@@ -26,47 +33,74 @@ from services.dispatcher.queries import PAGE_DEFAULT
 log = logging.getLogger(__name__)
 
 
-def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]:
-    async def create(body: dict) -> Any:
-        return {"id": (await core.create_experiment(body.get("config"))).id}
+Operation = Callable[[dict, Caller], Awaitable[Any]]
 
-    async def get_experiment(body: dict) -> Any:
+
+def _operations(core: Dispatcher) -> dict[str, Operation]:
+    people = core.people
+
+    async def create(body: dict, caller: Caller) -> Any:
+        async with people.acting(caller, "experiment.create"):
+            return {"id": (await core.create_experiment(body.get("config"), caller)).id}
+
+    async def get_experiment(body: dict, caller: Caller) -> Any:
         return core.experiment_view(core.experiment(_text(body, "id")))
 
-    async def stop(body: dict) -> Any:
-        return core.experiment_view(await core.stop_experiment(_text(body, "id"), _message(body)))
+    async def stop(body: dict, caller: Caller) -> Any:
+        experiment_id, message = _text(body, "id"), _message(body)
+        async with people.acting(caller, "experiment.stop", experiment_id=experiment_id):
+            return core.experiment_view(await core.stop_experiment(experiment_id, message))
 
-    async def close(body: dict) -> Any:
-        return core.experiment_view(await core.close_experiment(_text(body, "id")))
+    async def close(body: dict, caller: Caller) -> Any:
+        experiment_id = _text(body, "id")
+        async with people.acting(caller, "experiment.close", experiment_id=experiment_id):
+            return core.experiment_view(await core.close_experiment(experiment_id))
 
-    async def resume(body: dict) -> Any:
-        return core.experiment_view(await core.resume_experiment(_text(body, "id")))
+    async def resume(body: dict, caller: Caller) -> Any:
+        experiment_id = _text(body, "id")
+        async with people.acting(caller, "experiment.resume", experiment_id=experiment_id):
+            return core.experiment_view(await core.resume_experiment(experiment_id))
 
-    async def submit(body: dict) -> Any:
-        trial = await core.submit_trial(_text(body, "experimentId"), body.get("parameters"), body.get("parameterId"))
+    async def delete(body: dict, caller: Caller) -> Any:
+        experiment_id = _text(body, "id")
+        async with people.acting(caller, "experiment.delete", experiment_id=experiment_id):
+            return await core.delete_experiment(experiment_id)
+
+    async def submit(body: dict, caller: Caller) -> Any:
+        experiment_id = _text(body, "experimentId")
+        async with people.acting(caller, "trial.submit", experiment_id=experiment_id):
+            trial = await core.submit_trial(experiment_id, body.get("parameters"), body.get("parameterId"))
         return {"id": trial.id, "sequenceId": trial.sequence_id, "status": trial.status.value}
 
-    async def cancel(body: dict) -> Any:
+    async def cancel(body: dict, caller: Caller) -> Any:
         status = body.get("status", TrialStatus.USER_CANCELED.value)
         if status not in _CANCEL_STATUSES:
             raise ApiError(422, f"status must be one of {', '.join(_CANCEL_STATUSES)} (how the trial ends)")
-        trial = await core.cancel_trial(_text(body, "id"), TrialStatus(status), _message(body))
+        trial_id, message = _text(body, "id"), _message(body)
+        experiment_id = core.trial(trial_id).experiment_id
+        async with people.acting(caller, "trial.cancel", experiment_id=experiment_id, target=trial_id):
+            trial = await core.cancel_trial(trial_id, TrialStatus(status), message)
         return {"id": trial.id, "status": trial.status.value}
 
-    async def retry(body: dict) -> Any:
-        trial = await core.retry_trial(_text(body, "id"))
+    async def retry(body: dict, caller: Caller) -> Any:
+        trial_id = _text(body, "id")
+        experiment_id = core.trial(trial_id).experiment_id
+        async with people.acting(caller, "trial.retry", experiment_id=experiment_id, target=trial_id):
+            trial = await core.retry_trial(trial_id)
         return {"id": trial.id, "status": trial.status.value, "attempt": trial.attempt}
 
-    async def drain(body: dict) -> Any:
+    async def drain(body: dict, caller: Caller) -> Any:
         drain = body.get("drain", True)
         if not isinstance(drain, bool):
             raise ApiError(422, "drain must be true (drain the replica) or false (take trials again)")
-        reply = await history.drain(
-            core.bus, _text(body, "adapter"), _text(body, "replica"), drain, core.settings.control_timeout
-        )
+        adapter, replica = _text(body, "adapter"), _text(body, "replica")
+        async with people.audited(caller, "platform.drain" if drain else "platform.undrain", f"{adapter}/{replica}"):
+            if caller.role != "admin":  # a replica runs every team's trials
+                raise ApiError(403, f"{caller.name} is a {caller.role}: only an admin may drain a platform's replica")
+            reply = await history.drain(core.bus, adapter, replica, drain, core.settings.control_timeout)
         return {"replica": reply.replica, "draining": reply.draining, "preempted": reply.preempted}
 
-    async def trial_page(body: dict) -> Any:
+    async def trial_page(body: dict, caller: Caller) -> Any:
         limit = body.get("limit", PAGE_DEFAULT)
         cursor, status, sort = body.get("cursor"), body.get("status"), body.get("sort", "sequence")
         for name, value in (("cursor", cursor), ("status", status), ("sort", sort)):
@@ -74,7 +108,7 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
                 raise ApiError(422, f"{name} must be a string")
         return core.list_trials(_text(body, "experimentId"), limit, cursor, status, sort)
 
-    async def log_tail(body: dict) -> Any:
+    async def log_tail(body: dict, caller: Caller) -> Any:
         attempt = body.get("attempt")
         if attempt is not None and (not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0):
             raise ApiError(422, "attempt must be a whole number, 0 or more (the trial's first attempt is 0)")
@@ -83,24 +117,54 @@ def _operations(core: Dispatcher) -> dict[str, Callable[[dict], Awaitable[Any]]]
     async def sync(fn: Callable[[], Any]) -> Any:
         return fn()
 
+    async def add_user(body: dict, caller: Caller) -> Any:
+        return await people.add(caller, body.get("name"), body.get("team"), body.get("role", "member"))
+
+    async def audit(body: dict, caller: Caller) -> Any:
+        limit, team = body.get("limit", 100), body.get("team")
+        if not isinstance(limit, int) or isinstance(limit, bool):
+            raise ApiError(422, "limit must be a whole number")
+        if team is not None and not isinstance(team, str):
+            raise ApiError(422, "team must be a string")
+        return await people.audit(caller, limit, team)
+
     return {
         "experiment.create": create,
-        "experiment.list": lambda body: sync(core.list_experiments),
+        "experiment.list": lambda body, caller: sync(core.list_experiments),
         "experiment.get": get_experiment,
         "experiment.stop": stop,
         "experiment.close": close,
         "experiment.resume": resume,
-        "experiment.delete": lambda body: core.delete_experiment(_text(body, "id")),
+        "experiment.delete": delete,
         "trial.submit": submit,
         "trial.list": trial_page,
-        "trial.get": lambda body: sync(lambda: core.trial(_text(body, "id")).view()),
+        "trial.get": lambda body, caller: sync(lambda: core.trial(_text(body, "id")).view()),
         "trial.cancel": cancel,
         "trial.retry": retry,
-        "trial.metrics": lambda body: core.trial_metrics(_text(body, "id")),
+        "trial.metrics": lambda body, caller: core.trial_metrics(_text(body, "id")),
         "trial.log": log_tail,
-        "platform.list": lambda body: _platforms(core),
+        "platform.list": lambda body, caller: _platforms(core),
         "platform.drain": drain,
+        "whoami": lambda body, caller: sync(caller.view),
+        "user.list": lambda body, caller: sync(lambda: people.users(caller)),
+        "user.add": lambda body, caller: people.add(
+            caller, body.get("name"), body.get("team"), body.get("role", "member")
+        ),
+        "user.remove": lambda body, caller: people.remove(caller, _text(body, "name")),
+        "user.rotate": lambda body, caller: people.rotate(caller, _text(body, "name")),
+        "audit.list": audit,
     }
+
+
+def _caller(core: Dispatcher, msg: Msg) -> Caller:
+    """Who sent ``msg``: its bearer token's person; without a token, the stack's admin (module docstring)."""
+    scheme, _, token = (msg.headers or {}).get("Authorization", "").partition(" ")
+    if not token.strip():
+        return ADMIN
+    caller = core.people.identify(token.strip()) if scheme.lower() == "bearer" else None
+    if caller is None:
+        raise ApiError(401, "wrong API token in the request's Authorization header (`trialbus whoami` checks yours)")
+    return caller
 
 
 async def _platforms(core: Dispatcher) -> list[dict]:
@@ -142,7 +206,7 @@ async def serve(bus: Bus, core: Dispatcher) -> Subscription:
                 raise ApiError(400, f"request body is not valid JSON: {exc}") from None
             if not isinstance(body, dict):
                 raise ApiError(400, "request body must be a JSON object")
-            reply = {"ok": True, "result": await handler(body)}
+            reply = {"ok": True, "result": await handler(body, _caller(core, msg))}
         except ApiError as exc:
             reply = {"ok": False, "status": exc.status, "error": exc.message}
         except Exception as exc:  # answer instead of leaving the caller to time out

@@ -11,8 +11,8 @@ part that changes state). The parts, each owning its state and built here with w
 queues and slots (:mod:`.slots`), trials' ends and cancels (:mod:`.ends`, :mod:`.cancels`),
 attempts (:mod:`.attempts`), submits (:mod:`.submissions`), experiments (:mod:`.experiments`),
 events and metric records from the bus (:mod:`.inputs`), what depends on time (:mod:`.sweep`),
-deletes (:mod:`.retention`), the reads (:mod:`.queries`), silent trials (:mod:`.liveness`) and
-the fail-fast guard (:mod:`.failfast`).
+deletes (:mod:`.retention`), the reads (:mod:`.queries`), silent trials (:mod:`.liveness`),
+the fail-fast guard (:mod:`.failfast`) and the people who may act (:mod:`.people`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections import defaultdict
 from typing import Any
 
 from contracts.messages import TrialEvent
+from contracts.people import Caller
 from contracts.state import ExperimentState, TrialState, TrialStatus
 from services.common.api import ApiError
 from services.common.bus import Bus
@@ -34,6 +35,7 @@ from services.dispatcher.failfast import FailFast
 from services.dispatcher.folds import MetricFold
 from services.dispatcher.inputs import Inputs
 from services.dispatcher.liveness import Liveness
+from services.dispatcher.people import People
 from services.dispatcher.queries import PAGE_DEFAULT, Queries, find_trial
 from services.dispatcher.retention import Retention
 from services.dispatcher.settings import DispatcherSettings
@@ -107,6 +109,8 @@ class Dispatcher:
         )
         self.retention = Retention(bus=bus, store=store, locks=self._locks, forget=self._forget)
         self.queries = Queries(bus, store, settings.control_timeout)
+        #: users, who is asking, who may act, and the audit trail (:mod:`.people`)
+        self.people = People(settings, bus, lambda experiment_id: self.queries.experiment(experiment_id).team)
 
     def rebuild(self) -> None:
         """Derive queues and slots from the loaded state.
@@ -133,8 +137,8 @@ class Dispatcher:
 
     # ------------------------------------------------------------- experiments
 
-    async def create_experiment(self, data: Any) -> ExperimentState:
-        return await self.experiments.create(data)
+    async def create_experiment(self, data: Any, owner: Caller | None = None) -> ExperimentState:
+        return await self.experiments.create(data, owner)
 
     async def put_code(self, archive: bytes) -> str:
         return await snapshots.put_code(self.bus, archive)

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from contracts import sealing
 from contracts.base import utcnow
 from contracts.experiment import ExperimentConfig, format_validation_error, secret_paths
+from contracts.people import Caller
 from contracts.state import ExperimentState, ExperimentStatus, TrialStatus
 from services.common.api import ApiError
 from services.common.bus import Bus
@@ -52,7 +53,8 @@ class Experiments:
         self._locks = locks
         self._check_timeout = check_timeout
 
-    async def create(self, data: Any) -> ExperimentState:
+    async def create(self, data: Any, owner: Caller | None = None) -> ExperimentState:
+        """A new RUNNING experiment of ``owner`` (and their team); None: made by the stack itself."""
         if not isinstance(data, dict):
             raise ApiError(400, "the experiment config must be a JSON object (NNI v2 experiment config)")
         try:
@@ -66,7 +68,14 @@ class Experiments:
         if code_ref != config.trial_code_ref:
             config = config.model_copy(update={"trial_code_ref": code_ref})
         experiment_id = new_id(self._store.experiments, 8, EXPERIMENT_ALPHABET)
-        state = ExperimentState(id=experiment_id, config=config, code_ref=code_ref, start_time=utcnow())
+        state = ExperimentState(
+            id=experiment_id,
+            config=config,
+            code_ref=code_ref,
+            start_time=utcnow(),
+            owner=owner.name if owner else None,
+            team=owner.team if owner else None,
+        )
         await self._store.put_experiment(state)
         log.info("experiment %s created (%s, concurrency %d)", experiment_id, config.platform, config.trial_concurrency)
         return state

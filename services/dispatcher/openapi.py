@@ -118,6 +118,25 @@ RETRIED_TRIAL = {
     "properties": {"id": {"type": "string"}, "status": _STATUS, "attempt": {"type": "integer"}},
 }
 
+_NAME = {"type": "string", "pattern": "^[a-z][a-z0-9_-]{0,31}$"}
+_ROLE = {"type": "string", "enum": ["admin", "member", "viewer"]}
+USER = {
+    "type": "object",
+    "required": ["name", "team"],
+    "additionalProperties": False,
+    "properties": {"name": _NAME, "team": _NAME, "role": {**_ROLE, "default": "member"}},
+}
+ADDED_USER = {
+    "type": "object",
+    "required": ["name", "team", "role", "token"],
+    "properties": {
+        "name": _NAME,
+        "team": _NAME,
+        "role": _ROLE,
+        "token": {"type": "string", "description": "shown this once: only its SHA-256 is kept"},
+    },
+}
+
 #: Every route of ``/api/v1`` may be refused by the authorisation (400 Host, 401 token), a state
 #: change also by 403 (Origin, read-only token); 422 is a parameter that does not parse.
 READ = (400, 401, 422)
@@ -127,4 +146,5 @@ NO_ADAPTER = {503: "no replica of the trial's adapter is running to read its log
 
 experiment_body = doc.json_body(experiment_config(), "the experiment config")
 trial_body = doc.json_body(TRIAL_SUBMISSION, "the trial to submit")
+user_body = doc.json_body(USER, "the user to add")
 code_body = doc.binary_body(CODE_TYPES, "a tar.gz of the trial code directory (safe member names only)")

@@ -70,6 +70,7 @@ class DispatcherService(Service):
         await store.load(bus)
         self.core = Dispatcher(self.settings, bus, store)
         self.core.rebuild()
+        await self.core.people.load()
         inbox = bus.nc.new_inbox().rpartition(".")[0]
         self._events_commit = GroupCommit(store.flush, self.settings.state_write_delay)
         self._metrics_commit = GroupCommit(store.flush, self.settings.state_write_delay)
