@@ -1,10 +1,14 @@
 """The contract every platform adapter keeps, as one abstract test class.
 
 Subclass :class:`AdapterContract` in ``tests/contract/test_<platform>_contract.py`` (yours too:
-see ``docs/adding-a-platform.md``), implement :meth:`~AdapterContract.make_adapter` and
-:meth:`~AdapterContract.starts`, and every test below runs against your adapter on a real
-``nats-server``. The tests call the adapter directly, as :class:`AdapterService` does,
-in the order it guarantees: ``start`` → ``adopt`` → launch/poll/cancel/release → ``stop``.
+see ``docs/adding-a-platform.md``), implement :meth:`~AdapterContract.make_adapter` (and
+:meth:`~AdapterContract.starts` if your platform runs no commands), and every test below runs
+against your adapter on a real ``nats-server``. A platform whose trials need its own
+``trainingService`` sets :attr:`~AdapterContract.service` and puts it on the bus with
+:meth:`~AdapterContract.put_experiment`, as the dispatcher does; class attributes say where
+the platform may differ (:attr:`~AdapterContract.notifies_while_running`,
+:attr:`~AdapterContract.queues`). The tests call the adapter directly, as :class:`AdapterService`
+does, in the order it guarantees: ``start`` → ``adopt`` → launch/poll/cancel/release → ``stop``.
 
 What they prove: a trial runs to its exit code; launching an attempt twice runs it once;
 the adapter says when a trial ended (``notify``); cancel ends a running trial quickly;
@@ -19,11 +23,20 @@ import itertools
 import json
 import time
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
-from contracts import LocalConfig, TrialRequest, TrialStatus
+from contracts import (
+    ExperimentConfig,
+    ExperimentState,
+    LocalConfig,
+    TrainingService,
+    TrialRequest,
+    TrialStatus,
+    streams,
+)
+from contracts.base import utcnow
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import TransientError
 from services.common.bus import Bus, bootstrap, connect
@@ -31,9 +44,15 @@ from services.common.settings import ServiceSettings
 
 _ids = itertools.count()
 
+#: The experiment of every trial the contract runs.
+EXPERIMENT = "contract"
+#: The adapters' metrics gateway, where none listens: trials here report no metrics.
+NO_GATEWAY = "http://127.0.0.1:9"
+
 
 class AdapterContract:
-    """Subclass me. ``make_adapter`` and ``starts`` are all a platform has to provide."""
+    """Subclass me. ``make_adapter`` is all a platform has to provide; ``starts`` too if its
+    trials run no command."""
 
     #: The most trials the adapter from :meth:`make_adapter` runs at once.
     capacity: ClassVar[int] = 2
@@ -41,6 +60,16 @@ class AdapterContract:
     cancel_within: ClassVar[float] = 2.0
     #: Seconds a trial of ``duration`` 0 may take to start and end on this platform.
     slack: ClassVar[float] = 5.0
+    #: Whether the adapter also calls ``notify`` while a trial runs (at a state change, a
+    #: reconnect), not only at its end: then how the trial ended is checked at one of the calls
+    #: naming it (:func:`outcome_at_a_notify`), not at the first call.
+    notifies_while_running: ClassVar[bool] = False
+    #: Whether the platform queues the trials it has no room for: then the adapter hands every
+    #: trial over and never answers None, and more than :attr:`capacity` trials all start.
+    queues: ClassVar[bool] = False
+    #: The trials' ``trainingService`` (None: ``platform: local``). A platform's fixture sets
+    #: its own, and puts it on the bus with :meth:`put_experiment`.
+    service: TrainingService | None = None
 
     def make_adapter(self, workspace: Path) -> PlatformAdapter:
         """A new adapter for the platform state kept in ``workspace``, with room for
@@ -48,8 +77,10 @@ class AdapterContract:
         raise NotImplementedError
 
     def starts(self, workspace: Path, trial_id: str) -> int:
-        """How many times the platform really started the trial (all attempts together)."""
-        raise NotImplementedError
+        """How many times the platform really started the trial (all attempts together): by
+        default, the lines the trial's command appended to its start marker (:meth:`request`)."""
+        marker = workspace / "starts" / trial_id
+        return len(marker.read_text().splitlines()) if marker.exists() else 0
 
     def request(self, workspace: Path, duration: float = 0.0, exit_code: int = 0, attempt: int = 0) -> TrialRequest:
         """A trial that runs ``duration`` seconds, then exits with ``exit_code``. The command
@@ -60,15 +91,30 @@ class AdapterContract:
         parameters = {"duration": duration, "exitCode": exit_code}
         record = {"parameter_id": 0, "parameter_source": "algorithm", "parameters": parameters}
         return TrialRequest(
-            experiment_id="contract",
+            experiment_id=EXPERIMENT,
             trial_id=trial,
             sequence_id=0,
             attempt=attempt,
             trial_command=command,
             parameter_record=json.dumps(record),
-            training_service=LocalConfig(),
+            training_service=self.training_service(command),
             token="not-a-secret",
         )
+
+    def training_service(self, command: str) -> TrainingService:
+        """The ``trainingService`` of a trial that runs ``command``: :attr:`service`. Override it
+        where the platform takes the command from there."""
+        return LocalConfig() if self.service is None else self.service
+
+    async def put_experiment(self, bus: Bus, **fields: Any) -> None:
+        """The experiment on the bus, where a restarted adapter finds its platform again, as the
+        dispatcher puts it there: :attr:`capacity` trials at once on :attr:`service`, with
+        ``fields`` (NNI's names) besides."""
+        config = ExperimentConfig.model_validate(
+            {"trialCommand": "true", "trialConcurrency": self.capacity, **fields, "trainingService": self.service}
+        )
+        experiments = await bus.kv(streams.EXPERIMENTS_BUCKET.bucket)
+        await experiments.put(EXPERIMENT, ExperimentState(id=EXPERIMENT, config=config, start_time=utcnow()).encode())
 
     # ------------------------------------------------------------------ fixtures
 
@@ -125,6 +171,11 @@ class AdapterContract:
 
         handle = await adapter.launch(platform.request(duration=0.2))
 
+        if self.notifies_while_running:
+            # at one of the trial's namings (not ``poll_interval`` later) ``poll`` says how it ended
+            outcome = await outcome_at_a_notify(adapter, handle, named, 0.2 + self.slack)
+            assert outcome.status is TrialStatus.SUCCEEDED, outcome
+            return
         deadline = time.monotonic() + 0.2 + self.slack
         while handle not in named and None not in named:
             assert time.monotonic() < deadline, "the adapter never called notify() for the ended trial"
@@ -147,6 +198,13 @@ class AdapterContract:
 
     async def test_no_capacity_is_none_until_a_trial_ends(self, platform: Harness) -> None:
         adapter = await platform.adapter()
+        if self.queues:  # each trial its own job, all taken, all started
+            queued = [await adapter.launch(platform.request(duration=60)) for _ in range(self.capacity + 1)]
+            assert all(queued) and len(set(queued)) == len(queued)
+            for handle in queued:
+                await platform.until_started(handle)
+                assert await adapter.poll(handle) is None
+            return
         running = [await adapter.launch(platform.request(duration=60)) for _ in range(self.capacity)]
         assert all(running)
 

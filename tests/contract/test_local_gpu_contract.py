@@ -19,7 +19,7 @@ from services.adapters.errors import PermanentError, TransientError
 from services.adapters.local_gpu import LocalGpuAdapter, LocalGpuSettings
 from services.adapters.local_gpu import client as local_client
 from services.adapters.local_gpu.adapter import outcome_of
-from tests.contract.adapter_contract import AdapterContract, Harness
+from tests.contract.adapter_contract import NO_GATEWAY, AdapterContract, Harness
 
 
 def group_alive(pgid: int) -> bool:
@@ -66,13 +66,9 @@ class TestLocalGpuAdapter(AdapterContract):
             max_trials=self.capacity,
             kill_grace=1,
             nni_shim="never",
-            gateway_url="http://127.0.0.1:9",  # no gateway: trials here report no metrics
+            gateway_url=NO_GATEWAY,
         )
         return LocalGpuAdapter(settings)
-
-    def starts(self, workspace: Path, trial_id: str) -> int:
-        marker = workspace / "starts" / trial_id
-        return len(marker.read_text().splitlines()) if marker.exists() else 0
 
     # ------------------------------------------------------------------ local-gpu only
 

@@ -19,24 +19,24 @@ from pathlib import Path
 
 import pytest
 
-from contracts import ExperimentConfig, ExperimentState, TrialRequest, TrialStatus, streams
-from contracts.base import utcnow
 from contracts.experiment import RemoteConfig
-from services.adapters.base import TrialHandle
 from services.adapters.errors import Waiting
 from services.adapters.remote import RemoteAdapter, RemoteSettings
 from services.common.bus import Bus
-from tests.contract.adapter_contract import AdapterContract, Harness, outcome_at_a_notify
+from tests.contract.adapter_contract import NO_GATEWAY, AdapterContract, Harness
 from tests.fixtures.gpus import FAKE_NVIDIA_SMI, set_fake_gpus
 from tests.fixtures.sshd import KeyPair, SshServer, known_hosts_file, ssh_user
-
-EXPERIMENT = "contract"
 
 
 class TestRemoteAdapter(AdapterContract):
     capacity = 2
     #: SIGTERM's end reaches the adapter with the agent's next status read.
     cancel_within = 3.0
+    #: The adapter also calls ``notify()`` with no handle whenever a machine's connection comes up
+    #: (a reconnect may have missed ends), which the first launch does; and it names an ended
+    #: trial once when its keeper exits and again when the trial's last checkpoint copy is done,
+    #: which ``poll`` waits for.
+    notifies_while_running = True
 
     @pytest.fixture
     def workspace(self) -> Iterator[Path]:
@@ -56,11 +56,7 @@ class TestRemoteAdapter(AdapterContract):
         self.nvidia_smi = fake_nvidia_smi(workspace / "gpus", count=self.capacity)
         machine = {"host": sshd.host, "port": sshd.port, "user": ssh_user().name, "sshKeyFile": str(ssh_key.private)}
         self.service = RemoteConfig.model_validate({"platform": "remote", "machineList": [machine]})
-        config = ExperimentConfig.model_validate(
-            {"trialCommand": "true", "trialConcurrency": self.capacity, "trainingService": self.service}
-        )
-        experiments = await bus.kv(streams.EXPERIMENTS_BUCKET.bucket)
-        await experiments.put(EXPERIMENT, ExperimentState(id=EXPERIMENT, config=config, start_time=utcnow()).encode())
+        await self.put_experiment(bus)
         yield
         root = ssh_user().home / self.remote_root
         kill_processes_under(root)  # a trial the test's cleanup could not end must not outlive the test
@@ -76,36 +72,12 @@ class TestRemoteAdapter(AdapterContract):
             ssh_keepalive=1,
             nni_shim="never",
             nvidia_smi=str(self.nvidia_smi),
-            gateway_url="http://127.0.0.1:9",
+            gateway_url=NO_GATEWAY,
             relay_after=1,  # no gateway: trials here report no metrics
         )
         return RemoteAdapter(settings)
 
-    def starts(self, workspace: Path, trial_id: str) -> int:
-        marker = workspace / "starts" / trial_id
-        return len(marker.read_text().splitlines()) if marker.exists() else 0
-
-    def request(self, workspace: Path, duration: float = 0.0, exit_code: int = 0, attempt: int = 0) -> TrialRequest:
-        request = super().request(workspace, duration, exit_code, attempt)
-        return request.model_copy(update={"training_service": self.service})
-
     # ------------------------------------------------------------------ where the platform differs
-
-    async def test_the_adapter_says_when_a_trial_ended(self, platform: Harness) -> None:
-        """The remote adapter also calls ``notify()`` with no handle whenever a machine's connection
-        comes up (a reconnect may have missed ends), which the first launch does; and it names the
-        ended trial once when its keeper exits and again when the trial's last checkpoint copy is
-        done, which ``poll`` waits for. So: the trial is named, and at one of its namings (not
-        ``poll_interval`` later) ``poll`` says how it ended."""
-        adapter = await platform.adapter()
-        named: list[TrialHandle | None] = []
-        adapter.listen(named.append)
-
-        handle = await adapter.launch(platform.request(duration=0.2))
-
-        outcome = await outcome_at_a_notify(adapter, handle, named, 0.2 + self.slack)
-
-        assert outcome.status is TrialStatus.SUCCEEDED, outcome
 
     async def test_no_capacity_is_none_until_a_trial_ends(self, platform: Harness) -> None:
         """A remote machine takes any number of CPU trials (placement only spreads them), so its
