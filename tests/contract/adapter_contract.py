@@ -19,6 +19,7 @@ end of those that ended while nobody watched; released trials stay released.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import time
@@ -37,10 +38,10 @@ from contracts import (
     streams,
 )
 from contracts.base import utcnow
-from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
-from services.adapters.errors import TransientError
+from services.adapters.base import PlatformAdapter, TrialHandle
 from services.common.bus import Bus, bootstrap, connect
 from services.common.settings import ServiceSettings
+from tests.contract.harness import Harness, outcome_at_a_notify
 
 _ids = itertools.count()
 
@@ -132,7 +133,13 @@ class AdapterContract:
 
     @pytest.fixture
     async def platform(self, workspace: Path, bus: Bus):
-        harness = Harness(self, workspace, bus)
+        harness = Harness(
+            bus,
+            make_adapter=functools.partial(self.make_adapter, workspace),
+            starts=functools.partial(self.starts, workspace),
+            request=functools.partial(self.request, workspace),
+            slack=self.slack,
+        )
         yield harness
         await harness.close()
 
@@ -261,77 +268,3 @@ class AdapterContract:
         await platform.outcome(handle)
 
         assert isinstance(await adapter.log_tail(handle, 4096), str)
-
-
-async def outcome_at_a_notify(
-    adapter: PlatformAdapter, handle: TrialHandle, named: list[TrialHandle | None], timeout: float
-) -> TrialOutcome:
-    """For a platform whose adapter also calls ``notify`` while a trial runs (a state change, a
-    reconnect): the outcome ``poll`` gives at one of the ``notify`` calls naming the trial (``named``
-    is the list the adapter's listener appends to), within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        while handle not in named:
-            assert time.monotonic() < deadline, "the adapter never called notify() for the ended trial"
-            await asyncio.sleep(0.01)
-        named.clear()
-        if (outcome := await adapter.poll(handle)) is not None:
-            return outcome
-
-
-class Harness:
-    """Starts adapters the way the service does, and cleans up every trial they launched."""
-
-    def __init__(self, contract: AdapterContract, workspace: Path, bus: Bus) -> None:
-        self.contract, self.workspace, self.bus = contract, workspace, bus
-        self.running: list[PlatformAdapter] = []
-
-    def request(self, duration: float = 0.0, exit_code: int = 0) -> TrialRequest:
-        return self.contract.request(self.workspace, duration, exit_code)
-
-    def starts(self, request: TrialRequest) -> int:
-        return self.contract.starts(self.workspace, request.trial_id)
-
-    async def adapter(self) -> PlatformAdapter:
-        adapter = self.contract.make_adapter(self.workspace)
-        await adapter.start(self.bus)
-        self.running.append(adapter)
-        return adapter
-
-    async def stop(self, adapter: PlatformAdapter) -> None:
-        self.running.remove(adapter)
-        await adapter.stop()
-
-    async def outcome(self, handle: TrialHandle, timeout: float | None = None, adapter: PlatformAdapter | None = None):
-        adapter = adapter or self.running[-1]
-        deadline = time.monotonic() + (timeout or self.contract.slack)
-        while (outcome := await adapter.poll(handle)) is None:
-            assert time.monotonic() < deadline, f"{handle.trial_id} did not end in time"
-            await asyncio.sleep(0.02)
-        return outcome
-
-    async def until_started(self, handle: TrialHandle) -> None:
-        """Wait until the platform has really started the trial."""
-        deadline = time.monotonic() + self.contract.slack
-        while self.contract.starts(self.workspace, handle.trial_id) == 0:
-            assert time.monotonic() < deadline, f"{handle.trial_id} did not start in time"
-            await asyncio.sleep(0.02)
-
-    async def close(self) -> None:
-        """Stop every adapter; then one more adopts what still runs and cancels it."""
-        while self.running:
-            await self.stop(self.running[-1])
-        cleaner = await self.adapter()
-        try:
-            for handle in await cleaner.adopt():
-                deadline = time.monotonic() + self.contract.slack
-                while True:
-                    try:
-                        await cleaner.cancel(handle)
-                        break
-                    except TransientError as exc:  # e.g. still starting: the service retries too
-                        assert time.monotonic() < deadline, f"{handle.trial_id} cannot be canceled: {exc}"
-                        await asyncio.sleep(exc.delay)
-                await self.outcome(handle, adapter=cleaner)
-        finally:
-            await self.stop(cleaner)

@@ -19,7 +19,8 @@ from services.adapters.errors import PermanentError, TransientError
 from services.adapters.local_gpu import LocalGpuAdapter, LocalGpuSettings
 from services.adapters.local_gpu import client as local_client
 from services.adapters.local_gpu.adapter import outcome_of
-from tests.contract.adapter_contract import NO_GATEWAY, AdapterContract, Harness
+from tests.contract.adapter_contract import NO_GATEWAY, AdapterContract
+from tests.contract.harness import Harness
 
 
 def group_alive(pgid: int) -> bool:

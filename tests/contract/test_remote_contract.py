@@ -23,7 +23,8 @@ from contracts.experiment import RemoteConfig
 from services.adapters.errors import Waiting
 from services.adapters.remote import RemoteAdapter, RemoteSettings
 from services.common.bus import Bus
-from tests.contract.adapter_contract import NO_GATEWAY, AdapterContract, Harness
+from tests.contract.adapter_contract import NO_GATEWAY, AdapterContract
+from tests.contract.harness import Harness
 from tests.fixtures.gpus import FAKE_NVIDIA_SMI, set_fake_gpus
 from tests.fixtures.sshd import KeyPair, SshServer, known_hosts_file, ssh_user
 
