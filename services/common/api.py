@@ -32,10 +32,15 @@ class ApiError(Exception):
         self.message = message
 
 
-async def call(nc: Client, operation: str, body: Mapping[str, Any], timeout: float = 10.0) -> Any:
-    """The ``result`` of one operation; :class:`ApiError` with the dispatcher's status and message."""
+async def call(
+    nc: Client, operation: str, body: Mapping[str, Any], timeout: float = 10.0, token: str | None = None
+) -> Any:
+    """The ``result`` of one operation; :class:`ApiError` with the dispatcher's status and message.
+    With ``token``, the person it names asks (``Authorization`` header); without, the caller's
+    NATS credential speaks."""
+    headers = {"Authorization": f"Bearer {token}"} if token else None
     try:
-        reply = await nc.request(subjects.api(operation), orjson.dumps(dict(body)), timeout=timeout)
+        reply = await nc.request(subjects.api(operation), orjson.dumps(dict(body)), timeout=timeout, headers=headers)
     except nats.errors.NoRespondersError:
         raise ApiError(503, "no dispatcher is running (nobody answers trialbus.api.*)") from None
     except (nats.errors.TimeoutError, TimeoutError):

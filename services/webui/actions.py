@@ -33,28 +33,29 @@ class Dispatcher:
         self.bus = bus
         self.timeout = timeout
 
-    async def call(self, operation: str, body: dict[str, Any]) -> Any:
+    async def call(self, operation: str, body: dict[str, Any], token: str | None = None) -> Any:
+        """``operation`` asked as the person ``token`` names (None: as the web UI, the stack's admin)."""
         bus = self.bus()
         if bus is None or not bus.nc.is_connected:
             raise Refused(503, "NATS is unavailable; retry in a moment")
         try:
-            return await api.call(bus.nc, operation, body, self.timeout)
+            return await api.call(bus.nc, operation, body, self.timeout, token)
         except api.ApiError as exc:
             status = exc.status if 400 <= exc.status <= 599 else 502
             raise Refused(status, exc.message) from None
         except (orjson.JSONDecodeError, AttributeError):  # not a JSON object: not the dispatcher's answer
             raise Refused(502, f"the dispatcher's answer to {operation} is not a JSON object") from None
 
-    async def cancel_trial(self, trial_id: str) -> Any:
-        return await self.call("trial.cancel", {"id": trial_id})
+    async def cancel_trial(self, trial_id: str, token: str | None = None) -> Any:
+        return await self.call("trial.cancel", {"id": trial_id}, token)
 
-    async def retry_trial(self, trial_id: str) -> Any:
+    async def retry_trial(self, trial_id: str, token: str | None = None) -> Any:
         """Run a trial that has ended again, as its next attempt (409 while it runs, or when its
         experiment is not RUNNING: the dispatcher's sentence says which)."""
-        return await self.call("trial.retry", {"id": trial_id})
+        return await self.call("trial.retry", {"id": trial_id}, token)
 
-    async def stop_experiment(self, experiment_id: str) -> Any:
-        return await self.call("experiment.stop", {"id": experiment_id})
+    async def stop_experiment(self, experiment_id: str, token: str | None = None) -> Any:
+        return await self.call("experiment.stop", {"id": experiment_id}, token)
 
     async def trial_log(self, trial_id: str, max_bytes: int, attempt: int | None = None) -> str:
         body = {"id": trial_id, "maxBytes": max_bytes, **({} if attempt is None else {"attempt": attempt})}

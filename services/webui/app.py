@@ -53,9 +53,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Stre
 from fastapi.security import APIKeyCookie, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from contracts.people import ADMIN, READER
 from contracts.state import TrialStatus
 from services.common import openapi as doc
-from services.common.auth import Access, AccessDenied, session_value
+from services.common.auth import SAFE_METHODS, Access, AccessDenied, session_value
 from services.common.bus import Bus
 from services.common.http import health_routes
 from services.webui import curves, queries
@@ -64,6 +65,8 @@ from services.webui.actions import Dispatcher, Refused
 from services.webui.hub import KEEPALIVE, RETRY, Hub, frame
 from services.webui.model import Model
 from services.webui.openapi import CHANGE, READ, RELAYED
+from services.webui.people import PREFIX as SESSION_PREFIX
+from services.webui.people import People, Person
 from services.webui.settings import WebuiSettings
 
 STATIC = Path(__file__).parent / "static"
@@ -155,11 +158,54 @@ def create_app(
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         return await refused(request, Refused(400, problems))
 
-    def authorize(request: Request) -> None:
+    people = People(dispatcher)
+
+    async def authorize(request: Request) -> None:
+        """Who asks (``request.state.person``), or :class:`Refused`: Host, Origin, then the
+        stack's tokens (as bearer or cookie), then a person's token or session (:mod:`.people`)."""
+        unsafe = request.method not in SAFE_METHODS
         try:
-            request.state.role = access.role(request, request.cookies.get(COOKIE))
+            access.check_host(request)
+            if unsafe:
+                access.check_origin(request)
         except AccessDenied as exc:
             raise Refused(exc.status, exc.message) from None
+        person = await who(request)
+        if unsafe and person.caller == READER:
+            raise Refused(403, "the read-only token may only read: this needs TRIALBUS_API_TOKEN")
+        if unsafe and person.caller.role == "viewer":
+            raise Refused(403, f"{person.caller.name} is a viewer: viewers read, and may not change anything")
+        request.state.person = person
+
+    async def who(request: Request) -> Person:
+        cookie = request.cookies.get(COOKIE)
+        stack_cookie = None if cookie is None or cookie.startswith(SESSION_PREFIX) else cookie
+        try:
+            role = access.credential(request, stack_cookie)
+            return Person(ADMIN if role == "full" else READER, None)
+        except AccessDenied as exc:
+            denied = exc
+        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        try:
+            if scheme.lower() == "bearer" and presented.strip():
+                person = await people.identify(presented.strip())
+            elif cookie is not None and cookie.startswith(SESSION_PREFIX):
+                person = await people.of_cookie(cookie)
+            else:
+                person = None
+        except Refused as exc:  # the dispatcher, which knows people's tokens, cannot be asked now
+            raise Refused(
+                denied.status, f"{denied.message} (people's own tokens cannot be checked: {exc.message})"
+            ) from None
+        if person is None:
+            raise Refused(denied.status, denied.message)
+        return person
+
+    async def login_person(given: str) -> Person | None:
+        try:
+            return await people.identify(given)
+        except Refused as exc:
+            raise Refused(503, f"cannot check this token now: {exc.message}") from None
 
     @app.get("/login", include_in_schema=False)
     async def login(request: Request) -> Response:
@@ -173,16 +219,20 @@ def create_app(
         if not given:
             raise Refused(400, "add the API token: /login?token=<TRIALBUS_API_TOKEN> (`trialbus up` prints this link)")
         role = access.match(given)
-        if role is None:
+        if role is not None:
+            secret = token if role == "full" else read_token
+            assert secret is not None  # match found the role by this very token
+            value = session_value(secret, role)
+        elif (person := await login_person(given)) is not None:
+            value = people.open(person)
+        else:
             raise Refused(
                 401,
-                "wrong token: use the TRIALBUS_API_TOKEN (or read-only token) the stack runs with; "
-                "`trialbus up` keeps it in <data>/api-token",
+                "wrong token: use your own token (`trialbus user add` gave it), or the TRIALBUS_API_TOKEN "
+                "(or read-only token) the stack runs with; `trialbus up` keeps it in <data>/api-token",
             )
-        secret = token if role == "full" else read_token
-        assert secret is not None  # match found the role by this very token
         answer = RedirectResponse("/", status_code=303)
-        answer.set_cookie(COOKIE, session_value(secret, role), httponly=True, samesite="strict", path="/")
+        answer.set_cookie(COOKIE, value, httponly=True, samesite="strict", path="/")
         return answer
 
     pages = APIRouter(dependencies=[Depends(authorize), *CREDENTIALS])
@@ -256,8 +306,8 @@ def create_app(
         return json_response(model.chart(experiment_id, points or curves.DEFAULT_POINTS))
 
     @api.post("/experiments/{experiment_id}/stop", responses=doc.refusals(*CHANGE, *RELAYED))
-    async def stop_experiment(experiment_id: str) -> Response:
-        result = await dispatcher.stop_experiment(experiment_id)
+    async def stop_experiment(experiment_id: str, request: Request) -> Response:
+        result = await dispatcher.stop_experiment(experiment_id, request.state.person.token)
         return json_response({"id": experiment_id, "status": (result or {}).get("status")})
 
     @api.get("/trials/{trial_id}", responses=doc.refusals(*READ, 404))
@@ -265,13 +315,13 @@ def create_app(
         return json_response(model.row(trial_of(trial_id)))
 
     @api.post("/trials/{trial_id}/cancel", responses=doc.refusals(*CHANGE, *RELAYED))
-    async def cancel_trial(trial_id: str) -> Response:
-        result = await dispatcher.cancel_trial(trial_id)
+    async def cancel_trial(trial_id: str, request: Request) -> Response:
+        result = await dispatcher.cancel_trial(trial_id, request.state.person.token)
         return json_response({"id": trial_id, "status": (result or {}).get("status")})
 
     @api.post("/trials/{trial_id}/retry", responses=doc.refusals(*CHANGE, *RELAYED))
-    async def retry_trial(trial_id: str) -> Response:
-        result = await dispatcher.retry_trial(trial_id) or {}
+    async def retry_trial(trial_id: str, request: Request) -> Response:
+        result = await dispatcher.retry_trial(trial_id, request.state.person.token) or {}
         return json_response({"id": trial_id, "status": result.get("status"), "attempt": result.get("attempt")})
 
     @api.get(
@@ -309,6 +359,11 @@ def create_app(
             return json_response(await curves.history(current, trial.experiment_id, trial.id, points=points))
         except TimeoutError:
             raise Refused(504, f"the METRICS stream did not deliver trial {trial_id}'s records in time") from None
+
+    @api.get("/whoami", responses=doc.refusals(*READ))
+    async def whoami(request: Request) -> Response:
+        """Who is logged in: ``{"name", "team", "role"}`` (the page shows it, and hides what they may not do)."""
+        return json_response(request.state.person.caller.view())
 
     @api.get("/platforms", responses=doc.refusals(*READ))
     async def list_platforms() -> Response:

@@ -26,7 +26,7 @@ const $ = (selector) => document.querySelector(selector);
 const match = location.pathname.match(/^\/experiments\/([^/]+)$/);
 const requested = match ? decodeURIComponent(match[1]) : null;
 
-const state = { experiment: null, platforms: [], experiments: [] };
+const state = { experiment: null, platforms: [], experiments: [], me: null };
 const inbox = [];
 let lastApply = 0, applyScheduled = false;
 
@@ -40,6 +40,7 @@ const detail = new TrialDetail($("#trial-detail"), {
 });
 
 function connect() {
+  loadWhoami();
   const url = requested ? `/api/events?experiment=${encodeURIComponent(requested)}` : "/api/events";
   const source = new EventSource(url);
   const connection = $("#connection");
@@ -201,7 +202,32 @@ function renderOverview() {
   const config = JSON.stringify(experiment.config, null, 2);
   set("#exp-config", config);
   $("#stop-experiment").disabled = experiment.status !== "RUNNING";
+  const may = mayChange(experiment);
+  $("#stop-experiment").hidden = !may;
+  if (table.mayChange !== may) {
+    table.mayChange = may;
+    table.draw();
+  }
+  detail.setMayChange(may);
   detail.setExperimentRunning(experiment.status === "RUNNING");
+}
+
+/** Whether the person logged in may change ``experiment``: an admin any, a member their team's,
+ * a viewer none (the dispatcher decides; this only hides what it would refuse). */
+function mayChange(experiment) {
+  const me = state.me;
+  if (!me) return true; // not known yet: the dispatcher still refuses what is not theirs
+  return me.role === "admin" || (me.role === "member" && experiment.team === me.team);
+}
+
+async function loadWhoami() {
+  try {
+    state.me = await api("GET", "/api/whoami");
+    $("#whoami").textContent = `${state.me.name} (${state.me.team}, ${state.me.role})`;
+    if (state.experiment) renderOverview();
+  } catch (error) {
+    $("#whoami").textContent = "";
+  }
 }
 
 /** The first failures: why each trial failed (its last stderr line, as text) and the command for its log. */

@@ -90,6 +90,13 @@ export class TrialDetail {
     if (notify) this.onClose();
   }
 
+  /** Whether the person logged in may change the trial's experiment (its team's, or an admin). */
+  setMayChange(may) {
+    if (this.mayChange === may) return;
+    this.mayChange = may;
+    if (this.trial) this.update(this.trial);
+  }
+
   /** Whether the trial's experiment is RUNNING (a retry of its trials can start only then). */
   setExperimentRunning(running) {
     if (this.experimentRunning === running) return;
@@ -128,8 +135,8 @@ export class TrialDetail {
     const link = trial.link ? h("a", { href: trial.link, target: "_blank", rel: "noopener" }, `${where} (open job)`)
       : where;
     this.panel.querySelector("#detail-platform").replaceChildren(link);
-    this.panel.querySelector("#detail-cancel").hidden = !ACTIVE.has(trial.status);
-    this.retryButton.hidden = ACTIVE.has(trial.status);
+    this.panel.querySelector("#detail-cancel").hidden = !ACTIVE.has(trial.status) || this.mayChange === false;
+    this.retryButton.hidden = ACTIVE.has(trial.status) || this.mayChange === false;
     if (!this.retryButton.dataset.busy) this.retryButton.disabled = !this.experimentRunning;
     this.retryButton.title = this.experimentRunning
       ? "run the trial again, with the same parameters, as its next attempt"

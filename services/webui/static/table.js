@@ -51,6 +51,8 @@ export class TrialTable {
     this.body = table.tBodies[0];
     this.onSelect = onSelect;
     this.onCancel = onCancel;
+    /** Whether the person logged in may change this experiment's trials (no Cancel buttons otherwise). */
+    this.mayChange = true;
     this.pool = []; // { tr, cells, texts, trial }
     this.parameterKeys = [];
     this.selected = null;
@@ -150,7 +152,7 @@ export class TrialTable {
     this.columns.forEach((column, i) => {
       const cell = row.cells[i];
       if (column.key === "actions") {
-        const active = ACTIVE.has(trial.status);
+        const active = ACTIVE.has(trial.status) && this.mayChange;
         if (row.texts[i] !== active) {
           row.texts[i] = active;
           cell.replaceChildren(active ? h("button", { class: "cancel", type: "button" }, "Cancel") : "");
