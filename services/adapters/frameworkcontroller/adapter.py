@@ -26,17 +26,17 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from contracts import ExperimentStatus, TrainingService, TrialRequest, TrialStatus
 from contracts.base import utcnow
 from contracts.frameworkcontroller import AzureStorage, FrameworkcontrollerConfig
 from services.adapters import sharefs, trialdir
-from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome, find_attempt
+from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, Stale, TransientError
 from services.adapters.frameworkcontroller import frameworks
 from services.adapters.frameworkcontroller.client import Conflict, Gone, Kubernetes
+from services.adapters.frameworkcontroller.jobs import Job, Jobs
 from services.adapters.frameworkcontroller.settings import FrameworkcontrollerSettings
 from services.adapters.keeper import Bundle
 from services.adapters.once import OncePerKey
@@ -54,29 +54,13 @@ def bundle() -> Bundle:
     return Bundle(KEEPER_PATH, SHIM_PATH)
 
 
-@dataclass(eq=False)
-class Job:
-    handle: TrialHandle
-    namespace: str
-    name: str
-    folder: str  # the attempt's folder on this host
-    report: str  # ``<role>-0`` of the reporting role
-    preparing_timeout: float
-    framework: dict | None = None  # the latest object seen (None: not yet, or deleted)
-    deleted: bool = False
-    canceled: bool = False
-    outcome: TrialOutcome | None = None
-    since: float = 0.0  # when its state last changed (monotonic)
-
-
 class FrameworkcontrollerAdapter(PlatformAdapter):
     name = "frameworkcontroller"
 
     def __init__(self, settings: FrameworkcontrollerSettings):
         self.settings = settings
         self.bundle = bundle()
-        self.jobs: dict[tuple[str, int], Job] = {}
-        self.by_name: dict[tuple[str, str], Job] = {}  # (namespace, name) → job
+        self.jobs = Jobs()
         self.secrets: dict[str, str] = {}  # experiment → namespace of the Secret we made
         self.error: str | None = None  # why the last watch or list failed
         self._kube: Kubernetes | None = None
@@ -193,20 +177,9 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         return job.handle
 
     def _track(self, handle: TrialHandle, service: FrameworkcontrollerConfig) -> Job:
-        namespace, name = handle.ref.split("#", 1)[0].split("/", 1)
-        timeout = service.preparing_timeout or self.settings.preparing_timeout
-        job = Job(
-            handle,
-            namespace,
-            name,
-            handle.ref.split("#", 1)[1],
-            f"{service.reporting_role.name}-0",
-            timeout,
-            since=time.monotonic(),
-        )
-        self.jobs[(handle.trial_id, handle.attempt)] = self.by_name[(namespace, name)] = job
-        if namespace not in self._watches or self._watches[namespace].done():
-            self._watches[namespace] = asyncio.create_task(self._watch(namespace))
+        job = self.jobs.add(Job.of(handle, service, self.settings.preparing_timeout))
+        if job.namespace not in self._watches or self._watches[job.namespace].done():
+            self._watches[job.namespace] = asyncio.create_task(self._watch(job.namespace))
         return job
 
     async def _storage_key(self, storage: AzureStorage) -> str:
@@ -263,7 +236,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
     # ------------------------------------------------------------------ watching
 
     async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
-        job = find_attempt(self.jobs, handle)
+        job = self.jobs.find(handle)
         if job.outcome is not None:
             return job.outcome
         if job.deleted:
@@ -306,7 +279,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         return None
 
     async def cancel(self, handle: TrialHandle) -> None:
-        job = find_attempt(self.jobs, handle)
+        job = self.jobs.find(handle)
         if job.outcome is None and not job.deleted:
             job.canceled = True
             await self.kube().stop(job.namespace, job.name)
@@ -316,7 +289,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         list's resourceVersion; again after a 410, a dropped stream or ``relist_interval``."""
         version, listed = "", 0.0
         loop = asyncio.get_running_loop()
-        while any(j.namespace == namespace for j in self.jobs.values()):
+        while any(j.namespace == namespace for j in self.jobs):
             try:
                 if not version or time.monotonic() - listed > self.settings.relist_interval:
                     items, version = await self.kube().list(namespace, self.selector)
@@ -347,12 +320,12 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         for obj in items:
             seen[obj["metadata"]["name"]] = obj
             self._event(namespace, "MODIFIED", obj)
-        for (ns, name), job in list(self.by_name.items()):
-            if ns == namespace and name not in seen and job.framework is not None:
+        for name, job in self.jobs.in_namespace(namespace):
+            if name not in seen and job.framework is not None:
                 self._event(namespace, "DELETED", job.framework)
 
     def _event(self, namespace: str, kind: str | None, obj: dict) -> None:
-        job = self.by_name.get((namespace, (obj.get("metadata") or {}).get("name", "")))
+        job = self.jobs.named(namespace, (obj.get("metadata") or {}).get("name", ""))
         if job is None or job.outcome is not None:
             return
         if kind == "DELETED":
@@ -396,11 +369,10 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         return handles
 
     async def release(self, handle: TrialHandle) -> None:
-        job = self.jobs.pop((handle.trial_id, handle.attempt), None)
+        job = self.jobs.pop((handle.trial_id, handle.attempt))
         folder = job.folder if job else handle.ref.split("#", 1)[1]
         sharefs.mark_reported(folder)
         if job is not None:
-            self.by_name.pop((job.namespace, job.name), None)
             try:  # its end is published and its files are on the storage: the object goes
                 await self.kube().delete(job.namespace, job.name)
             except (TransientError, PermanentError) as exc:
@@ -415,7 +387,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
             with contextlib.suppress(Exception):
                 states = {s.id: s.status for s in await platforms.experiments(self.bus)}
                 for experiment_id, namespace in list(self.secrets.items()):
-                    running = any(j.handle.experiment_id == experiment_id for j in self.jobs.values())
+                    running = any(j.handle.experiment_id == experiment_id for j in self.jobs)
                     if not running and states.get(experiment_id, ExperimentStatus.DONE) != ExperimentStatus.RUNNING:
                         await self.kube().delete_secret(namespace, frameworks.secret_name(experiment_id))
                         del self.secrets[experiment_id]
@@ -445,5 +417,5 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
     def describe(self) -> dict:
         if self._kube is None:
             return {"clusters": []}
-        running = sum(1 for j in self.jobs.values() if j.outcome is None)
+        running = sum(1 for j in self.jobs if j.outcome is None)
         return {"clusters": [{"name": self._kube.server, "jobs": running, "error": self.error}]}
