@@ -25,19 +25,19 @@ import base64
 import contextlib
 import logging
 import os
-import time
 from pathlib import Path
 
-from contracts import ExperimentStatus, TrainingService, TrialRequest, TrialStatus
+from contracts import ExperimentStatus, TrainingService, TrialRequest
 from contracts.base import utcnow
 from contracts.frameworkcontroller import AzureStorage, FrameworkcontrollerConfig
 from services.adapters import sharefs, trialdir
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
-from services.adapters.errors import PermanentError, Stale, TransientError
+from services.adapters.errors import PermanentError, TransientError
 from services.adapters.frameworkcontroller import frameworks
-from services.adapters.frameworkcontroller.client import Conflict, Gone, Kubernetes
-from services.adapters.frameworkcontroller.jobs import Job, Jobs
+from services.adapters.frameworkcontroller.client import Conflict, Kubernetes
+from services.adapters.frameworkcontroller.jobs import Jobs
 from services.adapters.frameworkcontroller.settings import FrameworkcontrollerSettings
+from services.adapters.frameworkcontroller.watch import Watcher
 from services.adapters.keeper import Bundle
 from services.adapters.once import OncePerKey
 from services.common import platforms
@@ -62,12 +62,11 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         self.bundle = bundle()
         self.jobs = Jobs()
         self.secrets: dict[str, str] = {}  # experiment → namespace of the Secret we made
-        self.error: str | None = None  # why the last watch or list failed
         self._kube: Kubernetes | None = None
         self._bus: Bus | None = None
-        self._watches: dict[str, asyncio.Task] = {}
         self._cleaner: asyncio.Task | None = None
         self._launches: OncePerKey[TrialHandle] = OncePerKey()  # concurrent calls for one attempt: one launch
+        self.watcher = Watcher(settings, self.kube, self.jobs, self.notify)
 
     @property
     def selector(self) -> str:
@@ -91,10 +90,10 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         self._cleaner = asyncio.create_task(self._clean_loop())
 
     async def stop(self) -> None:
-        tasks = [*self._watches.values(), *([self._cleaner] if self._cleaner else [])]
         if self._kube is not None:
             self._kube.close()
-        await cancel_and_wait(tasks)
+        await self.watcher.stop()
+        await cancel_and_wait([self._cleaner] if self._cleaner else [])
 
     def root(self, service: FrameworkcontrollerConfig) -> sharefs.Share:
         local = self.settings.share_mounts.get(service.storage.url)
@@ -164,7 +163,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
             if fresh:  # not ours: a name we did not create
                 raise PermanentError(f"a Framework named {service.namespace}/{name} exists already") from None
             log.info("Framework %s/%s was created before a restart: adopting it", service.namespace, name)
-        job = self._track(
+        job = self.watcher.track(
             TrialHandle(
                 request.experiment_id,
                 request.trial_id,
@@ -175,12 +174,6 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
             service,
         )
         return job.handle
-
-    def _track(self, handle: TrialHandle, service: FrameworkcontrollerConfig) -> Job:
-        job = self.jobs.add(Job.of(handle, service, self.settings.preparing_timeout))
-        if job.namespace not in self._watches or self._watches[job.namespace].done():
-            self._watches[job.namespace] = asyncio.create_task(self._watch(job.namespace))
-        return job
 
     async def _storage_key(self, storage: AzureStorage) -> str:
         if storage.key_vault_name:
@@ -236,105 +229,10 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
     # ------------------------------------------------------------------ watching
 
     async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
-        job = self.jobs.find(handle)
-        if job.outcome is not None:
-            return job.outcome
-        if job.deleted:
-            job.outcome = TrialOutcome(
-                TrialStatus.SYS_CANCELED,
-                None,
-                f"Framework {job.namespace}/{job.name} was deleted outside Trialbus",
-                None,
-                utcnow(),
-            )
-            return job.outcome
-        state = frameworks.state_of(job.framework)
-        if frameworks.phase(state) == "ended" and job.framework is not None:  # ended: a state read from it
-            keeper = await asyncio.to_thread(sharefs.keeper_state, job.folder, job.report)
-            job.outcome = frameworks.outcome_of(job.framework, keeper, job.canceled)
-            return job.outcome
-        waited = time.monotonic() - job.since
-        if frameworks.phase(state) == "waiting" and not job.canceled:
-            if state == "AttemptPreparing" and waited > job.preparing_timeout:
-                await self.kube().stop(job.namespace, job.name)
-                job.outcome = TrialOutcome(
-                    TrialStatus.FAILED,
-                    None,
-                    f"Framework {job.namespace}/{job.name} stayed "
-                    f"AttemptPreparing for {waited:.0f}s (an image that cannot be pulled, or no "
-                    "room for its pods?): stopped",
-                    "trial",
-                    utcnow(),
-                )
-                return job.outcome
-            if waited > self.settings.queue_note_after:
-                raise Stale(
-                    f"Framework {job.namespace}/{job.name} is {state} (waiting for its pods)",
-                    delay=self.settings.poll_interval,
-                )
-        if self.error is not None:
-            raise Stale(
-                f"cannot watch Framework {job.namespace}/{job.name}: {self.error}", delay=self.settings.poll_interval
-            )
-        return None
+        return await self.watcher.poll(handle)
 
     async def cancel(self, handle: TrialHandle) -> None:
-        job = self.jobs.find(handle)
-        if job.outcome is None and not job.deleted:
-            job.canceled = True
-            await self.kube().stop(job.namespace, job.name)
-
-    async def _watch(self, namespace: str) -> None:
-        """Keep every tracked Framework of ``namespace`` current: list, then watch from the
-        list's resourceVersion; again after a 410, a dropped stream or ``relist_interval``."""
-        version, listed = "", 0.0
-        loop = asyncio.get_running_loop()
-        while any(j.namespace == namespace for j in self.jobs):
-            try:
-                if not version or time.monotonic() - listed > self.settings.relist_interval:
-                    items, version = await self.kube().list(namespace, self.selector)
-                    listed = time.monotonic()
-                    self._sync(namespace, items)
-                version = await asyncio.to_thread(self._stream, namespace, version, loop)
-                self.error = None
-            except Gone:
-                version = ""
-            except (TransientError, PermanentError) as exc:
-                if str(exc) != self.error:
-                    log.warning("cannot watch Frameworks in %s: %s", namespace, exc)
-                self.error = str(exc)
-                await asyncio.sleep(2.0)
-
-    def _stream(self, namespace: str, version: str, loop: asyncio.AbstractEventLoop) -> str:
-        """One watch request (in a thread): each event handed to the loop; the last version."""
-        for event in self.kube().watch(namespace, self.selector, version, self.settings.watch_timeout):
-            obj = event.get("object") or {}
-            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-            if event.get("type") != "BOOKMARK":
-                loop.call_soon_threadsafe(self._event, namespace, event.get("type"), obj)
-        return version
-
-    def _sync(self, namespace: str, items: list[dict]) -> None:
-        """A full list: every tracked Framework updated; the ones missing were deleted."""
-        seen = {}
-        for obj in items:
-            seen[obj["metadata"]["name"]] = obj
-            self._event(namespace, "MODIFIED", obj)
-        for name, job in self.jobs.in_namespace(namespace):
-            if name not in seen and job.framework is not None:
-                self._event(namespace, "DELETED", job.framework)
-
-    def _event(self, namespace: str, kind: str | None, obj: dict) -> None:
-        job = self.jobs.named(namespace, (obj.get("metadata") or {}).get("name", ""))
-        if job is None or job.outcome is not None:
-            return
-        if kind == "DELETED":
-            job.deleted = True
-        else:
-            if frameworks.state_of(obj) != frameworks.state_of(job.framework) or job.framework is None:
-                job.since = time.monotonic()
-            job.framework = obj
-        self.notify(job.handle)
+        await self.watcher.cancel(handle)
 
     # ------------------------------------------------------------------ restarts and cleaning
 
@@ -364,7 +262,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
                 handle = TrialHandle(
                     state.id, trial_id, attempt, ref=f"{service.namespace}/{meta['name']}#{folder}", start_time=started
                 )
-                self._track(handle, service).framework = obj
+                self.watcher.track(handle, service).framework = obj
                 handles.append(handle)
         return handles
 
@@ -418,4 +316,4 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         if self._kube is None:
             return {"clusters": []}
         running = sum(1 for j in self.jobs if j.outcome is None)
-        return {"clusters": [{"name": self._kube.server, "jobs": running, "error": self.error}]}
+        return {"clusters": [{"name": self._kube.server, "jobs": running, "error": self.watcher.error}]}
