@@ -21,13 +21,12 @@ Frameworks by label (its replica) and adopts them.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import os
 from pathlib import Path
 
-from contracts import ExperimentStatus, TrainingService, TrialRequest
+from contracts import TrainingService, TrialRequest
 from contracts.base import utcnow
 from contracts.frameworkcontroller import AzureStorage, FrameworkcontrollerConfig
 from services.adapters import sharefs, trialdir
@@ -35,14 +34,14 @@ from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
 from services.adapters.errors import PermanentError, TransientError
 from services.adapters.frameworkcontroller import frameworks
 from services.adapters.frameworkcontroller.client import Conflict, Kubernetes
+from services.adapters.frameworkcontroller.experiments import Experiments
 from services.adapters.frameworkcontroller.jobs import Jobs
 from services.adapters.frameworkcontroller.settings import FrameworkcontrollerSettings
+from services.adapters.frameworkcontroller.storage import StorageSecrets
 from services.adapters.frameworkcontroller.watch import Watcher
 from services.adapters.keeper import Bundle
 from services.adapters.once import OncePerKey
-from services.common import platforms
 from services.common.bus import Bus
-from services.common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +60,10 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         self.settings = settings
         self.bundle = bundle()
         self.jobs = Jobs()
-        self.secrets: dict[str, str] = {}  # experiment → namespace of the Secret we made
         self._kube: Kubernetes | None = None
-        self._bus: Bus | None = None
-        self._cleaner: asyncio.Task | None = None
         self._launches: OncePerKey[TrialHandle] = OncePerKey()  # concurrent calls for one attempt: one launch
+        self.experiments = Experiments(self.name)
+        self.secrets = StorageSecrets(settings, self.kube, self.jobs, self.experiments)
         self.watcher = Watcher(settings, self.kube, self.jobs, self.notify)
 
     @property
@@ -78,22 +76,15 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
             self._kube = Kubernetes(self.settings.kubeconfig, self.settings.request_timeout)
         return self._kube
 
-    @property
-    def bus(self) -> Bus:
-        """The bus (the code store, the experiments), once started."""
-        if self._bus is None:
-            raise RuntimeError("the frameworkcontroller adapter is not started")
-        return self._bus
-
     async def start(self, bus: Bus) -> None:
-        self._bus = bus
-        self._cleaner = asyncio.create_task(self._clean_loop())
+        self.experiments.bus = bus
+        self.secrets.start()
 
     async def stop(self) -> None:
         if self._kube is not None:
             self._kube.close()
         await self.watcher.stop()
-        await cancel_and_wait([self._cleaner] if self._cleaner else [])
+        await self.secrets.stop()
 
     def root(self, service: FrameworkcontrollerConfig) -> sharefs.Share:
         local = self.settings.share_mounts.get(service.storage.url)
@@ -119,7 +110,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
             problems.append(str(exc))
         if isinstance(service.storage, AzureStorage):
             try:
-                await self._storage_key(service.storage)
+                await self.secrets.key(service.storage)
             except PermanentError as exc:
                 problems.append(str(exc))
         try:
@@ -142,11 +133,13 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
             raise PermanentError(f"the frameworkcontroller adapter cannot run platform {service.platform!r}")
         root = self.root(service)
         share = sharefs.trial_share(root, request.experiment_id, request.trial_id, request.attempt)
+        if self.experiments.bus is None:
+            raise RuntimeError("the frameworkcontroller adapter is not started")
         bin_hash, fresh = await sharefs.prepare(
-            self.bus, self.bundle, root, share, request, "frameworkcontroller", self.settings
+            self.experiments.bus, self.bundle, root, share, request, "frameworkcontroller", self.settings
         )
         if isinstance(service.storage, AzureStorage):
-            await self._secret(request.experiment_id, service)
+            await self.secrets.ensure(request.experiment_id, service)
         body = frameworks.render(
             service,
             request.experiment_id,
@@ -175,57 +168,6 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         )
         return job.handle
 
-    async def _storage_key(self, storage: AzureStorage) -> str:
-        if storage.key_vault_name:
-            try:
-                from azure.identity import DefaultAzureCredential
-                from azure.keyvault.secrets import SecretClient
-            except ImportError:
-                raise PermanentError(
-                    "keyVaultName needs the Azure SDK on the adapter's host: pip install "
-                    "'trialbus[azure]' (or set TRIALBUS_AZURE_STORAGE_KEY instead)"
-                ) from None
-            client = SecretClient(f"https://{storage.key_vault_name}.vault.azure.net", DefaultAzureCredential())
-            try:
-                secret = await asyncio.to_thread(client.get_secret, storage.key_vault_key)
-            except Exception as exc:  # noqa: BLE001 - the SDK's errors are many; say which vault and key
-                raise PermanentError(
-                    f"cannot read secret {storage.key_vault_key!r} from Key Vault "
-                    f"{storage.key_vault_name!r}: {type(exc).__name__}"
-                ) from None
-            return str(secret.value)
-        if self.settings.azure_storage_key is None:
-            raise PermanentError(
-                "storageType azureStorage needs the storage account key: set keyVaultName and "
-                "keyVaultKey, or TRIALBUS_AZURE_STORAGE_KEY on the adapter"
-            )
-        return self.settings.azure_storage_key.get_secret_value()
-
-    async def _secret(self, experiment_id: str, service: FrameworkcontrollerConfig) -> None:
-        """The experiment's Secret for its Azure File volume (made once; deleted when it is over)."""
-        if experiment_id in self.secrets:
-            return
-        storage = service.storage
-        assert isinstance(storage, AzureStorage)
-        key = await self._storage_key(storage)
-        encoded = {"azurestorageaccountname": storage.azure_account, "azurestorageaccountkey": key}
-        body = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "Opaque",
-            "metadata": {
-                "name": frameworks.secret_name(experiment_id),
-                "namespace": service.namespace,
-                "labels": {
-                    f"{frameworks.LABEL}/experiment": experiment_id,
-                    f"{frameworks.LABEL}/replica": frameworks.label_value(self.settings.replica),
-                },
-            },
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in encoded.items()},
-        }
-        await self.kube().create_secret(service.namespace, body)
-        self.secrets[experiment_id] = service.namespace
-
     # ------------------------------------------------------------------ watching
 
     async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
@@ -239,10 +181,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
     async def adopt(self) -> list[TrialHandle]:
         """This replica's Frameworks of the frameworkcontroller experiments on the bus."""
         handles = []
-        for state in await platforms.experiments(self.bus):
-            service = state.config.service_for(self.name)
-            if not isinstance(service, FrameworkcontrollerConfig):
-                continue
+        for state, service in await self.experiments.all():
             try:
                 root = self.root(service)
                 selector = f"{self.selector},{frameworks.LABEL}/experiment={state.id}"
@@ -251,7 +190,7 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
                 log.warning("cannot adopt the Frameworks of experiment %s: %s", state.id, exc)
                 continue
             if isinstance(service.storage, AzureStorage):
-                self.secrets[state.id] = service.namespace
+                self.secrets.adopted(state.id, service.namespace)
             for obj in items:
                 meta = obj["metadata"]
                 trial_id, attempt = meta["labels"]["trialbus.io/trial"], int(meta["labels"]["trialbus.io/attempt"])
@@ -276,25 +215,9 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
             except (TransientError, PermanentError) as exc:
                 log.warning("cannot delete Framework %s/%s: %s", job.namespace, job.name, exc)
 
-    async def _clean_loop(self) -> None:
-        """Delete the Secret of each experiment that is over and has no trial running here."""
-        while True:
-            await asyncio.sleep(10.0)
-            if not self.secrets:
-                continue
-            with contextlib.suppress(Exception):
-                states = {s.id: s.status for s in await platforms.experiments(self.bus)}
-                for experiment_id, namespace in list(self.secrets.items()):
-                    running = any(j.handle.experiment_id == experiment_id for j in self.jobs)
-                    if not running and states.get(experiment_id, ExperimentStatus.DONE) != ExperimentStatus.RUNNING:
-                        await self.kube().delete_secret(namespace, frameworks.secret_name(experiment_id))
-                        del self.secrets[experiment_id]
-                        log.info("deleted the storage Secret of experiment %s", experiment_id)
-
     async def past(self, experiment_id: str, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
-        for state in await platforms.experiments(self.bus):
-            service = state.config.service_for(self.name)
-            if state.id == experiment_id and isinstance(service, FrameworkcontrollerConfig):
+        for state, service in await self.experiments.all():
+            if state.id == experiment_id:
                 with contextlib.suppress(PermanentError):
                     found = sharefs.newest_attempt(self.root(service).local, experiment_id, trial_id, attempt)
                     if found:
