@@ -16,34 +16,38 @@ status. Cancel patches ``executionType: Stop``; every Framework is deleted once 
 end is published, and an experiment's Secret once the experiment is over. A Framework
 deleted by someone else ends its trial SYS_CANCELED. After a restart the adapter lists its
 Frameworks by label (its replica) and adopts them.
+
+This module is the adapter's facade: it makes the parts, starts and stops them, checks an
+experiment's settings and describes the replica's cluster; each part is one idea, given what
+it needs: :class:`~.launch.Launcher` (a trial's Framework created, the storage's root),
+:class:`~.watch.Watcher` (the namespaces' watches, a trial's end, cancel),
+:class:`~.restarts.Restarts` (adoption, release, logs of past attempts) and
+:class:`~.storage.StorageSecrets` (an Azure File share's key and the experiments' Secrets,
+deleted once they are over), over the attempts tracked (:class:`~.jobs.Jobs`) and the
+experiments on the bus (:class:`~.experiments.Experiments`). The Frameworks are built in
+:mod:`.frameworks`, and every request to Kubernetes is in :mod:`.client`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import os
 from pathlib import Path
 
 from contracts import TrainingService, TrialRequest
-from contracts.base import utcnow
 from contracts.frameworkcontroller import AzureStorage, FrameworkcontrollerConfig
-from services.adapters import sharefs, trialdir
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
-from services.adapters.errors import PermanentError, TransientError
+from services.adapters.errors import PermanentError
 from services.adapters.frameworkcontroller import frameworks
-from services.adapters.frameworkcontroller.client import Conflict, Kubernetes
+from services.adapters.frameworkcontroller.client import Kubernetes
 from services.adapters.frameworkcontroller.experiments import Experiments
 from services.adapters.frameworkcontroller.jobs import Jobs
+from services.adapters.frameworkcontroller.launch import Launcher
+from services.adapters.frameworkcontroller.restarts import Restarts
 from services.adapters.frameworkcontroller.settings import FrameworkcontrollerSettings
 from services.adapters.frameworkcontroller.storage import StorageSecrets
 from services.adapters.frameworkcontroller.watch import Watcher
 from services.adapters.keeper import Bundle
-from services.adapters.once import OncePerKey
 from services.common.bus import Bus
-
-log = logging.getLogger(__name__)
 
 
 def bundle() -> Bundle:
@@ -54,17 +58,22 @@ def bundle() -> Bundle:
 
 
 class FrameworkcontrollerAdapter(PlatformAdapter):
+    """Trials as Kubernetes Frameworks (the module's docstring)."""
+
     name = "frameworkcontroller"
 
     def __init__(self, settings: FrameworkcontrollerSettings):
         self.settings = settings
         self.bundle = bundle()
-        self.jobs = Jobs()
         self._kube: Kubernetes | None = None
-        self._launches: OncePerKey[TrialHandle] = OncePerKey()  # concurrent calls for one attempt: one launch
+        self.jobs = Jobs()
         self.experiments = Experiments(self.name)
         self.secrets = StorageSecrets(settings, self.kube, self.jobs, self.experiments)
         self.watcher = Watcher(settings, self.kube, self.jobs, self.notify)
+        self.launcher = Launcher(settings, self.bundle, self.kube, self.jobs, self.watcher.track, self.secrets)
+        self.restarts = Restarts(
+            self.kube, self.jobs, self.watcher.track, self.launcher.root, self.secrets, self.experiments, self.selector
+        )
 
     @property
     def selector(self) -> str:
@@ -76,8 +85,10 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
             self._kube = Kubernetes(self.settings.kubeconfig, self.settings.request_timeout)
         return self._kube
 
+    # ------------------------------------------------------------------ lifecycle
+
     async def start(self, bus: Bus) -> None:
-        self.experiments.bus = bus
+        self.launcher.bus = self.experiments.bus = bus
         self.secrets.start()
 
     async def stop(self) -> None:
@@ -86,21 +97,37 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         await self.watcher.stop()
         await self.secrets.stop()
 
-    def root(self, service: FrameworkcontrollerConfig) -> sharefs.Share:
-        local = self.settings.share_mounts.get(service.storage.url)
-        if local is None:
-            raise PermanentError(
-                f"storage {service.storage.url} is not mounted on the adapter's host: mount it and "
-                "name the folder in TRIALBUS_SHARE_MOUNTS"
-            )
-        return sharefs.Share(str(local), service.container_mount_path)
+    # ------------------------------------------------------------------ trials (delegated to the parts)
+
+    async def adopt(self) -> list[TrialHandle]:
+        return await self.restarts.adopt()
+
+    async def launch(self, request: TrialRequest) -> TrialHandle | None:
+        return await self.launcher.launch(request)
+
+    async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
+        return await self.watcher.poll(handle)
+
+    async def cancel(self, handle: TrialHandle) -> None:
+        await self.watcher.cancel(handle)
+
+    async def release(self, handle: TrialHandle) -> None:
+        await self.restarts.release(handle)
+
+    async def past(self, experiment_id: str, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
+        return await self.restarts.past(experiment_id, trial_id, attempt)
+
+    async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
+        return await self.restarts.log_tail(handle, max_bytes)
+
+    # ------------------------------------------------------------------ the platform
 
     async def check(self, service: TrainingService) -> list[str]:
         if not isinstance(service, FrameworkcontrollerConfig):
             return [f"the frameworkcontroller adapter cannot run platform {service.platform!r}"]
         problems = []
         try:
-            local = Path(self.root(service).local)
+            local = Path(self.launcher.root(service).local)
             if not local.is_dir() or not os.access(local, os.W_OK):
                 problems.append(
                     f"storage {service.storage.url} is mounted at {local} on the adapter's host, but that "
@@ -118,114 +145,6 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         except PermanentError as exc:
             problems.append(str(exc))
         return problems
-
-    # ------------------------------------------------------------------ launch
-
-    async def launch(self, request: TrialRequest) -> TrialHandle | None:
-        key = (request.trial_id, request.attempt)
-        if (job := self.jobs.get(key)) is not None:
-            return job.handle
-        return await self._launches.run(key, lambda: self._launch(request))
-
-    async def _launch(self, request: TrialRequest) -> TrialHandle:
-        service = request.training_service
-        if not isinstance(service, FrameworkcontrollerConfig):
-            raise PermanentError(f"the frameworkcontroller adapter cannot run platform {service.platform!r}")
-        root = self.root(service)
-        share = sharefs.trial_share(root, request.experiment_id, request.trial_id, request.attempt)
-        if self.experiments.bus is None:
-            raise RuntimeError("the frameworkcontroller adapter is not started")
-        bin_hash, fresh = await sharefs.prepare(
-            self.experiments.bus, self.bundle, root, share, request, "frameworkcontroller", self.settings
-        )
-        if isinstance(service.storage, AzureStorage):
-            await self.secrets.ensure(request.experiment_id, service)
-        body = frameworks.render(
-            service,
-            request.experiment_id,
-            request.trial_id,
-            request.attempt,
-            self.settings.replica,
-            share.container,
-            f"{root.container}/trialbus/bin/{bin_hash}/trial_keeper.py",
-        )
-        name = body["metadata"]["name"]
-        try:
-            await self.kube().create(service.namespace, body)
-        except Conflict:
-            if fresh:  # not ours: a name we did not create
-                raise PermanentError(f"a Framework named {service.namespace}/{name} exists already") from None
-            log.info("Framework %s/%s was created before a restart: adopting it", service.namespace, name)
-        job = self.watcher.track(
-            TrialHandle(
-                request.experiment_id,
-                request.trial_id,
-                request.attempt,
-                ref=f"{service.namespace}/{name}#{share.local}",
-                start_time=utcnow(),
-            ),
-            service,
-        )
-        return job.handle
-
-    # ------------------------------------------------------------------ watching
-
-    async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
-        return await self.watcher.poll(handle)
-
-    async def cancel(self, handle: TrialHandle) -> None:
-        await self.watcher.cancel(handle)
-
-    # ------------------------------------------------------------------ restarts and cleaning
-
-    async def adopt(self) -> list[TrialHandle]:
-        """This replica's Frameworks of the frameworkcontroller experiments on the bus."""
-        handles = []
-        for state, service in await self.experiments.all():
-            try:
-                root = self.root(service)
-                selector = f"{self.selector},{frameworks.LABEL}/experiment={state.id}"
-                items, _ = await self.kube().list(service.namespace, selector)
-            except (TransientError, PermanentError) as exc:
-                log.warning("cannot adopt the Frameworks of experiment %s: %s", state.id, exc)
-                continue
-            if isinstance(service.storage, AzureStorage):
-                self.secrets.adopted(state.id, service.namespace)
-            for obj in items:
-                meta = obj["metadata"]
-                trial_id, attempt = meta["labels"]["trialbus.io/trial"], int(meta["labels"]["trialbus.io/attempt"])
-                folder = sharefs.trial_share(root, state.id, trial_id, attempt).local
-                if trialdir.is_reported(folder):
-                    continue
-                started = frameworks.parse_time((obj.get("status") or {}).get("startTime")) or utcnow()
-                handle = TrialHandle(
-                    state.id, trial_id, attempt, ref=f"{service.namespace}/{meta['name']}#{folder}", start_time=started
-                )
-                self.watcher.track(handle, service).framework = obj
-                handles.append(handle)
-        return handles
-
-    async def release(self, handle: TrialHandle) -> None:
-        job = self.jobs.pop((handle.trial_id, handle.attempt))
-        folder = job.folder if job else handle.ref.split("#", 1)[1]
-        sharefs.mark_reported(folder)
-        if job is not None:
-            try:  # its end is published and its files are on the storage: the object goes
-                await self.kube().delete(job.namespace, job.name)
-            except (TransientError, PermanentError) as exc:
-                log.warning("cannot delete Framework %s/%s: %s", job.namespace, job.name, exc)
-
-    async def past(self, experiment_id: str, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
-        for state, service in await self.experiments.all():
-            if state.id == experiment_id:
-                with contextlib.suppress(PermanentError):
-                    found = sharefs.newest_attempt(self.root(service).local, experiment_id, trial_id, attempt)
-                    if found:
-                        return TrialHandle(experiment_id, trial_id, found[0], ref=f"{service.namespace}/-#{found[1]}")
-        return None
-
-    async def log_tail(self, handle: TrialHandle, max_bytes: int) -> str:
-        return await asyncio.to_thread(sharefs.log_tail, handle.ref.split("#", 1)[1], max_bytes)
 
     def health(self) -> dict:
         if self._kube is not None:
