@@ -151,6 +151,8 @@ class AuditRecord(Contract):
     action: str
     #: The experiment, trial or user acted on (None: a create).
     target: str | None = None
+    #: The experiment whose work it was (that of the trial acted on), if any.
+    experiment: str | None = None
     #: The team whose work it was (None: users, work made before teams).
     team: str | None = None
     #: The HTTP status of the answer: 2xx done, 403 refused, 404…

@@ -147,8 +147,9 @@ def create_app(
     )
     async def create_experiment(request: Request, caller: Asker) -> dict:
         core = dispatcher()
-        async with core.people.acting(caller, "experiment.create"):
+        async with core.people.acting(caller, "experiment.create") as made:
             state = await core.create_experiment(await json_body(request), caller)
+            made.experiment = state.id
         return {"id": state.id}
 
     @api.get("/experiments", responses=doc.refusals(*READ))
@@ -342,10 +343,13 @@ def create_app(
         return await dispatcher().people.rotate(caller, name)
 
     @api.get("/audit", responses=doc.refusals(*READ))
-    async def audit(caller: Asker, limit: int = 100, team: str | None = None) -> list[dict]:
+    async def audit(
+        caller: Asker, limit: int = 100, team: str | None = None, experiment: str | None = None
+    ) -> list[dict]:
         """Who did what, when: the newest ``limit`` changes asked of this API (oldest first), done
-        or refused; admins see every team's (or ``team``'s), others their own team's."""
-        return await dispatcher().people.audit(caller, limit, team)
+        or refused; admins see every team's (or ``team``'s), others their own team's; ``experiment``:
+        the changes of one experiment's work only."""
+        return await dispatcher().people.audit(caller, limit, team, experiment)
 
     app.include_router(api)
     return app

@@ -40,8 +40,9 @@ def _operations(core: Dispatcher) -> dict[str, Operation]:
     people = core.people
 
     async def create(body: dict, caller: Caller) -> Any:
-        async with people.acting(caller, "experiment.create"):
-            return {"id": (await core.create_experiment(body.get("config"), caller)).id}
+        async with people.acting(caller, "experiment.create") as made:
+            made.experiment = (await core.create_experiment(body.get("config"), caller)).id
+            return {"id": made.experiment}
 
     async def get_experiment(body: dict, caller: Caller) -> Any:
         return core.experiment_view(core.experiment(_text(body, "id")))
@@ -121,12 +122,13 @@ def _operations(core: Dispatcher) -> dict[str, Operation]:
         return await people.add(caller, body.get("name"), body.get("team"), body.get("role", "member"))
 
     async def audit(body: dict, caller: Caller) -> Any:
-        limit, team = body.get("limit", 100), body.get("team")
+        limit, team, experiment = body.get("limit", 100), body.get("team"), body.get("experiment")
         if not isinstance(limit, int) or isinstance(limit, bool):
             raise ApiError(422, "limit must be a whole number")
-        if team is not None and not isinstance(team, str):
-            raise ApiError(422, "team must be a string")
-        return await people.audit(caller, limit, team)
+        for name, value in (("team", team), ("experiment", experiment)):
+            if value is not None and not isinstance(value, str):
+                raise ApiError(422, f"{name} must be a string")
+        return await people.audit(caller, limit, team, experiment)
 
     return {
         "experiment.create": create,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import nats.errors
@@ -54,6 +55,15 @@ log = logging.getLogger(__name__)
 AUDIT_WINDOW = 10_000
 #: The team of an audit record about no team's work (users; work made before teams).
 NO_TEAM = "_"
+
+
+@dataclass(slots=True)
+class Whose:
+    """What an audited change was on: filled in as the change learns it."""
+
+    target: str | None = None
+    experiment: str | None = None
+    team: str | None = None
 
 
 class People:
@@ -98,50 +108,45 @@ class People:
     @contextlib.asynccontextmanager
     async def acting(
         self, caller: Caller, action: str, *, experiment_id: str | None = None, target: str | None = None
-    ) -> AsyncIterator[None]:
+    ) -> AsyncIterator[Whose]:
         """Check that ``caller`` may do ``action`` on the experiment (its team), or create one
-        (no ``experiment_id``), then run the body; the attempt is audited, done or refused."""
-        team: list[str | None] = [None]
-        async with self.audited(caller, action, target or experiment_id, team):
+        (no ``experiment_id``), then run the body; the attempt is audited, done or refused. A
+        create says what it made: ``whose.experiment = state.id``."""
+        async with self.audited(caller, action, target or experiment_id, experiment_id) as whose:
             if experiment_id is not None:
-                team[0] = self._team_of(experiment_id)
-                refusal = may_act(caller, team[0], f"experiment {experiment_id}")
+                whose.team = self._team_of(experiment_id)
+                refusal = may_act(caller, whose.team, f"experiment {experiment_id}")
             else:  # a create: the work will be the caller's team's
-                team[0] = caller.team
+                whose.team = caller.team
                 refusal = may_create(caller)
             if refusal:
                 raise ApiError(403, refusal)
-            yield
+            yield whose
 
     @contextlib.asynccontextmanager
     async def audited(
-        self, caller: Caller, action: str, target: str | None, team: list[str | None] | None = None
-    ) -> AsyncIterator[None]:
+        self, caller: Caller, action: str, target: str | None, experiment_id: str | None = None
+    ) -> AsyncIterator[Whose]:
         """Record the body's outcome: 200, or the status and message of its :class:`ApiError`.
-        ``team`` is filled by the body when it learns whose work it is."""
+        The body fills in whose work it was when it learns it (:class:`Whose`)."""
+        whose = Whose(target, experiment_id)
         try:
-            yield
+            yield whose
         except ApiError as exc:
-            await self.record(caller, action, target, (team or [None])[0], exc.status, exc.message)
+            await self.record(caller, action, whose, exc.status, exc.message)
             raise
-        await self.record(caller, action, target, (team or [None])[0], 200)
+        await self.record(caller, action, whose, 200)
 
-    async def record(
-        self,
-        caller: Caller,
-        action: str,
-        target: str | None,
-        team: str | None,
-        status: int,
-        message: str | None = None,
-    ) -> None:
+    async def record(self, caller: Caller, action: str, whose: Whose, status: int, message: str | None = None) -> None:
+        team = whose.team
         record = AuditRecord(
             time=utcnow(),
             user=caller.name,
             user_team=caller.team,
             role=caller.role,
             action=action,
-            target=target,
+            target=whose.target or whose.experiment,
+            experiment=whose.experiment,
             team=team,
             status=status,
             message=message,
@@ -151,9 +156,11 @@ class People:
         except (nats.errors.Error, TimeoutError) as exc:  # the change is done; say that its record is lost
             log.error("could not record %s by %s in the audit trail: %s", action, caller.name, exc)
 
-    async def audit(self, caller: Caller, limit: int = 100, team: str | None = None) -> list[dict[str, Any]]:
-        """The newest ``limit`` records (oldest first), of one team's work or all: admins see
-        every team's, others their own team's."""
+    async def audit(
+        self, caller: Caller, limit: int = 100, team: str | None = None, experiment: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The newest ``limit`` records (oldest first), of one team's work or all (admins see
+        every team's, others their own team's), of one experiment's work or all."""
         if not 1 <= limit <= 1000:
             raise ApiError(422, "limit must be between 1 and 1000")
         if caller.role != "admin":
@@ -180,7 +187,9 @@ class People:
                     msg = await sub.next_msg(timeout=1)
                 except nats.errors.TimeoutError:
                     break
-                found.append(AuditRecord.decode(msg.data).to_json())
+                record = AuditRecord.decode(msg.data)
+                if experiment is None or record.experiment == experiment:
+                    found.append(record.to_json())
                 if msg.metadata.num_pending == 0:
                     break
         finally:

@@ -57,6 +57,13 @@ class Dispatcher:
     async def stop_experiment(self, experiment_id: str, token: str | None = None) -> Any:
         return await self.call("experiment.stop", {"id": experiment_id}, token)
 
+    async def activity(self, experiment_id: str, token: str | None = None) -> list[dict[str, Any]]:
+        """The newest changes asked about the experiment's work (those the person may see)."""
+        result = await self.call("audit.list", {"experiment": experiment_id, "limit": 100}, token)
+        if not isinstance(result, list):
+            raise Refused(502, "the dispatcher's answer to audit.list is not a list")
+        return result
+
     async def trial_log(self, trial_id: str, max_bytes: int, attempt: int | None = None) -> str:
         body = {"id": trial_id, "maxBytes": max_bytes, **({} if attempt is None else {"attempt": attempt})}
         result = await self.call("trial.log", body)

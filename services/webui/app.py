@@ -360,6 +360,13 @@ def create_app(
         except TimeoutError:
             raise Refused(504, f"the METRICS stream did not deliver trial {trial_id}'s records in time") from None
 
+    @api.get("/experiments/{experiment_id}/activity", responses=doc.refusals(*READ, 404, *RELAYED))
+    async def experiment_activity(experiment_id: str, request: Request) -> Response:
+        """Who changed what in the experiment, done or refused (its audit trail, newest last): the
+        records the person logged in may see (their team's; an admin's: all)."""
+        experiment_of(experiment_id)
+        return json_response(await dispatcher.activity(experiment_id, request.state.person.token))
+
     @api.get("/whoami", responses=doc.refusals(*READ))
     async def whoami(request: Request) -> Response:
         """Who is logged in: ``{"name", "team", "role"}`` (the page shows it, and hides what they may not do)."""

@@ -87,6 +87,17 @@ def test_each_person_sees_who_they_are_and_only_the_buttons_they_may_use(stack, 
         assert page.locator("#stop-experiment").is_visible()
         page.locator(f'tr[data-trial-id="{trial_id}"] button.cancel').click()
         page.wait_for_selector(f'tr[data-trial-id="{trial_id}"][data-status="USER_CANCELED"]')
+        # the experiment's activity says who tried what, newest first
+        page.locator("#activity summary").click()
+        page.wait_for_selector('#activity-rows tr[data-user="ana"][data-action="trial.cancel"][data-status="200"]')
+        refused = page.locator('#activity-rows tr[data-user="bo"][data-action="trial.cancel"]')
+        assert refused.get_attribute("data-status") == "403"
+        assert "belongs to team vision" in refused.inner_text()
+        rows = page.locator("#activity-rows tr")
+        assert (
+            rows.first.get_attribute("data-user") == "ana"
+            and rows.last.get_attribute("data-action") == "experiment.create"
+        )
     finally:
         context.close()
 

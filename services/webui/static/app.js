@@ -21,6 +21,8 @@ import { TrialRows } from "./virtual.js";
 const APPLY_EVERY_MS = 200;
 const CHART_EVERY_MS = 1000;
 const DETAIL_EVERY_MS = 1000;
+const ACTIVITY_EVERY_MS = 3000;
+let lastActivity = -Infinity;
 const $ = (selector) => document.querySelector(selector);
 
 const match = location.pathname.match(/^\/experiments\/([^/]+)$/);
@@ -241,6 +243,26 @@ function renderFailures(failures) {
     h("span", { class: "last-error" }, f.lastError), "; whole log: ", h("code", {}, f.log))));
 }
 
+/** The experiment's activity (its audit trail), read when the panel is open, at most every ACTIVITY_EVERY_MS. */
+async function loadActivity() {
+  const panel = $("#activity");
+  const experiment = state.experiment;
+  if (!panel.open || !experiment || performance.now() - lastActivity < ACTIVITY_EVERY_MS) return;
+  lastActivity = performance.now();
+  let records;
+  try {
+    records = await api("GET", `/api/experiments/${encodeURIComponent(experiment.id)}/activity`);
+  } catch (error) {
+    $("#activity-rows").replaceChildren(h("tr", {}, h("td", {}, error.message)));
+    return;
+  }
+  $("#activity-rows").replaceChildren(...records.slice().reverse().map((r) => h("tr",
+    { dataset: { user: r.user, action: r.action, status: String(r.status), ...(r.status >= 300 ? { refused: "" } : {}) } },
+    h("td", {}, new Date(r.time).toLocaleString()), h("td", {}, r.user), h("td", {}, r.action),
+    h("td", {}, r.target ?? ""),
+    h("td", { class: "answer" }, r.status < 300 ? "done" : `${r.status}: ${r.message ?? ""}`))));
+}
+
 function renderDuration() {
   const experiment = state.experiment;
   if (!experiment) return;
@@ -395,7 +417,9 @@ function setUp() {
       toast(error.message, true);
     }
   });
+  $("#activity").addEventListener("toggle", () => { lastActivity = -Infinity; loadActivity(); });
   setInterval(() => {
+    loadActivity();
     renderDuration();
     table.tick();
     if (detail.trial) detail.update(detail.trial);
