@@ -2,6 +2,7 @@
 
 import atexit
 import os
+import pwd
 import shutil
 import tempfile
 
@@ -11,6 +12,9 @@ os.environ["TRIALBUS_CONTRACTS_STRICT"] = "1"
 # test finds, cleans or is found by a stack of the person running it. mkdtemp's dir is 0700, as the registry needs.
 os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="trialbus-tests-runtime-")
 atexit.register(shutil.rmtree, os.environ["XDG_RUNTIME_DIR"], ignore_errors=True)
+# Trials run as the test's own user (as they do for an adapter that is not root): the tests' directories are
+# private (0700), and the interpreter may be too. tests/e2e/test_trial_isolation.py runs them as another user.
+os.environ.setdefault("TRIALBUS_TRIAL_USER", pwd.getpwuid(os.geteuid()).pw_name)
 
 import pytest  # noqa: E402
 

@@ -19,6 +19,7 @@ imports on its hot path.
 import contextlib
 import os
 import shutil
+import stat
 
 #: The adapter's and the keeper's files in a trial directory (the trial's own are beside them).
 META = ".trialbus"
@@ -42,6 +43,50 @@ REPLICA = META + "/replica"
 ENVIRONMENT_STOPPED = META + "/environment-stopped"
 
 
+def open_in(trial_dir, name, flags=os.O_RDONLY, mode=0o644):
+    """A descriptor of ``<trial_dir>/<name>`` (``name`` relative: ``.trialbus/state.json``) found
+    without following a symbolic link below ``trial_dir``, and without blocking on a FIFO. A trial
+    that runs as another user owns its directory and could make any name in it a link to a file
+    only the adapter may read or write (docs/security.md); the path up to ``trial_dir`` is the
+    adapter's. OSError as ``os.open`` raises it (ELOOP: a link)."""
+    fd = os.open(trial_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        *folders, last = name.split("/")
+        for folder in folders:
+            inner = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        return os.open(last, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def read_in(trial_dir, name, last=None):
+    """The bytes of ``<trial_dir>/<name>`` (its ``last`` bytes when given), read as :func:`open_in`
+    finds it; None when it is missing, or no regular file of its own (a link, a FIFO, a hard link to
+    some other file)."""
+    try:
+        fd = open_in(trial_dir, name)
+    except OSError:
+        return None
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
+            return None
+        if last is not None:
+            os.lseek(fd, max(0, found.st_size - last), os.SEEK_SET)
+        chunks, size = [], 0
+        while last is None or size < last:
+            chunk = os.read(fd, 65536 if last is None else last - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def attempt_dir(trials_dir, experiment_id, trial_id, attempt):
     """``<trials>/<experiment>/<trial>-<attempt>``: an attempt's directory (the caller checks that the
     ids are safe path parts)."""
@@ -61,7 +106,7 @@ def is_reported(trial_dir):
 def mark_reported(trial_dir):
     """Mark the attempt's end published (OSError when its directory is gone); an earlier mark stays
     as it is, so its expiry does not move."""
-    os.close(os.open(trial_dir + "/" + REPORTED, os.O_WRONLY | os.O_CREAT, 0o644))
+    os.close(open_in(trial_dir, REPORTED, os.O_WRONLY | os.O_CREAT))
 
 
 def attempts(experiment_dir):

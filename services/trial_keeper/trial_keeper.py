@@ -852,10 +852,28 @@ def read_settings(path):
     return parse_settings(read_file(path))
 
 
+def run_as(value):
+    """Become the trial's Unix user (``TRIALBUS_RUN_AS``: ``uid:gid:group,…``, set by an adapter that
+    runs as root: docs/security.md) before reading a setting or running a trial: supplementary
+    groups, group, then user, which leaves no way back to root. OSError when it cannot."""
+    uid, gid, groups = value.split(b":")
+    if posix.geteuid() == int(uid):
+        return  # already that user (an adapter that is not root runs trials as itself)
+    posix.setgroups([int(g) for g in groups.split(b",") if g])
+    posix.setgid(int(gid))
+    posix.setuid(int(uid))
+
+
 def main():
     if sys.argv[1:2] == ["--version"]:
         print(VERSION)
         return 0
+    if b"TRIALBUS_RUN_AS" in posix.environ:  # a keeper asked to switch never runs a trial as root
+        try:
+            run_as(posix.environ[b"TRIALBUS_RUN_AS"])
+        except (OSError, ValueError) as exc:
+            sys.stderr.write("trial_keeper: cannot become the trial's user (%s)\n" % exc)
+            return 2
     if sys.argv[1:2] == ["--zygote"]:
         return zygote()
     if sys.argv[1:2] == ["--env"] and len(sys.argv) > 2:

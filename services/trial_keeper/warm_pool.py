@@ -30,6 +30,7 @@ import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -67,6 +68,23 @@ KEYS_FOR = 10.0  # and every this many seconds (the interpreter a PATH finds may
 PROGRESS_EVERY = 0.1  # seconds between two reads of a starting template's CPU (Template.stalled)
 
 
+def read_own(trial_dir: str, folder: str, name: str) -> bytes:
+    """``<trial_dir>/<folder>/<name>``, written by a trial that may run as another user: read without
+    following a link it may have put there, and only a regular file of its own; b"" when it is not."""
+    nofollow = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        inner = os.open(f"{trial_dir}/{folder}", os.O_RDONLY | os.O_DIRECTORY | nofollow)
+        try:
+            fd = os.open(name, os.O_RDONLY | nofollow, dir_fd=inner)
+        finally:
+            os.close(inner)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as file:
+        found = os.fstat(fd)
+        return file.read(1 << 20) if stat.S_ISREG(found.st_mode) and found.st_nlink == 1 else b""
+
+
 class Template:
     """One template process and its pipes."""
 
@@ -79,9 +97,11 @@ class Template:
         preload: list[str],
         folder: Path,
         reuse: bool = False,
+        user: tuple[int, int, tuple[int, ...]] | None = None,
     ) -> None:
         self.key, self.plan, self.env, self.code_dir, self.preload = key, plan, env, code_dir, preload
         self.reuse = reuse  # its keepers outlive their trial, and it forks their trials (kept.Kept)
+        self.user = user  # (uid, gid, groups) it runs as; None: ours
         self.folder = folder
         self.process: subprocess.Popen[bytes] | None = None
         self.state = "new"  # new → starting → ready → closed, or dead (unsafe / failed)
@@ -127,6 +147,11 @@ class Template:
                 }
             )
         )
+        uid = gid = groups = None
+        if self.user is not None:  # it runs the trial's code: as the trial's user, who reads its spec
+            uid, gid, groups = self.user[0], self.user[1], list(self.user[2])
+            self.folder.chmod(0o755)
+            spec.chmod(0o644)
         with open(self.folder / "template.log", "ab") as log:
             self.process = subprocess.Popen(
                 [self.plan["python"], *self.plan["flags"], str(template_path), keeper_path, str(spec)],
@@ -136,6 +161,9 @@ class Template:
                 cwd=self.code_dir,
                 env=env,
                 start_new_session=True,
+                user=uid,
+                group=gid,
+                extra_groups=groups,
             )
         os.set_blocking(self.stdout.fileno(), False)
         self.state, self.started_at = "starting", time.monotonic()
@@ -271,8 +299,12 @@ class WarmPool:
         max_templates: int = 8,
         idle: float = 900.0,
         reuse_keepers: bool = False,
+        user: tuple[int, int, tuple[int, ...]] | None = None,
     ) -> None:
+        """``user``: ``(uid, gid, groups)`` the templates run as (they import the trials' code), for a
+        caller running as root; None: as the caller."""
         self.folder, self.keeper_path, self.log, self.shim = folder, keeper_path, log, shim
+        self.user = user
         #: Keepers outlive their trial and keep the next (``kept.Kept``): only for a caller
         #: that learns a trial's end from the keepers' notices (``TRIALBUS_DONE_SOCKET``) and writes
         #: ``.trialbus/cancel`` before it signals a keeper to stop a trial.
@@ -410,10 +442,7 @@ class WarmPool:
         key's ready template imports it too, in place (:meth:`Template.add`: the cost of those
         modules alone, where a new template would import everything again). One still starting
         takes them when the next template of the key starts."""
-        try:
-            names = Path(trial_dir, ".trialbus", "imports").read_text(encoding="utf-8").split()
-        except OSError:
-            return
+        names = read_own(trial_dir, ".trialbus", "imports").decode("utf-8", "replace").split()
         known = self.known.setdefault(key, set())
         unsafe = self.unsafe.get(key, set())
         new = {n for n in names if n not in known and n.partition(".")[0] not in unsafe}
@@ -452,7 +481,7 @@ class WarmPool:
         self._serial += 1
         preload = [n for n in preload if n.partition(".")[0] not in self.unsafe.get(key, ())]
         template = Template(
-            key, plan, env, code_dir, preload, self.folder / f"{key}-{self._serial}", self.reuse_keepers
+            key, plan, env, code_dir, preload, self.folder / f"{key}-{self._serial}", self.reuse_keepers, self.user
         )
         while len(self.current) >= self.max_templates and key not in self.current:
             oldest = min(self.current, key=lambda k: self.current[k].used)

@@ -193,7 +193,7 @@ async def metric_records(up: Up, experiment: str) -> list[MetricRecord]:
 def test_the_metrics_leader_killed_mid_run_loses_nothing_duplicates_nothing_restarts_no_service(tmp_path: Path):
     require_binary(nats_server_binary(), "nats-server")
     code, run_log = write_code(tmp_path), tmp_path / "runs.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_") or k == "TRIALBUS_TRIAL_USER"}
     up = Up(
         tmp_path / "data",
         new_ports(),

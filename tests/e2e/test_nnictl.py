@@ -65,14 +65,14 @@ class Home:
         """The stack, started by the first test that asks (the module's tests share it, as one user's session)."""
         if self.ups and self.ups[-1].proc.poll() is None:
             return self.ups[-1]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_") or k == "TRIALBUS_TRIAL_USER"}
         up = Up(self.data_dir, self.ports, {**env, "COLUMNS": "300"}, self.root / f"up-{len(self.ups)}.log")
         self.ups.append(up)
         up.wait_for("Trialbus is up")
         return up
 
     def env(self, **more: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_") or k == "TRIALBUS_TRIAL_USER"}
         return {
             **env,
             "TRIALBUS_DATA_DIR": str(self.data_dir),

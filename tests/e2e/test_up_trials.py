@@ -41,7 +41,7 @@ def home(tmp_path: Path):
         ups: list[Up] = []
 
         def up(self, *args: str, command: list[str] | None = None) -> Up:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+            env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_") or k == "TRIALBUS_TRIAL_USER"}
             env.update(RUN_LOG=str(self.run_log), COLUMNS="300")
             up = Up(self.data_dir, self.ports, env, tmp_path / f"up-{len(self.ups)}.log", list(args), command)
             self.ups.append(up)

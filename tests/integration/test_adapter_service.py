@@ -317,7 +317,7 @@ async def test_a_terminal_event_survives_a_broker_restart(stack: Stack, nats_ser
 async def test_the_local_gpu_service_process_stops_on_sigterm_and_adopts_on_restart(
     stack: Stack, nats_server, tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_") or k == "TRIALBUS_TRIAL_USER"}
     env.update(
         TRIALBUS_NATS_URL=nats_server.url,
         TRIALBUS_DATA_DIR=str(tmp_path / "data"),

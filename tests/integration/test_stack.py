@@ -82,6 +82,19 @@ def test_the_trial_secret_is_private_and_kept(options: StackOptions) -> None:
     assert secrets[0] == secrets[1] and len(secrets[0].strip()) == 64
 
 
+def test_the_stacks_own_files_are_its_users_alone(options: StackOptions) -> None:
+    # Given a stack that ran (local trials run as another user: docs/security.md)
+    stack = Stack(options, quiet()[0], ())
+    stack.start()
+    stack.stop()
+    # Then its credentials, the broker's configuration and the services' logs are private
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in stack.data_dir.iterdir() if p.is_file()}
+    for name in ("client.json", "api-token", "nats-passwords.json", "trial-secret", "secrets-key", "nats-auth.conf"):
+        assert modes.pop(name) == 0o600, name
+    assert {name: mode for name, mode in modes.items() if mode & 0o077} == {}
+    assert stat.S_IMODE(stack.log_dir.stat().st_mode) == 0o700
+
+
 def test_a_service_dying_at_startup_aborts_with_its_log(options: StackOptions) -> None:
     broken = ServiceDef("broken", ("-c", "import sys; print('no config here'); sys.exit(3)"))
     stack = Stack(options, quiet()[0], services(broken))

@@ -160,16 +160,17 @@ def free_ports(host: str, count: int, avoid: set[int]) -> list[int]:
 
 def write_configs(broker: Broker, data_dir: Path) -> None:
     """Each node's configuration beside ``<data>/nats-auth.conf`` (a copy of auth.conf, new at every
-    start, so it is always this version's). A single server's is the one ``up`` always wrote; a
-    cluster's hold the route password, so they are mode 0600."""
-    (data_dir / "nats-auth.conf").write_text(credentials.auth_conf().read_text())
+    start, so it is always this version's). All mode 0600, as every file of the stack's own: a
+    cluster's hold the route password; the others say who may do what on the bus."""
+    local.write_private(data_dir / "nats-auth.conf", credentials.auth_conf().read_text())
     header = "# Written by `trialbus up` at every start; edit compose.yaml or k8s/base/nats/auth.conf instead.\n"
     if not broker.clustered:
         node = broker.nodes[0]
-        node.config.write_text(
+        local.write_private(
+            node.config,
             header + f"listen: {json.dumps(f'{broker.host}:{node.port}')}\n"
             f"jetstream {{ store_dir: {json.dumps(str(node.store))} }}\n"
-            "include nats-auth.conf\n"
+            "include nats-auth.conf\n",
         )
         return
     password = credentials.nats_password()

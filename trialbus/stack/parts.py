@@ -182,7 +182,8 @@ class Stack:
             raise StackError("interrupted before the stack started", exit_code=130)
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            self.log_dir.mkdir(exist_ok=True)
+            self.log_dir.mkdir(mode=0o700, exist_ok=True)
+            self.log_dir.chmod(0o700)  # the services' logs are the stack's, as its credentials are
             self.check_ports()
             self.parts = self._define()
             for tier in self._tiers():

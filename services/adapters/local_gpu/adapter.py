@@ -23,11 +23,16 @@ Finished trials' directories stay for ``trial_retention`` (their logs are served
 there, also after a restart), then are removed; so are checkpoint directories
 (``<checkpoint_root>/<experiment>/<trial>/``, shared by the replicas of a host) unchanged as long.
 
+Trials run as an unprivileged Unix user when the adapter runs as root (``trial_user``:
+:class:`~.users.TrialUsers`, docs/security.md): the stack's credentials, the services'
+environments and finished trials' files are out of their reach.
+
 This module is a facade: it wires the parts, each a plain class that owns its state —
 :class:`~.table.TrialTable` (the trials, tracked and adopted), :class:`~.launch.Launcher`,
 :class:`~.watch.Watcher` (a trial's end, cancel), :class:`~.keepers.KeeperSpawner` (keeper
 environment, zygote, warm templates, kept keepers' notices), :class:`~.code.CodeCache` (code
-snapshots), :class:`~.retention.Retention` (finished trials' files) and the shared
+snapshots), :class:`~.retention.Retention` (finished trials' files), :class:`~.users.TrialUsers`
+(who trials run as, and who owns their files) and the shared
 :class:`~services.adapters.gpu.scheduler.GpuScheduler` — over the :class:`~.trial.Trial` record
 of :mod:`.trial`. Every call to the operating system is in :mod:`.client`.
 """
@@ -47,6 +52,7 @@ from services.adapters.local_gpu.retention import Retention, log_tail, remove_ex
 from services.adapters.local_gpu.settings import LocalGpuSettings
 from services.adapters.local_gpu.table import TrialTable
 from services.adapters.local_gpu.trial import GPUS_FILE, UNBORN_GRACE, Trial
+from services.adapters.local_gpu.users import TrialUsers
 from services.adapters.local_gpu.watch import Watcher
 from services.common.bus import Bus
 
@@ -69,12 +75,17 @@ class LocalGpuAdapter(PlatformAdapter):
         self.work_dir = settings.work_dir
         self._bus: Bus | None = None
         trials_dir = f"{self.work_dir}/trials"
+        self.users = TrialUsers(settings.trial_user)
         self.table = TrialTable(trials_dir, settings.max_trials, self.notify)
-        self.keepers = KeeperSpawner(settings, str(keeper_path), str(shim_path), self.table.ended_notice)
-        self.code = CodeCache(self.work_dir / "code", self._fetch_code)
+        self.keepers = KeeperSpawner(
+            settings, str(keeper_path), str(shim_path), self.table.ended_notice, users=self.users
+        )
+        self.code = CodeCache(self.work_dir / "code", self._fetch_code, self.users.share)
         self.gpus = GpuScheduler(settings, self.name, self.table.holdings, self.capacity_freed)
-        self.launcher = Launcher(settings, table=self.table, code=self.code, keepers=self.keepers, gpus=self.gpus)
-        self.watcher = Watcher(self.table, settings.kill_grace, self.keepers.learn)
+        self.launcher = Launcher(
+            settings, table=self.table, code=self.code, keepers=self.keepers, gpus=self.gpus, users=self.users
+        )
+        self.watcher = Watcher(self.table, settings.kill_grace, self.keepers.learn, lambda: self.users.other_uid)
         self.retention = Retention(
             trials_dir, str(settings.checkpoint_root), settings.trial_retention, self.table.running_ids
         )
@@ -87,7 +98,12 @@ class LocalGpuAdapter(PlatformAdapter):
 
     async def start(self, bus: Bus) -> None:
         self._bus = bus
-        (self.work_dir / "trials").mkdir(parents=True, exist_ok=True)
+        await self.users.start()  # first: who the keepers, the zygote and the templates run as
+        for folder in ("", "trials", "code"):  # the trial user passes through them, lists none
+            self.users.folder(str(self.work_dir / folder))
+        self.users.folder(str(self.settings.checkpoint_root))
+        for path in (self.work_dir, self.settings.checkpoint_root):
+            self.users.check_reachable(str(path))
         await self.keepers.start()
         self.gpus.bus = bus
         await self.gpus.start()
@@ -116,6 +132,7 @@ class LocalGpuAdapter(PlatformAdapter):
 
     async def release(self, handle: TrialHandle) -> None:
         self.table.release(handle)
+        self.users.take_back(handle.ref)  # no later trial reads a finished trial's files
 
     async def past(self, experiment_id: str, trial_id: str, attempt: int | None = None) -> TrialHandle | None:
         return self.retention.past(experiment_id, trial_id, attempt)

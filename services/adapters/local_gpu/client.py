@@ -21,6 +21,7 @@ import signal
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from services.adapters import trialdir
 from services.adapters.trialdir import KEEPER_OUT, STATE
 
 
@@ -94,8 +95,9 @@ class KeeperZygote:
     adapter does (EOF on its stdin); keepers it forked run on.
     """
 
-    def __init__(self, python: str, keeper: str, log: Path) -> None:
-        self.python, self.keeper, self.log = python, keeper, log
+    def __init__(self, python: str, keeper: str, log: Path, env: Mapping[str, str]) -> None:
+        """``env``: the zygote's own environment, which its keepers keep (never the adapter's secrets)."""
+        self.python, self.keeper, self.log, self.env = python, keeper, log, env
         self.pid = 0
         self._to = self._from = -1
 
@@ -108,7 +110,7 @@ class KeeperZygote:
             self.pid = os.posix_spawn(
                 self.python,
                 [self.python, "-S", "-I", self.keeper, "--zygote"],
-                os.environ,
+                self.env,
                 setsid=True,
                 file_actions=[
                     (os.POSIX_SPAWN_DUP2, to_r, 0),
@@ -249,27 +251,63 @@ def is_keeper(pid: int) -> bool:
         return False
 
 
-def kill_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or reused by someone else's
-        os.killpg(pgid, signum)
+def kill_group(pgid: int, signum: int, uid: int | None = None) -> None:
+    """Signal the process group ``pgid`` (a trial's, as its ``state.json`` says). ``uid``: only its
+    processes of that user — a trial running as another user writes its ``state.json`` itself,
+    and must not have the adapter signal someone else's group (O(processes): a rare path)."""
+    if uid is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or reused by someone else's
+            os.killpg(pgid, signum)
+        return
+    for pid in group_members(pgid, uid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+def group_members(pgid: int, uid: int) -> list[int]:
+    """The processes of group ``pgid`` whose real user is ``uid`` (from ``/proc``)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                if int(f.read().rsplit(b")", 1)[1].split()[2]) != pgid:
+                    continue
+            with open(f"/proc/{name}/status", "rb") as f:
+                owner = next(line for line in f if line.startswith(b"Uid:")).split()[1]
+        except (OSError, IndexError, ValueError, StopIteration):
+            continue  # gone meanwhile
+        if int(owner) == uid:
+            found.append(int(name))
+    return found
 
 
 def read_state(trial_dir: str) -> dict:
-    """``state.json`` as written by the keeper; ``{}`` before the keeper wrote it."""
+    """``state.json`` as written by the keeper; ``{}`` before the keeper wrote it. Read without
+    following a link the trial may have put there (:func:`~services.adapters.trialdir.read_in`)."""
+    data = trialdir.read_in(trial_dir, STATE)
     try:
-        with open(f"{trial_dir}/{STATE}", "rb") as f:
-            return json.loads(f.read())
-    except (FileNotFoundError, ValueError):  # ValueError: a writer without atomic rename
+        return json.loads(data) if data else {}
+    except ValueError:  # a writer without atomic rename
         return {}
 
 
 def record_early_death(trial_dir: str, pid: int, status: int | None) -> None:
     """Write ``state.json`` for a keeper that died before writing it (e.g. canceled while
-    starting), so that a restarted adapter need not wait to learn that it is gone."""
-    tmp = f"{trial_dir}/{STATE}.adapter"
-    with open(tmp, "w") as f:
-        json.dump({"keeperPid": pid, "keeperExit": status}, f)
-    os.replace(tmp, f"{trial_dir}/{STATE}")
+    starting), so that a restarted adapter need not wait to learn that it is gone. Written
+    without following a link (:func:`~services.adapters.trialdir.open_in`)."""
+    folder = os.open(f"{trial_dir}/{trialdir.META}", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        tmp, name = os.path.basename(STATE) + ".adapter", os.path.basename(STATE)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=folder)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=folder)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"keeperPid": pid, "keeperExit": status}, f)
+        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    finally:
+        os.close(folder)
 
 
 def keeper_born(trial_dir: str) -> bool:
@@ -278,12 +316,8 @@ def keeper_born(trial_dir: str) -> bool:
     return os.path.exists(f"{trial_dir}/{KEEPER_OUT}") or os.path.exists(f"{trial_dir}/{STATE}")
 
 
-def tail(path: str, max_bytes: int) -> str | None:
-    """The last ``max_bytes`` of a file as text; None when it does not exist."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - max_bytes))
-            return f.read(max_bytes).decode("utf-8", "replace")
-    except FileNotFoundError:
-        return None
+def tail(trial_dir: str, name: str, max_bytes: int) -> str | None:
+    """The last ``max_bytes`` of the trial's file ``name`` as text; None when it does not exist (or
+    is a link: :func:`~services.adapters.trialdir.read_in`)."""
+    data = trialdir.read_in(trial_dir, name, max_bytes)
+    return None if data is None else data.decode("utf-8", "replace")

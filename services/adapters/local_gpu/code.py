@@ -1,7 +1,8 @@
 """Code snapshots on this host: each ``sha256:<hex>`` downloaded and unpacked once, under
 ``<work_dir>/code/<hex>/``, and shared by every trial that runs it (also after a restart: a
 directory that is there is not downloaded again). Concurrent launches of one snapshot share
-one download; a launch that gives up does not abort it for the others.
+one download; a launch that gives up does not abort it for the others. Each snapshot is made
+readable for the trial user once per run of the adapter (``share``: :meth:`.users.TrialUsers.share`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ _CODE_REF = re.compile(r"^sha256:([0-9a-f]{64})$")
 class CodeCache:
     """Unpacked code snapshots, by hash (the module's docstring)."""
 
-    def __init__(self, root: Path, fetch: Callable[[str], Awaitable[bytes]]) -> None:
-        """``root``: ``<work_dir>/code``; ``fetch(hex)``: the snapshot's archive (from the bus)."""
-        self.root, self.fetch = root, fetch
+    def __init__(
+        self, root: Path, fetch: Callable[[str], Awaitable[bytes]], share: Callable[[str], None] = lambda path: None
+    ) -> None:
+        """``root``: ``<work_dir>/code``; ``fetch(hex)``: the snapshot's archive (from the bus);
+        ``share(dir)``: let the trials read an unpacked snapshot (blocking: run in a thread)."""
+        self.root, self.fetch, self.share = root, fetch, share
         self._dirs: dict[str, str] = {}  # sha256 hex → unpacked directory
         self._downloads: dict[str, asyncio.Task] = {}
 
@@ -42,6 +46,7 @@ class CodeCache:
                 task = self._downloads[digest] = asyncio.create_task(self._download(digest, dest))
                 task.add_done_callback(lambda _: self._downloads.pop(digest, None))
             await asyncio.shield(task)  # one launch giving up must not abort the others' download
+        await asyncio.to_thread(self.share, str(dest))
         self._dirs[digest] = str(dest)
         return str(dest)
 

@@ -7,7 +7,10 @@ byte-compiled once at start, with the interpreter that runs it. A template's kee
 for trial after trial and say each trial's end on the socket of :mod:`.ends`.
 
 The environment every keeper gets is ours minus ``TRIALBUS_*`` (never pass our NATS secrets
-on), plus what the keeper needs (gateway, grace, the NNI shim); a launch adds the trial's.
+on), plus what the keeper needs (gateway, grace, the NNI shim); a launch adds the trial's. The
+zygote's own environment is ours minus ``TRIALBUS_*`` too: its keepers keep it. Every one of
+these processes runs as the trial user (:mod:`.users`): the keeper and the zygote become it as they
+start (``TRIALBUS_RUN_AS``), a template is started as it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from contracts import TrialRequest
 from services.adapters.local_gpu import client
 from services.adapters.local_gpu.ends import KeeperEnds
 from services.adapters.local_gpu.settings import LocalGpuSettings
+from services.adapters.local_gpu.users import TrialUsers
 from services.common.tasks import cancel_and_wait
 from services.trial_keeper.warm_pool import WarmPool
 
@@ -34,10 +38,16 @@ class KeeperSpawner:
     """Starts the keepers of this host's trials (the module's docstring)."""
 
     def __init__(
-        self, settings: LocalGpuSettings, keeper_path: str, shim_path: str, on_kept_end: Callable[[str], None]
+        self,
+        settings: LocalGpuSettings,
+        keeper_path: str,
+        shim_path: str,
+        on_kept_end: Callable[[str], None],
+        users: TrialUsers,
     ) -> None:
-        """``on_kept_end(trial_dir)``: a kept keeper said its trial ended."""
-        self.settings, self.shim_path, self.on_kept_end = settings, shim_path, on_kept_end
+        """``on_kept_end(trial_dir)``: a kept keeper said its trial ended; ``users``: who the
+        keepers run as (started before this part)."""
+        self.settings, self.shim_path, self.on_kept_end, self.users = settings, shim_path, on_kept_end, users
         self.keeper_source = self.keeper_path = keeper_path  # the path becomes the .pyc's at start
         #: What every keeper gets (set at start); a launch adds the trial's variables.
         self.env: dict[str, str] = {}
@@ -52,8 +62,13 @@ class KeeperSpawner:
         self.keeper_path = await asyncio.to_thread(
             client.compile_keeper, settings.keeper_python, self.keeper_source, work_dir / "trial_keeper.pyc"
         )
+        # The trial sees the keeper's environment minus TRIALBUS_*: never pass ours (NATS secrets) on.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+        user = self.users.user
+        if user.switch:
+            env["TRIALBUS_RUN_AS"] = user.run_as()
         if settings.keeper_zygote:
-            zygote = client.KeeperZygote(settings.keeper_python, self.keeper_path, work_dir / "zygote.log")
+            zygote = client.KeeperZygote(settings.keeper_python, self.keeper_path, work_dir / "zygote.log", dict(env))
             try:
                 zygote.start()
                 self.zygote = zygote
@@ -72,8 +87,6 @@ class KeeperSpawner:
                 now,
                 now - client.FD_HEADROOM,
             )
-        # The trial sees the keeper's environment minus TRIALBUS_*: never pass ours (NATS secrets) on.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
         env.update(
             TRIALBUS_GATEWAY_URL=settings.gateway_url,
             TRIALBUS_KILL_GRACE=str(settings.kill_grace),
@@ -89,6 +102,7 @@ class KeeperSpawner:
                 self.ends, env["TRIALBUS_DONE_SOCKET"] = ends, ends.address
             except OSError as exc:
                 log.warning("each warm trial gets a keeper of its own: no socket for their notices (%s)", exc)
+            self.users.folder(str(work_dir / "templates"))
             self.warm = WarmPool(
                 work_dir / "templates",
                 self.keeper_source,
@@ -97,6 +111,7 @@ class KeeperSpawner:
                 max_templates=settings.warm_templates,
                 idle=settings.warm_idle,
                 reuse_keepers=self.ends is not None,
+                user=(user.uid, user.gid, user.groups) if user.switch else None,
             )
         log.info(
             "work dir %s; nni shim %s; warm start %s", work_dir, "on" if shim else "off", "on" if self.warm else "off"

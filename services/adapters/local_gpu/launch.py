@@ -7,7 +7,8 @@ restart), and its handle is returned instead of a second run; one an earlier run
 never started a keeper in is launched afresh. On the way: the code snapshot
 (:class:`~.code.CodeCache`), the GPUs (:meth:`Launcher.place` sets ``CUDA_VISIBLE_DEVICES``;
 ``Waiting`` when they are taken now), and the warm template the trial may fork from
-(:class:`~.keepers.KeeperSpawner`). ``None`` means no room now (``max_trials``).
+(:class:`~.keepers.KeeperSpawner`). ``None`` means no room now (``max_trials``). The attempt's
+directory and its checkpoint directory are handed to the trial's user (:class:`~.users.TrialUsers`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from services.adapters.local_gpu.keepers import KeeperSpawner
 from services.adapters.local_gpu.settings import LocalGpuSettings
 from services.adapters.local_gpu.table import TrialTable
 from services.adapters.local_gpu.trial import GPUS_FILE, SAFE_ID, UNBORN_GRACE
+from services.adapters.local_gpu.users import TrialUsers
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +48,10 @@ class Launcher:
         code: CodeCache,
         keepers: KeeperSpawner,
         gpus: GpuScheduler,
+        users: TrialUsers,
     ) -> None:
         self.settings, self.table, self.code, self.keepers, self.gpus = settings, table, code, keepers, gpus
+        self.users = users
 
     async def launch(self, request: TrialRequest) -> TrialHandle | None:
         key = (request.trial_id, request.attempt)
@@ -81,7 +85,7 @@ class Launcher:
         try:
             os.mkdir(trial_dir)
         except FileNotFoundError:
-            os.makedirs(os.path.dirname(trial_dir), exist_ok=True)
+            self.users.folder(os.path.dirname(trial_dir))
             os.mkdir(trial_dir)
         except FileExistsError:  # launched before (a redelivery after a restart): never twice
             return self.table.adopt_dir(trial_dir, *key, request.experiment_id).handle
@@ -89,6 +93,13 @@ class Launcher:
         if held:
             with open(f"{trial_dir}/{GPUS_FILE}", "w") as f:
                 json.dump({"indices": list(held), "perGpu": per_gpu}, f)
+        checkpoint_dir = checkpoint_of(str(self.settings.checkpoint_root), request.experiment_id, request.trial_id)
+        if self.users.trial_user_for(request).switch:  # (else the keeper makes it, as the trial's user)
+            self.users.folder(os.path.dirname(checkpoint_dir))
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            self.users.hand_over(checkpoint_dir)
+        self.users.hand_over(f"{trial_dir}/{trialdir.META}")
+        self.users.hand_over(trial_dir)
         env = dict(self.keepers.env)
         env.update(
             TRIALBUS_TRIAL_DIR=trial_dir,
@@ -97,7 +108,7 @@ class Launcher:
             TRIALBUS_TRIAL_ID=request.trial_id,
             TRIALBUS_SEQUENCE_ID=str(request.sequence_id),
             TRIALBUS_ATTEMPT=str(request.attempt),
-            TRIALBUS_CHECKPOINT_DIR=f"{self.settings.checkpoint_root}/{request.experiment_id}/{request.trial_id}",
+            TRIALBUS_CHECKPOINT_DIR=checkpoint_dir,
             TRIALBUS_PARAMETERS=request.parameter_record,
             TRIALBUS_TRIAL_TOKEN=request.token.get_secret_value(),
             **where,
@@ -155,3 +166,8 @@ class Launcher:
             return ({} if request.trial_gpu_number is None else {"TRIALBUS_GPUS": ""}), (), 1
         held = self.gpus.place(ask)
         return {"TRIALBUS_GPUS": ",".join(map(str, held)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, held, ask.per_gpu
+
+
+def checkpoint_of(checkpoint_root: str, experiment_id: str, trial_id: str) -> str:
+    """A trial's checkpoint directory, kept across its attempts (docs/retries.md)."""
+    return f"{checkpoint_root}/{experiment_id}/{trial_id}"

@@ -84,7 +84,7 @@ def log_tail(trial_dir: str, max_bytes: int) -> str:
     """The last ``max_bytes`` of the trial's stdout, stderr and ``trial.log``, labelled."""
     parts = []
     for name in ("stdout", "stderr", "trial.log"):
-        text = client.tail(f"{trial_dir}/{name}", max_bytes)
+        text = client.tail(trial_dir, name, max_bytes)
         if text is not None:
             parts.append(f"==> {name} <==\n{text}")
     return "\n".join(parts)

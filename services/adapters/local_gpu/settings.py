@@ -36,6 +36,11 @@ class LocalGpuSettings(GpuSettings):
     #: do (it serves NNI's trial API and hands everything else to an installed ``nni``), ``never``
     #: leaves ``import nni`` to the trial's interpreter.
     nni_shim: Literal["auto", "always", "never"] = "auto"
+    #: The Unix user trials run as (docs/security.md): ``auto`` (default) is the system user
+    #: ``trialbus-trial`` (created at start if missing) when the adapter runs as root, else the
+    #: adapter's own user (trials NOT isolated from the stack's files: logged at start); a name
+    #: uses that user (the start fails if it does not exist or the adapter cannot switch to it).
+    trial_user: str = Field(default="auto", min_length=1)
     #: The Python that runs the trial keeper (default: the adapter's own interpreter).
     keeper_python: str = sys.executable
     #: Fork each trial's keeper from one pre-started keeper (saves ~12 ms of CPU per trial);

@@ -97,12 +97,11 @@ class TrialTable:
         keeper = (client.Keeper.adopt(pid) or dead_keeper(pid)) if pid else None
         started = state.get("startTime") or os.path.getmtime(trial_dir)
         trial = self.track(experiment_id, trial_id, attempt, trial_dir, keeper, datetime.fromtimestamp(started, UTC))
+        data = trialdir.read_in(trial_dir, GPUS_FILE)  # (never through a link the trial put there)
         try:  # the GPUs it was given stay held while it runs
-            with open(f"{trial_dir}/{GPUS_FILE}", "rb") as f:
-                held = json.loads(f.read())
-            trial.gpus, trial.per_gpu = tuple(held["indices"]), int(held["perGpu"])
-        except FileNotFoundError:
-            pass
+            if data is not None:
+                held = json.loads(data)
+                trial.gpus, trial.per_gpu = tuple(held["indices"]), int(held["perGpu"])
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("unreadable %s in %s (%s): its GPUs count as free", GPUS_FILE, trial_dir, exc)
         return trial

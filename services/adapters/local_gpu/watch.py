@@ -33,10 +33,18 @@ log = logging.getLogger(__name__)
 class Watcher:
     """Polls and cancels the trials of a :class:`~.table.TrialTable` (the module's docstring)."""
 
-    def __init__(self, table: TrialTable, kill_grace: float, learn: Callable[[str, str], None]) -> None:
+    def __init__(
+        self,
+        table: TrialTable,
+        kill_grace: float,
+        learn: Callable[[str, str], None],
+        trial_uid: Callable[[], int | None] = lambda: None,
+    ) -> None:
         """``kill_grace``: the seconds from SIGTERM to SIGKILL of a trial that sets none;
-        ``learn(template, trial_dir)``: a trial forked from a warm template ended."""
-        self.table, self.kill_grace, self.learn = table, kill_grace, learn
+        ``learn(template, trial_dir)``: a trial forked from a warm template ended; ``trial_uid()``:
+        the uid trials run as when it is not ours (a group named in their ``state.json`` is then
+        signalled only where its processes are that user's: :func:`~.client.kill_group`)."""
+        self.table, self.kill_grace, self.learn, self.trial_uid = table, kill_grace, learn, trial_uid
 
     async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
         trial = self.table.find(handle)
@@ -58,7 +66,7 @@ class Watcher:
             self.learn(trial.template, trial.dir)
         state = client.read_state(trial.dir)
         if state.get("pgid") and "exitCode" not in state:  # the keeper died first: leave no orphans
-            client.kill_group(state["pgid"], signal.SIGKILL)
+            client.kill_group(state["pgid"], signal.SIGKILL, self.trial_uid())
         status = trial.keeper.status if trial.keeper else None
         if trial.keeper is not None:
             trial.keeper.close()  # stop watching it (a kept keeper lives on)
@@ -66,7 +74,7 @@ class Watcher:
             client.record_early_death(trial.dir, trial.keeper.pid, status)
         status = status if status is not None else state.get("keeperExit")
         ended = state.get("exitCode") is not None
-        keeper_out = None if ended else client.tail(f"{trial.dir}/{trialdir.KEEPER_OUT}", 300)
+        keeper_out = None if ended else client.tail(trial.dir, trialdir.KEEPER_OUT, 300)
         trial.outcome = outcome_of(state, status, keeper_out)
         return trial.outcome
 
@@ -80,8 +88,8 @@ class Watcher:
             raise TransientError("the trial keeper has not started yet", delay=0.2)
         # First the file, then the signal: a keeper kept for trial after trial stops its trial
         # only when the file is there (a late signal meant for a trial it kept before stops none).
-        with contextlib.suppress(OSError):
-            open(f"{trial.dir}/{trialdir.CANCEL}", "wb").close()
+        with contextlib.suppress(OSError):  # (never through a link the trial put there)
+            os.close(trialdir.open_in(trial.dir, trialdir.CANCEL, os.O_WRONLY | os.O_CREAT))
         keeper.signal(signal.SIGTERM)
         if trial.kill is None:
             loop = asyncio.get_running_loop()
@@ -95,5 +103,5 @@ class Watcher:
             grace = self._grace(trial) + 1
             log.warning("trial %s still running %.1fs after cancel: SIGKILL", trial.handle.trial_id, grace)
             if pgid := client.read_state(trial.dir).get("pgid"):
-                client.kill_group(pgid, signal.SIGKILL)
+                client.kill_group(pgid, signal.SIGKILL, self.trial_uid())
             trial.keeper.signal(signal.SIGKILL)

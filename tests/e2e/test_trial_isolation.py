@@ -1,0 +1,209 @@
+"""Trials cannot read the stack's secrets: an adapter running as root runs each trial — its keeper,
+the keeper zygote and the warm templates that import the trial's code — as the unprivileged
+``trialbus-trial`` user (``TRIALBUS_TRIAL_USER=auto``, docs/security.md). A trial tries to read what
+it must not (the stack's credentials as ``trialbus up`` writes them, the adapter's environment, a
+finished experiment's trial directory) and reports what it could; it still writes its own
+directory and checkpoints, reports metrics, and is canceled like any trial.
+
+Needs root (skipped otherwise: the decision an adapter that is not root takes is in
+tests/unit/test_trial_users.py) and an interpreter the trial user may run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import stat
+import tempfile
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.e2e.conftest import config
+from tests.e2e.helpers import create, ended, submit, wait_until
+from tests.e2e.test_warm_start import templates, trial_dir, warm_of
+from tests.fixtures.stack import Stack
+from trialbus import local
+from trialbus.stack import credentials
+
+USER = "trialbus-trial"
+#: What the trial tries; each answer is "ok" or the exception's name.
+TRIAL = textwrap.dedent(
+    """
+    import json, os, time
+    import nni
+
+    params = nni.get_next_parameter()
+
+    def attempt(path, write=False):
+        try:
+            if path.endswith("/"):
+                os.listdir(path)
+            else:
+                with open(path, "w" if write else "r") as f:
+                    f.write("mine") if write else f.read()
+            return "ok"
+        except OSError as exc:
+            return type(exc).__name__
+
+    progress = os.path.join(os.environ["TRIALBUS_CHECKPOINT_DIR"], "progress")
+    previous = open(progress).read() if os.path.exists(progress) else ""
+    with open(progress, "w") as f:
+        f.write(os.environ["TRIALBUS_ATTEMPT"])
+    if params.get("fail_first") and not previous:
+        raise SystemExit(3)
+    seen = {name: attempt(path) for name, path in params.get("read", {}).items()}
+    seen["previous"] = previous
+    seen["own dir"] = attempt(os.path.join(os.environ["NNI_OUTPUT_DIR"], "mine.txt"), write=True)
+    seen["checkpoint"] = attempt(os.path.join(os.environ["TRIALBUS_CHECKPOINT_DIR"], "step"), write=True)
+    seen["uid"], seen["groups"] = os.getuid(), json.dumps(sorted(os.getgroups()))
+    seen["env"] = json.dumps(sorted(k for k in os.environ if k.startswith("TRIALBUS_")))
+    nni.report_intermediate_result(1)
+    time.sleep(params.get("sleep", 0))
+    nni.report_final_result({"default": 1, **seen})
+    """
+)
+
+
+def python_for_others() -> str | None:
+    """An interpreter every user may run (this one may live under a private home: /root)."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        path = Path(os.path.realpath(candidate))
+        if not path.is_file():
+            continue
+        if path.stat().st_mode & 0o005 == 0o005 and all(p.stat().st_mode & 0o001 for p in path.parents):
+            return str(path)
+    return None
+
+
+@pytest.fixture
+def isolated(nats_server, stacks):
+    """A stack whose adapter runs as root with ``TRIALBUS_TRIAL_USER=auto``, in a folder others may pass
+    through (pytest's own are private), with the credentials ``trialbus up`` writes in its data dir."""
+    if os.geteuid() != 0:
+        pytest.skip("running trials as another user needs root")
+    python = python_for_others()
+    if python is None:
+        pytest.skip("no Python interpreter that another user may run")
+    root = Path(tempfile.mkdtemp(prefix="trialbus-isolation-"))
+    root.chmod(0o711)
+    code = root / "code"
+    code.mkdir()
+    (code / "trial.py").write_text(TRIAL)
+    stack = Stack(root=root, nats=nats_server, extra_env={"TRIALBUS_TRIAL_USER": "auto"})
+    data = root / "data"
+    data.mkdir()
+    credentials.secret_file(data / "api-token", lambda: stack.token)  # as `trialbus up` writes them
+    stack_file = local.LocalStack(
+        nats_url=nats_server.url, nats_user="client", nats_password="p" * 16, api_url=stack.api, webui_url=stack.webui
+    )
+    local.write(data, stack_file)
+    stacks.append(stack)
+    stack.start()
+    yield stack, code, python
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def work_dir(stack: Stack) -> Path:
+    return stack.root / "data" / "local-gpu" / "test-host"
+
+
+def keeper_uid(stack: Stack, experiment: str, trial_id: str) -> int:
+    """The user the trial's keeper runs as; -1 before it started, or once it ended."""
+    try:
+        state = json.loads((work_dir(stack) / "trials" / experiment / f"{trial_id}-0/.trialbus/state.json").read_text())
+    except (OSError, ValueError):
+        return -1
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return psutil.Process(state["keeperPid"]).uids().real
+    return -1
+
+
+def test_a_trial_reads_none_of_the_stacks_secrets_nor_a_finished_experiments_files(isolated):
+    stack, code, python = isolated
+    trial_user = pwd.getpwnam(USER)  # created by the adapter as it started
+    command = f"{python} trial.py"
+    # Given a finished experiment whose trial wrote its files
+    first = create(stack, config(code, trialCommand=command, trialConcurrency=1, experimentName="first"))
+    done = submit(stack, first, {})
+    assert ended(stack, done)["status"] == "SUCCEEDED"
+    finished = trial_dir(stack, first, done)
+    # (taken back once its end is published)
+    wait_until(lambda: finished.stat().st_uid == 0, 10, "the finished trial's directory to be the adapter's")
+    assert (finished / "mine.txt").read_text() == "mine"
+    data = stack.root / "data"
+    reads = {
+        "client.json": str(data / "client.json"),
+        "api-token": str(data / "api-token"),
+        "adapter environ": f"/proc/{stack.procs['adapter'].pid}/environ",
+        "finished stdout": str(finished / "stdout"),
+        "finished parameters": str(finished / "parameter.cfg"),
+        "trials listing": f"{work_dir(stack)}/trials/",
+        "code listing": f"{work_dir(stack)}/code/",
+    }
+    # When a trial of another experiment tries to read them, warm (forked from a template) and cold
+    for warm in (True, False):
+        experiment = create(
+            stack, config(code, trialCommand=command, trialConcurrency=1, warmStart=warm, experimentName=f"w{warm}")
+        )
+        trial_id = submit(stack, experiment, {"read": reads})
+        body = ended(stack, trial_id, 90)
+        assert body["status"] == "SUCCEEDED", body
+        seen = body["finalMetric"]
+        # Then every read fails with PermissionError
+        assert {name: seen[name] for name in reads} == dict.fromkeys(reads, "PermissionError"), seen
+        # And it ran as the trial user, with none of root's groups, and wrote its own files
+        assert seen["uid"] == trial_user.pw_uid != 0
+        assert 0 not in json.loads(seen["groups"])
+        assert (seen["own dir"], seen["checkpoint"]) == ("ok", "ok"), seen
+        checkpoint = data / "checkpoints" / experiment / trial_id / "step"
+        assert checkpoint.read_text() == "mine"
+        # And it got none of the stack's settings, only what a trial gets
+        assert json.loads(seen["env"]) == ["TRIALBUS_ATTEMPT", "TRIALBUS_CHECKPOINT_DIR"]
+        # And its metrics reached the gateway
+        values = [m["value"] for m in stack.rest("GET", f"/trials/{trial_id}/metrics").json()]
+        assert values and values[0] in (1, "1"), values
+        assert warm_of(stack, experiment, trial_id) is warm
+    # And the templates that imported the trials' code run as the trial user too
+    pids = templates(stack)
+    assert pids
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            assert psutil.Process(pid).uids().real == trial_user.pw_uid
+    # And the adapter's folders are passed through, never listed, by trials
+    for folder in (work_dir(stack), work_dir(stack) / "trials", work_dir(stack) / "trials" / first):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o711 and folder.stat().st_uid == 0
+    # And the stack's credentials are the stack user's alone
+    for secret in ("client.json", "api-token"):
+        assert stat.S_IMODE((data / secret).stat().st_mode) == 0o600
+
+
+def test_a_retried_trial_goes_on_from_its_checkpoint(isolated):
+    stack, code, python = isolated
+    # Given a trial that fails on its first attempt, after saving its checkpoint
+    experiment = create(stack, config(code, trialCommand=f"{python} trial.py", retry={"trial": 1, "backoff": "0s"}))
+    trial_id = submit(stack, experiment, {"fail_first": True})
+    # Then its second attempt, as the trial user again, reads that checkpoint and succeeds
+    done = ended(stack, trial_id, 90)
+    assert (done["status"], done["attempt"]) == ("SUCCEEDED", 1), done
+    assert done["finalMetric"]["previous"] == "0"
+    assert done["finalMetric"]["uid"] == pwd.getpwnam(USER).pw_uid
+
+
+def test_a_trial_running_as_the_trial_user_is_canceled(isolated):
+    stack, code, python = isolated
+    trial_user = pwd.getpwnam(USER)
+    experiment = create(stack, config(code, trialCommand=f"{python} trial.py", trialConcurrency=1))
+    trial_id = submit(stack, experiment, {"sleep": 300})
+    wait_until(lambda: keeper_uid(stack, experiment, trial_id) == trial_user.pw_uid, 60, "the trial to run")
+    state = json.loads((trial_dir(stack, experiment, trial_id) / ".trialbus/state.json").read_text())
+    # When its experiment is stopped
+    assert stack.rest("DELETE", f"/experiments/{experiment}").status_code == 200
+    # Then the trial is canceled, and nothing of its process group is left
+    assert ended(stack, trial_id, 30)["status"] == "USER_CANCELED"
+    wait_until(lambda: not psutil.pid_exists(state["trialPid"]), 10, "the trial's process to end")

@@ -1,0 +1,83 @@
+"""What the adapter reads and signals of a trial that runs as another user, who owns its directory
+and writes its ``state.json``: no link, FIFO or hard link in it leads the adapter elsewhere, and a
+process group it names is signalled only where its processes are that user's."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from services.adapters import trialdir
+from services.adapters.local_gpu import client
+from services.adapters.local_gpu.users import TrialUser, TrialUserError, TrialUsers
+
+
+@pytest.fixture
+def trial(tmp_path: Path) -> Path:
+    (tmp_path / "t-0" / ".trialbus").mkdir(parents=True)
+    return tmp_path / "t-0"
+
+
+def test_links_fifos_and_hard_links_in_a_trial_directory_are_not_read(trial: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"keeperPid": 1, "exitCode": 0}')
+    (trial / trialdir.STATE).symlink_to(secret)
+    assert client.read_state(str(trial)) == {}
+    (trial / trialdir.STATE).unlink()
+    os.link(secret, trial / trialdir.STATE)
+    assert client.read_state(str(trial)) == {}
+    (trial / trialdir.STATE).unlink()
+    os.mkfifo(trial / "stdout")  # would block a plain open for ever
+    assert client.tail(str(trial), "stdout", 100) is None
+    # a link for the whole .trialbus folder leads nowhere either
+    (trial / ".trialbus").rename(trial / "elsewhere")
+    (trial / ".trialbus").symlink_to(trial / "elsewhere")
+    (trial / "elsewhere" / "state.json").write_text('{"exitCode": 3}')
+    assert client.read_state(str(trial)) == {}
+    with pytest.raises(OSError):
+        trialdir.mark_reported(str(trial))
+    assert not (trial / "elsewhere" / "reported").exists()
+
+
+def test_a_trial_writes_and_the_adapter_reads_its_own_files(trial: Path) -> None:
+    (trial / trialdir.STATE).write_text('{"exitCode": 0}')
+    (trial / "stdout").write_text("a" * 50 + "end")
+    assert client.read_state(str(trial)) == {"exitCode": 0}
+    assert client.tail(str(trial), "stdout", 3) == "end"
+    client.record_early_death(str(trial), 12, None)
+    assert client.read_state(str(trial)) == {"keeperPid": 12, "keeperExit": None}
+
+
+def test_a_group_is_signalled_only_where_its_processes_are_the_trial_users() -> None:
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        other = os.geteuid() + 1
+        client.kill_group(sleeper.pid, signal.SIGKILL, uid=other)
+        time.sleep(0.2)
+        assert sleeper.poll() is None  # not that user's: left alone
+        client.kill_group(sleeper.pid, signal.SIGKILL, uid=os.geteuid())
+        assert sleeper.wait(5) == -signal.SIGKILL
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_the_start_fails_when_the_trial_user_cannot_reach_the_work_dir() -> None:
+    users = TrialUsers("auto")
+    users.user = TrialUser("someone", os.geteuid() + 4321, os.getegid() + 4321, (), switch=True)
+    private = Path(tempfile.mkdtemp(prefix="trialbus-reach-"))  # 0700, in /tmp (pytest's own folders are private)
+    try:
+        (private / "data").mkdir()
+        with pytest.raises(TrialUserError, match=f"cannot pass through {private} "):
+            users.check_reachable(str(private / "data"))
+        private.chmod(0o711)
+        users.check_reachable(str(private / "data"))
+    finally:
+        shutil.rmtree(private)
