@@ -81,10 +81,11 @@ def python_for_others() -> str | None:
     return None
 
 
-@pytest.fixture
-def isolated(nats_server, stacks):
+@pytest.fixture(params=["zygote and templates"])
+def isolated(nats_server, stacks, request):
     """A stack whose adapter runs as root with ``TRIALBUS_TRIAL_USER=auto``, in a folder others may pass
-    through (pytest's own are private), with the credentials ``trialbus up`` writes in its data dir."""
+    through (pytest's own are private), with the credentials ``trialbus up`` writes in its data dir.
+    Its keepers start from the zygote and warm templates, or (``cold``) each as a new interpreter."""
     if os.geteuid() != 0:
         pytest.skip("running trials as another user needs root")
     python = python_for_others()
@@ -95,7 +96,8 @@ def isolated(nats_server, stacks):
     code = root / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)
-    stack = Stack(root=root, nats=nats_server, extra_env={"TRIALBUS_TRIAL_USER": "auto"})
+    cold = {"TRIALBUS_KEEPER_ZYGOTE": "false", "TRIALBUS_WARM_START": "false"} if request.param == "cold" else {}
+    stack = Stack(root=root, nats=nats_server, extra_env={"TRIALBUS_TRIAL_USER": "auto", **cold})
     data = root / "data"
     data.mkdir()
     credentials.secret_file(data / "api-token", lambda: stack.token)  # as `trialbus up` writes them
@@ -195,6 +197,7 @@ def test_a_retried_trial_goes_on_from_its_checkpoint(isolated):
     assert done["finalMetric"]["uid"] == pwd.getpwnam(USER).pw_uid
 
 
+@pytest.mark.parametrize("isolated", ["zygote and templates", "cold"], indirect=True)
 def test_a_trial_running_as_the_trial_user_is_canceled(isolated):
     stack, code, python = isolated
     trial_user = pwd.getpwnam(USER)

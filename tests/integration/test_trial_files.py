@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -81,3 +82,18 @@ def test_the_start_fails_when_the_trial_user_cannot_reach_the_work_dir() -> None
         users.check_reachable(str(private / "data"))
     finally:
         shutil.rmtree(private)
+
+
+def test_a_keeper_pid_from_a_trials_state_is_adopted_only_when_it_is_the_trial_users() -> None:
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "trial_keeper"])
+    try:
+        wait_for = time.monotonic() + 5
+        while not client.is_keeper(fake.pid) and time.monotonic() < wait_for:
+            time.sleep(0.05)
+        assert client.Keeper.adopt(fake.pid, uid=os.geteuid() + 1) is None  # another user's process
+        adopted = client.Keeper.adopt(fake.pid, uid=os.geteuid())
+        assert adopted is not None
+        adopted.close()
+    finally:
+        fake.kill()
+        fake.wait()

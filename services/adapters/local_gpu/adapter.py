@@ -76,7 +76,7 @@ class LocalGpuAdapter(PlatformAdapter):
         self._bus: Bus | None = None
         trials_dir = f"{self.work_dir}/trials"
         self.users = TrialUsers(settings.trial_user)
-        self.table = TrialTable(trials_dir, settings.max_trials, self.notify)
+        self.table = TrialTable(trials_dir, settings.max_trials, self.notify, lambda: self.users.other_uid)
         self.keepers = KeeperSpawner(
             settings, str(keeper_path), str(shim_path), self.table.ended_notice, users=self.users
         )

@@ -170,8 +170,10 @@ class Keeper:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    def adopt(cls, pid: int) -> Keeper | None:
-        """The running keeper with this pid, or None when the pid is gone or reused."""
+    def adopt(cls, pid: int, uid: int | None = None) -> Keeper | None:
+        """The running keeper with this pid, or None when the pid is gone or reused. ``uid``: the
+        user trials run as, when not ours (the pid comes from a ``state.json`` the trial can write:
+        a process of any other user is no keeper of ours)."""
         keeper = cls(pid)
         try:
             keeper.pidfd = os.pidfd_open(pid)
@@ -179,7 +181,7 @@ class Keeper:
             return None
         except (OSError, AttributeError):  # no pidfd (Linux < 5.3): fall back to liveness checks
             keeper.pidfd = None
-        if not is_keeper(pid):  # checked after pidfd_open: the pidfd now pins this very process
+        if not is_keeper(pid) or uid is not None and real_uid(pid) != uid:  # after pidfd_open: it pins the process
             keeper.close()
             keeper._exited()  # a zombie of ours (same process, earlier adapter): reap it
             return None
@@ -274,13 +276,20 @@ def group_members(pgid: int, uid: int) -> list[int]:
             with open(f"/proc/{name}/stat", "rb") as f:
                 if int(f.read().rsplit(b")", 1)[1].split()[2]) != pgid:
                     continue
-            with open(f"/proc/{name}/status", "rb") as f:
-                owner = next(line for line in f if line.startswith(b"Uid:")).split()[1]
-        except (OSError, IndexError, ValueError, StopIteration):
+        except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
-        if int(owner) == uid:
+        if real_uid(int(name)) == uid:
             found.append(int(name))
     return found
+
+
+def real_uid(pid: int) -> int | None:
+    """The real user of process ``pid`` (from ``/proc``); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            return int(next(line for line in f if line.startswith(b"Uid:")).split()[1])
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
 
 
 def read_state(trial_dir: str) -> dict:
