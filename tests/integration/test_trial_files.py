@@ -97,3 +97,18 @@ def test_a_keeper_pid_from_a_trials_state_is_adopted_only_when_it_is_the_trial_u
     finally:
         fake.kill()
         fake.wait()
+
+
+def test_the_adapter_does_not_start_with_a_trial_user_it_cannot_use(nats_server, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+    env.update(
+        TRIALBUS_NATS_URL=nats_server.url,
+        TRIALBUS_DATA_DIR=str(tmp_path / "data"),
+        TRIALBUS_TRIAL_USER="trialbus-no-such-user",
+        TRIALBUS_STOP_TIMEOUT="5",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "services.adapters.local_gpu"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert "TRIALBUS_TRIAL_USER=trialbus-no-such-user: there is no such user on this host" in done.stderr + done.stdout
