@@ -3,9 +3,9 @@ audit trail of what they asked (stream ``AUDIT``). A part of the dispatcher's co
 
 - **Who is asking.** :meth:`People.identify` maps a token to a :class:`~contracts.people.Caller`:
   the stack's own tokens (``TRIALBUS_API_TOKEN``: the first admin; ``TRIALBUS_API_READ_TOKEN``:
-  a viewer), else a user's, looked up by its SHA-256 (O(1), compared as a whole digest: no
-  timing to learn a prefix from). The table is read once at start and kept by this process,
-  the only writer.
+  a viewer), else a user's, looked up by its SHA-256 (O(1); only digests are compared, so
+  the time a comparison takes tells at most how much of a guess's digest matches, which leads
+  to no token). The table is read once at start and kept by this process, the only writer.
 - **Who may act.** :meth:`People.acting` wraps each change: the rule of
   :func:`contracts.people.may_act` on the team of the work changed, a 403 with its message when
   refused, and an :class:`~contracts.people.AuditRecord` of every attempt, done or refused.
