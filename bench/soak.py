@@ -110,7 +110,7 @@ def soak(
     (code / "trial.py").write_text(textwrap.dedent(TRIAL.format(metrics=metrics, pause=pause)))
     run_log = root / "runs.log"
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")},
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_") or k == "TRIALBUS_TRIAL_USER"},
         "SOAK_RUN_LOG": str(run_log),
         "COLUMNS": "200",
     }

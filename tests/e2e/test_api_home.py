@@ -31,7 +31,7 @@ def links(page: str) -> dict[str, str]:
 @pytest.fixture
 def up(tmp_path: Path):
     require_binary(nats_server_binary(), "nats-server")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_") or k == "TRIALBUS_TRIAL_USER"}
     data_dir = tmp_path / "data"
     up = Up(data_dir, new_ports(), {**env, "COLUMNS": "300"}, tmp_path / "up.log")
     yield up
