@@ -27,6 +27,7 @@ import pytest
 from tests.e2e.conftest import config
 from tests.e2e.helpers import create, ended, submit, wait_until
 from tests.e2e.test_warm_start import templates, trial_dir, warm_of
+from tests.fixtures.nats import require_binary
 from tests.fixtures.stack import Stack
 from trialbus import local
 from trialbus.stack import credentials
@@ -86,11 +87,9 @@ def isolated(nats_server, stacks, request):
     """A stack whose adapter runs as root with ``TRIALBUS_TRIAL_USER=auto``, in a folder others may pass
     through (pytest's own are private), with the credentials ``trialbus up`` writes in its data dir.
     Its keepers start from the zygote and warm templates, or (``cold``) each as a new interpreter."""
-    if os.geteuid() != 0:
-        pytest.skip("running trials as another user needs root")
-    python = python_for_others()
-    if python is None:
-        pytest.skip("no Python interpreter that another user may run")
+    if os.geteuid() != 0:  # a laptop's user cannot switch users; CI runs as root, where this must run
+        require_binary(None, "root (to run trials as another user)")
+    python = require_binary(python_for_others(), "a Python interpreter that another user may run")
     root = Path(tempfile.mkdtemp(prefix="trialbus-isolation-"))
     root.chmod(0o711)
     code = root / "code"

@@ -3,12 +3,9 @@ playwright), pages that update live while they stay open."""
 
 from __future__ import annotations
 
-import importlib
 import os
-import shutil
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -19,29 +16,12 @@ from contracts import ExperimentConfig, ExperimentState, TrialState, TrialStatus
 from contracts.retries import Attempt
 from tests.e2e.conftest import config
 from tests.e2e.helpers import create, ended, submit, trial
-from tests.fixtures.nats import require_binary
+from tests.fixtures.browser import WAIT_MS, browser_fixture  # noqa: F401 - fixture: browser
 from tests.fixtures.stack import Stack
 from tests.fixtures.webui import put_states
 
-try:
-    playwright = importlib.import_module("playwright.sync_api")
-except ImportError:  # a test dependency: missing only on a laptop that skipped `make test`'s install
-    if os.environ.get("CI") == "true":
-        raise
-    pytest.skip("the playwright package is not installed (pip install -e '.[test]')", allow_module_level=True)
-
 PASSWORD = "ssh-pw-never-in-the-page-4b7e"
 PAI_TOKEN = "pai-token-never-in-the-page-c21d"
-WAIT_MS = 15_000
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    executable = require_binary(shutil.which("chromium"), "chromium")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

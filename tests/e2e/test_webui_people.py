@@ -4,36 +4,12 @@ refused by the dispatcher, as that person, and recorded under their name."""
 
 from __future__ import annotations
 
-import importlib
-import os
-import shutil
-from collections.abc import Iterator
-
 import httpx
-import pytest
 
 from tests.e2e.conftest import config
 from tests.e2e.helpers import trial, wait_until
-from tests.fixtures.nats import require_binary
+from tests.fixtures.browser import WAIT_MS, browser_fixture  # noqa: F401 - fixture: browser
 from tests.fixtures.stack import Stack
-
-try:
-    playwright = importlib.import_module("playwright.sync_api")
-except ImportError:  # a test dependency: missing only on a laptop that skipped `make test`'s install
-    if os.environ.get("CI") == "true":
-        raise
-    pytest.skip("the playwright package is not installed (pip install -e '.[test]')", allow_module_level=True)
-
-WAIT_MS = 15_000
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    executable = require_binary(shutil.which("chromium"), "chromium")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-        yield browser
-        browser.close()
 
 
 def add(stack: Stack, name: str, team: str, role: str = "member") -> str:
