@@ -23,7 +23,8 @@ import pytest
 
 from contracts import ExperimentConfig, ExperimentState, MetricRecord, MetricType, TrialState, TrialStatus, subjects
 from tests.e2e.conftest import config
-from tests.e2e.test_webui import artifacts, browser, login, page, row  # noqa: F401 - fixtures
+from tests.e2e.test_webui import artifacts, login, page, row  # noqa: F401 - fixtures
+from tests.fixtures.browser import browser_fixture  # noqa: F401 - fixture: browser
 from tests.fixtures.nats import NatsServer
 from tests.fixtures.stack import Stack
 from tests.fixtures.webui import put_states

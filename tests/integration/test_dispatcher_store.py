@@ -3,8 +3,11 @@ and what happens to them when KV refuses a write."""
 
 from __future__ import annotations
 
+import asyncio
+
 import nats
 import pytest
+from nats.js.errors import NoKeysError
 
 from contracts.base import utcnow
 from contracts.state import TrialState, TrialStatus
@@ -38,7 +41,14 @@ def trial(**changes) -> TrialState:
 async def stored(bus: Bus, trial_id: str) -> tuple[TrialState, int]:
     """The trial as KV holds it, and how many writes the key has seen."""
     kv = await bus.kv(TRIALS_BUCKET.bucket)
-    history = await kv.history(trial_id)
+    for _ in range(50):  # nats-py's history() can end before its first value arrives (services/common/kvwatch.py)
+        try:
+            history = await kv.history(trial_id)
+            break
+        except NoKeysError:  # the writes were acknowledged: the keys are there, ask again
+            await asyncio.sleep(0.02)
+    else:
+        raise AssertionError(f"no history of {trial_id} after 50 reads")
     return TrialState.decode(history[-1].value), len(history)
 
 
