@@ -135,6 +135,9 @@ class ExperimentConfig(NniModel):
     #: ``false`` turns it off (NNI's behaviour); a trial that succeeds turns it off for the experiment.
     #: docs/fail-fast.md.
     fail_fast: int | None = Field(default=None, ge=0, le=1000)
+    #: Trialbus extension: the experiment's priority within its team (higher runs first, and may
+    #: preempt the trials of the team's lower-priority experiments; docs/teams.md). NNI ignores it.
+    priority: int = Field(default=0, ge=-1000, le=1000)
     # Accepted for NNI compatibility; the manager-side settings have no effect here (useAnnotation
     # and sharedStorage only unset: what they ask for is refused).
     nni_manager_ip: str | None = None

@@ -78,7 +78,17 @@ TUNERS_BUCKET = KeyValueConfig(bucket="tuners", history=1, ttl=15.0, storage=Sto
 CLAIMS_BUCKET = KeyValueConfig(bucket="claims", history=1, ttl=3600.0, storage=StorageType.FILE)
 #: People (contracts/people.py): key = user name; a token's hash, never the token.
 USERS_BUCKET = KeyValueConfig(bucket="users", history=1, storage=StorageType.FILE)
-BUCKETS = (EXPERIMENTS_BUCKET, TRIALS_BUCKET, PLATFORMS_BUCKET, TUNERS_BUCKET, CLAIMS_BUCKET, USERS_BUCKET)
+#: Teams' quotas and weights (contracts/teams.py), key = team; only the dispatcher writes them.
+TEAMS_BUCKET = KeyValueConfig(bucket="teams", history=1, storage=StorageType.FILE)
+BUCKETS = (
+    EXPERIMENTS_BUCKET,
+    TRIALS_BUCKET,
+    PLATFORMS_BUCKET,
+    TUNERS_BUCKET,
+    CLAIMS_BUCKET,
+    USERS_BUCKET,
+    TEAMS_BUCKET,
+)
 
 CODE_STORE = ObjectStoreConfig(bucket="code", description="trialCodeDirectory snapshots by sha256")
 #: The remote adapter's copies of trials' checkpoint directories (a tar.gz each, named

@@ -249,6 +249,34 @@ class AsyncClient:
         body: dict[str, Any] = {"limit": limit, **({"team": team} if team else {})}
         return list(await self._call("audit.list", body))
 
+    # -- teams --------------------------------------------------------------------------------
+
+    async def list_teams(self) -> list[dict]:
+        """Every team's quota, weight and use of each shared platform (borrowed beyond its quota too)."""
+        return list(await self._call("team.list", {}))
+
+    async def set_team(
+        self,
+        name: str,
+        *,
+        gpus: float | None = None,
+        trials: int | None = None,
+        weight: float | None = None,
+        platforms: dict[str, dict] | None = None,
+    ) -> dict:
+        """Set a team's share (admins only); what is left None keeps its value."""
+        share = {"gpus": gpus, "trials": trials, "weight": weight, "platforms": platforms}
+        return dict(
+            await self._call("team.set", {"name": name, "share": {k: v for k, v in share.items() if v is not None}})
+        )
+
+    async def remove_team(self, name: str) -> dict:
+        return dict(await self._call("team.remove", {"name": name}))
+
+    async def queue(self) -> list[dict]:
+        """Each shared platform's waiting experiments in the order they get capacity, and why each waits."""
+        return list(await self._call("queue", {}))
+
     async def stop_experiment(self, experiment_id: str, message: str | None = None) -> ExperimentView:
         """Stop taking trials and cancel the running ones; ``message`` (why) is kept with the
         experiment and its cancelled trials."""

@@ -22,7 +22,7 @@ from typing import Annotated
 import typer
 
 from trialbus import local
-from trialbus.commands import experiments, people, platforms, top, trials, watch
+from trialbus.commands import experiments, people, platforms, teams, top, trials, watch
 from trialbus.commands.common import Options
 from trialbus.commands.common import webui_url as _webui_url
 from trialbus.output import fail
@@ -122,6 +122,8 @@ app.add_typer(platforms.app, name="platform")
 app.add_typer(people.app, name="user")
 app.command("whoami")(people.whoami)
 app.command("audit")(people.audit)
+app.add_typer(teams.app, name="team")
+app.command("queue")(teams.queue)
 app.add_typer(trials.log_app, name="log")
 app.command("watch")(watch.watch)
 

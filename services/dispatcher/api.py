@@ -351,5 +351,27 @@ def create_app(
         the changes of one experiment's work only."""
         return await dispatcher().people.audit(caller, limit, team, experiment)
 
+    @api.get("/teams", responses=doc.refusals(*READ))
+    async def list_teams(caller: Asker) -> list[dict]:
+        """Every team with a share set, or running or waiting: its quota, weight, and per platform its
+        use, the part of it borrowed beyond its quota, and its experiments waiting."""
+        return dispatcher().teams.list()
+
+    @api.put("/teams/{team}", openapi_extra=spec.team_body, responses=doc.refusals(*CHANGE, 415))
+    async def set_team(team: str, request: Request, caller: Asker) -> dict:
+        """Set a team's share (admins only): ``{"gpus", "trials", "weight", "platforms"}``; a quota
+        is guaranteed, more is borrowed while idle and preempted when its owner needs it back."""
+        return await dispatcher().teams.set(caller, team, await json_body(request))
+
+    @api.delete("/teams/{team}", responses=doc.refusals(*CHANGE, 404))
+    async def remove_team(team: str, caller: Asker) -> dict:
+        """Forget a team's share (admins only): it is guaranteed nothing and weighs 1 again."""
+        return await dispatcher().teams.remove(caller, team)
+
+    @api.get("/queue", responses=doc.refusals(*READ))
+    async def queue(caller: Asker) -> list[dict]:
+        """Each shared platform's waiting experiments, in the order they get capacity, and why each waits."""
+        return dispatcher().teams.queue()
+
     app.include_router(api)
     return app

@@ -123,6 +123,28 @@ class Attempts:
         except Exception as exc:  # the sweep gives it up after the timeout all the same
             log.warning("cannot ask %s to stop trial %s: %s", trial.platform, trial.id, exc)
 
+    async def preempt(self, trial: TrialState, why: str) -> None:
+        """Preempt a running trial for another's turn (:mod:`.shares`): its owner stops it as a drain does
+        (SIGTERM, its grace period to save a checkpoint), it ends SYS_CANCELED with failure ``preempted``,
+        and runs again as its next attempt, from its checkpoint, without counting against ``retry:``."""
+        if trial.status != TrialStatus.RUNNING or trial.cancel_status:
+            return
+        self._store.defer(trial.model_copy(update={"message": why}))
+        log.info("trial %s: %s", trial.id, why)
+        stop = CancelRequest(
+            experiment_id=trial.experiment_id,
+            trial_id=trial.id,
+            status=TrialStatus.SYS_CANCELED,
+            message=why,
+            preempt=True,
+            attempt=trial.attempt,
+            replica=trial.replica,
+        )
+        try:
+            await self._bus.nc.publish(subjects.control(trial.platform, "cancel"), stop.encode())
+        except Exception as exc:  # still counted as being preempted; its end frees the capacity
+            log.warning("cannot ask %s to preempt trial %s: %s", trial.platform, trial.id, exc)
+
     async def again(self, ended: TrialState, trial: TrialState, sends: list[TrialState] | None = None) -> None:
         """Run ``trial`` (``ended``'s next attempt, from :mod:`.retries`) again: its slot is
         free meanwhile; it goes first in the queue once its back-off is over."""

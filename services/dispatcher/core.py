@@ -12,7 +12,8 @@ queues and slots (:mod:`.slots`), trials' ends and cancels (:mod:`.ends`, :mod:`
 attempts (:mod:`.attempts`), submits (:mod:`.submissions`), experiments (:mod:`.experiments`),
 events and metric records from the bus (:mod:`.inputs`), what depends on time (:mod:`.sweep`),
 deletes (:mod:`.retention`), the reads (:mod:`.queries`), silent trials (:mod:`.liveness`),
-the fail-fast guard (:mod:`.failfast`) and the people who may act (:mod:`.people`).
+the fail-fast guard (:mod:`.failfast`), the people who may act (:mod:`.people`) and the teams'
+shares of the platforms (:mod:`.teams`; the policy is :mod:`.shares`, asked by the slots).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from services.dispatcher.slots import Slots
 from services.dispatcher.store import StateStore
 from services.dispatcher.submissions import Submissions
 from services.dispatcher.sweep import Sweep
+from services.dispatcher.teams import Teams
 
 
 class Dispatcher:
@@ -111,6 +113,8 @@ class Dispatcher:
         self.queries = Queries(bus, store, settings.control_timeout)
         #: users, who is asking, who may act, and the audit trail (:mod:`.people`)
         self.people = People(settings, bus, lambda experiment_id: self.queries.experiment(experiment_id).team)
+        #: teams' quotas and weights, their use of the platforms, the queue (:mod:`.teams`, :mod:`.shares`)
+        self.teams = Teams(bus, self.people, self.slots.shares, self.slots.placement)
 
     def rebuild(self) -> None:
         """Derive queues and slots from the loaded state.

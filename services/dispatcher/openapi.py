@@ -137,6 +137,28 @@ ADDED_USER = {
     },
 }
 
+_QUOTA = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "gpus": {"type": ["number", "null"], "minimum": 0, "description": "GPUs guaranteed (null: none)"},
+        "trials": {"type": ["integer", "null"], "minimum": 0, "description": "trials at once guaranteed"},
+    },
+}
+TEAM = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        **_QUOTA["properties"],
+        "weight": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000, "default": 1},
+        "platforms": {
+            "type": "object",
+            "additionalProperties": _QUOTA,
+            "description": "quotas per platform (adapter name), replacing gpus and trials there",
+        },
+    },
+}
+
 #: Every route of ``/api/v1`` may be refused by the authorisation (400 Host, 401 token), a state
 #: change also by 403 (Origin, read-only token); 422 is a parameter that does not parse.
 READ = (400, 401, 422)
@@ -147,4 +169,5 @@ NO_ADAPTER = {503: "no replica of the trial's adapter is running to read its log
 experiment_body = doc.json_body(experiment_config(), "the experiment config")
 trial_body = doc.json_body(TRIAL_SUBMISSION, "the trial to submit")
 user_body = doc.json_body(USER, "the user to add")
+team_body = doc.json_body(TEAM, "the team's quota and weight (fields left out keep their value)")
 code_body = doc.binary_body(CODE_TYPES, "a tar.gz of the trial code directory (safe member names only)")

@@ -36,6 +36,7 @@ from contracts import PlatformStatus
 from contracts.base import utcnow
 from contracts.experiment import ExperimentConfig, LocalConfig, RemoteConfig
 from contracts.nni import TrainingService
+from services.dispatcher.shares import Capacity
 
 
 class Placement:
@@ -90,6 +91,30 @@ class Placement:
             return None
         self._last[experiment_id] = chosen
         return services[chosen].adapter
+
+    def capacity(self, adapter: str) -> Capacity:
+        """What the adapter's live replicas have to share between teams (:mod:`.shares`): their GPUs
+        (a remote adapter's: those of the machines it reaches) and trial slots (unbounded where a
+        replica sets no ``maxTrials``, as clusters do). Nothing bounded while no replica is live:
+        its trials go out and wait on the stream as before."""
+        replicas = self._live(adapter)
+        if not replicas:
+            return Capacity()
+        trials = math.inf if any(r.max_trials is None for r in replicas) else sum(r.max_trials or 0 for r in replicas)
+        machines = {m.name: len(m.gpus) for r in replicas for m in r.machines if m.up}
+        return Capacity(float(sum(len(r.gpus) for r in replicas) + sum(machines.values())), float(trials))
+
+    @staticmethod
+    def gpus_of(config: ExperimentConfig, adapter: str) -> float:
+        """The GPUs one trial of ``config`` holds on ``adapter``: ``trialGpuNumber``, shared by up to
+        ``maxTrialNumberPerGpu`` trials on local."""
+        service = config.service_for(adapter)
+        if service is None:
+            return 0.0
+        gpus = config.gpus_for(service) or 0
+        if gpus and isinstance(service, LocalConfig):
+            return gpus / service.max_trial_number_per_gpu
+        return float(gpus)
 
     def why_waiting(self, config: ExperimentConfig) -> str:
         """Why :meth:`choose` found no platform: each platform's reason, for the trial's message."""

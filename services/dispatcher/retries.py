@@ -36,14 +36,15 @@ def ended_attempt(
     exit_code: int | None,
     message: str | None,
 ) -> Attempt:
-    """The record of the trial's current attempt, ended as said."""
+    """The record of the trial's current attempt, ended as said (``PREEMPTED`` for a preemption: it is
+    no failure of the trial's)."""
     return Attempt(
         attempt=trial.attempt,
         platform=trial.platform,
         replica=trial.replica,
         start_time=trial.start_time,
         end_time=when,
-        status=status.value,
+        status="PREEMPTED" if failure == "preempted" else status.value,
         exit_code=exit_code,
         failure=failure,
         message=message,

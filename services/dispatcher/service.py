@@ -71,6 +71,7 @@ class DispatcherService(Service):
         self.core = Dispatcher(self.settings, bus, store)
         self.core.rebuild()
         await self.core.people.load()
+        await self.core.teams.load()
         inbox = bus.nc.new_inbox().rpartition(".")[0]
         self._events_commit = GroupCommit(store.flush, self.settings.state_write_delay)
         self._metrics_commit = GroupCommit(store.flush, self.settings.state_write_delay)
@@ -91,6 +92,7 @@ class DispatcherService(Service):
         self._tasks = [
             *(asyncio.create_task(reader.run(self._stopping)) for reader in self._readers),
             asyncio.create_task(self._sweep()),
+            asyncio.create_task(self._offer_freed()),
             asyncio.create_task(self._watch_platforms(bus)),
         ]
         self._api = await bus_api.serve(bus, self.core)
@@ -176,6 +178,18 @@ class DispatcherService(Service):
             except Exception as exc:
                 log.warning("watching the platforms' statuses failed (%s); watching again", exc)
                 await asyncio.sleep(1.0)
+
+    async def _offer_freed(self) -> None:
+        """Capacity freed on a platform teams share goes to its waiting experiments at once."""
+        slots = self._core.slots
+        while not self._stopping.is_set():
+            await slots.wake.wait()
+            try:
+                await self._core.sweeper.offer_freed()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("offering freed capacity failed; the sweep offers it within a second")
 
     async def _sweep(self) -> None:
         while not self._stopping.is_set():

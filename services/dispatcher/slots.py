@@ -26,11 +26,13 @@ from datetime import datetime
 
 from contracts import subjects
 from contracts.messages import CancelRequest
+from contracts.people import ADMIN_TEAM
 from contracts.state import ExperimentState, ExperimentStatus, TrialState, TrialStatus
 from services.common.bus import Bus
 from services.dispatcher.placement import Placement
 from services.dispatcher.requests import trial_request
 from services.dispatcher.settings import DispatcherSettings
+from services.dispatcher.shares import Demand, Holding, Shares
 from services.dispatcher.store import StateStore
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,11 @@ class Slots:
         self.seq: dict[str, int] = {}
         #: the platforms' capacity, and the choice of platform in hybrid experiments
         self.placement = Placement(settings.platform_stale_after)
+        #: who runs next where teams share a platform, and what to preempt (:mod:`.shares`)
+        self.shares = Shares(wants=self.wants)
+        #: adapters where capacity freed since :meth:`take_freed`: their waiting experiments may go
+        self.freed: set[str] = set()
+        self.wake = asyncio.Event()
 
     def load(self, trial: TrialState) -> None:
         """A trial of the state loaded at start: queued, or holding its slot (and sent again
@@ -99,6 +106,8 @@ class Slots:
         if trial.dispatched:
             self.active[trial.experiment_id].add(trial.id)
             self.placement.occupy(trial.experiment_id, trial.platform)
+            if state := self.store.experiments.get(trial.experiment_id):
+                self._hold(state, trial.id, trial.platform)
             if trial.status == TrialStatus.WAITING:
                 self.unsent.add(trial.id)
         elif trial.retry_at is not None:
@@ -130,6 +139,9 @@ class Slots:
         if trial.id in self.active[trial.experiment_id]:
             self.active[trial.experiment_id].discard(trial.id)
             self.placement.release(trial.experiment_id, trial.platform)
+            if self.shares.release(trial.id):
+                self.freed.add(trial.platform)
+                self.wake.set()
         if trial.id in self.queue[trial.experiment_id]:
             self.queue[trial.experiment_id].remove(trial.id)
         self.later[trial.experiment_id].pop(trial.id, None)
@@ -142,6 +154,21 @@ class Slots:
             self.free(trial)
         for table in (self.queue, self.later, self.active):
             table.pop(experiment_id, None)
+        self.shares.done(experiment_id)
+
+    def wants(self, experiment_id: str) -> int:
+        """Trials the experiment could start now: its queue, up to its free slots (0 unless RUNNING). O(1)."""
+        state = self.store.experiments.get(experiment_id)
+        queue = self.queue.get(experiment_id)
+        if state is None or state.status != ExperimentStatus.RUNNING or not queue:
+            return 0
+        return max(0, min(len(queue), state.config.trial_concurrency - len(self.active.get(experiment_id, ()))))
+
+    def take_freed(self) -> set[str]:
+        """The adapters where capacity freed since the last call (their waiting experiments may go)."""
+        freed, self.freed = self.freed, set()
+        self.wake.clear()
+        return freed
 
     async def withdraw(self, trial: TrialState) -> bool:
         """Delete the trial's request from the stream; True when it was still there (no replica had
@@ -162,7 +189,9 @@ class Slots:
         """Move queued trials into free slots (in the cache); the caller sends them.
 
         A hybrid experiment's trial goes to the platform :class:`.Placement` chooses; while
-        none is up with room, the queue waits (its head says why) and the sweep tries again.
+        none is up with room, the queue waits (its head says why) and the sweep tries again. On a
+        platform teams share, the trial takes capacity only when :class:`.Shares` says it is its
+        turn; otherwise the head says why it waits.
         """
         state = self.store.experiments[experiment_id]
         config = state.config
@@ -173,6 +202,10 @@ class Slots:
             adapter = self.placement.choose(experiment_id, config) if config.hybrid else config.adapter
             if adapter is None:
                 why = self.placement.why_waiting(config)
+                if head.message != why:
+                    self.store.defer(head.model_copy(update={"message": why}))
+                break
+            if why := self.turn(state, adapter, len(active)):
                 if head.message != why:
                     self.store.defer(head.model_copy(update={"message": why}))
                 break
@@ -187,9 +220,34 @@ class Slots:
             self.store.defer(trial)
             active.add(trial.id)
             self.placement.occupy(experiment_id, adapter)
+            self._hold(state, trial.id, adapter)
             self.unsent.add(trial.id)
             taken.append(trial)
+        if not self.wants(experiment_id):
+            self.shares.done(experiment_id)
         return taken
+
+    def turn(self, state: ExperimentState, adapter: str, active: int) -> str | None:
+        """None when the experiment's next trial may take capacity on ``adapter`` now, else why it waits."""
+        demand = Demand(
+            experiment=state.id,
+            team=state.team or ADMIN_TEAM,
+            priority=state.config.priority,
+            started=state.start_time.timestamp(),
+            gpus=self.placement.gpus_of(state.config, adapter),
+            want=max(1, min(len(self.queue[state.id]), state.config.trial_concurrency - active)),
+        )
+        return self.shares.admit(adapter, demand, self.placement.capacity(adapter))
+
+    def _hold(self, state: ExperimentState, trial_id: str, adapter: str) -> None:
+        holding = Holding(
+            adapter=adapter,
+            team=state.team or ADMIN_TEAM,
+            experiment=state.id,
+            gpus=self.placement.gpus_of(state.config, adapter),
+            priority=state.config.priority,
+        )
+        self.shares.hold(trial_id, holding)
 
     async def take_back(self, state: ExperimentState) -> None:
         """Take back a hybrid experiment's trials sent to a platform that went down before
@@ -218,6 +276,7 @@ class Slots:
             await self.bus.nc.publish(subjects.control(trial.platform, "cancel"), cancel.encode())
             self.active[state.id].discard(trial_id)
             self.placement.release(state.id, trial.platform)
+            self.shares.release(trial_id)
             self.seq.pop(trial_id, None)
             back.append(
                 trial.model_copy(

@@ -3,8 +3,10 @@
 Deferred states KV has not taken yet, requests not known to be on the stream, cancels not
 honoured yet, ``maxTrialDuration``, silent trials (:mod:`.liveness`), hybrid trials to take
 back from a platform that went down, retries whose back-off is over, ``maxExperimentDuration``,
-and experiments that are done. It owns no state: it acts through the trials' ends
-(:mod:`.ends`), attempts (:mod:`.attempts`), cancels (:mod:`.cancels`) and slots (:mod:`.slots`).
+experiments that are done, and the preemptions teams' shares call for (:mod:`.shares`); and, as
+soon as capacity frees on a platform teams share, the experiments waiting for it. It owns no state:
+it acts through the trials' ends (:mod:`.ends`), attempts (:mod:`.attempts`), cancels
+(:mod:`.cancels`) and slots (:mod:`.slots`).
 Each sweep costs O(unfinished trials of the RUNNING experiments): the store's index keeps them apart.
 """
 
@@ -96,3 +98,27 @@ class Sweep:
                         )
                 await self._slots.dispatch_ready(state.id)
                 await self._ends.finish_if_done(state.id)
+        await self.preempt()
+
+    async def preempt(self) -> None:
+        """Preempt what :meth:`Shares.reclaim` says, on every platform teams wait for. O(waiting
+        experiments × trials holding the platform)."""
+        shares, store = self._slots.shares, self._store
+
+        def running(trial_id: str) -> bool:
+            trial = store.trials.get(trial_id)
+            return trial is not None and trial.status == TrialStatus.RUNNING and not trial.cancel_status
+
+        for adapter in [a for a, waiting in shares.demands.items() if waiting]:
+            for victim in shares.reclaim(adapter, self._slots.placement.capacity(adapter), running):
+                async with self._locks[victim.experiment]:
+                    if victim.trial_id in store.trials:
+                        await self._attempts.preempt(store.trials[victim.trial_id], victim.why)
+
+    async def offer_freed(self) -> None:
+        """Capacity freed on a shared platform: its waiting experiments take it, best first (the sweep
+        would, within a second). O(waiting experiments of those platforms)."""
+        for adapter in self._slots.take_freed():
+            for demand in self._slots.shares.ranked(adapter, self._slots.placement.capacity(adapter)):
+                async with self._locks[demand.experiment]:
+                    await self._slots.dispatch_ready(demand.experiment)

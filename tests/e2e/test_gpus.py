@@ -13,7 +13,6 @@ its test starts its own stack.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -26,7 +25,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.e2e.helpers import wait_until
-from tests.fixtures.gpus import STATE_VAR, install_fake_nvidia_smi, set_fake_gpus
+from tests.fixtures.gpus import STATE_VAR, fake_gpu, set_fake_gpus, stack_env
 from tests.fixtures.nats import NatsServer
 from tests.fixtures.stack import Stack
 from trialbus.cli import app
@@ -55,33 +54,6 @@ TRIAL = textwrap.dedent(
     """
 )
 TERMINAL = {"SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"}
-
-
-def fake_gpu(index: int, pids: tuple[int, ...] = ()) -> dict:
-    """A GPU of the fake nvidia-smi; names and memory differ per index so the status can be checked."""
-    return {
-        "name": f"NVIDIA Fake A{index}00",
-        "uuid": f"GPU-e2e-{index}",
-        "memoryTotalMib": 40960 + 1024 * index,
-        "memoryUsedMib": 100 + 10 * index,
-        "gpuUtil": 5 * index,
-        "memoryUtil": 0,
-        "processes": [{"pid": pid, "type": "C", "usedMemoryMib": 50} for pid in pids],
-    }
-
-
-def stack_env(root: Path, gpus: list[dict], **extra: str) -> dict[str, str]:
-    fake = install_fake_nvidia_smi(root / "fake", gpus)
-    # Stack.env() puts the Python bin dir on PATH; extra_env replaces PATH, so keep it there too.
-    path = os.pathsep.join([str(root / "fake" / "bin"), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    return {
-        **fake,
-        "PATH": path,
-        "TRIALBUS_GPU_SOURCE": "nvidia-smi",  # a machine with real NVML still uses the fake
-        "TRIALBUS_GPU_REFRESH": "0.5",
-        "RUN_LOG": str(root / "runs.log"),
-        **extra,
-    }
 
 
 @dataclass

@@ -259,7 +259,7 @@ def test_a_drained_replica_preempts_its_trial_which_saves_in_its_grace_period_an
     done = ended(stack, trial_id)
     assert (done["status"], done["attempt"]) == ("SUCCEEDED", 1), done
     [preempted] = done["attempts"]
-    assert (preempted["status"], preempted["failure"]) == ("SYS_CANCELED", "preempted"), preempted
+    assert (preempted["status"], preempted["failure"]) == ("PREEMPTED", "preempted"), preempted
     assert preempted["replica"] == running["replica"] and done["replica"] != running["replica"]
     assert done["finalMetric"]["default"] > 0  # resumed from what the first attempt saved while stopping
     assert [a for a, _ in attempts_of(run_log, trial_id)] == [0, 1]
@@ -307,7 +307,7 @@ def test_a_spot_notice_drains_its_replica_and_the_preempted_trial_resumes_on_ano
         cloud.stop()
     assert (done["status"], done["attempt"], done["replica"]) == ("SUCCEEDED", 1, "test-host"), done
     [preempted] = done["attempts"]
-    assert (preempted["status"], preempted["failure"], preempted["replica"]) == ("SYS_CANCELED", "preempted", "spot")
+    assert (preempted["status"], preempted["failure"], preempted["replica"]) == ("PREEMPTED", "preempted", "spot")
     assert "spot instance the cloud reclaims (instance-action terminate at" in preempted["message"]
     assert done["finalMetric"]["default"] > 0  # resumed from what the first attempt saved while stopping
     assert "spot notice from aws: instance-action terminate" in stack.log("adapter@spot")
