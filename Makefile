@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # out of the venv: with nni importable, every other test's trials would load it (seconds each) instead of the shim.
 NNI_SDK := .nni-sdk
 
-.PHONY: install run up test typecheck docs bench soak fuzz schemas clean sshd chromium docker wheelhouse image compose-test failover bench-scale bench-running
+.PHONY: install run up test typecheck docs bench soak fuzz schemas clean sshd chromium docker wheelhouse image compose-test failover bench-scale bench-running bench-shares
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,11 @@ bench: $(STAMP) $(NNI_SDK)/.installed
 # submit and end rates as it grows, API p50/p95 at that size (summary, pages, one trial), the dispatcher's restart.
 bench-scale: $(STAMP)
 	$(BIN)/python -m bench.scale --trials $(or $(TRIALS),100000) --concurrency $(or $(CONCURRENCY),1000)
+
+# How long the dispatcher's sharing decisions take (teams' quotas, fair share, preemption): 100 experiments
+# of 10 teams waiting with 100,000 queued trials for a full platform of 64 GPUs, then a tenth as many queued.
+bench-shares: $(STAMP)
+	$(BIN)/python -m bench.shares
 
 # COUNT (1,000) sleeping trials running at once on the local adapter: keeper memory, services' CPU
 bench-running: $(STAMP)

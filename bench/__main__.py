@@ -13,7 +13,8 @@ no-op experiments (trials per second, trial end → next submit); and warm-start
 cold ones and NNI 3.0 (``bench.warm``: NNI's scikit-learn example, start overhead, no-op rate);
 and first, before the stack starts, ``trialbus --help`` next to a bare interpreter (``bench.cli``),
 then NNI's scikit-learn example as a user times ``trialbus experiment run`` on a fresh stack of
-its own, first and second experiment, beside NNI 3.0 (``bench.sklearn``).
+its own, first and second experiment, beside NNI 3.0 (``bench.sklearn``); and how long the
+dispatcher's decisions take where teams share a platform (``bench.shares``, no stack).
 Spawn-only is measured right before and right after each concurrency's trials (the host's speed
 drifts), and the ratio uses their mean.
 """
@@ -45,7 +46,19 @@ from trialbus.stack.processes import free_port
 
 COUNTS = {1: 40, 4: 80, 16: 160}
 #: What ``python -m bench [part…]`` can measure; all of them without arguments.
-PARTS = ("cli", "trials", "metrics", "gpus", "remote", "openpai", "frameworkcontroller", "tuner", "warm", "sklearn")
+PARTS = (
+    "cli",
+    "shares",
+    "trials",
+    "metrics",
+    "gpus",
+    "remote",
+    "openpai",
+    "frameworkcontroller",
+    "tuner",
+    "warm",
+    "sklearn",
+)
 
 
 def main() -> None:
@@ -54,6 +67,12 @@ def main() -> None:
     if "cli" in parts:  # before the stack starts: its processes would slow both commands
         console.print(report(start_times()))
         if parts == {"cli"}:
+            return
+    if "shares" in parts:  # the dispatcher's sharing decisions alone (bench.shares): no stack
+        from bench import shares
+
+        shares.main([])
+        if not parts - {"cli", "shares"}:
             return
     if "sklearn" in parts:  # on a fresh stack of its own (bench.sklearn), before the bench's starts
         sklearn_figure(console, Path(tempfile.mkdtemp(prefix="trialbus-bench-sklearn-")))

@@ -183,9 +183,9 @@ class Shares:
             return None  # nothing to share, or a trial no host here can ever run (its adapter says so)
         self.demands[adapter][demand.experiment] = demand
         free = self._free(adapter, capacity)
-        mine = self._key(adapter, demand, capacity)
-        ranked = self._ranked(adapter, capacity)
-        ahead = [d for d in ranked if d.experiment != demand.experiment and self._key(adapter, d, capacity) < mine]
+        key = self._keys(adapter, capacity)
+        mine = key(demand)
+        ahead = [d for d in self._current(adapter) if d.experiment != demand.experiment and key(d) < mine]
         if free.fits(demand.gpus) and not any(free.fits(d.gpus) for d in ahead):
             return None
         return self.why(adapter, demand, capacity, len(ahead))
@@ -311,7 +311,8 @@ class Shares:
                     free.take(-holding.gpus, -1)
         return free
 
-    def _ranked(self, adapter: str, capacity: Capacity) -> list[Demand]:
+    def _current(self, adapter: str) -> list[Demand]:
+        """The adapter's demands, each with what its experiment wants now; those that want nothing dropped."""
         demands = self.demands.get(adapter)
         if not demands:
             return []
@@ -319,17 +320,32 @@ class Shares:
             demand.want = self.wants(demand.experiment)
             if demand.want <= 0:
                 del demands[demand.experiment]
-        return sorted(demands.values(), key=lambda d: self._key(adapter, d, capacity))
+        return list(demands.values())
 
-    def _key(self, adapter: str, demand: Demand, capacity: Capacity) -> tuple:
-        return (
-            0 if self.within_quota(adapter, demand.team, demand.gpus) else 1,
-            self.dominant_share(adapter, demand.team, capacity) / self.weight(demand.team),
-            -demand.priority,
-            self._of_experiment.get((adapter, demand.experiment), 0),
-            demand.started,
-            demand.experiment,
-        )
+    def _ranked(self, adapter: str, capacity: Capacity) -> list[Demand]:
+        return sorted(self._current(adapter), key=self._keys(adapter, capacity))
+
+    def _keys(self, adapter: str, capacity: Capacity) -> Callable[[Demand], tuple]:
+        """The rank of a demand on ``adapter`` (smaller first; the module's docstring), its team's part
+        worked out once per team and GPU count."""
+        teams: dict[tuple[str, float], tuple[int, float]] = {}
+
+        def key(demand: Demand) -> tuple:
+            part = teams.get((demand.team, demand.gpus))
+            if part is None:
+                part = teams[demand.team, demand.gpus] = (
+                    0 if self.within_quota(adapter, demand.team, demand.gpus) else 1,
+                    self.dominant_share(adapter, demand.team, capacity) / self.weight(demand.team),
+                )
+            return (
+                *part,
+                -demand.priority,
+                self._of_experiment.get((adapter, demand.experiment), 0),
+                demand.started,
+                demand.experiment,
+            )
+
+        return key
 
     def dominant_share(self, adapter: str, team: str, capacity: Capacity) -> float:
         use = self.used(adapter, team)

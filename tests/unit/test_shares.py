@@ -228,3 +228,13 @@ def test_properties_of_any_sharing(specs, gpus, rng):
             need = p.experiments[f"e{j}"].gpus
             borrowed = sum(max(0.0, p.gpus_of(f"t{k}") - (quotas[k] or 0)) for k in range(len(quotas)) if k != j)
             assert free + borrowed < need or p.gpus_of(name) + need > quota, (name, quota, p.gpus_of(name))
+
+
+def test_the_bench_measures_both_sizes(capsys):
+    from bench import shares as bench
+
+    bench.main(["--experiments", "20", "--teams", "4", "--queued", "2000"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "sharing decisions: 64 GPUs all held, 4 teams, 20 experiments waiting"
+    assert [line.split()[0] for line in lines[1:]] == ["2000", "200"]
+    assert all("refused p50 µs" in line and "reclaim p50 ms" in line for line in lines[1:])
