@@ -45,4 +45,5 @@ def trial_request(state: ExperimentState, trial: TrialState, secret: str) -> Tri
         warm_preload=config.warm_start.preload if isinstance(config.warm_start, WarmStart) else [],
         heartbeat=timeout / 3 if (timeout := config.retry_policy.heartbeat_timeout) else None,
         grace_period=config.trial_grace_period,
+        team=state.team,
     )
