@@ -159,3 +159,6 @@ class AuditRecord(Contract):
     status: int
     #: The refusal's or the error's message.
     message: str | None = None
+    #: How many times it was done: trials submitted are recorded together, one record per asker and
+    #: experiment a second (``time``: the first of them).
+    count: int = 1

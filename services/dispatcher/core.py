@@ -186,8 +186,10 @@ class Dispatcher:
         return await self.inputs.on_metrics(records, stream_seq)
 
     async def sweep(self) -> None:
-        """Once a second: limits that depend on time, cancels not yet honoured, finished experiments."""
+        """Once a second: limits that depend on time, cancels not yet honoured, finished experiments,
+        preemptions; the audit records of the second's submits."""
         await self.sweeper.run()
+        await self.people.flush()
 
     # ------------------------------------------------------------------- reads
 

@@ -8,7 +8,9 @@ audit trail of what they asked (stream ``AUDIT``). A part of the dispatcher's co
   to no token). The table is read once at start and kept by this process, the only writer.
 - **Who may act.** :meth:`People.acting` wraps each change: the rule of
   :func:`contracts.people.may_act` on the team of the work changed, a 403 with its message when
-  refused, and an :class:`~contracts.people.AuditRecord` of every attempt, done or refused.
+  refused, and an :class:`~contracts.people.AuditRecord` of every attempt, done or refused (trials
+  submitted by the thousand are recorded together: one record per asker and experiment a second,
+  with their count, :data:`BATCHED`).
 - **Users.** Only an admin adds, lists, removes users and replaces their token; a token is
   answered once, when made, and only its hash is stored.
 
@@ -22,6 +24,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import nats.errors
@@ -55,6 +58,9 @@ log = logging.getLogger(__name__)
 AUDIT_WINDOW = 10_000
 #: The team of an audit record about no team's work (users; work made before teams).
 NO_TEAM = "_"
+#: Actions done by the thousand (a tuner's submits): recorded together, one record per asker,
+#: experiment and action each :meth:`People.flush` (a second), with their ``count``; refusals at once.
+BATCHED = frozenset({"trial.submit"})
 
 
 @dataclass(slots=True)
@@ -77,6 +83,8 @@ class People:
         self._reader = settings.api_read_token.get_secret_value() if settings.api_read_token else None
         self._by_name: dict[str, User] = {}
         self._by_hash: dict[str, User] = {}
+        #: (asker, action, experiment, team) → [when the first was done, how many] (:data:`BATCHED`)
+        self._done: dict[tuple[Caller, str, str | None, str | None], list] = {}
 
     async def load(self) -> None:
         """Read the users bucket (once, at start)."""
@@ -138,9 +146,32 @@ class People:
         await self.record(caller, action, whose, 200)
 
     async def record(self, caller: Caller, action: str, whose: Whose, status: int, message: str | None = None) -> None:
+        if status == 200 and action in BATCHED:  # O(1): published with the others of its second
+            done = self._done.setdefault((caller, action, whose.experiment, whose.team), [utcnow(), 0])
+            done[1] += 1
+            return
+        await self._publish(caller, action, whose, status, message)
+
+    async def flush(self) -> None:
+        """Publish the records of :data:`BATCHED` actions done since the last flush (the sweep's, once a
+        second, and the service's stop). O(askers × experiments that submitted)."""
+        done, self._done = self._done, {}
+        for (caller, action, experiment, team), (when, count) in done.items():
+            await self._publish(caller, action, Whose(experiment, experiment, team), 200, None, count, when)
+
+    async def _publish(
+        self,
+        caller: Caller,
+        action: str,
+        whose: Whose,
+        status: int,
+        message: str | None = None,
+        count: int = 1,
+        when: datetime | None = None,
+    ) -> None:
         team = whose.team
         record = AuditRecord(
-            time=utcnow(),
+            time=when or utcnow(),
             user=caller.name,
             user_team=caller.team,
             role=caller.role,
@@ -150,6 +181,7 @@ class People:
             team=team,
             status=status,
             message=message,
+            count=count,
         )
         try:
             await self._bus.js.publish(subjects.audit(team or NO_TEAM, action), record.encode())
@@ -194,6 +226,8 @@ class People:
                     break
         finally:
             await sub.unsubscribe()
+        # by time: a batch of submits is published after its second, with the time of the first
+        found.sort(key=lambda r: datetime.fromisoformat(r["time"]))
         return found[-limit:]
 
     # ---------------------------------------------------------------- users

@@ -120,6 +120,8 @@ class DispatcherService(Service):
         if self._heartbeats:
             await self._heartbeats.unsubscribe()
         await cancel_and_wait(self._tasks)
+        if self.core is not None:  # the last second's submits, in the audit trail
+            await self.core.people.flush()
         for reader in self._readers:  # unsubscribed before the drain, so it does not wait on them
             await reader.close()
 

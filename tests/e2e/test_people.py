@@ -107,6 +107,29 @@ def test_a_member_acts_on_their_teams_work_and_gets_403_on_another_teams(stack, 
     refused(as_(stack, people["bo"], "GET", "/audit", params={"team": "vision"}), 403, "only their team's")
 
 
+def test_submits_are_audited_together_with_their_count(stack, people, code_dir):
+    made = as_(stack, people["ana"], "POST", "/experiments", json=config(code_dir))
+    experiment = made.json()["id"]
+    for i in range(5):
+        body = {"parameters": {"x": i}}
+        submitted = as_(stack, people["ana"], "POST", f"/experiments/{experiment}/trials", json=body)
+        assert submitted.status_code == 201, submitted.text
+    refused(
+        as_(stack, people["bo"], "POST", f"/experiments/{experiment}/trials", json={"parameters": {"x": 9}}),
+        403,
+        "belongs to team vision",
+    )
+
+    def submits() -> list[dict]:
+        trail = stack.rest("GET", "/audit", params={"experiment": experiment}).json()
+        return [r for r in trail if r["action"] == "trial.submit"]
+
+    # one record for ana's five (within a second or two), the refusal on its own
+    found = wait_until(lambda: sum(r["count"] for r in submits() if r["user"] == "ana") == 5 and submits(), 10, "5")
+    assert len([r for r in found if r["user"] == "ana"]) <= 2, found  # (five submits may straddle a second)
+    assert [(r["user"], r["status"], r["count"]) for r in found if r["user"] == "bo"] == [("bo", 403, 1)]
+
+
 def test_an_admin_adds_lists_rotates_and_removes_users_and_only_an_admin_may(stack, people):
     # whoami names the person behind each token
     assert as_(stack, people["bo"], "GET", "/whoami").json() == {"name": "bo", "team": "nlp", "role": "member"}
