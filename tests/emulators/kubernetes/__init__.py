@@ -14,6 +14,9 @@ What it serves (each module's docstring has the details):
   (``api.py``, ``watch.py``, ``patch.py``), validated against the CRD schema (``schema.py``);
 - a simulated FrameworkController that runs each task's pod as local processes (``controller.py``,
   ``pods.py``) and writes FC's ``status``; pod logs at ``/api/v1/namespaces/{ns}/pods/{pod}/log``;
+- with ``kueue=True``, Kueue: LocalQueues and ClusterQueues, and pods with Kueue's queue label
+  gated until their ClusterQueue has quota for them (``kueue.py``); the pods that exist are
+  listed at ``/api/v1/namespaces/{ns}/pods``;
 - test controls: ``drop_watches()``, ``compact()``, ``requests()``, and pods that end for someone
   else's reason: ``lose_node(pod)``, ``evict(pod)``, ``delete_pod(pod)`` (``server.py``).
 
@@ -157,6 +160,7 @@ def _command(
     tick: float,
     history_limit: int,
     kill_grace: float,
+    kueue: bool = False,
 ) -> list[str]:
     cmd = [
         sys.executable,
@@ -180,6 +184,7 @@ def _command(
     cmd += [arg for ns in namespaces for arg in ("--namespace", ns)] if namespaces is not None else []
     cmd += ["--strict"] if strict else []
     cmd += [] if serve_crd else ["--no-crd"]
+    cmd += ["--kueue"] if kueue else []
     return cmd
 
 
@@ -195,6 +200,7 @@ def start_kubernetes(
     tick: float = 0.05,
     history_limit: int = 5000,
     kill_grace: float = 2.0,
+    kueue: bool = False,
 ) -> Kubernetes:
     """Start an emulator on a free port and wait until it answers.
 
@@ -204,7 +210,7 @@ def start_kubernetes(
     ``strict``: reject undeclared Framework fields (400) instead of pruning them. ``serve_crd=False``:
     a cluster without FrameworkController. ``tick``: seconds between controller steps.
     ``history_limit``: writes a watch can resume across. ``kill_grace``: seconds from SIGTERM to
-    SIGKILL for a pod without ``terminationGracePeriodSeconds``.
+    SIGKILL for a pod without ``terminationGracePeriodSeconds``. ``kueue``: Kueue is installed.
     """
     state_dir.mkdir(parents=True, exist_ok=True)
     namespaces = list(namespaces) if namespaces is not None else None
@@ -222,6 +228,7 @@ def start_kubernetes(
             tick,
             history_limit,
             kill_grace,
+            kueue,
         )
         with (state_dir / "server.log").open("ab") as log:
             process = subprocess.Popen(

@@ -63,6 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--strict", action="store_true", help="reject undeclared Framework fields instead of pruning")
     p.add_argument("--no-crd", action="store_true", help="serve no FrameworkController CRD (a cluster without FC)")
+    p.add_argument("--kueue", action="store_true", help="install Kueue: LocalQueues, ClusterQueues, gated pods")
     p.add_argument("--tick", type=float, default=0.05, metavar="SECONDS", help="controller step interval")
     p.add_argument("--history-limit", type=int, default=5000, metavar="N", help="writes a watch can resume across")
     p.add_argument(
@@ -88,6 +89,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         namespaces=set(args.namespace) if args.namespace is not None else None,
         strict=args.strict,
         serve_crd=not args.no_crd,
+        kueue=args.kueue,
         tick=args.tick,
         history_limit=args.history_limit,
         kill_grace=args.kill_grace,

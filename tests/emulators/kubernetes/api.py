@@ -1,4 +1,6 @@
-"""The REST verbs on Frameworks and Secrets, with the apiserver's status codes and checks.
+"""The REST verbs on Frameworks and Secrets (and Kueue's LocalQueues and ClusterQueues, when
+served: ``kueue.py``), with the apiserver's status codes and checks; pods are listed
+(``GET /api/v1/namespaces/{ns}/pods``, ``labelSelector``) as the simulated controller has them.
 
 - create: 201 (JSON or YAML body); ``generateName`` honoured; 409 AlreadyExists; in a namespace
   outside ``namespaces`` (when the emulator was started with a list): 404 ``namespaces "x" not
@@ -18,15 +20,16 @@ from __future__ import annotations
 import copy
 import json
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from . import schema, status
+from . import kueue, schema, status
 from .patch import PatchError, apply
-from .pods import Kubelet
+from .pods import Kubelet, Pod
 from .resources import FRAMEWORKS, SECRETS, Resource
 from .store import Obj, Store, selector
 from .watch import watch
@@ -61,11 +64,28 @@ def _truthy(value: str | None) -> bool:
 class Api:
     """Handlers bound to one store, with the start options that change them."""
 
-    def __init__(self, store: Store, kubelet: Kubelet, namespaces: set[str] | None, strict: bool) -> None:
+    def __init__(
+        self,
+        store: Store,
+        kubelet: Kubelet,
+        namespaces: set[str] | None,
+        strict: bool,
+        pods: Callable[[], list[Pod]] = list,
+    ) -> None:
         self.store, self.kubelet, self.namespaces, self.strict = store, kubelet, namespaces, strict
+        self.pods = pods  # the pods that exist now
 
-    def register(self, app: FastAPI, serve_crd: bool) -> None:
-        served = [SECRETS, *([FRAMEWORKS] if serve_crd else [])]
+    def register(self, app: FastAPI, serve_crd: bool, serve_kueue: bool = False) -> None:
+        served = [SECRETS, *([FRAMEWORKS] if serve_crd else []), *([kueue.LOCALQUEUES] if serve_kueue else [])]
+        if serve_kueue:
+            base = f"{kueue.CLUSTERQUEUES.prefix}/{kueue.CLUSTERQUEUES.plural}"
+            app.add_api_route(base, self._handler(kueue.CLUSTERQUEUES, self.collection), methods=["GET", "POST"])
+            app.add_api_route(
+                f"{base}/{{name}}",
+                self._handler(kueue.CLUSTERQUEUES, self.item),
+                methods=["GET", "PUT", "PATCH", "DELETE"],
+            )
+        app.add_api_route("/api/v1/namespaces/{namespace}/pods", self.list_pods, methods=["GET"])
         for res in served:
             base = f"{res.prefix}/namespaces/{{namespace}}/{res.plural}"
             app.add_api_route(base, self._handler(res, self.collection), methods=["GET", "POST"])
@@ -103,7 +123,7 @@ class Api:
         by_selector = selector(q.get("labelSelector"), q.get("fieldSelector"))
 
         def match(obj: Obj) -> bool:
-            return namespace in (None, obj["metadata"]["namespace"]) and by_selector(obj)
+            return namespace in (None, obj["metadata"].get("namespace", "")) and by_selector(obj)
 
         if force_watch or _truthy(q.get("watch")):
             timeout = float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else None
@@ -122,7 +142,7 @@ class Api:
             }
         )
 
-    async def create(self, res: Resource, namespace: str, request: Request) -> Response:
+    async def create(self, res: Resource, namespace: str | None, request: Request) -> Response:
         obj = self._admit(res, namespace, await _body(request), None)
         meta = obj["metadata"]
         if not meta.get("name") and meta.get("generateName"):
@@ -138,7 +158,7 @@ class Api:
                 ],
             )
         warnings = self._validate(res, obj, None, request)
-        if self.store.get(res, namespace, meta["name"]) is not None:
+        if self.store.get(res, namespace or "", meta["name"]) is not None:
             raise status.already_exists(res, meta["name"])
         created = self.store.create(res, obj, generation=res is FRAMEWORKS)
         return _respond(copy.deepcopy(created), 201, warnings)
@@ -146,10 +166,10 @@ class Api:
     # ------------------------------------------------------------ item: get, replace, patch, delete
 
     async def item(self, res: Resource, request: Request, _: bool) -> Response:
-        namespace, name = request.path_params["namespace"], request.path_params["name"]
+        namespace, name = request.path_params.get("namespace", ""), request.path_params["name"]
         current = self.store.get(res, namespace, name)
         if current is None:
-            if request.method in ("PUT", "PATCH"):
+            if request.method in ("PUT", "PATCH") and res.namespaced:
                 self._check_namespace(namespace)
             raise status.not_found(res, name)
         if request.method == "GET":
@@ -193,8 +213,8 @@ class Api:
         for key in ("uid", "resourceVersion"):
             if preconditions.get(key) not in (None, meta[key]):
                 raise status.conflict(res, meta["name"])
-        deleted = copy.deepcopy(self.store.delete(res, meta["namespace"], meta["name"]))
-        if res is FRAMEWORKS:
+        deleted = copy.deepcopy(self.store.delete(res, meta.get("namespace", ""), meta["name"]))
+        if res.group:  # a custom resource answers with the object, as its CRD's endpoint does
             return _respond(deleted)
         return _respond(
             {
@@ -212,7 +232,7 @@ class Api:
         if self.namespaces is not None and namespace not in self.namespaces:
             raise status.namespace_not_found(namespace)
 
-    def _admit(self, res: Resource, namespace: str, obj: Any, current: Obj | None) -> Obj:
+    def _admit(self, res: Resource, namespace: str | None, obj: Any, current: Obj | None) -> Obj:
         """The object's identity checks: kind, apiVersion, namespace; server-set metadata dropped on create."""
         if not isinstance(obj, dict):
             raise status.bad_request(
@@ -231,12 +251,16 @@ class Api:
             meta = obj["metadata"] = {}
         if not isinstance(meta, dict):
             raise status.bad_request("metadata must be an object")
-        if meta.get("namespace") not in (None, "", namespace):
-            raise status.bad_request(
-                "the namespace of the provided object does not match the namespace sent on the request"
-            )
-        self._check_namespace(namespace)
-        meta["namespace"] = namespace
+        if not res.namespaced:  # cluster-scoped: a namespace in the object is dropped
+            meta.pop("namespace", None)
+        else:
+            assert namespace is not None  # a namespaced resource's routes all name one
+            if meta.get("namespace") not in (None, "", namespace):
+                raise status.bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            self._check_namespace(namespace)
+            meta["namespace"] = namespace
         if current is None:
             for key in SERVER_SET:
                 meta.pop(key, None)
@@ -248,11 +272,27 @@ class Api:
         if res is SECRETS:
             schema.check_secret(obj)
             return []
+        if res.group == kueue.GROUP:
+            kueue.check(res, obj)
+            return []
         mode = request.query_params.get("fieldValidation") or ("Strict" if self.strict else "Warn")
         warnings = schema.check_framework(obj, mode == "Strict", current)
         return warnings if mode == "Warn" else []
 
-    # ------------------------------------------------------------ pod logs
+    # ------------------------------------------------------------ pods
+
+    async def list_pods(self, request: Request) -> Response:
+        namespace = request.path_params["namespace"]
+        by_selector = selector(request.query_params.get("labelSelector"), request.query_params.get("fieldSelector"))
+        items = [p.render() for p in self.pods() if p.namespace == namespace]
+        return _respond(
+            {
+                "apiVersion": "v1",
+                "kind": "PodList",
+                "metadata": {"resourceVersion": str(self.store.rv)},
+                "items": [p for p in items if by_selector(p)],
+            }
+        )
 
     async def pod_log(self, request: Request) -> Response:
         namespace, name = request.path_params["namespace"], request.path_params["name"]

@@ -32,6 +32,7 @@ import traceback
 from typing import Any
 
 from . import completion as codes
+from .kueue import Admission
 from .model import AttemptRun, FrameworkRun, RoleRun, TaskRun
 from .pods import Kubelet, Pod
 from .resources import FRAMEWORKS
@@ -43,8 +44,9 @@ TICK = 0.05
 class Controller:
     """Runs the Frameworks of one store as local processes through one ``Kubelet``."""
 
-    def __init__(self, store: Store, kubelet: Kubelet, tick: float = TICK) -> None:
+    def __init__(self, store: Store, kubelet: Kubelet, tick: float = TICK, admission: Admission | None = None) -> None:
         self.store, self.kubelet, self.tick_seconds = store, kubelet, tick
+        self.admission = admission  # Kueue's, when it is installed
         self.runs: dict[str, FrameworkRun] = {}
         self.orphans: list[Pod] = []  # pods of deleted Frameworks, being killed
 
@@ -72,6 +74,13 @@ class Controller:
                 print(f"controller error on {obj['metadata']['namespace']}/{obj['metadata']['name']}:", file=sys.stderr)
                 traceback.print_exc()
         self.orphans = [pod for pod in self.orphans if not self.kubelet.stop(pod)]
+        if self.admission is not None:
+            self.admission.tick(self.pods())
+
+    def pods(self) -> list[Pod]:
+        """The pods that exist: those of the tasks not completed (FC deletes a completed task's pod)."""
+        tasks = [t for run in self.runs.values() for t in run.attempt.tasks()]
+        return [t.pod for t in tasks if t.pod is not None and t.state != "Completed"]
 
     def _write(self, run: FrameworkRun, obj: dict[str, Any]) -> None:
         status = run.render()

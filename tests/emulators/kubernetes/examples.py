@@ -1,4 +1,5 @@
-"""Framework bodies for tests: small builders, so a test states only what it cares about.
+"""Framework (and Kueue queue) bodies for tests: small builders, so a test states only what it
+cares about.
 
 Everything the CRD leaves to Go zero values is spelled out where it matters: ``task_role`` sets
 ``minFailedTaskCount: 1`` unless told otherwise (without it a Framework whose tasks all fail
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .kueue import CLUSTERQUEUES, LOCALQUEUES
 from .resources import FRAMEWORKS
 
 
@@ -63,4 +65,31 @@ def framework(
         "kind": FRAMEWORKS.kind,
         "metadata": {"name": name, "labels": labels or {}},
         "spec": spec,
+    }
+
+
+def cluster_queue(name: str, **quota: int | str) -> dict[str, Any]:
+    """A Kueue ClusterQueue with one flavor (``default-flavor``) and a nominal quota per resource:
+    ``cluster_queue("cq", cpu=4, memory="8Gi", gpu=1)`` (``gpu`` is ``nvidia.com/gpu``)."""
+    names = {k: "nvidia.com/gpu" if k == "gpu" else k for k in quota}
+    resources = [{"name": names[k], "nominalQuota": str(v)} for k, v in quota.items()]
+    flavor = {"name": "default-flavor", "resources": resources}
+    return {
+        "apiVersion": CLUSTERQUEUES.api_version,
+        "kind": CLUSTERQUEUES.kind,
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [{"coveredResources": list(names.values()), "flavors": [flavor]}],
+        },
+    }
+
+
+def local_queue(name: str, cluster_queue: str) -> dict[str, Any]:
+    """A Kueue LocalQueue that sends its workloads to ``cluster_queue``."""
+    return {
+        "apiVersion": LOCALQUEUES.api_version,
+        "kind": LOCALQUEUES.kind,
+        "metadata": {"name": name},
+        "spec": {"clusterQueue": cluster_queue},
     }

@@ -9,10 +9,11 @@ own directory, stdout and stderr together in ``<state>/pods/<ns>/<pod>-<uid8>/<c
 Init containers are recorded, not run. Resources are recorded in the spec, not enforced.
 
 A pod stays waiting (its task AttemptPreparing, as a pod stuck in ContainerCreating or
-ImagePullBackOff) while: an image is in ``stuck_images``; an ``nfs`` volume is not mapped by
-``volumes``; an ``azureFile`` volume's secret (with ``azurestorageaccountname`` and
-``azurestorageaccountkey``) is missing in the namespace, or its share is not mapped; a
-``secretKeyRef`` is missing; a mount path exists and is not our link, or is our link to another
+ImagePullBackOff) while: it has a scheduling gate (``spec.schedulingGates``: Kueue's, see
+``kueue.py``, which an ``admission`` hook adds at creation); an image is in ``stuck_images``;
+an ``nfs`` volume is not mapped by ``volumes``; an ``azureFile`` volume's secret (with
+``azurestorageaccountname`` and ``azurestorageaccountkey``) is missing in the namespace, or its
+share is not mapped; a ``secretKeyRef`` is missing; a mount path exists and is not our link, or is our link to another
 folder in use by a running pod. Each ``volumeMounts[].mountPath`` of a mapped volume (``nfs``,
 ``azureFile``, ``hostPath``; others are ignored) becomes a symlink on this host to the local
 folder (plus ``subPath``); links stay until shutdown, recorded under ``<state>/links``.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import hashlib
 import os
 import re
@@ -95,6 +97,7 @@ class Pod:
     dir: Path
     spec: dict[str, Any]
     identity: dict[str, str]
+    metadata: dict[str, Any] = field(default_factory=dict)  # the template's labels and annotations
     containers: list[Container] = field(default_factory=list)
     exits: list[ContainerExit] = field(default_factory=list)
     links: dict[Path, Path] = field(default_factory=dict)
@@ -117,6 +120,40 @@ class Pod:
         """Failed or deleted by someone else: it stops, whatever its containers do."""
         return self.deleted or bool(self.reason)
 
+    def render(self) -> dict[str, Any]:
+        """The pod as the API lists it: FC's labels and annotations (B.6) over the template's, the spec,
+        and a status phase (Pending until started, with ``SchedulingGated`` while gated)."""
+        labels = {**(self.metadata.get("labels") or {})}
+        labels |= {k: self.identity[k] for k in ("FC_FRAMEWORK_NAME", "FC_TASKROLE_NAME", "FC_TASK_INDEX")}
+        annotations = {**(self.metadata.get("annotations") or {}), **self.identity}
+        spec = copy.deepcopy(self.spec)
+        for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+            for kind in ("limits", "requests"):  # the apiserver's quantities are strings (``1`` → ``"1"``)
+                found = (container.get("resources") or {}).get(kind) or {}
+                found.update({name: str(value) for name, value in found.items()})
+        conditions = []
+        if not self.started:
+            phase = "Pending"
+            if self.spec.get("schedulingGates"):
+                conditions.append({"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"})
+        elif self.alive:
+            phase = "Running"
+        else:
+            phase = "Succeeded" if all(e.code == 0 for e in self.exits) else "Failed"
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "uid": self.uid,
+                "labels": labels,
+                "annotations": annotations,
+            },
+            "spec": spec,
+            "status": {"phase": phase, "conditions": conditions},
+        }
+
     def grace(self, default: float) -> float:
         if self.kill_after is not None:
             return self.kill_after
@@ -134,6 +171,7 @@ class Kubelet:
         stuck_images: set[str],
         secret: SecretLookup,
         kill_grace: float = 2.0,
+        admission: Callable[[Pod], None] | None = None,
     ) -> None:
         self.pods_dir, self.pgid_dir, self.link_dir = state_dir / "pods", state_dir / "pgids", state_dir / "links"
         for directory in (self.pods_dir, self.pgid_dir, self.link_dir):
@@ -142,14 +180,18 @@ class Kubelet:
         self.stuck_images = set(stuck_images)
         self.secret = secret
         self.kill_grace = kill_grace
+        self.admission = admission  # an admission webhook's change to each new pod (Kueue's gate)
         self.made_links: dict[Path, Path] = {}
         self.live: dict[str, Pod] = {}
         self.latest: dict[tuple[str, str], Pod] = {}  # (namespace, pod name) -> its newest pod, for logs
 
     def create(self, namespace: str, template: dict[str, Any], identity: dict[str, str]) -> Pod:
-        spec = render_placeholders(template, identity).get("spec") or {}
+        rendered = render_placeholders(template, identity)
+        spec, metadata = rendered.get("spec") or {}, rendered.get("metadata") or {}
         name, uid = identity["FC_POD_NAME"], identity["FC_POD_UID"]
-        pod = Pod(namespace, name, uid, self.pods_dir / namespace / f"{name}-{uid[:8]}", spec, identity)
+        pod = Pod(namespace, name, uid, self.pods_dir / namespace / f"{name}-{uid[:8]}", spec, identity, metadata)
+        if self.admission is not None:
+            self.admission(pod)
         pod.dir.mkdir(parents=True, exist_ok=True)
         self.latest[(namespace, name)] = pod
         return pod
@@ -158,7 +200,7 @@ class Kubelet:
 
     def try_start(self, pod: Pod) -> bool:
         """Start the pod's containers unless something keeps it waiting (``pod.waiting`` says what)."""
-        waiting = self._stuck(pod) or self._plan(pod)
+        waiting = self._gated(pod) or self._stuck(pod) or self._plan(pod)
         if waiting != pod.waiting and waiting is not None:
             print(f"pod {pod.namespace}/{pod.name} ({pod.uid}) waiting: {waiting}", file=sys.stderr, flush=True)
         pod.waiting = waiting
@@ -171,6 +213,10 @@ class Kubelet:
         pod.started = True
         self.live[pod.uid] = pod
         return True
+
+    def _gated(self, pod: Pod) -> str | None:
+        gates = [g.get("name") for g in pod.spec.get("schedulingGates") or []]
+        return f"SchedulingGated: waiting for the scheduling gates {', '.join(gates)}" if gates else None
 
     def _stuck(self, pod: Pod) -> str | None:
         for c in [*(pod.spec.get("initContainers") or []), *(pod.spec.get("containers") or [])]:

@@ -1,4 +1,5 @@
-"""The two resources the emulator serves, and the discovery documents that announce them.
+"""The resources the emulator serves (Kueue's are in ``kueue.py``), and the discovery documents
+that announce them.
 
 A client checks that FrameworkController is installed the way ``kubectl api-resources`` does:
 ``/apis`` lists the group, ``/apis/frameworkcontroller.microsoft.com/v1`` lists ``frameworks``.
@@ -17,7 +18,7 @@ FC_VERSION = "v1"
 
 @dataclass(frozen=True)
 class Resource:
-    """One served resource type (always namespaced here)."""
+    """One served resource type."""
 
     group: str  # "" for the core group
     version: str
@@ -26,6 +27,7 @@ class Resource:
     kind: str
     verbs: tuple[str, ...]
     short_names: tuple[str, ...] = ()
+    namespaced: bool = True
 
     @property
     def api_version(self) -> str:
@@ -49,7 +51,7 @@ class Resource:
         entry: dict[str, Any] = {
             "name": self.plural,
             "singularName": self.singular,
-            "namespaced": True,
+            "namespaced": self.namespaced,
             "kind": self.kind,
             "verbs": list(self.verbs),
         }
@@ -92,9 +94,11 @@ def fc_group() -> dict[str, Any]:
     }
 
 
-def group_list(serve_crd: bool) -> dict[str, Any]:
-    """``GET /apis``: the groups beyond core; only FrameworkController's, when its CRD is served."""
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [fc_group()] if serve_crd else []}
+def group_list(serve_crd: bool, extra: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``GET /apis``: the groups beyond core: FrameworkController's when its CRD is served, and ``extra``
+    (Kueue's)."""
+    groups = [*([fc_group()] if serve_crd else []), *(extra or [])]
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
 
 
 def version_info() -> dict[str, str]:

@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import resources, status
+from . import kueue, resources, status
 from .api import Api
 from .controller import TICK, Controller
 from .pods import Kubelet
@@ -58,6 +58,7 @@ class Settings:
     tick: float = TICK  # seconds between controller steps
     history_limit: int = HISTORY_LIMIT  # writes a watch can resume across
     kill_grace: float = 2.0  # seconds between SIGTERM and SIGKILL, unless the pod sets its own
+    kueue: bool = False  # Kueue installed (``kueue.py``)
 
 
 class Gate:
@@ -105,8 +106,9 @@ def create_app(settings: Settings) -> FastAPI:
         settings.stuck_images,
         lambda namespace, name: store.get(SECRETS, namespace, name),
         settings.kill_grace,
+        kueue.gate if settings.kueue else None,
     )
-    controller = Controller(store, kubelet, settings.tick)
+    controller = Controller(store, kubelet, settings.tick, kueue.Admission(store) if settings.kueue else None)
     requests: deque[dict[str, Any]] = deque(maxlen=REQUEST_LOG)
 
     @contextlib.asynccontextmanager
@@ -123,8 +125,9 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.store, app.state.controller = store, controller
-    _discovery(app, settings.serve_crd)
-    Api(store, kubelet, settings.namespaces, settings.strict).register(app, settings.serve_crd)
+    _discovery(app, settings.serve_crd, settings.kueue)
+    api = Api(store, kubelet, settings.namespaces, settings.strict, controller.pods)
+    api.register(app, settings.serve_crd, settings.kueue)
 
     @app.post("/emulator/drop-watches")
     async def drop_watches() -> dict[str, int]:
@@ -161,7 +164,7 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
-def _discovery(app: FastAPI, serve_crd: bool) -> None:
+def _discovery(app: FastAPI, serve_crd: bool, serve_kueue: bool) -> None:
     @app.get("/api")
     async def core(request: Request) -> dict[str, Any]:
         return resources.core_versions(f"{request.url.hostname}:{request.url.port}")
@@ -172,7 +175,7 @@ def _discovery(app: FastAPI, serve_crd: bool) -> None:
 
     @app.get("/apis")
     async def groups() -> dict[str, Any]:
-        return resources.group_list(serve_crd)
+        return resources.group_list(serve_crd, [kueue.group()] if serve_kueue else [])
 
     @app.get("/version")
     async def version() -> dict[str, str]:
@@ -180,6 +183,16 @@ def _discovery(app: FastAPI, serve_crd: bool) -> None:
 
     for probe in ("/healthz", "/livez", "/readyz"):
         app.add_api_route(probe, lambda: PlainTextResponse("ok"), methods=["GET"])
+
+    if serve_kueue:
+
+        @app.get(f"/apis/{kueue.GROUP}")
+        async def kueue_group() -> dict[str, Any]:
+            return kueue.group()
+
+        @app.get(f"/apis/{kueue.GROUP}/{kueue.VERSION}")
+        async def kueue_v1() -> dict[str, Any]:
+            return resources.resource_list(f"{kueue.GROUP}/{kueue.VERSION}", [kueue.LOCALQUEUES, kueue.CLUSTERQUEUES])
 
     if serve_crd:
 

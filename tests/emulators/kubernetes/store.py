@@ -73,7 +73,7 @@ class Store:
         meta |= {"uid": str(uuid.uuid4()), "creationTimestamp": timestamp()}
         if generation:
             meta["generation"] = 1
-        self.objects[(resource.plural, meta["namespace"], meta["name"])] = obj
+        self.objects[(resource.plural, meta.get("namespace", ""), meta["name"])] = obj
         self._emit("ADDED", resource, obj, None)
         return obj
 
@@ -81,7 +81,7 @@ class Store:
         """Store ``obj`` over the current object of the same name; a write that changes nothing is
         no write (no new resourceVersion, no event), as in the apiserver."""
         meta = obj["metadata"]
-        key = (resource.plural, meta["namespace"], meta["name"])
+        key = (resource.plural, meta.get("namespace", ""), meta["name"])  # "": cluster-scoped
         old = self.objects[key]
         for fixed in ("uid", "creationTimestamp", "resourceVersion", "generation"):
             if fixed in old["metadata"]:
