@@ -198,6 +198,13 @@ class PlatformAdapter(ABC):
         outcome (FAILED, with why), not an error; raise only when you cannot tell.
         """
 
+    async def queued(self, handle: TrialHandle) -> str | None:
+        """Why the platform's own queue still holds a launched attempt (Kueue admits its pods,
+        say), or None once it may run. Asked before RUNNING is published: while it answers a
+        reason the trial stays WAITING with that reason (and is polled, so a cancel or an end
+        still reaches it); RUNNING follows the first None. Raise as :meth:`poll` does."""
+        return None
+
     @abstractmethod
     async def cancel(self, handle: TrialHandle) -> None:
         """Begin stopping the attempt and return; a later :meth:`poll` reports its end.

@@ -81,7 +81,7 @@ class ControlRequests:
             if owned.outcome is None:  # an attempt that already ended keeps its own status
                 accepted = True
                 owned.cancel = owned.cancel or request
-                if owned.announced:  # else: sent once launched and announced
+                if owned.announced or owned.queued is not None:  # else: sent once launched and announced
                     with logs.bind(experiment=owned.experiment_id, trial=owned.trial_id):
                         await self.trials.send_cancel(owned)
                 elif owned.waiting is not None:  # held for capacity: end it now

@@ -45,7 +45,7 @@ class Drain:
                     continue  # ended, being stopped already, or still launching (preempted once launched)
                 owned.cancel = self.preemption(owned)
                 preempted += 1
-                if owned.announced:
+                if owned.announced or owned.queued is not None:
                     with logs.bind(experiment=owned.experiment_id, trial=owned.trial_id):
                         await self.trials.send_cancel(owned)
             self._wake()  # held requests go back to the queue

@@ -4,7 +4,10 @@
 (:mod:`services.adapters.service` is the intake half). It guarantees:
 
 - A trial's RUNNING event is published before it is polled, so its end never overtakes
-  its start on the bus.
+  its start on the bus. The one exception: a launched attempt that the platform's own queue
+  holds (:meth:`~services.adapters.base.PlatformAdapter.queued`, Kueue on Kubernetes) stays
+  WAITING with the queue's reason and is polled meanwhile, so a cancel reaches it and its end
+  (canceled, deleted, failed) may come without a start; RUNNING follows once it leaves the queue.
 - Every event is published with JetStream's ack and retried until the broker stores it
   (the broker may restart mid-run). A trial is released only after its terminal event is
   stored; if the service stops first, the next start adopts it and publishes again —
@@ -23,7 +26,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import nats.errors
 from prometheus_client import Counter
@@ -49,7 +52,8 @@ class Owned:
     trial_id: str
     attempt: int
     handle: TrialHandle | None = None  # None while launching
-    announced: bool = False  # RUNNING published: only then is it polled
+    announced: bool = False  # RUNNING published: only then is it polled (or while queued)
+    queued: str | None = None  # launched, held in the platform's own queue: the reason published (WAITING)
     cancel: CancelRequest | None = None  # accepted cancel: the status it ends with
     cancel_sent: bool = False  # adapter.cancel succeeded
     outcome: TrialOutcome | None = None  # ended: the terminal event is being published
@@ -140,19 +144,22 @@ class OwnedTrials:
                 due, self._due = self._due, set()
                 targets = [o for h in due if (o := self.by_key.get(subjects.dispatch_id(h.trial_id, h.attempt)))]
             for owned in targets:
-                if owned.announced and owned.outcome is None and owned.retry_at <= now:
+                watched = owned.announced or owned.queued is not None
+                if watched and owned.outcome is None and owned.retry_at <= now:
                     await self._poll(owned, now)
 
     async def _poll(self, owned: Owned, now: float) -> None:
-        assert owned.handle is not None  # polled once announced, and announced once launched
+        assert owned.handle is not None  # polled once announced or queued, both once launched
         with logs.bind(experiment=owned.experiment_id, trial=owned.trial_id):
             try:
                 if owned.cancel is not None and not owned.cancel_sent:
                     await self.send_cancel(owned)
+                if not owned.announced and not await self._queued(owned):  # it left the platform's queue
+                    await self._running(owned)
                 outcome = await self.adapter.poll(owned.handle)
             except Stale as exc:
                 owned.retry_at = now + exc.delay
-                if owned.note != str(exc):
+                if owned.announced and owned.note != str(exc):  # a note is a RUNNING event
                     owned.note = str(exc)
                     self._spawn(self.note(owned, owned.note))
                 return
@@ -176,7 +183,7 @@ class OwnedTrials:
     async def send_cancel(self, owned: Owned) -> None:
         """Ask the adapter to stop the trial; a failure is retried at the next poll."""
         handle, cancel = owned.handle, owned.cancel
-        assert handle is not None and cancel is not None  # sent for an accepted cancel, once announced
+        assert handle is not None and cancel is not None  # sent for an accepted cancel, once announced or queued
         try:
             await self.adapter.cancel(handle)
             owned.cancel_sent = True
@@ -188,14 +195,42 @@ class OwnedTrials:
 
     async def announce(self, owned: Owned) -> None:
         """Publish RUNNING; from then on the trial is polled (its end always follows its start). Its dedupe
-        id names this replica: a second copy of the attempt elsewhere is seen, and stopped, by the dispatcher."""
+        id names this replica: a second copy of the attempt elsewhere is seen, and stopped, by the dispatcher.
+        While the platform's own queue holds it: WAITING with the queue's reason instead (polled meanwhile)."""
+        assert owned.handle is not None  # announced once launched (or adopted)
+        if not await self._queued(owned):
+            await self._running(owned)
+
+    async def _running(self, owned: Owned) -> None:
         assert owned.handle is not None  # announced once launched (or adopted)
         msg_id = subjects.running_event_id(owned.trial_id, owned.attempt, self.settings.replica)
         await self.publish(owned, TrialStatus.RUNNING, msg_id=msg_id, time=owned.handle.start_time)
         owned.announced = True
-        if owned.cancel is not None:
+        if owned.cancel is not None and not owned.cancel_sent:  # (sent already while it was queued)
             await self.send_cancel(owned)
         self.notify(owned.handle)  # it may have ended while RUNNING was on its way
+
+    async def _queued(self, owned: Owned) -> bool:
+        """Whether the platform's own queue still holds the attempt; WAITING published for each new reason.
+        When the platform cannot tell now, the trial stays as it was (queued, or about to run)."""
+        assert owned.handle is not None  # asked once launched
+        try:
+            reason = await self.adapter.queued(owned.handle)
+        except (TransientError, PermanentError) as exc:
+            log.info("cannot tell whether the platform still queues the trial: %s", exc)
+            return owned.queued is not None
+        except Exception:
+            log.exception("unexpected error asking whether the platform still queues the trial")
+            return owned.queued is not None
+        if reason is None:
+            if owned.queued is not None:  # it starts now, not when it was handed to the platform's queue
+                owned.handle = replace(owned.handle, start_time=utcnow())
+            owned.queued = None
+            return False
+        if owned.queued != reason:
+            owned.queued = reason
+            await self.waiting(owned, reason)
+        return True
 
     async def report(self, owned: Owned, release: bool = False) -> None:
         """Publish the terminal event (the cancel's status if one was accepted), then release."""

@@ -34,7 +34,9 @@ from contracts import (
     TrialStatus,
     subjects,
 )
+from contracts.base import utcnow
 from services.adapters import AdapterService, AdapterSettings, PermanentError, TransientError
+from services.adapters.base import TrialHandle
 from services.adapters.fake import FakeAdapter, FakePlatform
 from services.common.bus import Bus, bootstrap, connect
 
@@ -384,3 +386,53 @@ async def test_the_local_gpu_service_process_stops_on_sigterm_and_adopts_on_rest
                     with contextlib.suppress(ProcessLookupError):
                         kill(target, signal.SIGKILL)
         print((tmp_path / "adapter.log").read_text())  # shown when the test fails
+
+
+class QueuingFake(FakeAdapter):
+    """A fake whose platform queue holds the trials named in ``held`` (as Kueue holds gated pods)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: dict[str, str] = {}  # trial id → why the platform's queue holds it
+
+    async def queued(self, handle: TrialHandle) -> str | None:
+        return self.held.get(handle.trial_id)
+
+
+async def test_a_trial_the_platform_queues_stays_waiting_then_runs(stack: Stack) -> None:
+    adapter = QueuingFake()
+    adapter.held["held"] = "queued in the fake's LocalQueue"
+    await stack.replica(adapter)
+    await stack.submit("held", duration=60)
+    events = await stack.until(lambda events: TrialStatus.WAITING in statuses(events, "held"))
+    [waiting] = [e for e in events if e.trial_id == "held"]
+    assert waiting.message == "queued in the fake's LocalQueue"
+    await asyncio.sleep(0.3)  # polled meanwhile: still held, nothing more said
+    assert statuses(await stack.until(bool), "held") == [TrialStatus.WAITING]
+
+    released = utcnow()
+    del adapter.held["held"]
+    events = await stack.until(lambda events: TrialStatus.RUNNING in statuses(events, "held"))
+    [running] = [e for e in events if e.trial_id == "held" and e.status is TrialStatus.RUNNING]
+    assert running.time >= released, "it started when the platform's queue let it go"
+    await stack.bus.nc.request(
+        subjects.control("fake", "cancel"), CancelRequest(experiment_id="exp1", trial_id="held").encode(), timeout=2
+    )
+    assert (await stack.until_ended("held"))["held"].status is TrialStatus.USER_CANCELED
+
+
+async def test_a_cancel_reaches_a_trial_the_platform_still_queues(stack: Stack) -> None:
+    adapter = QueuingFake()
+    adapter.held["held"] = "queued in the fake's LocalQueue"
+    await stack.replica(adapter)
+    await stack.submit("held", duration=60)
+    await stack.until(lambda events: TrialStatus.WAITING in statuses(events, "held"))
+
+    raw = await stack.bus.nc.request(
+        subjects.control("fake", "cancel"), CancelRequest(experiment_id="exp1", trial_id="held").encode(), timeout=2
+    )
+    ended = await stack.until_ended("held")
+
+    assert CancelReply.decode(raw.data).accepted
+    assert ended["held"].status is TrialStatus.USER_CANCELED
+    assert statuses(await stack.until(bool), "held") == [TrialStatus.WAITING, TrialStatus.USER_CANCELED]
