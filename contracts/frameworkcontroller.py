@@ -3,8 +3,8 @@
 
 NNI's names and rules, plus a few Trialbus extensions, each marked: the framework's and the
 tasks' ``retryPolicy``, ``reportingTaskRole`` (as for OpenPAI; the first role by default),
-``containerMountPath`` (where pods see the storage; NNI fixes ``/tmp/mount``) and
-``preparingTimeout``.
+``containerMountPath`` (where pods see the storage; NNI fixes ``/tmp/mount``),
+``preparingTimeout`` and ``kueue``.
 """
 
 from __future__ import annotations
@@ -87,6 +87,13 @@ class CompletionPolicy(NniModel):
         return data
 
 
+class Kueue(NniModel):
+    """Where Kueue queues the trials' pods (Trialbus extension): see docs/platforms.md, "Kueue"."""
+
+    #: A Kueue ``LocalQueue`` in the experiment's namespace; its ClusterQueue admits the trials.
+    local_queue: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
+
+
 class FrameworkcontrollerRole(NniModel):
     name: str
     docker_image: str = "msranni/nni:latest"
@@ -146,6 +153,9 @@ class FrameworkcontrollerConfig(TrainingService):
     #: Seconds a Framework may stay AttemptPreparing (an image that never pulls, no room for
     #: its pods) before its trial fails (Trialbus extension; the adapter's default when unset).
     preparing_timeout: float | None = Field(default=None, gt=0)
+    #: Submit the trials' pods to this Kueue LocalQueue, which admits them (Trialbus extension);
+    #: unset: the adapter's ``TRIALBUS_KUEUE_LOCAL_QUEUE``, if any.
+    kueue: Kueue | None = None
 
     _storage = field_validator("storage", mode="before")(_storage)
     _timeout = field_validator("preparing_timeout", mode="before")(lambda v: None if v is None else parse_seconds(v))

@@ -48,7 +48,8 @@ class TrialRequest(Contract):
     #: Seconds between SIGTERM and SIGKILL when the trial is stopped (``trialGracePeriod``); None:
     #: the adapter's own default.
     grace_period: float | None = Field(default=None, ge=0)
-    #: The experiment's team (contracts/people.py): on local, whose Unix user the trial runs as.
+    #: The experiment's team (``ExperimentState.team``; None for an experiment without one): on local,
+    #: whose Unix user the trial runs as; on Kubernetes, the Kueue LocalQueue of a ``{team}`` template.
     team: str | None = None
 
     _service = field_validator("training_service", mode="before")(parse_training_service)

@@ -91,6 +91,8 @@ def test_a_v2_config_needs_no_trial_command_and_takes_both_spellings_of_the_poli
         ({"namespace": "Not_A_Namespace"}, "namespace: String should match pattern"),
         ({"containerMountPath": "mnt"}, "must be an absolute path inside the pods"),
         ({"preparingTimeout": "soon"}, "bad duration 'soon'"),
+        ({"kueue": {"localQueue": "Team_A"}}, "kueue.localQueue: String should match pattern"),
+        ({"kueue": {"queue": "team-a"}}, "trainingService.kueue: Kueue does not have field(s) queue"),
     ],
 )
 def test_bad_configs_are_refused_with_the_reason(service: dict, expected: str):
@@ -216,6 +218,70 @@ def test_a_trial_s_framework():
             "template": role["task"]["pod"],
         }
         kubernetes_validate.validate(template, "1.30", strict=True)
+
+
+def test_a_trial_queued_in_kueue_is_one_pod_group_of_all_its_tasks():
+    roles = [ROLE, {**ROLE, "name": "ps", "gpuNumber": 0, "taskNumber": 1}]
+    plain = frameworks.render(service_of(taskRoles=roles), "exp1", "t1", 0, "r", "/tmp/mount/t", "/k.py")
+    assert [r["task"]["pod"]["metadata"] for r in plain["spec"]["taskRoles"]] == [
+        {"labels": {"trialbus.io/experiment": "exp1"}}
+    ] * 2, "without Kueue the pods are as they always were"
+
+    body = frameworks.render(service_of(taskRoles=roles), "exp1", "t1", 0, "r", "/tmp/mount/t", "/k.py", "team-a")
+    name = body["metadata"]["name"]
+    for role in body["spec"]["taskRoles"]:
+        assert role["task"]["pod"]["metadata"] == {
+            "labels": {
+                "trialbus.io/experiment": "exp1",
+                "kueue.x-k8s.io/queue-name": "team-a",
+                "kueue.x-k8s.io/pod-group-name": name,
+            },
+            "annotations": {
+                "kueue.x-k8s.io/pod-group-total-count": "3",
+                "kueue.x-k8s.io/retriable-in-group": "false",
+            },
+        }
+        template = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": "x"},
+            "template": role["task"]["pod"],
+        }
+        kubernetes_validate.validate(template, "1.30", strict=True)
+    assert check_framework(copy.deepcopy(body), strict=True) == []
+    assert frameworks.queue_of(body) == "team-a" and frameworks.queue_of(plain) is None
+
+    single = {**ROLE, "taskNumber": 1}
+    alone = frameworks.render(service_of(taskRoles=[single]), "e", "t", 0, "r", "/tmp/mount/t", "/k.py", "team-a")
+    assert alone["spec"]["taskRoles"][0]["task"]["pod"]["metadata"] == {
+        "labels": {"trialbus.io/experiment": "e", "kueue.x-k8s.io/queue-name": "team-a"}
+    }, "one pod: a workload of its own, no group"
+    retried = service_of(taskRoles=roles, retryPolicy={"maxRetryCount": 1})
+    again = frameworks.render(retried, "e", "t", 0, "r", "/tmp/mount/t", "/k.py", "team-a")
+    annotations = again["spec"]["taskRoles"][0]["task"]["pod"]["metadata"]["annotations"]
+    assert "kueue.x-k8s.io/retriable-in-group" not in annotations, "FC's replacement pods rejoin the group"
+
+
+def test_the_kueue_local_queue_is_the_experiment_s_else_the_adapter_s_for_its_team():
+    from services.adapters.errors import PermanentError
+    from services.adapters.frameworkcontroller.client import Kubernetes
+    from services.adapters.frameworkcontroller.kueue import Kueue
+    from services.adapters.frameworkcontroller.settings import FrameworkcontrollerSettings
+
+    def no_cluster() -> Kubernetes:
+        raise AssertionError("choosing the LocalQueue asks the cluster nothing")
+
+    def queue(template: str | None, team: str | None, **service) -> str | None:
+        kueue = Kueue(FrameworkcontrollerSettings(kueue_local_queue=template), kube=no_cluster)
+        return kueue.queue_for(service_of(**service), team, "exp1")
+
+    assert queue(None, "vision") is None, "no Kueue unless asked"
+    assert queue(None, None, kueue={"localQueue": "mine"}) == "mine"
+    assert queue("team-{team}", "vision", kueue={"localQueue": "mine"}) == "mine", "the experiment's first"
+    assert queue("team-{team}", "ml_ops") == "team-ml-ops"
+    assert queue("shared", None) == "shared"
+    with pytest.raises(PermanentError, match="experiment exp1 has no team"):
+        queue("team-{team}", None)
 
 
 def test_the_first_task_role_reports_unless_reporting_task_role_names_another():

@@ -242,6 +242,8 @@ def test_the_frameworkcontroller_role_grants_exactly_what_the_adapter_uses():
     assert rules == {
         ("frameworkcontroller.microsoft.com", "frameworks"): {"create", "get", "list", "watch", "patch", "delete"},
         ("", "secrets"): {"create", "delete"},
+        ("", "pods"): {"list"},  # with Kueue: whether a trial's pods are still gated
+        ("kueue.x-k8s.io", "localqueues"): {"get"},  # with Kueue: whether a LocalQueue exists
     }
     binding = docs["RoleBinding"]
     assert binding["roleRef"]["name"] == docs["Role"]["metadata"]["name"]

@@ -24,7 +24,8 @@ it needs: :class:`~.launch.Launcher` (a trial's Framework created, the storage's
 :class:`~.restarts.Restarts` (adoption, release, logs of past attempts) and
 :class:`~.storage.StorageSecrets` (an Azure File share's key and the experiments' Secrets,
 deleted once they are over), over the attempts tracked (:class:`~.jobs.Jobs`) and the
-experiments on the bus (:class:`~.experiments.Experiments`). The Frameworks are built in
+experiments on the bus (:class:`~.experiments.Experiments`), and :class:`~.kueue.Kueue` (the
+LocalQueue of a trial, whether Kueue still holds it). The Frameworks are built in
 :mod:`.frameworks`, and every request to Kubernetes is in :mod:`.client`.
 """
 
@@ -36,11 +37,12 @@ from pathlib import Path
 from contracts import TrainingService, TrialRequest
 from contracts.frameworkcontroller import AzureStorage, FrameworkcontrollerConfig
 from services.adapters.base import PlatformAdapter, TrialHandle, TrialOutcome
-from services.adapters.errors import PermanentError
+from services.adapters.errors import PermanentError, TransientError
 from services.adapters.frameworkcontroller import frameworks
 from services.adapters.frameworkcontroller.client import Kubernetes
 from services.adapters.frameworkcontroller.experiments import Experiments
 from services.adapters.frameworkcontroller.jobs import Jobs
+from services.adapters.frameworkcontroller.kueue import Kueue
 from services.adapters.frameworkcontroller.launch import Launcher
 from services.adapters.frameworkcontroller.restarts import Restarts
 from services.adapters.frameworkcontroller.settings import FrameworkcontrollerSettings
@@ -70,7 +72,10 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
         self.experiments = Experiments(self.name)
         self.secrets = StorageSecrets(settings, self.kube, self.jobs, self.experiments)
         self.watcher = Watcher(settings, self.kube, self.jobs, self.notify)
-        self.launcher = Launcher(settings, self.bundle, self.kube, self.jobs, self.watcher.track, self.secrets)
+        self.kueue = Kueue(settings, self.kube)
+        self.launcher = Launcher(
+            settings, self.bundle, self.kube, self.jobs, self.watcher.track, self.secrets, self.kueue
+        )
         self.restarts = Restarts(
             self.kube, self.jobs, self.watcher.track, self.launcher.root, self.secrets, self.experiments, self.selector
         )
@@ -108,6 +113,9 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
     async def poll(self, handle: TrialHandle) -> TrialOutcome | None:
         return await self.watcher.poll(handle)
 
+    async def queued(self, handle: TrialHandle) -> str | None:
+        return await self.kueue.queued(self.jobs.find(handle))
+
     async def cancel(self, handle: TrialHandle) -> None:
         await self.watcher.cancel(handle)
 
@@ -142,7 +150,8 @@ class FrameworkcontrollerAdapter(PlatformAdapter):
                 problems.append(str(exc))
         try:
             problems += await self.kube().check(service.namespace, self.selector)
-        except PermanentError as exc:
+            problems += await self.kueue.problems(service)
+        except (TransientError, PermanentError) as exc:
             problems.append(str(exc))
         return problems
 

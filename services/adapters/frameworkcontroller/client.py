@@ -23,6 +23,7 @@ from typing import Any, cast
 from services.adapters.errors import AdapterError, PermanentError, TransientError
 
 GROUP, VERSION, PLURAL = "frameworkcontroller.microsoft.com", "v1", "frameworks"
+KUEUE_GROUP = "kueue.x-k8s.io"
 
 
 class Conflict(AdapterError):
@@ -206,6 +207,45 @@ class Kubernetes:
             with self._lock:
                 self._streams.discard(response)
             response.release_conn()
+
+    # ------------------------------------------------------------------ pods, Kueue
+
+    async def pods(self, namespace: str, framework: str) -> builtins.list[dict]:
+        """The pods FrameworkController made for the Framework ``framework`` (its label
+        ``FC_FRAMEWORK_NAME``), as plain JSON (``spec.schedulingGates`` read as sent)."""
+        response = await self.call(
+            f"listing the pods of Framework {namespace}/{framework}",
+            self.core.list_namespaced_pod,
+            namespace,
+            label_selector=f"FC_FRAMEWORK_NAME={framework}",
+            _preload_content=False,
+        )
+        return json.loads(response.data).get("items") or []
+
+    async def kueue_version(self) -> str | None:
+        """The version of ``kueue.x-k8s.io`` the API server prefers; None when Kueue is not installed."""
+        from kubernetes import client
+
+        groups = await self.call("reading the API groups", client.ApisApi(self.api).get_api_versions)
+        for group in groups.groups or []:
+            if group.name == KUEUE_GROUP:
+                return group.preferred_version.version if group.preferred_version else group.versions[0].version
+        return None
+
+    async def local_queue(self, namespace: str, name: str, version: str) -> dict | None:
+        """The Kueue LocalQueue ``namespace/name``; None when it does not exist."""
+        try:
+            return await self.call(
+                f"reading Kueue LocalQueue {namespace}/{name}",
+                self.custom.get_namespaced_custom_object,
+                KUEUE_GROUP,
+                version,
+                namespace,
+                "localqueues",
+                name,
+            )
+        except NotFound:
+            return None
 
     # ------------------------------------------------------------------ secrets, discovery
 

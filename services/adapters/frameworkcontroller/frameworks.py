@@ -16,6 +16,7 @@ ids and the adapter replica.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from datetime import UTC, datetime
@@ -45,6 +46,14 @@ STOP_CODE = -210
 #: PodPreemptedForCriticalPod (``reasonRegex: '(?i)^Preempting$'``). −1001 PodNodeLost
 #: (``reasonRegex: '(?i)^NodeLost$'``) stays ``infrastructure``.
 PREEMPTED = frozenset({-101, -1000, -1003})
+#: Kueue's plain-Pod integration (sigs.k8s.io/kueue pkg/controller/jobs/pod/constants): the
+#: LocalQueue label, the pod group's label and size, whether Kueue waits for replacement pods of
+#: a failed group, and the scheduling gate its webhook puts on every pod it queues.
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
+KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
+KUEUE_RETRIABLE = "kueue.x-k8s.io/retriable-in-group"
+KUEUE_GATE = "kueue.x-k8s.io/admission"
 
 
 def name_of(experiment_id: str, trial_id: str, attempt: int) -> str:
@@ -84,9 +93,15 @@ def render(
     replica: str,
     trial_dir: str,
     keeper: str,
+    queue: str | None = None,
 ) -> dict[str, Any]:
-    """The Framework of one attempt (``trial_dir``, ``keeper``: their paths in the pods)."""
+    """The Framework of one attempt (``trial_dir``, ``keeper``: their paths in the pods); its pods
+    queued in the Kueue LocalQueue ``queue`` when given (:func:`kueue_metadata`)."""
     report = service.reporting_role.name
+    name = name_of(experiment_id, trial_id, attempt)
+    pod_metadata: dict[str, Any] = {"labels": {f"{LABEL}/experiment": experiment_id}}
+    if queue is not None:
+        pod_metadata = kueue_metadata(pod_metadata, service, queue, name)
     if service.storage.storage_type == "nfs":
         volume = {"name": VOLUME, "nfs": {"server": service.storage.server, "path": service.storage.path}}
     else:
@@ -132,7 +147,7 @@ def render(
                 "task": {
                     "retryPolicy": role.retry_policy.model_dump(by_alias=True) if role.retry_policy else no_retry,
                     "podGracefulDeletionTimeoutSec": 60,
-                    "pod": {"metadata": {"labels": {f"{LABEL}/experiment": experiment_id}}, "spec": pod_spec},
+                    "pod": {"metadata": copy.deepcopy(pod_metadata), "spec": pod_spec},
                 },
             }
         )
@@ -140,7 +155,7 @@ def render(
         "apiVersion": API_VERSION,
         "kind": "Framework",
         "metadata": {
-            "name": name_of(experiment_id, trial_id, attempt),
+            "name": name,
             "namespace": service.namespace,
             "labels": labels(experiment_id, trial_id, attempt, replica),
         },
@@ -150,6 +165,34 @@ def render(
             "taskRoles": roles,
         },
     }
+
+
+def kueue_metadata(metadata: dict[str, Any], service: FrameworkcontrollerConfig, queue: str, name: str) -> dict:
+    """``metadata`` of every pod of the Framework ``name``, queued in Kueue's LocalQueue ``queue``.
+
+    A trial of several pods is one pod group, named as its Framework (unique per attempt) and
+    sized by all its tasks: Kueue admits it whole or not at all. Without a retry policy,
+    ``retriable-in-group: "false"``: FrameworkController makes no replacement pod, so a failed
+    group's workload finishes (its quota freed) once its pods have ended; with one, Kueue keeps
+    the group's quota for the replacement pods FrameworkController makes under the same names.
+    """
+    labels = {**metadata.get("labels", {}), KUEUE_QUEUE: queue}
+    annotations = dict(metadata.get("annotations", {}))
+    total = sum(role.task_number for role in service.task_roles)
+    if total > 1:
+        labels[KUEUE_GROUP] = name
+        annotations[KUEUE_TOTAL] = str(total)
+        policies = [service.retry_policy, *(role.retry_policy for role in service.task_roles)]
+        if not any(policy is not None and policy.max_retry_count != 0 for policy in policies):
+            annotations[KUEUE_RETRIABLE] = "false"
+    return {**metadata, "labels": labels, **({"annotations": annotations} if annotations else {})}
+
+
+def queue_of(framework: dict) -> str | None:
+    """The Kueue LocalQueue a Framework's pods go to (its first task role's label), if any."""
+    roles = (framework.get("spec") or {}).get("taskRoles") or [{}]
+    labels = ((((roles[0].get("task") or {}).get("pod") or {}).get("metadata") or {}).get("labels")) or {}
+    return labels.get(KUEUE_QUEUE)
 
 
 def phase(state: str) -> str:

@@ -32,6 +32,8 @@ class Job:
     canceled: bool = False
     outcome: TrialOutcome | None = None
     since: float = 0.0  # when its state last changed (monotonic)
+    queue: str | None = None  # the Kueue LocalQueue its pods wait in (None: no Kueue)
+    admitted: bool = False  # Kueue admitted its pods (their scheduling gates are gone)
 
     @classmethod
     def of(cls, handle: TrialHandle, service: FrameworkcontrollerConfig, preparing_timeout: float) -> Job:

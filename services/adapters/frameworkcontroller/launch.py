@@ -10,7 +10,8 @@ which installs the keeper's bundle and the code snapshot once per hash on the wa
 point where a launch happens once. A Framework whose name exists (409) is adopted when that
 folder existed (a restart came between creating and tracking it), and fails the attempt when
 the folder is new: the Framework is not ours. On an Azure File share the experiment's Secret
-is made first (:class:`~.storage.StorageSecrets`).
+is made first (:class:`~.storage.StorageSecrets`). With Kueue (:class:`~.kueue.Kueue`) the
+LocalQueue is checked before anything is written, and the pods carry its labels.
 
 :class:`Launcher` is a part of
 :class:`~services.adapters.frameworkcontroller.adapter.FrameworkcontrollerAdapter`: it hands each
@@ -31,6 +32,7 @@ from services.adapters.errors import PermanentError
 from services.adapters.frameworkcontroller import frameworks
 from services.adapters.frameworkcontroller.client import Conflict, Kubernetes
 from services.adapters.frameworkcontroller.jobs import Job, Jobs
+from services.adapters.frameworkcontroller.kueue import Kueue
 from services.adapters.frameworkcontroller.settings import FrameworkcontrollerSettings
 from services.adapters.frameworkcontroller.storage import StorageSecrets
 from services.adapters.keeper import Bundle
@@ -53,9 +55,10 @@ class Launcher:
         tracked: Jobs,
         track: Callable[[TrialHandle, FrameworkcontrollerConfig], Job],
         secrets: StorageSecrets,
+        kueue: Kueue,
     ) -> None:
         self.settings, self.bundle, self.kube = settings, bundle, kube
-        self.tracked, self.track, self.secrets = tracked, track, secrets
+        self.tracked, self.track, self.secrets, self.kueue = tracked, track, secrets, kueue
         self.bus: Bus | None = None
         self._launches: OncePerKey[TrialHandle] = OncePerKey()  # concurrent calls for one attempt: one launch
 
@@ -80,6 +83,9 @@ class Launcher:
         if not isinstance(service, FrameworkcontrollerConfig):
             raise PermanentError(f"the frameworkcontroller adapter cannot run platform {service.platform!r}")
         root = self.root(service)
+        queue = self.kueue.queue_for(service, request.team, request.experiment_id)
+        if queue is not None:
+            await self.kueue.ensure(service.namespace, queue)
         share = sharefs.trial_share(root, request.experiment_id, request.trial_id, request.attempt)
         if self.bus is None:
             raise RuntimeError("the frameworkcontroller adapter is not started")
@@ -96,6 +102,7 @@ class Launcher:
             self.settings.replica,
             share.container,
             f"{root.container}/trialbus/bin/{bin_hash}/trial_keeper.py",
+            queue,
         )
         name = body["metadata"]["name"]
         try:
@@ -114,4 +121,5 @@ class Launcher:
             ),
             service,
         )
+        job.queue = queue
         return job.handle

@@ -77,7 +77,8 @@ class Restarts:
                 handle = TrialHandle(
                     state.id, trial_id, attempt, ref=f"{service.namespace}/{meta['name']}#{folder}", start_time=started
                 )
-                self.track(handle, service).framework = obj
+                job = self.track(handle, service)
+                job.framework, job.queue = obj, frameworks.queue_of(obj)
                 handles.append(handle)
         return handles
 

@@ -31,3 +31,8 @@ class FrameworkcontrollerSettings(ShareSettings):
     watch_timeout: int = Field(default=30, gt=0)
     #: Seconds between two full lists, which heal any event a watch missed.
     relist_interval: float = Field(default=60.0, gt=0)
+    #: The Kueue LocalQueue (in the experiment's namespace) for the trials of experiments that
+    #: name none in ``trainingService.kueue.localQueue``; ``{team}`` is replaced by the
+    #: experiment's team (``_`` as ``-``), e.g. ``team-{team}``. Unset: only experiments that
+    #: name a LocalQueue use Kueue. See docs/platforms.md, "Kueue".
+    kueue_local_queue: str | None = None

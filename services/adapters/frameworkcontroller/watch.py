@@ -6,7 +6,8 @@ Status comes from a **watch** per namespace (resumed from its resourceVersion, r
 trial: ``AttemptCreationPending/Requested/Preparing`` wait (the trial says so after
 ``queue_note_after`` seconds and fails after the preparing timeout: an image that never
 pulls), ``AttemptRunning`` runs, ``Completed`` ends SUCCEEDED or FAILED by its completion
-status (:func:`~.frameworks.outcome_of`, with the reporting task's keeper state). Each event
+status (:func:`~.frameworks.outcome_of`, with the reporting task's keeper state); while Kueue
+holds its pods (:mod:`.kueue`) a Framework waits without the note or the timeout. Each event
 about a tracked Framework calls ``notify`` with its trial, so its end is polled at once. A
 Framework deleted by someone else ends its trial SYS_CANCELED. Cancel patches
 ``executionType: Stop``.
@@ -84,7 +85,8 @@ class Watcher:
             job.outcome = frameworks.outcome_of(job.framework, keeper, job.canceled)
             return job.outcome
         waited = time.monotonic() - job.since
-        if frameworks.phase(state) == "waiting" and not job.canceled:
+        queued = job.queue is not None and not job.admitted  # Kueue holds it: WAITING, no timeout (kueue.py)
+        if frameworks.phase(state) == "waiting" and not job.canceled and not queued:
             if state == "AttemptPreparing" and waited > job.preparing_timeout:
                 await self.kube().stop(job.namespace, job.name)
                 job.outcome = TrialOutcome(
