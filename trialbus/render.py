@@ -90,7 +90,8 @@ def framework(service: FrameworkcontrollerConfig) -> str:
     Azure storage key goes into a Secret the Framework names)."""
     trial_dir = f"{service.container_mount_path}/trialbus/trials/{EXPERIMENT_ID}/{TRIAL_ID}-0"
     keeper = f"{service.container_mount_path}/trialbus/bin/{fc_adapter.bundle().hash}/trial_keeper.py"
-    body = frameworks.render(service, EXPERIMENT_ID, TRIAL_ID, 0, REPLICA, trial_dir, keeper)
+    queue = service.kueue.local_queue if service.kueue is not None else None  # the adapter's default: not known here
+    body = frameworks.render(service, EXPERIMENT_ID, TRIAL_ID, 0, REPLICA, trial_dir, keeper, queue)
     header = (
         f"# The Framework of trial {TRIAL_ID} of experiment {EXPERIMENT_ID}, attempt 0, made by adapter replica\n"
         f"# {REPLICA}; the ids stand for the ones assigned at run time.\n"

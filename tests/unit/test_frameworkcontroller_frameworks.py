@@ -426,6 +426,10 @@ def test_trialbus_render_prints_the_framework(tmp_path: Path):
     assert body["kind"] == "Framework" and body["metadata"]["namespace"] == "default"
     command = body["spec"]["taskRoles"][0]["task"]["pod"]["spec"]["containers"][0]["command"][2]
     assert "/mnt/nni/trialbus/trials/EXPERIMENT/TRIAL-0" in command
+    (tmp_path / "config.yml").write_text(yaml.safe_dump(config(kueue={"localQueue": "team-a"})))
+    result = CliRunner().invoke(app, ["render", "-f", str(tmp_path / "config.yml")])
+    labels = yaml.safe_load(result.output)["spec"]["taskRoles"][0]["task"]["pod"]["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "team-a", "the pods as Kueue will see them"
 
 
 def test_a_failed_framework_carries_its_keeper_s_last_stderr_line():
