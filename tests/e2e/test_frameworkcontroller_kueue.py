@@ -128,3 +128,17 @@ def test_a_cluster_without_kueue_refuses_an_experiment_that_names_a_local_queue(
     finally:
         stack.stop()
         no_kueue.stop()
+
+
+def test_a_restarted_adapter_keeps_a_queued_trial_waiting_until_kueue_admits_it(stack, k8s, tmp_path):
+    make_queues(k8s, gpus=1)
+    experiment = create(stack, one_gpu(write_code(tmp_path, TRIAL)))
+    first = submit(stack, experiment, {"x": 1, "sleep": 5})
+    wait_until(lambda: trial(stack, first)["status"] == "RUNNING", 30, "the first trial RUNNING")
+    second = submit(stack, experiment, {"x": 2})
+    wait_until(lambda: trial(stack, second)["message"] == QUEUED, 30, "the second trial queued in Kueue")
+    stack.kill("frameworkcontroller")
+    stack.start("frameworkcontroller")
+    assert trial(stack, second)["status"] == "WAITING"
+    assert ended(stack, first)["status"] == "SUCCEEDED"
+    assert ended(stack, second)["status"] == "SUCCEEDED"
