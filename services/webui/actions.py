@@ -64,6 +64,27 @@ class Dispatcher:
             raise Refused(502, "the dispatcher's answer to audit.list is not a list")
         return result
 
+    async def queue(self, token: str | None = None) -> list[dict[str, Any]]:
+        """Each shared platform's capacity, use and waiting experiments in order, with why each waits."""
+        return await self._read("queue", token)
+
+    async def teams(self, token: str | None = None) -> list[dict[str, Any]]:
+        """Every team's quota, weight and use per platform (borrowed capacity, experiments waiting)."""
+        return await self._read("team.list", token)
+
+    async def _read(self, operation: str, token: str | None) -> list[dict[str, Any]]:
+        """A list the dispatcher alone knows (it decides who runs next): no dispatcher answering is
+        503 either way, as the page can only say "not now"."""
+        try:
+            result = await self.call(operation, {}, token)
+        except Refused as exc:
+            if exc.status == 504:
+                raise Refused(503, f"{exc.message}; it decides who runs next, so ask again in a moment") from None
+            raise
+        if not isinstance(result, list):
+            raise Refused(502, f"the dispatcher's answer to {operation} is not a list")
+        return result
+
     async def trial_log(self, trial_id: str, max_bytes: int, attempt: int | None = None) -> str:
         body = {"id": trial_id, "maxBytes": max_bytes, **({} if attempt is None else {"attempt": attempt})}
         result = await self.call("trial.log", body)

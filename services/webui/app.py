@@ -4,6 +4,7 @@ Pages (one HTML shell, drawn by ``static/app.js``):
 
     GET  /                              the newest experiment (follows newer ones as they start)
     GET  /experiments/{id}              one experiment; 404 page naming the id if unknown
+    GET  /queue                         the shared platforms' queue, by team, in order, and the teams' shares
     GET  /login?token=<token>           sets the session cookie (when an api_token is set)
 
 API (JSON; every refusal is ``{"error": "<what to do>"}`` with a 4xx/5xx status):
@@ -22,6 +23,10 @@ API (JSON; every refusal is ``{"error": "<what to do>"}`` with a 4xx/5xx status)
     POST /api/trials/{id}/cancel                cancel it (relayed)
     POST /api/trials/{id}/retry                 run it again as its next attempt, once it has ended (relayed)
     GET  /api/platforms                         adapter replicas, GPUs, machines, clusters
+    GET  /api/queue                             who waits for capacity on each shared platform, in the
+                                                order they get it, and why (the dispatcher's, relayed)
+    GET  /api/teams                             each team's quota, weight, use and borrowed capacity
+                                                (the dispatcher's, relayed)
     GET  /api/events[?experiment=id]            server-sent events (:mod:`services.webui.hub`)
     GET  /api/trials/{id}/metrics/stream        server-sent ``metrics`` events: the trial's records,
          [?points=n]                            history first, then live (``problem`` if unreadable);
@@ -253,6 +258,10 @@ def create_app(
             )
         return shell()
 
+    @pages.get("/queue", responses=spec.page(*READ))
+    async def queue_page() -> Response:
+        return shell()
+
     # No data in them: open without the token, so the 401 page has its style.
     @app.get("/static/{name}", responses=spec.STATIC)
     async def static_file(name: str) -> Response:
@@ -375,6 +384,20 @@ def create_app(
     @api.get("/platforms", responses=doc.refusals(*READ))
     async def list_platforms() -> Response:
         return json_response(hub.platforms)
+
+    @api.get("/queue", responses=doc.refusals(*READ, 502, 503))
+    async def queue(request: Request) -> Response:
+        """Each shared platform: ``{"platform", "capacity", "used", "waiting": [{"position",
+        "experiment", "team", "priority", "gpusPerTrial", "ready", "why"}, …]}``, as the dispatcher
+        ranks them (``trialbus queue``); 503 while no dispatcher answers."""
+        return json_response(await dispatcher.queue(request.state.person.token))
+
+    @api.get("/teams", responses=doc.refusals(*READ, 502, 503))
+    async def teams(request: Request) -> Response:
+        """Every team with a share, or using or waiting for capacity: ``{"name", "weight", "quota",
+        "platforms", "configured", "use": {<platform>: {"gpus", "trials", "quota", "borrowedGpus",
+        "borrowedTrials", "waitingExperiments", "capacity"}}}`` (``trialbus team list``)."""
+        return json_response(await dispatcher.teams(request.state.person.token))
 
     def event_stream(frames: AsyncIterator[bytes]) -> StreamingResponse:
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}

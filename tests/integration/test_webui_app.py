@@ -286,3 +286,56 @@ async def test_unreadable_entries_are_skipped_without_showing_their_values(webui
     assert "skipping unreadable experiments entry broken" in caplog.text
     assert "hunter2-secret" not in caplog.text
     assert (await webui.http.get("/api/experiments/broken")).status_code == 404
+
+
+async def test_the_queue_and_the_teams_are_the_dispatchers_answers_relayed(bus: Bus, nats_server) -> None:
+    queue = [
+        {
+            "platform": "local-gpu",
+            "capacity": {"gpus": 1.0, "trials": None},
+            "used": {"gpus": 1.0, "trials": 1},
+            "waiting": [
+                {
+                    "position": 1,
+                    "experiment": "exp2",
+                    "team": "nlp",
+                    "priority": 0,
+                    "gpusPerTrial": 1.0,
+                    "ready": 1,
+                    "why": "waiting for 1 free GPU (0 of 1 GPUs of local-gpu free)",
+                }
+            ],
+        }
+    ]
+    teams = [{"name": "nlp", "weight": 1.0, "quota": {"gpus": None, "trials": None}, "configured": False, "use": {}}]
+    asked: list[tuple[str, str | None]] = []
+
+    async def dispatcher(msg) -> None:
+        asked.append((msg.subject, (msg.headers or {}).get("Authorization")))
+        await msg.respond(orjson.dumps({"ok": True, "result": queue if msg.subject.endswith("queue") else teams}))
+
+    async with running(bus, nats_server.url, api_token=TOKEN) as webui:
+        # Given no token, both are refused as every /api route is, and the dispatcher is not asked
+        for path in ("/api/queue", "/api/teams"):
+            refused = await webui.http.get(path)
+            assert refused.status_code == 401 and "/login?token=" in refused.json()["error"], path
+        # And while no dispatcher answers, they say so (503)
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        nobody = await webui.http.get("/api/queue", headers=auth)
+        assert nobody.status_code == 503 and "no dispatcher is running" in nobody.json()["error"]
+
+        async def silence(msg) -> None:
+            pass  # a dispatcher too busy to answer
+
+        silent = await bus.nc.subscribe(subjects.api("team.list"), cb=silence)
+        late = await webui.http.get("/api/teams", headers=auth)
+        assert late.status_code == 503 and "did not answer team.list" in late.json()["error"]
+        await silent.unsubscribe()
+        # When the dispatcher answers, its answers come as they are, asked as the web UI (the stack's token)
+        for op in ("queue", "team.list"):
+            await bus.nc.subscribe(subjects.api(op), cb=dispatcher)
+        assert (await webui.http.get("/api/queue", headers=auth)).json() == queue
+        assert (await webui.http.get("/api/teams", headers=auth)).json() == teams
+        assert asked == [(subjects.api("queue"), None), (subjects.api("team.list"), None)]
+        # And the page has its own address
+        assert (await webui.http.get("/queue", headers=auth)).status_code == 200

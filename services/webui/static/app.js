@@ -1,4 +1,5 @@
-// The page: one experiment (or the newest, at /), live from /api/events.
+// The page: one experiment (or the newest, at /), live from /api/events; at /queue, the
+// shared platforms' queue instead (queue.js).
 //
 // Events are not applied as they arrive: they wait in an inbox that is applied at most
 // every APPLY_EVERY_MS, inside requestAnimationFrame, so a burst of changes costs one
@@ -14,6 +15,7 @@
 
 import { drawChart } from "./chart.js";
 import { TrialDetail } from "./detail.js";
+import { showQueue } from "./queue.js";
 import { TrialTable } from "./table.js";
 import { STATUSES, api, formatDuration, formatNumber, h, secondsBetween, toast } from "./util.js";
 import { TrialRows } from "./virtual.js";
@@ -427,4 +429,20 @@ function setUp() {
   connect();
 }
 
-setUp();
+/** The queue page: the picker (to go to an experiment) and who is logged in; no experiment's events. */
+async function setUpQueue() {
+  $("#experiment-picker").addEventListener("change", (event) => {
+    location.href = event.target.value ? `/experiments/${encodeURIComponent(event.target.value)}` : "/";
+  });
+  loadWhoami();
+  showQueue();
+  try {
+    state.experiments = await api("GET", "/api/experiments");
+  } catch {
+    state.experiments = []; // the picker offers the newest experiment only
+  }
+  renderPicker();
+}
+
+if (location.pathname === "/queue") setUpQueue();
+else setUp();
