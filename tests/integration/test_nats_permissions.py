@@ -260,6 +260,10 @@ def test_an_experiment_runs_with_a_nats_user_per_service(server: AuthNatsServer,
             # (a retry of a DONE experiment's trial: the dispatcher's refusal, so the web UI's user may ask)
             retry = httpx.post(f"{stack.webui}/api/trials/{done_trial}/retry", headers=stack.auth, timeout=10)
             assert retry.status_code == 409 and "is DONE" in retry.json()["error"], retry.text
+            # (the queue and the teams' shares, the dispatcher's answers too)
+            for path in ("/api/queue", "/api/teams"):
+                read = httpx.get(f"{stack.webui}{path}", headers=stack.auth, timeout=10)
+                assert read.status_code == 200 and isinstance(read.json(), list), read.text
     except BaseException:
         print(stack.logs(), file=sys.stderr)
         raise
