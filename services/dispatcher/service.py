@@ -93,6 +93,7 @@ class DispatcherService(Service):
             *(asyncio.create_task(reader.run(self._stopping)) for reader in self._readers),
             asyncio.create_task(self._sweep()),
             asyncio.create_task(self._offer_freed()),
+            asyncio.create_task(self._preempt_on_arrival()),
             asyncio.create_task(self._watch_platforms(bus)),
         ]
         self._api = await bus_api.serve(bus, self.core)
@@ -192,6 +193,19 @@ class DispatcherService(Service):
                 raise
             except Exception:
                 log.exception("offering freed capacity failed; the sweep offers it within a second")
+
+    async def _preempt_on_arrival(self) -> None:
+        """An experiment began waiting on a platform teams share: what it may preempt, at once."""
+        slots = self._core.slots
+        while not self._stopping.is_set():
+            await slots.arrival.wait()
+            slots.arrival.clear()
+            try:
+                await self._core.sweeper.preempt()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("preempting for a newly waiting experiment failed; the sweep looks within a second")
 
     async def _sweep(self) -> None:
         while not self._stopping.is_set():

@@ -135,6 +135,9 @@ class Shares:
     _total: dict[str, Use] = field(default_factory=lambda: defaultdict(Use))
     _of_experiment: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     _order: int = 0
+    #: An experiment began waiting for a platform since this was last cleared: what to preempt may
+    #: have changed (the dispatcher looks at once rather than at its next sweep).
+    arrived: bool = False
 
     # ------------------------------------------------------------------ holdings
 
@@ -181,6 +184,8 @@ class Shares:
         if not capacity.bounded or demand.gpus > capacity.gpus + EPSILON or capacity.trials < 1:
             self.demands[adapter].pop(demand.experiment, None)
             return None  # nothing to share, or a trial no host here can ever run (its adapter says so)
+        if demand.experiment not in self.demands[adapter]:
+            self.arrived = True
         self.demands[adapter][demand.experiment] = demand
         free = self._free(adapter, capacity)
         key = self._keys(adapter, capacity)

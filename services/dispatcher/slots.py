@@ -97,6 +97,8 @@ class Slots:
         #: adapters where capacity freed since :meth:`take_freed`: their waiting experiments may go
         self.freed: set[str] = set()
         self.wake = asyncio.Event()
+        #: an experiment began waiting on a shared platform: the sweep's preemptions may be due now
+        self.arrival = asyncio.Event()
 
     def load(self, trial: TrialState) -> None:
         """A trial of the state loaded at start: queued, or holding its slot (and sent again
@@ -237,7 +239,11 @@ class Slots:
             gpus=self.placement.gpus_of(state.config, adapter),
             want=max(1, min(len(self.queue[state.id]), state.config.trial_concurrency - active)),
         )
-        return self.shares.admit(adapter, demand, self.placement.capacity(adapter))
+        why = self.shares.admit(adapter, demand, self.placement.capacity(adapter))
+        if self.shares.arrived:
+            self.shares.arrived = False
+            self.arrival.set()
+        return why
 
     def _hold(self, state: ExperimentState, trial_id: str, adapter: str) -> None:
         holding = Holding(
