@@ -15,7 +15,7 @@ per team that an admin configured (``trialbus team set``).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -61,7 +61,7 @@ class Team(Contract):
     def quota_on(self, adapter: str) -> Quota:
         return self.platforms.get(adapter, self.quota)
 
-    def view(self) -> dict:
+    def view(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True, exclude={"kind", "v"})
 
 

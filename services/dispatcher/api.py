@@ -355,7 +355,7 @@ def create_app(
     async def list_teams(caller: Asker) -> list[dict]:
         """Every team with a share set, or running or waiting: its quota, weight, and per platform its
         use, the part of it borrowed beyond its quota, and its experiments waiting."""
-        return dispatcher().teams.list()
+        return dispatcher().teams.all()
 
     @api.put("/teams/{team}", openapi_extra=spec.team_body, responses=doc.refusals(*CHANGE, 415))
     async def set_team(team: str, request: Request, caller: Asker) -> dict:

@@ -155,7 +155,7 @@ def _operations(core: Dispatcher) -> dict[str, Operation]:
         "user.remove": lambda body, caller: people.remove(caller, _text(body, "name")),
         "user.rotate": lambda body, caller: people.rotate(caller, _text(body, "name")),
         "audit.list": audit,
-        "team.list": lambda body, caller: sync(core.teams.list),
+        "team.list": lambda body, caller: sync(core.teams.all),
         "team.set": lambda body, caller: core.teams.set(caller, _text(body, "name"), body.get("share", {})),
         "team.remove": lambda body, caller: core.teams.remove(caller, _text(body, "name")),
         "queue": lambda body, caller: sync(core.teams.queue),

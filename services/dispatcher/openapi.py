@@ -137,19 +137,16 @@ ADDED_USER = {
     },
 }
 
-_QUOTA = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "gpus": {"type": ["number", "null"], "minimum": 0, "description": "GPUs guaranteed (null: none)"},
-        "trials": {"type": ["integer", "null"], "minimum": 0, "description": "trials at once guaranteed"},
-    },
+_QUOTA_FIELDS: dict[str, Any] = {
+    "gpus": {"type": ["number", "null"], "minimum": 0, "description": "GPUs guaranteed (null: none)"},
+    "trials": {"type": ["integer", "null"], "minimum": 0, "description": "trials at once guaranteed"},
 }
+_QUOTA = {"type": "object", "additionalProperties": False, "properties": _QUOTA_FIELDS}
 TEAM = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
-        **_QUOTA["properties"],
+        **_QUOTA_FIELDS,
         "weight": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000, "default": 1},
         "platforms": {
             "type": "object",

@@ -207,9 +207,9 @@ class Slots:
                 if head.message != why:
                     self.store.defer(head.model_copy(update={"message": why}))
                 break
-            if why := self.turn(state, adapter, len(active)):
-                if head.message != why:
-                    self.store.defer(head.model_copy(update={"message": why}))
+            if turn := self.turn(state, adapter, len(active)):
+                if head.message != turn:
+                    self.store.defer(head.model_copy(update={"message": turn}))
                 break
             queue.popleft()
             trial = head.model_copy(

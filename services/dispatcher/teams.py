@@ -96,7 +96,7 @@ class Teams:
 
     # ---------------------------------------------------------------- views
 
-    def list(self) -> list[dict[str, Any]]:
+    def all(self) -> list[dict[str, Any]]:
         """Every team with a share set, or using or waiting for capacity: quota, weight, use per platform."""
         names = set(self._shares.teams)
         names |= {h.team for h in self._shares.holdings.values()}
