@@ -5,17 +5,18 @@ Used by every adapter that starts keepers on a host it controls (local-gpu in it
 the remote agent on each machine, shipped there beside it); stdlib only (Python ≥ 3.9),
 synchronous and never blocking for long, so an event loop can call it. A template is kept per
 *key*: the trial's interpreter and options, its code directory (a snapshot named by the hash of
-its content), and its environment without what differs per trial or per experiment
-(``trial_template.PER_TRIAL``). So experiments of the same code, interpreter and environment
-share their templates, and what the first learned: a second one forks from the first's templates
-at once, while they live (``idle`` seconds unused; at most ``max_templates``). The first
-trial of a key starts a bare template (the modules asked for in ``warmStart.preload``, and the
-``nni`` shim) and, beside it, a fuller one with what the script's source imports, swapped in once
-ready; each warm trial lists, at its exit, what it imported beyond its template
-(``.trialbus/imports``), and when that adds modules the ready template imports them in place
-(:meth:`Template.add`). A module whose import touches a GPU is never preloaded
-again for that key. A template that dies, or fails to answer, costs nothing but a log line: the
-trial starts cold (the caller's fallback).
+its content), its environment without what differs per trial or per experiment
+(``trial_template.PER_TRIAL``), and the user it runs as (``TRIALBUS_RUN_AS``, set by a caller
+running as root: a template runs as that user, and only that user's trials fork from it). So
+experiments of the same code, interpreter, environment and user share their templates, and what
+the first learned: a second one forks from the first's templates at once, while they live
+(``idle`` seconds unused; at most ``max_templates``). The first trial of a key starts a bare
+template (the modules asked for in ``warmStart.preload``, and the ``nni`` shim) and, beside it,
+a fuller one with what the script's source imports, swapped in once ready; each warm trial
+lists, at its exit, what it imported beyond its template (``.trialbus/imports``), and when that
+adds modules the ready template imports them in place (:meth:`Template.add`). A module whose
+import touches a GPU is never preloaded again for that key. A template that dies, or fails to
+answer, costs nothing but a log line: the trial starts cold (the caller's fallback).
 
 Complexity: per trial O(1) in the number of trials and templates (dict lookups); learning is
 O(modules listed). At most ``max_templates`` templates live; the least recently used goes.
@@ -83,6 +84,16 @@ def read_own(trial_dir: str, folder: str, name: str) -> bytes:
     with os.fdopen(fd, "rb") as file:
         found = os.fstat(fd)
         return file.read(1 << 20) if stat.S_ISREG(found.st_mode) and found.st_nlink == 1 else b""
+
+
+def user_of(run_as: str | None) -> tuple[int, int, tuple[int, ...]] | None:
+    """``(uid, gid, groups)`` of a ``TRIALBUS_RUN_AS`` (``uid:gid:group,…``); None: the caller's own."""
+    if not run_as:
+        return None
+    uid, gid, groups = run_as.split(":")
+    if int(uid) == os.geteuid():
+        return None  # (switching to itself: nothing to do; not root, it could not set groups)
+    return int(uid), int(gid), tuple(int(g) for g in groups.split(",") if g)
 
 
 class Template:
@@ -299,12 +310,10 @@ class WarmPool:
         max_templates: int = 8,
         idle: float = 900.0,
         reuse_keepers: bool = False,
-        user: tuple[int, int, tuple[int, ...]] | None = None,
     ) -> None:
-        """``user``: ``(uid, gid, groups)`` the templates run as (they import the trials' code), for a
-        caller running as root; None: as the caller."""
+        """Templates run as the user of their key's ``TRIALBUS_RUN_AS`` (they import the trials'
+        code); as the caller where there is none."""
         self.folder, self.keeper_path, self.log, self.shim = folder, keeper_path, log, shim
-        self.user = user
         #: Keepers outlive their trial and keep the next (``kept.Kept``): only for a caller
         #: that learns a trial's end from the keepers' notices (``TRIALBUS_DONE_SOCKET``) and writes
         #: ``.trialbus/cancel`` before it signals a keeper to stop a trial.
@@ -317,6 +326,7 @@ class WarmPool:
         self.broken: dict[str, int] = {}  # key → templates that died before they were ready
         self.retired: list[Template] = []  # closed, not yet reaped
         self._keys: dict[tuple, tuple[str, dict, dict[bytes, bytes]] | None] = {}  # key_of's answers
+        self.users: dict[str, tuple[int, int, tuple[int, ...]] | None] = {}  # key → (uid, gid, groups) it runs as
         self._keys_until = 0.0
         self._serial = 0
 
@@ -350,10 +360,13 @@ class WarmPool:
         plan = trial_template.parse_command(command.encode(), env.get(b"PATH"), keeper.code_dir.encode())
         if plan is None or not environ.get("TRIALBUS_CODE_DIR"):
             return None  # not Python; or run in its own trial directory, a different one each time
-        digest = hashlib.sha256(json.dumps([plan["python"], plan["flags"], keeper.code_dir]).encode())
+        run_as = environ.get("TRIALBUS_RUN_AS")
+        digest = hashlib.sha256(json.dumps([plan["python"], plan["flags"], keeper.code_dir, run_as]).encode())
         for k, v in sorted(env.items()):
             digest.update(k + b"=" + v + b"\0")
-        return digest.hexdigest()[:16], plan, env
+        key = digest.hexdigest()[:16]
+        self.users[key] = user_of(run_as)
+        return key, plan, env
 
     # -- use ---------------------------------------------------------------------------------
 
@@ -481,7 +494,14 @@ class WarmPool:
         self._serial += 1
         preload = [n for n in preload if n.partition(".")[0] not in self.unsafe.get(key, ())]
         template = Template(
-            key, plan, env, code_dir, preload, self.folder / f"{key}-{self._serial}", self.reuse_keepers, self.user
+            key,
+            plan,
+            env,
+            code_dir,
+            preload,
+            self.folder / f"{key}-{self._serial}",
+            self.reuse_keepers,
+            self.users[key],
         )
         while len(self.current) >= self.max_templates and key not in self.current:
             oldest = min(self.current, key=lambda k: self.current[k].used)

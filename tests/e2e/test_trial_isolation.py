@@ -1,9 +1,10 @@
 """Trials cannot read the stack's secrets: an adapter running as root runs each trial — its keeper,
-the keeper zygote and the warm templates that import the trial's code — as the unprivileged
-``trialbus-trial`` user (``TRIALBUS_TRIAL_USER=auto``, docs/security.md). A trial tries to read what
-it must not (the stack's credentials as ``trialbus up`` writes them, the adapter's environment, a
-finished experiment's trial directory) and reports what it could; it still writes its own
-directory and checkpoints, reports metrics, and is canceled like any trial.
+the keeper zygote and the warm templates that import the trial's code — as an unprivileged user of
+its team, ``trialbus-t-<team>`` (``TRIALBUS_TRIAL_USER=auto``, docs/security.md). A trial tries to
+read what it must not (the stack's credentials as ``trialbus up`` writes them, the adapter's
+environment, a finished experiment's trial directory, another team's running trial) and reports
+what it could; it still writes its own directory and checkpoints, reports metrics, and is canceled
+like any trial.
 
 Needs root (skipped otherwise: the decision an adapter that is not root takes is in
 tests/unit/test_trial_users.py) and an interpreter the trial user may run.
@@ -12,6 +13,7 @@ tests/unit/test_trial_users.py) and an interpreter the trial user may run.
 from __future__ import annotations
 
 import contextlib
+import grp
 import json
 import os
 import pwd
@@ -24,15 +26,18 @@ from pathlib import Path
 import psutil
 import pytest
 
+from contracts.people import ADMIN_TEAM
+from services.adapters.local_gpu.users import DEFAULT_USER, SHARED_GROUP, team_user_name
 from tests.e2e.conftest import config
 from tests.e2e.helpers import create, ended, submit, wait_until
+from tests.e2e.test_people import add, as_
 from tests.e2e.test_warm_start import templates, trial_dir, warm_of
 from tests.fixtures.nats import require_binary
 from tests.fixtures.stack import Stack
 from trialbus import local
 from trialbus.stack import credentials
 
-USER = "trialbus-trial"
+USER = team_user_name(ADMIN_TEAM)  # (the stack's token is its admin's, of team admins)
 #: What the trial tries; each answer is "ok" or the exception's name.
 TRIAL = textwrap.dedent(
     """
@@ -125,14 +130,32 @@ def keeper_uid(stack: Stack, experiment: str, trial_id: str) -> int:
     return -1
 
 
+def uid_of(name: str) -> int:
+    """The uid of user ``name``; -2 while there is none (a team's is created on its first trial)."""
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return -2
+
+
+def process_uid(stack: Stack, experiment: str, trial_id: str, pid_of: str) -> int:
+    """The real uid of the trial's process ``pid_of`` (``keeperPid``, ``trialPid``) in ``/proc``; -1 when gone."""
+    with contextlib.suppress(OSError, ValueError, KeyError, StopIteration):  # (not yet started, or ended)
+        state = json.loads((work_dir(stack) / "trials" / experiment / f"{trial_id}-0/.trialbus/state.json").read_text())
+        status = Path(f"/proc/{state[pid_of]}/status").read_text().splitlines()
+        return int(next(line for line in status if line.startswith("Uid:")).split()[1])
+    return -1
+
+
 def test_a_trial_reads_none_of_the_stacks_secrets_nor_a_finished_experiments_files(isolated):
     stack, code, python = isolated
-    trial_user = pwd.getpwnam(USER)  # created by the adapter as it started
+    pwd.getpwnam(DEFAULT_USER)  # created by the adapter as it started (for experiments without a team)
     command = f"{python} trial.py"
     # Given a finished experiment whose trial wrote its files
     first = create(stack, config(code, trialCommand=command, trialConcurrency=1, experimentName="first"))
     done = submit(stack, first, {})
     assert ended(stack, done)["status"] == "SUCCEEDED"
+    trial_user = pwd.getpwnam(USER)  # created by the adapter as its team's first trial started
     finished = trial_dir(stack, first, done)
     # (taken back once its end is published)
     wait_until(lambda: finished.stat().st_uid == 0, 10, "the finished trial's directory to be the adapter's")
@@ -161,6 +184,7 @@ def test_a_trial_reads_none_of_the_stacks_secrets_nor_a_finished_experiments_fil
         # And it ran as the trial user, with none of root's groups, and wrote its own files
         assert seen["uid"] == trial_user.pw_uid != 0
         assert 0 not in json.loads(seen["groups"])
+        assert grp.getgrnam(SHARED_GROUP).gr_gid in json.loads(seen["groups"])  # (it reads the code through it)
         assert (seen["own dir"], seen["checkpoint"]) == ("ok", "ok"), seen
         checkpoint = data / "checkpoints" / experiment / trial_id / "step"
         assert checkpoint.read_text() == "mine"
@@ -199,13 +223,78 @@ def test_a_retried_trial_goes_on_from_its_checkpoint(isolated):
 @pytest.mark.parametrize("isolated", ["zygote and templates", "cold"], indirect=True)
 def test_a_trial_running_as_the_trial_user_is_canceled(isolated):
     stack, code, python = isolated
-    trial_user = pwd.getpwnam(USER)
     experiment = create(stack, config(code, trialCommand=f"{python} trial.py", trialConcurrency=1))
     trial_id = submit(stack, experiment, {"sleep": 300})
-    wait_until(lambda: keeper_uid(stack, experiment, trial_id) == trial_user.pw_uid, 60, "the trial to run")
+    wait_until(lambda: keeper_uid(stack, experiment, trial_id) == uid_of(USER), 60, "the trial to run")
     state = json.loads((trial_dir(stack, experiment, trial_id) / ".trialbus/state.json").read_text())
     # When its experiment is stopped
     assert stack.rest("DELETE", f"/experiments/{experiment}").status_code == 200
     # Then the trial is canceled, and nothing of its process group is left
     assert ended(stack, trial_id, 30)["status"] == "USER_CANCELED"
     wait_until(lambda: not psutil.pid_exists(state["trialPid"]), 10, "the trial's process to end")
+
+
+def test_a_teams_trial_reads_nothing_of_another_teams_running_trial(isolated):
+    stack, code, python = isolated
+    tokens = {"ana": add(stack, "ana", "vision"), "bo": add(stack, "bo", "nlp")}
+    command = f"{python} trial.py"
+
+    def start(person: str, parameters: dict) -> tuple[str, str]:
+        made = as_(
+            stack,
+            tokens[person],
+            "POST",
+            "/experiments",
+            json=config(code, trialCommand=command, trialConcurrency=1, warmStart=True, experimentName=person),
+        )
+        assert made.status_code == 201, made.text
+        experiment = made.json()["id"]
+        return experiment, submit(stack, experiment, parameters)
+
+    # Given a trial of team vision that runs (warm), with its directory and its checkpoint
+    a_experiment, a_trial = start("ana", {"sleep": 300})
+    vision, nlp = team_user_name("vision"), team_user_name("nlp")
+    wait_until(lambda: keeper_uid(stack, a_experiment, a_trial) == uid_of(vision), 60, "vision's trial to run")
+    a_dir = trial_dir(stack, a_experiment, a_trial)
+    a_checkpoint = stack.root / "data" / "checkpoints" / a_experiment / a_trial
+    wait_until(lambda: (a_checkpoint / "progress").exists(), 30, "vision's trial to write its checkpoint")
+    reads = {
+        "their dir": f"{a_dir}/",
+        "their parameters": str(a_dir / "parameter.cfg"),
+        "their checkpoints": f"{a_checkpoint}/",
+        "their checkpoint": str(a_checkpoint / "progress"),
+    }
+    # When a trial of team nlp, running beside it, tries to read them
+    b_experiment, b_trial = start("bo", {"read": reads, "sleep": 3})
+    wait_until(lambda: process_uid(stack, b_experiment, b_trial, "trialPid") > 0, 60, "nlp's trial to run")
+    # Then the two trials, and their keepers, run as two users: their teams'
+    running = {
+        (team, name): process_uid(stack, experiment, trial_id, name)
+        for team, experiment, trial_id in (("vision", a_experiment, a_trial), ("nlp", b_experiment, b_trial))
+        for name in ("keeperPid", "trialPid")
+    }
+    assert running == {
+        ("vision", "keeperPid"): uid_of(vision),
+        ("vision", "trialPid"): uid_of(vision),
+        ("nlp", "keeperPid"): uid_of(nlp),
+        ("nlp", "trialPid"): uid_of(nlp),
+    }, running
+    assert uid_of(vision) != uid_of(nlp) and 0 not in (uid_of(vision), uid_of(nlp))
+    # And every read fails with EACCES, while it writes its own directory and checkpoint
+    body = ended(stack, b_trial, 90)
+    assert body["status"] == "SUCCEEDED", body
+    seen = body["finalMetric"]
+    assert {name: seen[name] for name in reads} == dict.fromkeys(reads, "PermissionError"), seen
+    assert (seen["own dir"], seen["checkpoint"], seen["uid"]) == ("ok", "ok", uid_of(nlp)), seen
+    # And each forked from a warm template of its own team's user: none is shared
+    assert warm_of(stack, a_experiment, a_trial) and warm_of(stack, b_experiment, b_trial)
+    owners = {psutil.Process(pid).uids().real for pid in templates(stack)}
+    assert owners == {uid_of(vision), uid_of(nlp)}, owners
+    a_keeper = json.loads((a_dir / ".trialbus/state.json").read_text())["keeperPid"]
+    a_template = psutil.Process(a_keeper).ppid()
+    assert a_template in templates(stack) and psutil.Process(a_template).uids().real == uid_of(vision)
+    # And the running trial's directory and checkpoints are its own, private
+    for path in (a_dir, a_checkpoint):
+        assert (path.stat().st_uid, stat.S_IMODE(path.stat().st_mode)) == (uid_of(vision), 0o700)
+    assert stack.rest("DELETE", f"/experiments/{a_experiment}").status_code == 200
+    assert ended(stack, a_trial, 30)["status"] == "USER_CANCELED"

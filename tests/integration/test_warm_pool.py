@@ -115,6 +115,21 @@ def test_a_key_is_found_once_per_command_and_environment(host, code):
     assert host.pool.key_of(f"{PYTHON} -u probe.py", first)[0] != host.pool.key_of(command, first)[0]
 
 
+
+def test_a_template_is_keyed_by_the_user_it_runs_as(host, code):
+    # (an adapter running as root runs each team's trials as a user of its own: TRIALBUS_RUN_AS)
+    command = f"{PYTHON} probe.py"
+    _, alone = host.environ(command)
+    _, team_a = host.environ(command, TRIALBUS_RUN_AS="54321:54321:54321,54300")
+    _, team_b = host.environ(command, TRIALBUS_RUN_AS="54322:54322:54322,54300")
+    keys = {host.pool.key_of(command, environ)[0] for environ in (alone, team_a, team_b)}
+    assert len(keys) == 3  # a trial never forks from a template of another user
+    assert host.pool.users[host.pool.key_of(command, team_a)[0]] == (54321, 54321, (54321, 54300))
+    assert host.pool.users[host.pool.key_of(command, alone)[0]] is None  # the caller's own
+    _, own = host.environ(command, TRIALBUS_RUN_AS=f"{os.geteuid()}:{os.getegid()}:")
+    assert host.pool.users[host.pool.key_of(command, own)[0]] is None  # no switch to itself
+
+
 @pytest.fixture
 def gpu_init(host, tmp_path):
     """A module ``gpu_init`` on the trials' path whose import opens a stand-in GPU device file, as cuInit opens

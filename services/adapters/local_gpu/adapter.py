@@ -76,7 +76,7 @@ class LocalGpuAdapter(PlatformAdapter):
         self._bus: Bus | None = None
         trials_dir = f"{self.work_dir}/trials"
         self.users = TrialUsers(settings.trial_user)
-        self.table = TrialTable(trials_dir, settings.max_trials, self.notify, lambda: self.users.other_uid)
+        self.table = TrialTable(trials_dir, settings.max_trials, self.notify, self.users.uid_of)
         self.keepers = KeeperSpawner(
             settings, str(keeper_path), str(shim_path), self.table.ended_notice, users=self.users
         )
@@ -85,7 +85,7 @@ class LocalGpuAdapter(PlatformAdapter):
         self.launcher = Launcher(
             settings, table=self.table, code=self.code, keepers=self.keepers, gpus=self.gpus, users=self.users
         )
-        self.watcher = Watcher(self.table, settings.kill_grace, self.keepers.learn, lambda: self.users.other_uid)
+        self.watcher = Watcher(self.table, settings.kill_grace, self.keepers.learn, self.users.uid_of)
         self.retention = Retention(
             trials_dir, str(settings.checkpoint_root), settings.trial_retention, self.table.running_ids
         )

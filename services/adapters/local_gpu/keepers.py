@@ -1,16 +1,18 @@
 """Starting trial keepers on this host: their environment, the zygote, the warm templates.
 
 A keeper starts one of three ways, cheapest first: forked from a warm template that has
-imported the trial's modules (``warm_start``; docs/warm-start.md), forked from the keeper
-zygote (``keeper_zygote``, ~1 ms of CPU), or as a new interpreter (~13 ms). The keeper is
+imported the trial's modules (``warm_start``; docs/warm-start.md), forked from its user's keeper
+zygote (``keeper_zygote``, ~1 ms of CPU; :mod:`.zygotes`), or as a new interpreter (~13 ms). The keeper is
 byte-compiled once at start, with the interpreter that runs it. A template's keepers are kept
 for trial after trial and say each trial's end on the socket of :mod:`.ends`.
 
 The environment every keeper gets is ours minus ``TRIALBUS_*`` (never pass our NATS secrets
 on), plus what the keeper needs (gateway, grace, the NNI shim); a launch adds the trial's. The
 zygote's own environment is ours minus ``TRIALBUS_*`` too: its keepers keep it. Every one of
-these processes runs as the trial user (:mod:`.users`): the keeper and the zygote become it as they
-start (``TRIALBUS_RUN_AS``), a template is started as it.
+these processes runs as the trial's user (:mod:`.users`; one per team under ``auto`` as root): the
+keeper and the zygote become it as they start (``TRIALBUS_RUN_AS``), a template is started as it.
+There is a zygote per user, and the warm pool keys its templates by ``TRIALBUS_RUN_AS`` among the
+rest: a keeper is never forked from another user's process.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from contracts import TrialRequest
 from services.adapters.local_gpu import client
 from services.adapters.local_gpu.ends import KeeperEnds
 from services.adapters.local_gpu.settings import LocalGpuSettings
-from services.adapters.local_gpu.users import TrialUsers
+from services.adapters.local_gpu.users import TrialUser, TrialUsers
+from services.adapters.local_gpu.zygotes import Zygotes
 from services.common.tasks import cancel_and_wait
 from services.trial_keeper.warm_pool import WarmPool
 
@@ -51,7 +54,7 @@ class KeeperSpawner:
         self.keeper_source = self.keeper_path = keeper_path  # the path becomes the .pyc's at start
         #: What every keeper gets (set at start); a launch adds the trial's variables.
         self.env: dict[str, str] = {}
-        self.zygote: client.KeeperZygote | None = None
+        self.zygotes: Zygotes | None = None
         self.warm: WarmPool | None = None
         self.ends: KeeperEnds | None = None  # where kept keepers say their trial ended
         self._sweeps: asyncio.Task | None = None
@@ -64,17 +67,12 @@ class KeeperSpawner:
         )
         # The trial sees the keeper's environment minus TRIALBUS_*: never pass ours (NATS secrets) on.
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-        user = self.users.user
-        if user.switch:
-            env["TRIALBUS_RUN_AS"] = user.run_as()
         if settings.keeper_zygote:
-            zygote = client.KeeperZygote(settings.keeper_python, self.keeper_path, work_dir / "zygote.log", dict(env))
-            try:
-                zygote.start()
-                self.zygote = zygote
-            except OSError as exc:  # each launch will say what is wrong
-                log.warning("cannot start the keeper zygote with %s (%s)", settings.keeper_python, exc)
-        # After the zygote started: keepers forked from it, and their trials, keep the host's limit.
+            self.zygotes = Zygotes(settings.keeper_python, self.keeper_path, work_dir / "zygote.log", dict(env))
+            if not self.users.per_team:  # one user for every trial: its zygote now, as before teams
+                self.zygotes.start(self.users.user)
+        # After the zygote started: keepers forked from it, and their trials, keep the host's limit
+        # (those of a zygote started later, as those started cold, get the raised one).
         before, now, enough = client.raise_fd_limit(settings.max_trials)
         if now != before:
             log.info(
@@ -111,7 +109,6 @@ class KeeperSpawner:
                 max_templates=settings.warm_templates,
                 idle=settings.warm_idle,
                 reuse_keepers=self.ends is not None,
-                user=(user.uid, user.gid, user.groups) if user.switch else None,
             )
         log.info(
             "work dir %s; nni shim %s; warm start %s", work_dir, "on" if shim else "off", "on" if self.warm else "off"
@@ -137,14 +134,30 @@ class KeeperSpawner:
         """Stop the sweeps, the zygote, the templates and the notices; the keepers run on."""
         if self._sweeps is not None:
             await cancel_and_wait([self._sweeps])
-        if self.zygote is not None:
-            self.zygote.close()
+        if self.zygotes is not None:
+            self.zygotes.close()
         if self.warm is not None:
             self.warm.close()
         if self.ends is not None:
             self.ends.close()
 
-    async def warm_wait(self, request: TrialRequest, code_dir: str | None) -> None:
+    @property
+    def zygote(self) -> client.KeeperZygote | None:
+        """The zygote of trials without a team (of every trial under one trial user), if it runs."""
+        found = self.zygotes.running.get(self.users.user.run_as()) if self.zygotes is not None else None
+        return found[0] if found is not None else None
+
+    def prepare(self, user: TrialUser) -> None:
+        """Start ``user``'s zygote if it has none (its first trial here), so that it starts while
+        the launch goes on."""
+        if self.zygotes is not None:
+            self.zygotes.start(user)
+
+    def env_for(self, user: TrialUser) -> dict[str, str]:
+        """What every keeper of ``user``'s trials gets (a launch adds the trial's variables)."""
+        return dict(self.env, TRIALBUS_RUN_AS=user.run_as()) if user.switch else dict(self.env)
+
+    async def warm_wait(self, request: TrialRequest, code_dir: str | None, user: TrialUser) -> None:
         """Wait while the trial's warm template is still starting (an experiment's first, ~50 ms
         bare, seconds with the script's imports read ahead; a fuller one learned from the trials
         that brings a package the ready one lacks): as long as it makes progress, since a trial
@@ -153,7 +166,7 @@ class KeeperSpawner:
         CPU for ``warm_stall`` seconds (an import that hangs), or after ``warm_wait`` seconds."""
         if self.warm is None or not request.warm_start:
             return
-        env = dict(self.env, TRIALBUS_EXPERIMENT_ID=request.experiment_id)
+        env = dict(self.env_for(user), TRIALBUS_EXPERIMENT_ID=request.experiment_id)
         if code_dir is not None:
             env["TRIALBUS_CODE_DIR"] = code_dir
         deadline, stall = time.monotonic() + self.settings.warm_wait, self.settings.warm_stall
@@ -168,11 +181,11 @@ class KeeperSpawner:
         trial starts cold (no template ready, ``warmStart: false``, warm start off here)."""
         return self.warm.fork(env, request.warm_preload) if self.warm and request.warm_start else None
 
-    def spawn(self, env: Mapping[str, str], trial_dir: str) -> int:
-        """A keeper started cold in ``trial_dir`` (from the zygote when there is one); its pid.
-        Raises OSError when it cannot be started."""
-        if self.zygote is not None:
-            return self.zygote.spawn(env)
+    def spawn(self, env: Mapping[str, str], trial_dir: str, user: TrialUser) -> int:
+        """A keeper started cold in ``trial_dir`` as ``user`` (from its zygote when there is one);
+        its pid. Raises OSError when it cannot be started."""
+        if self.zygotes is not None and (pid := self.zygotes.spawn(env, user)) is not None:
+            return pid
         return client.spawn_keeper(self.settings.keeper_python, self.keeper_path, env, trial_dir)
 
     def learn(self, template: str, trial_dir: str) -> None:

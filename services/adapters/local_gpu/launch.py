@@ -8,7 +8,8 @@ never started a keeper in is launched afresh. On the way: the code snapshot
 (:class:`~.code.CodeCache`), the GPUs (:meth:`Launcher.place` sets ``CUDA_VISIBLE_DEVICES``;
 ``Waiting`` when they are taken now), and the warm template the trial may fork from
 (:class:`~.keepers.KeeperSpawner`). ``None`` means no room now (``max_trials``). The attempt's
-directory and its checkpoint directory are handed to the trial's user (:class:`~.users.TrialUsers`).
+directory and its checkpoint directory are handed to the trial's user (its team's:
+:class:`~.users.TrialUsers`), whose keeper it starts.
 """
 
 from __future__ import annotations
@@ -68,7 +69,9 @@ class Launcher:
         if ask is not None:
             assert self.gpus.bus is not None  # handed over at the adapter's start, before any launch
             await self.gpus.check_fits(ask, self.gpus.bus)
-        await self.keepers.warm_wait(request, code_dir)
+        user = await self.users.trial_user_for(request)
+        self.keepers.prepare(user)
+        await self.keepers.warm_wait(request, code_dir, user)
         # No await from here on: the checks and the spawn happen as one step of the event loop.
         if (trial := self.table.get(key)) is not None:
             return trial.handle
@@ -94,13 +97,13 @@ class Launcher:
             with open(f"{trial_dir}/{GPUS_FILE}", "w") as f:
                 json.dump({"indices": list(held), "perGpu": per_gpu}, f)
         checkpoint_dir = checkpoint_of(str(self.settings.checkpoint_root), request.experiment_id, request.trial_id)
-        if self.users.trial_user_for(request).switch:  # (else the keeper makes it, as the trial's user)
+        if user.switch:  # (else the keeper makes it, as the trial's user)
             self.users.folder(os.path.dirname(checkpoint_dir))
             os.makedirs(checkpoint_dir, exist_ok=True)
-            self.users.hand_over(checkpoint_dir)
-        self.users.hand_over(f"{trial_dir}/{trialdir.META}")
-        self.users.hand_over(trial_dir)
-        env = dict(self.keepers.env)
+            self.users.hand_over(checkpoint_dir, user)
+        self.users.hand_over(f"{trial_dir}/{trialdir.META}", user)
+        self.users.hand_over(trial_dir, user)
+        env = self.keepers.env_for(user)
         env.update(
             TRIALBUS_TRIAL_DIR=trial_dir,
             TRIALBUS_TRIAL_COMMAND=request.trial_command,
@@ -122,7 +125,7 @@ class Launcher:
         pid, template = self.keepers.fork(env, request) or (None, None)
         try:
             if pid is None:
-                pid = self.keepers.spawn(env, trial_dir)
+                pid = self.keepers.spawn(env, trial_dir, user)
         except OSError as exc:
             shutil.rmtree(trial_dir, ignore_errors=True)  # never launched: nothing to adopt later
             raise PermanentError(f"cannot start the trial keeper with {self.settings.keeper_python}: {exc}") from exc

@@ -39,11 +39,11 @@ class TrialTable:
         trials_dir: str,
         max_trials: int,
         on_exit: Callable[[TrialHandle], None],
-        trial_uid: Callable[[], int | None] = lambda: None,
+        trial_uid: Callable[[str], int | None] = lambda trial_dir: None,
     ) -> None:
         """``trials_dir``: ``<work_dir>/trials``; ``on_exit``: asks for a poll of the trial now;
-        ``trial_uid()``: the user trials run as when not ours (a keeper pid read from a trial's
-        ``state.json`` must be that user's process to be adopted)."""
+        ``trial_uid(trial_dir)``: the user that trial runs as when not ours (a keeper pid read from
+        its ``state.json`` must be that user's process to be adopted)."""
         self.trials_dir, self.max_trials, self.on_exit = trials_dir, max_trials, on_exit
         self.trial_uid = trial_uid
         self.trials: dict[tuple[str, int], Trial] = {}
@@ -74,7 +74,7 @@ class TrialTable:
         """For a trial adopted before its keeper wrote ``state.json``: its keeper, once its pid is known
         (None: not yet)."""
         if pid := client.read_state(trial.dir).get("keeperPid"):
-            trial.keeper = client.Keeper.adopt(pid, self.trial_uid()) or dead_keeper(pid)
+            trial.keeper = client.Keeper.adopt(pid, self.trial_uid(trial.dir)) or dead_keeper(pid)
             self.watch(trial)
         return trial.keeper
 
@@ -103,7 +103,7 @@ class TrialTable:
             return trial
         state = client.read_state(trial_dir)
         pid = state.get("keeperPid")
-        keeper = (client.Keeper.adopt(pid, self.trial_uid()) or dead_keeper(pid)) if pid else None
+        keeper = (client.Keeper.adopt(pid, self.trial_uid(trial_dir)) or dead_keeper(pid)) if pid else None
         started = state.get("startTime") or os.path.getmtime(trial_dir)
         trial = self.track(experiment_id, trial_id, attempt, trial_dir, keeper, datetime.fromtimestamp(started, UTC))
         data = trialdir.read_in(trial_dir, GPUS_FILE)  # (never through a link the trial put there)

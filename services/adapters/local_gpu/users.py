@@ -1,45 +1,63 @@
-"""The Unix user local trials run as, and the files that user may touch (docs/security.md).
+"""The Unix users local trials run as, and the files each may touch (docs/security.md).
 
 A trial runs user code: the keeper that starts it, the keeper zygote and the warm templates (which
-import the trial's modules) all run as the *trial user*, never as the adapter's own user, so no
+import the trial's modules) all run as a *trial user*, never as the adapter's own user, so no
 trial reads the stack's credentials (``<data>/client.json``, ``api-token``…: mode 0600), the
-services' environments (``/proc/<pid>/environ`` of another user), or finished trials' files.
-``TRIALBUS_TRIAL_USER`` chooses it (:func:`choose`):
+services' environments (``/proc/<pid>/environ`` of another user), finished trials' files, or the
+running trials of another team. ``TRIALBUS_TRIAL_USER`` chooses (:func:`choose`):
 
-- ``auto`` (default): an adapter running as root uses the system user :data:`DEFAULT_USER`,
-  created on first start (``useradd --system``: no home, no login shell); one that is not root
-  cannot switch users, so its trials run as itself, *not isolated*, which it logs once at start;
-- a user name: that user; the start fails when it does not exist, or the adapter (not root)
-  cannot switch to it. The adapter's own user turns isolation off on purpose.
+- ``auto`` (default), adapter running as root: a system user per team, :func:`team_user_name`
+  (``trialbus-t-<team>``), created on the team's first trial here; :data:`DEFAULT_USER` for
+  experiments without a team (made before teams). Each is created with ``useradd --system`` (no
+  home, no login shell, a group of its own) and runs with the shared group :data:`SHARED_GROUP`
+  beside its own groups, through which it reads code snapshots (:meth:`TrialUsers.share`).
+  Where a team's user cannot be created, its trials run as :data:`DEFAULT_USER` (logged);
+- ``auto``, adapter not root: it cannot switch users, so its trials run as itself, *not
+  isolated*, which it logs once at start;
+- a user name: that user for every team; the start fails when it does not exist, or the adapter
+  (not root) cannot switch to it. The adapter's own user turns isolation off on purpose.
 
-Switching: the adapter starts keepers as root with ``TRIALBUS_RUN_AS=<uid>:<gid>:<groups>``, and the
-keeper (or the zygote, before it forks any) becomes that user before it reads a setting or runs a
-trial (``trial_keeper.run_as``); a template is started as that user (``subprocess``'s ``user``).
+Switching: the adapter starts keepers as root with ``TRIALBUS_RUN_AS=<uid>:<gid>:<groups>`` (the
+trial's user's), and the keeper (or a zygote, before it forks any) becomes that user before it
+reads a setting or runs a trial (``trial_keeper.run_as``); a template is started as that user
+(``subprocess``'s ``user``). There is a zygote per user and the warm pool keys templates by user
+(:mod:`.keepers`): a trial never forks from another user's process.
 
 Files (:class:`TrialUsers`): the adapter's folders (``trials/``, each experiment's, ``code/``,
-``templates/``, the checkpoint root and its experiments') belong to the adapter, mode 0711: the
-trial user passes through them to its own, and lists none. An attempt's directory and its
-checkpoint directory are handed to the trial user at launch (mode 0700) and taken back once the
-attempt's end is published: a later trial reads no finished trial's files. Trials that run at the
-same time as the same user are not isolated from each other (:meth:`TrialUsers.trial_user_for` is where a
-user per team would be chosen).
+``templates/``, the checkpoint root and its experiments') belong to the adapter, mode 0711: trial
+users pass through them to their own, and list none. An attempt's directory and its checkpoint
+directory are handed to the trial's user at launch (mode 0700) and the attempt's directory is
+taken back once the attempt's end is published: a later trial reads no finished trial's files,
+and a team's trial none of another team's. Trials of one team run as one user and are not
+isolated from each other; the same holds for every trial under a named ``TRIALBUS_TRIAL_USER``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import grp
+import hashlib
 import logging
 import os
 import pwd
 import shutil
 import stat
 import subprocess
+import time
 from dataclasses import dataclass
 
 from contracts import TrialRequest
+from contracts.people import NAME
 
-#: The user an adapter running as root runs trials as, under ``TRIALBUS_TRIAL_USER=auto``.
+#: The user an adapter running as root runs trials without a team as, under ``TRIALBUS_TRIAL_USER=auto``.
 DEFAULT_USER = "trialbus-trial"
+#: A team's user is this and the team's name (:func:`team_user_name`).
+TEAM_PREFIX = "trialbus-t-"
+#: The group every trial user runs with, under ``auto`` as root: it reads the code snapshots.
+SHARED_GROUP = "trialbus-trials"
+#: useradd's longest user name.
+NAME_MAX = 32
 #: The adapter's folders trials pass through (never list); an attempt's own directories.
 PASS_THROUGH, PRIVATE = 0o711, 0o700
 
@@ -65,6 +83,16 @@ class TrialUser:
     def run_as(self) -> str:
         """The keeper's ``TRIALBUS_RUN_AS``."""
         return f"{self.uid}:{self.gid}:{','.join(map(str, self.groups))}"
+
+
+def team_user_name(team: str) -> str:
+    """The user a team's trials run as under ``auto``: ``trialbus-t-<team>`` for a team of up to 20
+    characters; a longer one (names go up to 32) is cut to its first 12 and the first 8 hex digits
+    of its name's SHA-256 (``trialbus-t-<12>-<8>``, 32 characters, :data:`NAME_MAX`). The two forms
+    differ in length (at most 31, exactly 32), so a short name never meets a long one's."""
+    if len(TEAM_PREFIX) + len(team) < NAME_MAX:
+        return TEAM_PREFIX + team
+    return f"{TEAM_PREFIX}{team[:12]}-{hashlib.sha256(team.encode()).hexdigest()[:8]}"
 
 
 def choose(setting: str, euid: int) -> str | None:
@@ -120,10 +148,12 @@ def _own(euid: int) -> TrialUser:
     return TrialUser(pwd.getpwuid(euid).pw_name, euid, os.getegid(), tuple(os.getgroups()), switch=False)
 
 
-def create(name: str) -> pwd.struct_passwd:
-    """Create the system user ``name`` (no home, no login shell, a group of its own)."""
+def create(name: str, groups: tuple[str, ...] = ()) -> pwd.struct_passwd:
+    """Create the system user ``name`` (no home, no login shell, a group of its own, in ``groups``)."""
     shell = shutil.which("nologin") or ("/usr/sbin/nologin" if os.path.exists("/usr/sbin/nologin") else "/bin/false")
     command = ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent"]
+    if groups:
+        command += ["--groups", ",".join(groups)]
     try:
         done = subprocess.run([*command, "--shell", shell, name], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -138,30 +168,108 @@ def create(name: str) -> pwd.struct_passwd:
     return entry
 
 
+def shared_group() -> int:
+    """The gid of :data:`SHARED_GROUP`, created when missing (``groupadd --system``; another replica
+    may create it meanwhile). Raises :class:`TrialUserError` when it cannot be."""
+    with contextlib.suppress(KeyError):
+        return grp.getgrnam(SHARED_GROUP).gr_gid
+    try:
+        done = subprocess.run(["groupadd", "--system", SHARED_GROUP], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise TrialUserError(f"cannot create the group {SHARED_GROUP} with groupadd: {exc}") from exc
+    try:
+        gid = grp.getgrnam(SHARED_GROUP).gr_gid
+    except KeyError:
+        raise TrialUserError(
+            f"cannot create the group {SHARED_GROUP}: groupadd said {done.stderr.strip() or done.returncode}"
+        ) from None
+    log.info("created the system group %s (gid %d) every trial user runs with", SHARED_GROUP, gid)
+    return gid
+
+
+def team_user(team: str, group: int) -> TrialUser:
+    """The user of ``team``'s trials (:func:`team_user_name`), created when missing; it runs with
+    ``group`` (:data:`SHARED_GROUP`'s gid) beside its own groups. Raises :class:`TrialUserError`
+    when it cannot be created or is no unprivileged user (root, or the adapter's own)."""
+    if not NAME.match(team):
+        raise TrialUserError(f"{team!r} is no team name")
+    name = team_user_name(team)
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        entry = create(name, (SHARED_GROUP,))
+    if entry.pw_uid in (0, os.geteuid()):
+        raise TrialUserError(f"the user {name} of team {team} is uid {entry.pw_uid}: no user to run trials as")
+    return _with_group(name, entry, group)
+
+
+def _with_group(name: str, entry: pwd.struct_passwd, group: int) -> TrialUser:
+    groups = tuple(os.getgrouplist(name, entry.pw_gid))
+    return TrialUser(name, entry.pw_uid, entry.pw_gid, groups if group in groups else (*groups, group), switch=True)
+
+
 class TrialUsers:
-    """The trial user of this adapter, and who owns what under its folders (the module's
+    """The trial users of this adapter, and who owns what under its folders (the module's
     docstring). Until :meth:`start`, and for trials that run as the adapter's own user, the
     files are left as they are made."""
 
     def __init__(self, setting: str) -> None:
         """``setting``: ``TRIALBUS_TRIAL_USER``."""
         self.setting = setting
+        #: Who trials without a team run as (every trial, but under ``auto`` as root).
         self.user = _own(os.geteuid())  # (not switching: what start decides)
+        #: :data:`SHARED_GROUP`'s gid when each team has its user (``auto`` as root); else None.
+        self.group: int | None = None
+        self._teams: dict[str, asyncio.Future[TrialUser]] = {}  # team → its user (found or being made)
 
     async def start(self) -> None:
-        """Find (or create) the trial user; :class:`TrialUserError` when it cannot be used."""
+        """Find (or create) the trial user, and the shared group under ``auto`` as root;
+        :class:`TrialUserError` when they cannot be used."""
         self.user = await asyncio.to_thread(resolve, self.setting)
-
-    def trial_user_for(self, request: TrialRequest) -> TrialUser:
-        """The user ``request``'s trial runs as: one for every trial today. A user per team would be
-        chosen here (the zygote and the warm pool, started once per adapter, then need one per user)."""
-        del request  # every trial runs as the same user for now
-        return self.user
+        if self.setting == "auto" and self.user.switch:
+            self.group = await asyncio.to_thread(shared_group)
+            entry = pwd.getpwuid(self.user.uid)
+            self.user = _with_group(self.user.name, entry, self.group)
+            log.info("each team's trials run as a user of its own (%s<team>)", TEAM_PREFIX)
 
     @property
-    def other_uid(self) -> int | None:
-        """The trial user's uid when it is not the adapter's; None when trials run as the adapter."""
-        return self.user.uid if self.user.switch else None
+    def per_team(self) -> bool:
+        """Whether each team's trials run as a user of their own."""
+        return self.group is not None
+
+    async def trial_user_for(self, request: TrialRequest) -> TrialUser:
+        """The user ``request``'s trial runs as: its team's under ``auto`` as root (created on the
+        team's first trial, in a thread; once, however many launches wait for it), else the one
+        trial user. A team whose user cannot be made runs as :data:`DEFAULT_USER` (logged once)."""
+        if self.group is None or request.team is None:
+            return self.user
+        found = self._teams.get(request.team)
+        if found is None:
+            found = self._teams[request.team] = asyncio.ensure_future(self._make(request.team, self.group))
+        return await asyncio.shield(found)
+
+    async def _make(self, team: str, group: int) -> TrialUser:
+        began = time.monotonic()
+        try:
+            user = await asyncio.to_thread(team_user, team, group)
+        except (TrialUserError, OSError) as exc:  # (kept: a team's launches never all fail on it)
+            log.error("team %s's trials run as %s, beside other teams' trials: %s", team, self.user.name, exc)
+            return self.user
+        took = (time.monotonic() - began) * 1000
+        log.info("team %s's trials run as user %s (uid %d; found in %.0f ms)", team, user.name, user.uid, took)
+        return user
+
+    def uid_of(self, trial_dir: str) -> int | None:
+        """The uid the trial of ``trial_dir`` runs as, when not the adapter's: who the adapter handed
+        the directory to (only root changes an owner); the trial user's when it is the adapter's
+        own again (taken back) or gone. None when trials run as the adapter."""
+        if not self.user.switch:
+            return None
+        with contextlib.suppress(OSError):
+            owner = os.lstat(trial_dir).st_uid
+            if owner != os.geteuid():
+                return owner
+        return self.user.uid
 
     def check_reachable(self, path: str) -> None:
         """Raise :class:`TrialUserError` when the trial user cannot pass through every folder on the
@@ -192,12 +300,13 @@ class TrialUsers:
             os.chmod(path, PASS_THROUGH)
 
     def share(self, path: str) -> None:
-        """Let the trial user read the adapter's tree ``path`` (a code snapshot, unpacked private):
-        group the trial user's, readable (and searchable) by the group; writable by no trial.
-        O(files), once per snapshot and run of the adapter."""
+        """Let the trial users read the adapter's tree ``path`` (a code snapshot, unpacked private):
+        group :data:`SHARED_GROUP` (the trial user's under a named user), readable (and
+        searchable) by the group; writable by no trial. O(files), once per snapshot and run of
+        the adapter."""
         if not self.user.switch:
             return
-        owner, gid = os.geteuid(), self.user.gid
+        owner, gid = os.geteuid(), self.user.gid if self.group is None else self.group
         for folder, _dirs, files in os.walk(path):
             os.chown(folder, owner, gid, follow_symlinks=False)
             os.chmod(folder, (os.stat(folder).st_mode & 0o707) | 0o050)
@@ -208,11 +317,12 @@ class TrialUsers:
                     os.chown(item, owner, gid, follow_symlinks=False)
                     os.chmod(item, (found.st_mode & 0o707) | 0o040 | (found.st_mode & 0o100) >> 3)
 
-    def hand_over(self, path: str) -> None:
-        """An attempt's directory, or its checkpoint directory, made by the adapter: the trial
-        user's, mode 0700 (its contents keep their owner: a retry's earlier checkpoints)."""
-        if self.user.switch:
-            os.chown(path, self.user.uid, self.user.gid, follow_symlinks=False)
+    def hand_over(self, path: str, user: TrialUser) -> None:
+        """An attempt's directory, or its checkpoint directory, made by the adapter: ``user``'s
+        (the trial's, :meth:`trial_user_for`), mode 0700 (its contents keep their owner: a retry's
+        earlier checkpoints)."""
+        if user.switch:
+            os.chown(path, user.uid, user.gid, follow_symlinks=False)
             os.chmod(path, PRIVATE)
 
     def take_back(self, path: str) -> None:

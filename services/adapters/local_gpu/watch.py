@@ -38,11 +38,11 @@ class Watcher:
         table: TrialTable,
         kill_grace: float,
         learn: Callable[[str, str], None],
-        trial_uid: Callable[[], int | None] = lambda: None,
+        trial_uid: Callable[[str], int | None] = lambda trial_dir: None,
     ) -> None:
         """``kill_grace``: the seconds from SIGTERM to SIGKILL of a trial that sets none;
-        ``learn(template, trial_dir)``: a trial forked from a warm template ended; ``trial_uid()``:
-        the uid trials run as when it is not ours (a group named in their ``state.json`` is then
+        ``learn(template, trial_dir)``: a trial forked from a warm template ended; ``trial_uid(trial_dir)``:
+        the uid that trial runs as when it is not ours (a group named in their ``state.json`` is then
         signalled only where its processes are that user's: :func:`~.client.kill_group`)."""
         self.table, self.kill_grace, self.learn, self.trial_uid = table, kill_grace, learn, trial_uid
 
@@ -66,7 +66,7 @@ class Watcher:
             self.learn(trial.template, trial.dir)
         state = client.read_state(trial.dir)
         if state.get("pgid") and "exitCode" not in state:  # the keeper died first: leave no orphans
-            client.kill_group(state["pgid"], signal.SIGKILL, self.trial_uid())
+            client.kill_group(state["pgid"], signal.SIGKILL, self.trial_uid(trial.dir))
         status = trial.keeper.status if trial.keeper else None
         if trial.keeper is not None:
             trial.keeper.close()  # stop watching it (a kept keeper lives on)
@@ -103,5 +103,5 @@ class Watcher:
             grace = self._grace(trial) + 1
             log.warning("trial %s still running %.1fs after cancel: SIGKILL", trial.handle.trial_id, grace)
             if pgid := client.read_state(trial.dir).get("pgid"):
-                client.kill_group(pgid, signal.SIGKILL, self.trial_uid())
+                client.kill_group(pgid, signal.SIGKILL, self.trial_uid(trial.dir))
             trial.keeper.signal(signal.SIGKILL)
