@@ -1,10 +1,11 @@
-"""Starting trial keepers on this host: their environment, the zygote, the warm templates.
+"""Starting trial keepers on this host: their environment, the zygotes, the warm templates.
 
 A keeper starts one of three ways, cheapest first: forked from a warm template that has
-imported the trial's modules (``warm_start``; docs/warm-start.md), forked from its user's keeper
-zygote (``keeper_zygote``, ~1 ms of CPU; :mod:`.zygotes`), or as a new interpreter (~13 ms). The keeper is
-byte-compiled once at start, with the interpreter that runs it. A template's keepers are kept
-for trial after trial and say each trial's end on the socket of :mod:`.ends`.
+imported the trial's modules (``warm_start``; docs/warm-start.md), forked from its user's
+keeper zygote (``keeper_zygote``, ~1 ms of CPU; :mod:`.zygotes`), or as a new interpreter
+(~13 ms). The keeper is byte-compiled once at start, with the interpreter that runs it. A
+template's keepers are kept for trial after trial and say each trial's end on the socket of
+:mod:`.ends`.
 
 The environment every keeper gets is ours minus ``TRIALBUS_*`` (never pass our NATS secrets
 on), plus what the keeper needs (gateway, grace, the NNI shim); a launch adds the trial's. The
