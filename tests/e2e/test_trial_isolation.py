@@ -239,13 +239,13 @@ def test_a_teams_trial_reads_nothing_of_another_teams_running_trial(isolated):
     tokens = {"ana": add(stack, "ana", "vision"), "bo": add(stack, "bo", "nlp")}
     command = f"{python} trial.py"
 
-    def start(person: str, parameters: dict) -> tuple[str, str]:
+    def start(person: str, parameters: dict, warm: bool = True) -> tuple[str, str]:
         made = as_(
             stack,
             tokens[person],
             "POST",
             "/experiments",
-            json=config(code, trialCommand=command, trialConcurrency=1, warmStart=True, experimentName=person),
+            json=config(code, trialCommand=command, trialConcurrency=1, warmStart=warm, experimentName=person),
         )
         assert made.status_code == 201, made.text
         experiment = made.json()["id"]
@@ -298,3 +298,21 @@ def test_a_teams_trial_reads_nothing_of_another_teams_running_trial(isolated):
         assert (path.stat().st_uid, stat.S_IMODE(path.stat().st_mode)) == (uid_of(vision), 0o700)
     assert stack.rest("DELETE", f"/experiments/{a_experiment}").status_code == 200
     assert ended(stack, a_trial, 30)["status"] == "USER_CANCELED"
+    # And trials that start cold fork their keepers from a zygote of their own team's user
+    cold = {person: start(person, {"sleep": 30}, warm=False) for person in ("ana", "bo")}
+    wait_until(
+        lambda: all(process_uid(stack, *started, "trialPid") > 0 for started in cold.values()),
+        60,
+        "the cold trials to run",
+    )
+    zygotes = {}
+    for person, (experiment, trial_id) in cold.items():
+        keeper = json.loads((trial_dir(stack, experiment, trial_id) / ".trialbus/state.json").read_text())["keeperPid"]
+        zygote = psutil.Process(psutil.Process(keeper).ppid())
+        assert "--zygote" in zygote.cmdline(), zygote.cmdline()
+        zygotes[person] = (zygote.pid, zygote.uids().real)
+    assert zygotes["ana"][1] == uid_of(vision) and zygotes["bo"][1] == uid_of(nlp), zygotes
+    assert zygotes["ana"][0] != zygotes["bo"][0]
+    for experiment, trial_id in cold.values():
+        assert stack.rest("DELETE", f"/experiments/{experiment}").status_code == 200
+        assert ended(stack, trial_id, 30)["status"] == "USER_CANCELED"
