@@ -85,15 +85,15 @@ LOCAL = ExperimentConfig.model_validate(
 async def test_a_teams_user_is_made_once_however_many_launches_wait_and_a_failure_falls_back(monkeypatch) -> None:
     made: list[str] = []
 
-    def team_user(team: str, group: int) -> TrialUser:
+    def team_user(team: str, groups: tuple[int, ...]) -> TrialUser:
         made.append(team)
         if team == "broken":
             raise TrialUserError("useradd said no")
-        return TrialUser(team_user_name(team), 5000 + len(made), 5000, (5000, group), switch=True)
+        return TrialUser(team_user_name(team), 5000 + len(made), 5000, (5000, *groups), switch=True)
 
     monkeypatch.setattr(users, "team_user", team_user)
     trial_users = TrialUsers("auto")
-    trial_users.user, trial_users.group = TrialUser(DEFAULT_USER, 4999, 4999, (4999, 77), switch=True), 77
+    trial_users.user, trial_users.group = TrialUser(DEFAULT_USER, 4999, 4999, (4999, 44, 77), switch=True), 77
     asked = [request(team) for team in ("vision", "vision", "nlp", None, "broken", "vision")]
     found = await asyncio.gather(*(trial_users.trial_user_for(r) for r in asked))
     assert [u.name for u in found] == [
@@ -104,6 +104,7 @@ async def test_a_teams_user_is_made_once_however_many_launches_wait_and_a_failur
         DEFAULT_USER,  # a team whose user cannot be made: the shared trial user (logged)
         "trialbus-t-vision",
     ]
+    assert found[0].groups == (5000, 44, 77)  # trialbus-trial's groups (render: 44), its own (4999) not
     assert sorted(made) == ["broken", "nlp", "vision"]  # once each
     # a named TRIALBUS_TRIAL_USER (no shared group): that user for every team
     trial_users.group = None

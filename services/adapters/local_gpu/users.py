@@ -10,7 +10,8 @@ running trials of another team. ``TRIALBUS_TRIAL_USER`` chooses (:func:`choose`)
   (``trialbus-t-<team>``), created on the team's first trial here; :data:`DEFAULT_USER` for
   experiments without a team (made before teams). Each is created with ``useradd --system`` (no
   home, no login shell, a group of its own) and runs with the shared group :data:`SHARED_GROUP`
-  beside its own groups, through which it reads code snapshots (:meth:`TrialUsers.share`).
+  beside its own groups, through which it reads code snapshots (:meth:`TrialUsers.share`); a
+  team's user also with :data:`DEFAULT_USER`'s supplementary groups (``render``…).
   Where a team's user cannot be created, its trials run as :data:`DEFAULT_USER` (logged);
 - ``auto``, adapter not root: it cannot switch users, so its trials run as itself, *not
   isolated*, which it logs once at start;
@@ -187,10 +188,11 @@ def shared_group() -> int:
     return gid
 
 
-def team_user(team: str, group: int) -> TrialUser:
+def team_user(team: str, groups: tuple[int, ...]) -> TrialUser:
     """The user of ``team``'s trials (:func:`team_user_name`), created when missing; it runs with
-    ``group`` (:data:`SHARED_GROUP`'s gid) beside its own groups. Raises :class:`TrialUserError`
-    when it cannot be created or is no unprivileged user (root, or the adapter's own)."""
+    ``groups`` (:data:`SHARED_GROUP`'s gid, and :data:`DEFAULT_USER`'s supplementary groups)
+    beside its own. Raises :class:`TrialUserError` when it cannot be created or is no
+    unprivileged user (root, or the adapter's own)."""
     if not NAME.match(team):
         raise TrialUserError(f"{team!r} is no team name")
     name = team_user_name(team)
@@ -200,12 +202,12 @@ def team_user(team: str, group: int) -> TrialUser:
         entry = create(name, (SHARED_GROUP,))
     if entry.pw_uid in (0, os.geteuid()):
         raise TrialUserError(f"the user {name} of team {team} is uid {entry.pw_uid}: no user to run trials as")
-    return _with_group(name, entry, group)
+    return _with_groups(name, entry, groups)
 
 
-def _with_group(name: str, entry: pwd.struct_passwd, group: int) -> TrialUser:
+def _with_groups(name: str, entry: pwd.struct_passwd, extra: tuple[int, ...]) -> TrialUser:
     groups = tuple(os.getgrouplist(name, entry.pw_gid))
-    return TrialUser(name, entry.pw_uid, entry.pw_gid, groups if group in groups else (*groups, group), switch=True)
+    return TrialUser(name, entry.pw_uid, entry.pw_gid, (*groups, *(g for g in extra if g not in groups)), switch=True)
 
 
 class TrialUsers:
@@ -229,7 +231,7 @@ class TrialUsers:
         if self.setting == "auto" and self.user.switch:
             self.group = await asyncio.to_thread(shared_group)
             entry = pwd.getpwuid(self.user.uid)
-            self.user = _with_group(self.user.name, entry, self.group)
+            self.user = _with_groups(self.user.name, entry, (self.group,))
             log.info("each team's trials run as a user of its own (%s<team>)", TEAM_PREFIX)
 
     @property
@@ -245,13 +247,16 @@ class TrialUsers:
             return self.user
         found = self._teams.get(request.team)
         if found is None:
-            found = self._teams[request.team] = asyncio.ensure_future(self._make(request.team, self.group))
+            found = self._teams[request.team] = asyncio.ensure_future(self._make(request.team))
         return await asyncio.shield(found)
 
-    async def _make(self, team: str, group: int) -> TrialUser:
+    async def _make(self, team: str) -> TrialUser:
         began = time.monotonic()
+        # (what an admin gave trialbus-trial, e.g. ``render`` for GPUs behind a group, and the shared
+        # group; never its own group: that is the trials' without a team)
+        groups = tuple(g for g in self.user.groups if g != self.user.gid)
         try:
-            user = await asyncio.to_thread(team_user, team, group)
+            user = await asyncio.to_thread(team_user, team, groups)
         except (TrialUserError, OSError) as exc:  # (kept: a team's launches never all fail on it)
             log.error("team %s's trials run as %s, beside other teams' trials: %s", team, self.user.name, exc)
             return self.user
