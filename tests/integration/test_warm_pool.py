@@ -115,7 +115,6 @@ def test_a_key_is_found_once_per_command_and_environment(host, code):
     assert host.pool.key_of(f"{PYTHON} -u probe.py", first)[0] != host.pool.key_of(command, first)[0]
 
 
-
 def test_a_template_is_keyed_by_the_user_it_runs_as(host, code):
     # (an adapter running as root runs each team's trials as a user of its own: TRIALBUS_RUN_AS)
     command = f"{PYTHON} probe.py"
