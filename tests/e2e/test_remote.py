@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 import textwrap
 import time
@@ -142,6 +143,8 @@ def test_twenty_trials_over_two_machines_all_metrics_arrive(remote_stack, sshd_p
     found = (ssh_user().home / remote_root).glob("trials/*/*/.trialbus/state.json")
     states = [json.loads(path.read_text()) for path in found]
     assert len(states) == 20 and sum(s.get("warm", False) for s in states) >= 10, states
+    # And the agent's folder is its SSH user's alone: another account on the machine lists nothing in it
+    assert stat.S_IMODE((ssh_user().home / remote_root).stat().st_mode) == 0o700
 
 
 def test_password_and_passphrase_keys_work(remote_stack, sshd_pair, tmp_path, code_dir):

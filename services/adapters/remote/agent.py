@@ -53,6 +53,10 @@ def keeper_alive(pid):
 class Agent:
     def __init__(self, root):
         self.root = os.path.abspath(os.path.expanduser(root))
+        try:  # this SSH user's alone: another account on the machine (another team's) lists nothing here
+            os.chmod(self.root, 0o700)
+        except OSError:
+            pass
         self.watched = {}  # pidfd -> (pid, trial dir)
         self.watching = set()  # pids with a pidfd
         self.out_lock = threading.Lock()
