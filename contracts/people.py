@@ -46,9 +46,20 @@ def hash_token(token: str) -> str:
 TOKEN_PREFIX = "tbu_"
 
 
-def new_token() -> str:
-    """A new user token: 32 random bytes, URL-safe (43 characters), after :data:`TOKEN_PREFIX`."""
-    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+def new_token(name: str) -> str:
+    """A new user token, ``tbu_<name>.<secret>``: the secret is 32 random bytes, URL-safe (43
+    characters, never a dot). The name is no secret; it lets a client say who it connects to
+    NATS as (its inbox, ``trialbus.as.<name>``) before anyone answers it (:func:`token_name`)."""
+    return f"{TOKEN_PREFIX}{check_name(name, 'user name')}.{secrets.token_urlsafe(32)}"
+
+
+def token_name(token: str | None) -> str | None:
+    """The user a token made by :func:`new_token` names, or None (a stack's token, a user's token
+    made before names were in tokens, anything else). Says nothing of whether it is valid."""
+    if not token or not token.startswith(TOKEN_PREFIX):
+        return None
+    name, dot, secret = token.removeprefix(TOKEN_PREFIX).partition(".")
+    return name if dot and secret and NAME.match(name) else None
 
 
 def check_name(value: str, what: str) -> str:

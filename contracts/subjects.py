@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 
 API_PREFIX = "trialbus.api"
+#: The API as one person: only their NATS connection may publish under ``trialbus.as.<name>``.
+API_AS_PREFIX = "trialbus.as"
 
 
 def dispatch(adapter: str) -> str:
@@ -62,6 +64,20 @@ def control(adapter: str, verb: str) -> str:
 def api(operation: str) -> str:
     """``trialbus.api.<operation>``: the REST operations as NATS request/reply."""
     return f"{API_PREFIX}.{operation}"
+
+
+def api_as(person: str, operation: str) -> str:
+    """``trialbus.as.<person>.<operation>``: an API call by a person connected to NATS with their
+    token; the broker lets only that person's connection publish here (the dispatcher's auth
+    callout grants it), so the subject says who asks."""
+    return f"{API_AS_PREFIX}.{person}.{operation}"
+
+
+def person_inbox(person: str) -> str:
+    """``_INBOX_as.<person>``: the replies to a person's connection, which only it may subscribe
+    to. A token of its own (``_INBOX_as``), so no person's name can reach a service's inbox
+    (``_INBOX_<service user>``: a person called ``remote`` must not read the remote adapter's replies)."""
+    return f"_INBOX_as.{person}"
 
 
 def audit(team: str = "*", action: str = ">") -> str:

@@ -111,6 +111,18 @@ class People:
         user = self._by_hash.get(digest)
         return user.caller() if user else None
 
+    def person(self, token: str | None) -> Caller | None:
+        """The user a token is the token of, or None: users only, never the stack's tokens, and
+        whatever ``TRIALBUS_API_AUTH`` says (the NATS auth callout: a connection is a person's
+        or refused). O(1)."""
+        user = self._by_hash.get(hash_token(token)) if token else None
+        return user.caller() if user else None
+
+    def named(self, name: str) -> Caller | None:
+        """The user called ``name`` as they are now (team, role), or None: removed."""
+        user = self._by_name.get(name)
+        return user.caller() if user else None
+
     # ---------------------------------------------------------------- who may act
 
     @contextlib.asynccontextmanager
@@ -248,7 +260,7 @@ class People:
             raise ApiError(422, f"role must be one of {', '.join(ROLES)}, not {role!r}")
         if name in (ADMIN.name, READER.name) or name in self._by_name:
             raise ApiError(409, f"user {name} exists; remove them first or rotate their token")
-        token = new_token()
+        token = new_token(name)
         user = User(name=name, team=team, role=role, token_hash=hash_token(token), created=utcnow())
         kv = await self._bus.kv(streams.bucket_name(streams.USERS_BUCKET))
         try:
@@ -273,7 +285,7 @@ class People:
         async with self.audited(caller, "user.rotate", name):
             _admin_only(caller)
             user = self._user(name)
-            token = new_token()
+            token = new_token(name)
             rotated = user.model_copy(update={"token_hash": hash_token(token), "rotated": utcnow()})
             await (await self._bus.kv(streams.bucket_name(streams.USERS_BUCKET))).put(name, rotated.encode())
             self._forget(user)
