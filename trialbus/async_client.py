@@ -22,6 +22,7 @@ from nats.js.errors import NotFoundError
 
 from contracts import ExperimentConfig, MetricRecord, PlatformStatus, TrialEvent, TrialState, TrialStatus, subjects
 from contracts.metrics import Seen, records_of
+from contracts.people import token_name
 from contracts.streams import EVENTS, METRICS, stream_name
 from services.common.code import CodeUpload, upload_code
 from trialbus import local
@@ -54,6 +55,13 @@ class AsyncClient:
     ``token`` (else ``TRIALBUS_API_TOKEN``) is who asks: a person's token (``trialbus user add``
     gives one), sent with every API call, so the dispatcher checks what that person may do. Without
     one, the NATS credential alone speaks, as the stack's admin (docs/security.md, "People").
+
+    **As a person.** Given a user's token that names them (``tbu_<name>.…``, every token made
+    now) and no NATS credential (no ``user``, no ``creds``), the client connects to
+    NATS with that token, nothing else: the stack's auth callout lets the person in with their
+    own permissions, replies come on their inbox (``_INBOX_as.<name>``) and API calls go to their
+    door (``trialbus.as.<name>.<op>``). No ``client.json`` is looked for then: a person needs
+    only their token and the NATS URL (``TRIALBUS_NATS_URL``).
     """
 
     def __init__(
@@ -69,6 +77,8 @@ class AsyncClient:
     ) -> None:
         self.url = local.nats_url(url, data_dir)
         self.token = token or os.environ.get("TRIALBUS_API_TOKEN") or None
+        #: The person this client connects to NATS as (class docstring), else None: a NATS user's credential.
+        self.person: str | None = None
         self.data_dir = data_dir
         self.request_timeout = request_timeout
         self._auth = {"user": user, "password": password, "creds": creds}
@@ -103,7 +113,9 @@ class AsyncClient:
         if any(s.lower().startswith(("ws://", "wss://")) for s in servers):  # see trialbus/__init__
             raise TrialbusError(400, f"{self.url}: Trialbus connects to NATS at nats:// or tls:// URLs, not WebSocket")
         auth = {**self._auth, **{k: v for k, v in {"user": user, "password": password, "creds": creds}.items() if v}}
-        found = None if auth["user"] or auth["creds"] else local.credentials_for(self.url, self.data_dir)
+        given = bool(auth["user"] or auth["creds"])
+        self.person = None if given else token_name(self.token)
+        found = None if given or self.person else local.credentials_for(self.url, self.data_dir)
         if found:
             auth["user"], auth["password"] = found  # this user's `trialbus up` at this URL: its client user
 
@@ -127,6 +139,8 @@ class AsyncClient:
             disconnected_cb=quiet,
             closed_cb=self._end_followers,
         )
+        if self.person:  # their token, their inbox: the auth callout grants them nothing else
+            options.update(token=self.token, inbox_prefix=subjects.person_inbox(self.person))
         if auth["user"]:
             options.update(user=auth["user"], password=auth["password"] or "")
         if auth["creds"]:
@@ -138,7 +152,7 @@ class AsyncClient:
             # a refused password is the reason, even when a later attempt only saw the socket reset
             denied = [r for r in refusals if local.denied(str(r))]
             reason = str(denied[-1] if denied else refusals[-1] if refusals else exc) or type(exc).__name__
-            how = "found" if found else "given" if auth["user"] or auth["creds"] else None
+            how = "person" if self.person else "found" if found else "given" if auth["user"] or auth["creds"] else None
             raise TrialbusError(503, local.refused(self.url, reason, how, self.data_dir)) from None
         self._nc.options["max_reconnect_attempts"] = -1
         self._js = self._nc.jetstream()
@@ -171,7 +185,7 @@ class AsyncClient:
     async def _call(self, operation: str, body: Mapping[str, Any]) -> Any:
         if self._nc is None:
             raise TrialbusError(503, "the client is not connected: call connect() first")
-        subject = subjects.api(operation)
+        subject = subjects.api_as(self.person, operation) if self.person else subjects.api(operation)
         try:
             payload = json.dumps(body).encode()
         except (TypeError, ValueError) as exc:

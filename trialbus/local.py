@@ -105,12 +105,18 @@ def where_looked(directory: str | Path | None = None) -> str:
 
 def refused(url: str, reason: str, credentials: str | None, directory: str | Path | None = None) -> str:
     """What a client says when no NATS server at ``url`` took it, for ``reason``, with credentials
-    ``"given"``, ``"found"`` here, or none (None). Refused for its credentials: where they were
-    looked for and what to set, never that the stack is down; else the stacks of this user that
-    run elsewhere, if any."""
+    ``"given"``, ``"found"`` here, a person's token (``"person"``), or none (None). Refused for its
+    credentials: where they were looked for and what to set, never that the stack is down; else
+    the stacks of this user that run elsewhere, if any."""
     said = f"cannot connect to NATS at {url} ({reason})"
     if denied(reason):
         where = where_looked(directory)
+        if credentials == "person":
+            return (
+                f"{said}: it refused your user's token (TRIALBUS_API_TOKEN): a wrong, replaced or removed "
+                "token (an admin gives a new one: `trialbus user rotate`), or the stack's dispatcher, which "
+                "decides who people are, is not running"
+            )
         if credentials == "given":
             return f"{said}: it refused the credentials given (TRIALBUS_NATS_USER, TRIALBUS_NATS_PASSWORD)"
         if credentials == "found":

@@ -1,13 +1,19 @@
-"""The REST operations as NATS request/reply on ``trialbus.api.<op>`` (docs/internals.md §3).
+"""The REST operations as NATS request/reply on ``trialbus.api.<op>`` and
+``trialbus.as.<person>.<op>`` (docs/internals.md §3).
 
 Replies are ``{"ok": true, "result": …}`` or ``{"ok": false, "status": <http>, "error": "…"}``,
 so a client gets the same answers and messages over NATS as over HTTP.
 
-Who is asking: a request with an ``Authorization: Bearer <token>`` header is that token's
-person, with the same checks and audit as over HTTP (an unknown token: 401). A request
-without one is the stack's admin: the NATS credential that could send it is the authority
-(only the stack's services and whoever holds ``client.json`` have one; docs/security.md,
-"People", says what this leaves open).
+Who is asking:
+
+- ``trialbus.as.<person>.<op>``: that person. Only their own NATS connection may publish there
+  (the auth callout grants it: :mod:`.callout`), so the subject is who asks; a removed user is
+  refused (401), and a bearer token in the headers, if any, must be that person's.
+- ``trialbus.api.<op>``, the services' door: a request with an ``Authorization: Bearer <token>``
+  header is that token's person, with the same checks and audit as over HTTP (an unknown token:
+  401). A request without one is the stack's admin: the NATS credential that could send it is
+  the authority (only the stack's services and whoever holds ``client.json`` have one;
+  docs/security.md, "People", says what this leaves open).
 """
 
 from __future__ import annotations
@@ -162,12 +168,22 @@ def _operations(core: Dispatcher) -> dict[str, Operation]:
     }
 
 
-def _caller(core: Dispatcher, msg: Msg) -> Caller:
-    """Who sent ``msg``: its bearer token's person; without a token, the stack's admin (module docstring)."""
-    scheme, _, token = (msg.headers or {}).get("Authorization", "").partition(" ")
-    if not token.strip():
+def _caller(core: Dispatcher, msg: Msg, person: str | None) -> Caller:
+    """Who sent ``msg``: ``person`` (its subject's, ``trialbus.as.<person>``), else its bearer
+    token's person; without either, the stack's admin (module docstring)."""
+    scheme, _, presented = (msg.headers or {}).get("Authorization", "").partition(" ")
+    presented = presented.strip()
+    token = presented if scheme.lower() == "bearer" else None
+    if person is not None:
+        caller = core.people.named(person)
+        if caller is None:
+            raise ApiError(401, f"user {person} was removed; ask an admin for a token")
+        if presented and core.people.person(token) != caller:
+            raise ApiError(401, f"the token in the request's Authorization header is not {person}'s")
+        return caller
+    if not presented:
         return ADMIN
-    caller = core.people.identify(token.strip()) if scheme.lower() == "bearer" else None
+    caller = core.people.identify(token) if token else None
     if caller is None:
         raise ApiError(401, "wrong API token in the request's Authorization header (`trialbus whoami` checks yours)")
     return caller
@@ -195,13 +211,15 @@ def _text(body: dict, key: str) -> str:
     return value
 
 
-async def serve(bus: Bus, core: Dispatcher) -> Subscription:
-    """Answer ``trialbus.api.*`` requests until the subscription is drained."""
+async def serve(bus: Bus, core: Dispatcher) -> list[Subscription]:
+    """Answer ``trialbus.api.*`` and ``trialbus.as.*.*`` requests until the subscriptions are drained."""
     operations = _operations(core)
-    prefix = subjects.api("")
+    prefix, as_prefix = subjects.api(""), subjects.API_AS_PREFIX + "."
 
     async def handle(msg: Msg) -> None:
-        op = msg.subject.removeprefix(prefix)
+        person, op = None, msg.subject.removeprefix(prefix)
+        if msg.subject.startswith(as_prefix):  # trialbus.as.<person>.<op>; a name has no dot
+            person, _, op = msg.subject.removeprefix(as_prefix).partition(".")
         try:
             handler = operations.get(op)
             if handler is None:
@@ -212,7 +230,7 @@ async def serve(bus: Bus, core: Dispatcher) -> Subscription:
                 raise ApiError(400, f"request body is not valid JSON: {exc}") from None
             if not isinstance(body, dict):
                 raise ApiError(400, "request body must be a JSON object")
-            reply = {"ok": True, "result": await handler(body, _caller(core, msg))}
+            reply = {"ok": True, "result": await handler(body, _caller(core, msg, person))}
         except ApiError as exc:
             reply = {"ok": False, "status": exc.status, "error": exc.message}
         except Exception as exc:  # answer instead of leaving the caller to time out
@@ -229,4 +247,7 @@ async def serve(bus: Bus, core: Dispatcher) -> Subscription:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    return await bus.nc.subscribe(subjects.api(">"), queue="dispatcher", cb=spawn)
+    return [
+        await bus.nc.subscribe(subjects.api(">"), queue="dispatcher", cb=spawn),
+        await bus.nc.subscribe(subjects.api_as("*", ">"), queue="dispatcher", cb=spawn),
+    ]

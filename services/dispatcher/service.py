@@ -26,6 +26,7 @@ from services.common.lifecycle import Service
 from services.common.tasks import cancel_and_wait, first_failure
 from services.dispatcher import bus_api
 from services.dispatcher.api import create_app
+from services.dispatcher.callout import Callout
 from services.dispatcher.consumer import GroupCommit, StreamReader
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.folds import MetricFold
@@ -43,7 +44,8 @@ class DispatcherService(Service):
         self.bus: Bus | None = None
         self.core: Dispatcher | None = None
         self.http: HttpServer | None = None
-        self._api: Subscription | None = None
+        self._api: list[Subscription] = []
+        self._callout: Callout | None = None
         self._heartbeats: Subscription | None = None
         self._tasks: list[asyncio.Task] = []
         self._readers: list[StreamReader] = []
@@ -96,6 +98,9 @@ class DispatcherService(Service):
             asyncio.create_task(self._preempt_on_arrival()),
             asyncio.create_task(self._watch_platforms(bus)),
         ]
+        if self.settings.nats_callout_seed is not None:  # people connect to NATS with their token
+            self._callout = Callout(bus.nc, self.settings.nats_callout_seed.get_secret_value(), self.core.people.person)
+            await self._callout.start()
         self._api = await bus_api.serve(bus, self.core)
         self._heartbeats = await bus.nc.subscribe(subjects.heartbeats("*", "*"), cb=self._on_heartbeat)
         host = bind_host(self.settings, self.settings.api_host, "the REST API")
@@ -116,8 +121,10 @@ class DispatcherService(Service):
         self._stopping.set()
         if self.http:
             await self.http.stop()
-        if self._api:
-            await self._api.unsubscribe()
+        for api in self._api:
+            await api.unsubscribe()
+        if self._callout:
+            await self._callout.stop()
         if self._heartbeats:
             await self._heartbeats.unsubscribe()
         await cancel_and_wait(self._tasks)

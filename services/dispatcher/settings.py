@@ -28,6 +28,11 @@ class DispatcherSettings(AccessSettings):
     #: all unseal; ``contracts.sealing``); the adapters hold the same. Without it, an
     #: experiment whose config holds a secret (a token, a password, a key) is refused.
     secrets_key: SecretStr | None = None
+    #: The NATS auth callout's issuer, an account nkey seed (``SA…``; a secret): with it the
+    #: dispatcher answers nats-server's authorization requests, so people connect to NATS with
+    #: their own token (services/dispatcher/callout.py); the server's auth.conf names its public
+    #: key (``NATS_CALLOUT_ISSUER``). ``trialbus up`` makes the pair. Unset: no callout.
+    nats_callout_seed: SecretStr | None = None
     #: Largest JSON body the REST API accepts, in bytes (default 1 MiB).
     api_max_body: int = Field(default=1024 * 1024, gt=0)
     #: Largest code snapshot (tar.gz) accepted by ``POST /api/v1/code``, in bytes (default 300 MiB, as NNI).
@@ -68,6 +73,15 @@ class DispatcherSettings(AccessSettings):
         return StreamLimits(
             self.events_max_age, self.events_max_bytes or -1, self.metrics_max_age, self.metrics_max_bytes or -1
         )
+
+    @field_validator("nats_callout_seed", mode="before")
+    @classmethod
+    def _a_seed(cls, seed: object) -> object:
+        if seed == "":  # compose's ``${TRIALBUS_NATS_CALLOUT_SEED:-}``: unset
+            return None
+        if isinstance(seed, str) and not seed.startswith("SA"):
+            raise ValueError("TRIALBUS_NATS_CALLOUT_SEED must be an account nkey seed (SA…); `trialbus up` makes one")
+        return seed
 
     @field_validator("webui_url")
     @classmethod

@@ -17,6 +17,7 @@ from pathlib import Path
 import compose
 import pytest
 
+from services.dispatcher.callout import new_issuer
 from tests.fixtures.compose import ENV_SECRETS, NATS_USERS
 from tests.fixtures.docker import ROOT, compose_command, compose_environment
 
@@ -46,6 +47,7 @@ def project_env_file(folder: Path) -> tuple[Path, dict[str, str]]:
     values = {"COMPOSE_PROJECT_NAME": "trialbus-env-test"}
     values |= {key: secrets.token_hex(8) for key in ENV_SECRETS}
     values |= {f"NATS_PASSWORD_{user}": "p" + secrets.token_hex(8) for user in NATS_USERS}
+    values["TRIALBUS_NATS_CALLOUT_SEED"], values["NATS_CALLOUT_ISSUER"] = new_issuer()
     path = folder / "project.env"
     path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
     return path, values

@@ -35,6 +35,7 @@ from nats.js.api import ConsumerConfig, ObjectMeta
 from contracts import streams, subjects
 from contracts.messages import MetricRecord
 from services.common.bus import Bus, bootstrap, inbox_prefix
+from services.dispatcher.callout import new_issuer
 from tests.e2e.helpers import wait_until
 from tests.fixtures.nats import NatsServer, free_port
 from tests.fixtures.stack import Stack
@@ -76,6 +77,8 @@ class AuthNatsServer(NatsServer):
         root.mkdir()
         super().__init__(root / "jetstream")
         self.passwords = {user: secrets.token_hex(12) for user in USERS}
+        #: The auth callout's issuer: the seed the dispatcher signs with, the public key the server trusts.
+        self.callout_seed, self.callout_issuer = new_issuer()
         self.config = root / "nats.conf"
         self.log = root / "nats-server.log"
         text = NATS_CONF.read_text()
@@ -91,6 +94,7 @@ class AuthNatsServer(NatsServer):
 
     def start(self) -> AuthNatsServer:
         env = {**os.environ, **{password_variable(u): p for u, p in self.passwords.items()}}
+        env["NATS_CALLOUT_ISSUER"] = self.callout_issuer
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen([self.binary, "-c", str(self.config)], env=env, stdout=log, stderr=log)
         deadline = time.monotonic() + 10

@@ -18,6 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from services.dispatcher.callout import new_issuer
 from tests.fixtures.kubernetes import K8S, kustomize, operator_tree
 from tests.fixtures.nats import nats_server_binary, require_binary
 
@@ -297,6 +298,7 @@ def test_nats_server_accepts_its_configuration_with_the_pods_environment(rendere
     [container] = nats["spec"]["template"]["spec"]["containers"]
     env = {name: item.get("value") or f"{name.lower()}-value" for name, item in env_of(container).items()}
     env["SERVER_NAME"] = "nats-0"
+    env["NATS_CALLOUT_ISSUER"] = new_issuer()[1]  # an account's public key, as its secret holds
     auth = (BASE / "nats" / "auth.conf").read_text()
     assert set(re.findall(r"\$(NATS_PASSWORD_\w+)", auth)) <= set(env), "a password auth.conf reads is not set"
     conf = (BASE / "nats" / "nats.conf").read_text()

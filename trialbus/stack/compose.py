@@ -73,6 +73,7 @@ SECRETS = {
     "TRIALBUS_API_READ_TOKEN",
     "TRIALBUS_TRIAL_SECRET",
     "TRIALBUS_SECRETS_KEY",
+    "TRIALBUS_NATS_CALLOUT_SEED",
 }
 #: The local values of those, per kind of service (the common ones come from the stack).
 LOCAL_ENV = {

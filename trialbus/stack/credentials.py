@@ -12,6 +12,9 @@ fills from ``.env``. Guarantees:
   in force: ``TRIALBUS_API_TOKEN``'s when that is set (written there, 0600), never an older one.
 - :attr:`Credentials.variables` are compose's names (``TRIALBUS_API_TOKEN``,
   ``NATS_PASSWORD_DISPATCHER``…): each service gets exactly the ones compose.yaml gives it.
+- The NATS auth callout's issuer (docs/security.md, "People") is an account nkey pair: its seed
+  (``<data>/nats-callout.seed``, ``TRIALBUS_NATS_CALLOUT_SEED``) goes to the dispatcher alone,
+  its public key (``NATS_CALLOUT_ISSUER``) to nats-server.
 - Nothing here prints or logs a secret.
 """
 
@@ -25,6 +28,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+import nkeys
+
 from trialbus import local
 from trialbus.stack.errors import StackError
 
@@ -33,6 +38,7 @@ FILES = {
     "TRIALBUS_API_TOKEN": "api-token",
     "TRIALBUS_TRIAL_SECRET": "trial-secret",
     "TRIALBUS_SECRETS_KEY": "secrets-key",
+    "TRIALBUS_NATS_CALLOUT_SEED": "nats-callout.seed",
 }
 NATS_PASSWORDS = "nats-passwords.json"
 
@@ -63,6 +69,13 @@ class Credentials:
     nats: dict[str, str]
     #: NATS user → the variable its password is read from (``NATS_PASSWORD_<USER>``).
     nats_variables: dict[str, str]
+    #: The auth callout issuer's seed (an account nkey, ``SA…``): the dispatcher's alone.
+    callout_seed: str
+
+    @property
+    def callout_issuer(self) -> str:
+        """The public key of :attr:`callout_seed`: what nats-server trusts the callout's answers by."""
+        return nkeys.from_seed(self.callout_seed.encode()).public_key.decode()
 
     @property
     def variables(self) -> dict[str, str]:
@@ -71,6 +84,8 @@ class Credentials:
         if self.api_token:
             values["TRIALBUS_API_TOKEN"] = self.api_token
         values.update({variable: self.nats[user] for user, variable in self.nats_variables.items()})
+        values["TRIALBUS_NATS_CALLOUT_SEED"] = self.callout_seed
+        values["NATS_CALLOUT_ISSUER"] = self.callout_issuer
         return values
 
 
@@ -99,6 +114,7 @@ def load(data_dir: Path, environ: dict[str, str] | None = None) -> Credentials:
         secrets_key=value("TRIALBUS_SECRETS_KEY", lambda: base64.urlsafe_b64encode(os.urandom(32)).decode()),
         nats={user: passwords[user] for user in users},
         nats_variables=users,
+        callout_seed=value("TRIALBUS_NATS_CALLOUT_SEED", callout_seed),
     )
 
 
@@ -106,6 +122,11 @@ def nats_password() -> str:
     """A password nats-server reads as a string from ``$NATS_PASSWORD_*``: it parses the value as a
     config token, so one starting with ``-`` or a digit may become a number; ours start with a letter."""
     return "p" + secrets.token_hex(24)
+
+
+def callout_seed() -> str:
+    """A new seed for the auth callout's issuer: an account nkey (nats-server refuses another kind)."""
+    return nkeys.encode_seed(secrets.token_bytes(32), nkeys.PREFIX_BYTE_ACCOUNT).decode()
 
 
 def secret_file(path: Path, make) -> str:

@@ -222,6 +222,7 @@ class Stack:
         binary = nats_server_binary()
         nats.write_configs(broker, self.data_dir)
         nats_env = {**common, **{v: creds.nats[u] for u, v in creds.nats_variables.items()}}
+        nats_env["NATS_CALLOUT_ISSUER"] = creds.callout_issuer  # the callout's answers are signed by it
         parts = [
             Part(
                 node.name,
