@@ -53,6 +53,16 @@ def new_token(name: str) -> str:
     return f"{TOKEN_PREFIX}{check_name(name, 'user name')}.{secrets.token_urlsafe(32)}"
 
 
+#: Hex digits of a token's hash in a person's NATS door (:func:`token_key`).
+TOKEN_KEY_LENGTH = 16
+
+
+def token_key(token: str) -> str:
+    """What a person's NATS door says of the token their connection was let in with: the start of
+    its hash (nothing to learn of the token). A token replaced since opens no door."""
+    return hash_token(token)[:TOKEN_KEY_LENGTH]
+
+
 def token_name(token: str | None) -> str | None:
     """The user a token made by :func:`new_token` names, or None (a stack's token, a user's token
     made before names were in tokens, anything else). Says nothing of whether it is valid."""

@@ -66,11 +66,12 @@ def api(operation: str) -> str:
     return f"{API_PREFIX}.{operation}"
 
 
-def api_as(person: str, operation: str) -> str:
-    """``trialbus.as.<person>.<operation>``: an API call by a person connected to NATS with their
-    token; the broker lets only that person's connection publish here (the dispatcher's auth
-    callout grants it), so the subject says who asks."""
-    return f"{API_AS_PREFIX}.{person}.{operation}"
+def api_as(person: str, key: str, operation: str) -> str:
+    """``trialbus.as.<person>.<key>.<operation>``: an API call by a person connected to NATS with
+    their token, ``key`` its :func:`~contracts.people.token_key`; the broker lets only a connection
+    let in with that token publish here (the dispatcher's auth callout grants it), so the subject
+    says who asks, and whether with the token they hold now."""
+    return f"{API_AS_PREFIX}.{person}.{key}.{operation}"
 
 
 def person_inbox(person: str) -> str:

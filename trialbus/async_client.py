@@ -22,7 +22,7 @@ from nats.js.errors import NotFoundError
 
 from contracts import ExperimentConfig, MetricRecord, PlatformStatus, TrialEvent, TrialState, TrialStatus, subjects
 from contracts.metrics import Seen, records_of
-from contracts.people import token_name
+from contracts.people import token_key, token_name
 from contracts.streams import EVENTS, METRICS, stream_name
 from services.common.code import CodeUpload, upload_code
 from trialbus import local
@@ -60,8 +60,8 @@ class AsyncClient:
     now) and no NATS credential (no ``user``, no ``creds``), the client connects to
     NATS with that token, nothing else: the stack's auth callout lets the person in with their
     own permissions, replies come on their inbox (``_INBOX_as.<name>``) and API calls go to their
-    door (``trialbus.as.<name>.<op>``). No ``client.json`` is looked for then: a person needs
-    only their token and the NATS URL (``TRIALBUS_NATS_URL``).
+    door (``trialbus.as.<name>.<key>.<op>``, ``key`` naming the token). No ``client.json`` is
+    looked for then: a person needs only their token and the NATS URL (``TRIALBUS_NATS_URL``).
     """
 
     def __init__(
@@ -185,7 +185,10 @@ class AsyncClient:
     async def _call(self, operation: str, body: Mapping[str, Any]) -> Any:
         if self._nc is None:
             raise TrialbusError(503, "the client is not connected: call connect() first")
-        subject = subjects.api_as(self.person, operation) if self.person else subjects.api(operation)
+        if self.person and self.token:  # their door, named by the token they connected with
+            subject = subjects.api_as(self.person, token_key(self.token), operation)
+        else:
+            subject = subjects.api(operation)
         try:
             payload = json.dumps(body).encode()
         except (TypeError, ValueError) as exc:

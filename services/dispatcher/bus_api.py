@@ -6,9 +6,10 @@ so a client gets the same answers and messages over NATS as over HTTP.
 
 Who is asking:
 
-- ``trialbus.as.<person>.<op>``: that person. Only their own NATS connection may publish there
-  (the auth callout grants it: :mod:`.callout`), so the subject is who asks; a removed user is
-  refused (401), and a bearer token in the headers, if any, must be that person's.
+- ``trialbus.as.<person>.<key>.<op>``: that person. Only a NATS connection let in with their
+  token may publish there (the auth callout grants it: :mod:`.callout`; ``key`` names the token),
+  so the subject is who asks; a removed user, or a token replaced since the connection was
+  opened, is refused (401), and a bearer token in the headers, if any, must be that person's.
 - ``trialbus.api.<op>``, the services' door: a request with an ``Authorization: Bearer <token>``
   header is that token's person, with the same checks and audit as over HTTP (an unknown token:
   401). A request without one is the stack's admin: the NATS credential that could send it is
@@ -168,16 +169,18 @@ def _operations(core: Dispatcher) -> dict[str, Operation]:
     }
 
 
-def _caller(core: Dispatcher, msg: Msg, person: str | None) -> Caller:
-    """Who sent ``msg``: ``person`` (its subject's, ``trialbus.as.<person>``), else its bearer
-    token's person; without either, the stack's admin (module docstring)."""
+def _caller(core: Dispatcher, msg: Msg, door: tuple[str, str] | None) -> Caller:
+    """Who sent ``msg``: the person of its ``door`` (its subject's ``trialbus.as.<person>.<key>``),
+    else its bearer token's person; without either, the stack's admin (module docstring)."""
     scheme, _, presented = (msg.headers or {}).get("Authorization", "").partition(" ")
     presented = presented.strip()
     token = presented if scheme.lower() == "bearer" else None
-    if person is not None:
-        caller = core.people.named(person)
+    if door is not None:
+        person, key = door
+        caller = core.people.at_door(person, key)
         if caller is None:
-            raise ApiError(401, f"user {person} was removed; ask an admin for a token")
+            why = "was removed" if core.people.named(person) is None else "has a new token since this connection"
+            raise ApiError(401, f"user {person} {why}; connect again with their current token")
         if presented and core.people.person(token) != caller:
             raise ApiError(401, f"the token in the request's Authorization header is not {person}'s")
         return caller
@@ -212,14 +215,15 @@ def _text(body: dict, key: str) -> str:
 
 
 async def serve(bus: Bus, core: Dispatcher) -> list[Subscription]:
-    """Answer ``trialbus.api.*`` and ``trialbus.as.*.*`` requests until the subscriptions are drained."""
+    """Answer ``trialbus.api.*`` and ``trialbus.as.*.*.*`` requests until the subscriptions are drained."""
     operations = _operations(core)
     prefix, as_prefix = subjects.api(""), subjects.API_AS_PREFIX + "."
 
     async def handle(msg: Msg) -> None:
-        person, op = None, msg.subject.removeprefix(prefix)
-        if msg.subject.startswith(as_prefix):  # trialbus.as.<person>.<op>; a name has no dot
-            person, _, op = msg.subject.removeprefix(as_prefix).partition(".")
+        door, op = None, msg.subject.removeprefix(prefix)
+        if msg.subject.startswith(as_prefix):  # trialbus.as.<person>.<key>.<op>: a name and a key have no dot
+            person, key, op = (msg.subject.removeprefix(as_prefix).split(".", 2) + ["", ""])[:3]
+            door = (person, key)
         try:
             handler = operations.get(op)
             if handler is None:
@@ -230,7 +234,7 @@ async def serve(bus: Bus, core: Dispatcher) -> list[Subscription]:
                 raise ApiError(400, f"request body is not valid JSON: {exc}") from None
             if not isinstance(body, dict):
                 raise ApiError(400, "request body must be a JSON object")
-            reply = {"ok": True, "result": await handler(body, _caller(core, msg, person))}
+            reply = {"ok": True, "result": await handler(body, _caller(core, msg, door))}
         except ApiError as exc:
             reply = {"ok": False, "status": exc.status, "error": exc.message}
         except Exception as exc:  # answer instead of leaving the caller to time out
@@ -249,5 +253,5 @@ async def serve(bus: Bus, core: Dispatcher) -> list[Subscription]:
 
     return [
         await bus.nc.subscribe(subjects.api(">"), queue="dispatcher", cb=spawn),
-        await bus.nc.subscribe(subjects.api_as("*", ">"), queue="dispatcher", cb=spawn),
+        await bus.nc.subscribe(subjects.api_as("*", "*", ">"), queue="dispatcher", cb=spawn),
     ]

@@ -12,11 +12,12 @@ refuses the connection. Guarantees:
   ``pass`` with ``user`` = their name) and must be a user's (:meth:`People.person`): the stack's
   own tokens, a wrong or removed user's token, no token, are refused. O(1) per connect.
 - **What a person may do on the bus** (:func:`permissions`): publish their API door,
-  ``trialbus.as.<name>.>`` (the dispatcher then knows who asks from the subject:
-  :mod:`.bus_api`), store code snapshots, read the EVENTS and METRICS streams (the client's
-  ``events()``, ``metrics()``, ``wait_final()``); subscribe to their own inbox
-  ``_INBOX_as.<name>.>`` and nothing else. Never ``trialbus.api.>`` (a header-less call there is
-  the stack's admin), never another person's door or inbox.
+  ``trialbus.as.<name>.<key>.>``, ``key`` naming the token they connected with (the dispatcher
+  then knows who asks from the subject, and refuses a token replaced since: :mod:`.bus_api`),
+  store code snapshots, read the EVENTS and METRICS streams (the client's ``events()``,
+  ``metrics()``, ``wait_final()``); subscribe to their own inbox ``_INBOX_as.<name>.>`` and
+  nothing else. Never ``trialbus.api.>`` (a header-less call there is the stack's admin), never
+  another person's door or inbox.
 - Nothing here logs a token or the issuer's seed.
 
 Only nats-server can publish on ``$SYS.REQ.USER.AUTH`` (no user of auth.conf may, nor a person),
@@ -43,7 +44,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from contracts import subjects
-from contracts.people import Caller
+from contracts.people import Caller, token_key
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +80,11 @@ class CalloutError(ValueError):
     """An authorization request that is not one (malformed, or not signed by the server it names)."""
 
 
-def permissions(name: str) -> dict[str, Any]:
-    """The NATS permissions of person ``name``, as a user JWT says them (module docstring)."""
+def permissions(name: str, token: str) -> dict[str, Any]:
+    """The NATS permissions of person ``name`` let in with ``token``, as a user JWT says them
+    (module docstring)."""
     return {
-        "pub": {"allow": [subjects.api_as(name, ">"), *READS]},
+        "pub": {"allow": [subjects.api_as(name, token_key(token), ">"), *READS]},
         "sub": {"allow": [subjects.person_inbox(name) + ".>"]},
     }
 
@@ -143,13 +145,14 @@ class Callout:
             )
             outcome: dict[str, Any] = {"error": "a Trialbus user's token is needed (`trialbus user add` gives one)"}
         else:
-            outcome = {"jwt": self._user_jwt(caller.name, user_nkey)}
+            assert token is not None  # a person's
+            outcome = {"jwt": self._user_jwt(caller.name, token, user_nkey)}
         outcome |= {"type": "authorization_response", "version": 2}
         return encode({"aud": server, "sub": user_nkey, "nats": outcome}, self._issuer).encode()
 
-    def _user_jwt(self, name: str, user_nkey: str) -> str:
+    def _user_jwt(self, name: str, token: str, user_nkey: str) -> str:
         limits = {"subs": -1, "data": -1, "payload": -1}  # no limits beyond the account's (nats-io/jwt's default)
-        user = {**permissions(name), **limits, "type": "user", "version": 2}
+        user = {**permissions(name, token), **limits, "type": "user", "version": 2}
         return encode({"aud": ACCOUNT, "sub": user_nkey, "name": name, "nats": user}, self._issuer)
 
 

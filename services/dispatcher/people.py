@@ -37,6 +37,7 @@ from contracts.people import (
     ADMIN,
     READER,
     ROLES,
+    TOKEN_KEY_LENGTH,
     AuditRecord,
     Caller,
     User,
@@ -122,6 +123,12 @@ class People:
         """The user called ``name`` as they are now (team, role), or None: removed."""
         user = self._by_name.get(name)
         return user.caller() if user else None
+
+    def at_door(self, name: str, key: str) -> Caller | None:
+        """The user called ``name`` if ``key`` (:func:`~contracts.people.token_key`) is their
+        current token's, else None: removed, or their token replaced since. O(1)."""
+        user = self._by_name.get(name)
+        return user.caller() if user and user.token_hash[:TOKEN_KEY_LENGTH] == key else None
 
     # ---------------------------------------------------------------- who may act
 

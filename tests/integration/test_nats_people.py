@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from contracts import subjects
-from contracts.people import token_name
+from contracts.people import token_key, token_name
 from tests.fixtures.stack import Stack
 from tests.integration.test_nats_permissions import AuthNatsServer, User
 from trialbus.api import TrialbusError
@@ -85,6 +85,17 @@ async def person(stack: Stack, token: str) -> User:
     return User(nc, errors)
 
 
+def door(token: str, operation: str = "whoami") -> str:
+    """The API door of the person ``token`` names, as their connection may use it."""
+    name = token_name(token)
+    assert name is not None
+    return subjects.api_as(name, token_key(token), operation)
+
+
+async def ask(user: User, subject: str) -> dict:
+    return orjson.loads((await user.nc.request(subject, b"{}", timeout=5)).data)
+
+
 async def refused_at_connect(stack: Stack, **credentials: str) -> str:
     with pytest.raises(nats.errors.Error) as refused:
         await nats.connect(stack.nats.url, allow_reconnect=False, max_reconnect_attempts=0, **credentials)
@@ -118,22 +129,20 @@ async def test_a_person_connects_with_their_token_and_acts_as_themselves(stack: 
 
 
 async def test_a_person_may_use_only_their_own_door_and_inbox(stack: Stack):
-    ana = add(stack, "ana", "vision")
-    add(stack, "bo", "nlp")
+    ana, bo = add(stack, "ana", "vision"), add(stack, "bo", "nlp")
     user = await person(stack, ana)
     try:
         # the services' door: a header-less call there is the stack's admin
         await user.refused("publish", subjects.api("whoami"), user.nc.request(subjects.api("whoami"), b"", timeout=5))
         # another person's door and inbox
-        await user.refused("publish", subjects.api_as("bo", "whoami"), user.nc.publish(subjects.api_as("bo", "whoami")))
+        await user.refused("publish", door(bo), user.nc.publish(door(bo)))
         await user.refused("subscription", "_INBOX_as.bo.>", user.nc.subscribe("_INBOX_as.bo.>"))
         # a service's inbox, the streams' subjects, the state buckets
         await user.refused("subscription", "_INBOX_dispatcher.>", user.nc.subscribe("_INBOX_dispatcher.>"))
         await user.refused("subscription", "events.>", user.nc.subscribe("events.>"))
         await user.refused("publish", "$KV.users.ana", user.nc.publish("$KV.users.ana", b"{}"))
         # while her own door answers
-        reply = orjson.loads((await user.nc.request(subjects.api_as("ana", "whoami"), b"{}", timeout=5)).data)
-        assert reply["result"]["name"] == "ana"
+        assert (await ask(user, door(ana)))["result"]["name"] == "ana"
     finally:
         await user.nc.close()
 
@@ -144,15 +153,21 @@ async def test_a_wrong_replaced_or_removed_token_is_refused_at_connect(stack: St
     assert "authorization violation" in (await refused_at_connect(stack, token=stack.token)).lower()  # no person's
     assert "authorization violation" in (await refused_at_connect(stack)).lower()  # no credential at all
     assert "authorization violation" in (await refused_at_connect(stack, user="ana", password=bo)).lower()
-    # a replaced token
-    assert stack.rest("POST", "/users/ana/token").status_code == 200
-    assert "authorization violation" in (await refused_at_connect(stack, token=ana)).lower()
+    # a replaced token: refused at connect, and a connection opened with it may no longer call the API
+    before = await person(stack, ana)
+    try:
+        assert stack.rest("POST", "/users/ana/token").status_code == 200
+        assert "authorization violation" in (await refused_at_connect(stack, token=ana)).lower()
+        reply = await ask(before, door(ana))
+        assert reply["status"] == 401 and "ana has a new token since this connection" in reply["error"]
+    finally:
+        await before.nc.close()
     # a removed user: refused at connect, and a connection opened before may no longer call the API
     still = await person(stack, bo)
     try:
         assert stack.rest("DELETE", "/users/bo").status_code == 200
         assert "authorization violation" in (await refused_at_connect(stack, token=bo)).lower()
-        reply = orjson.loads((await still.nc.request(subjects.api_as("bo", "whoami"), b"{}", timeout=5)).data)
+        reply = await ask(still, door(bo))
         assert reply["status"] == 401 and "bo was removed" in reply["error"]
     finally:
         await still.nc.close()

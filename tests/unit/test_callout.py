@@ -9,7 +9,7 @@ import secrets
 import nkeys
 import pytest
 
-from contracts.people import Caller, new_token, token_name
+from contracts.people import Caller, new_token, token_key, token_name
 from services.dispatcher.callout import ACCOUNT, REQUEST_AUDIENCE, Callout, decode, encode, new_issuer
 
 ANA = Caller("ana", "vision", "member")
@@ -72,7 +72,7 @@ def test_a_person_s_token_gets_a_user_jwt_with_their_permissions(callout):
         nats = user["nats"]
         assert nats["type"] == "user" and nats["version"] == 2
         assert nats["sub"] == {"allow": ["_INBOX_as.ana.>"]}
-        assert nats["pub"]["allow"][0] == "trialbus.as.ana.>"
+        assert nats["pub"]["allow"][0] == f"trialbus.as.ana.{token_key(token)}.>"  # the door of this token
         assert not any(
             s.startswith(("trialbus.api", "_INBOX", "events", "dispatch", "$KV")) for s in nats["pub"]["allow"]
         )
