@@ -221,7 +221,7 @@ def test_fc_a_deleted_pod_is_retried_as_preempted_and_finds_the_checkpoint_of_it
     done = ended(fc, trial_id)
     assert (done["status"], done["attempt"], done["finalMetric"]) == ("SUCCEEDED", 1, {"default": 3, "attempt": 1})
     [first] = done["attempts"]
-    assert (first["status"], first["failure"]) == ("FAILED", "preempted"), first
+    assert (first["status"], first["failure"]) == ("PREEMPTED", "preempted"), first
     assert "completion code -101 (PodExternalDeleted, transient)" in first["message"], first["message"]
     assert runs(log) == [(0, 0), (1, 3)]
 
@@ -310,7 +310,7 @@ def test_pai_an_evicted_trial_is_retried_as_preempted_and_finds_the_checkpoint_o
     done = ended(pai_stack, trial_id)
     assert (done["status"], done["attempt"], done["finalMetric"]) == ("SUCCEEDED", 1, {"default": 3, "attempt": 1})
     [first] = done["attempts"]
-    assert (first["status"], first["failure"]) == ("FAILED", "preempted"), first
+    assert (first["status"], first["failure"]) == ("PREEMPTED", "preempted"), first
     assert "exit code -1000" in first["message"], first["message"]
     assert runs(log)[0] == (0, 0) and runs(log)[-1] == (1, 3), runs(log)
 

@@ -137,7 +137,7 @@ def test_a_drained_remote_replica_preempts_its_trial_which_saves_in_its_grace_pe
     assert (done["status"], done["attempt"]) == ("SUCCEEDED", 1), done
     [preempted] = done["attempts"]
     assert (preempted["status"], preempted["failure"], preempted["replica"]) == (
-        "SYS_CANCELED",
+        "PREEMPTED",
         "preempted",
         running["replica"],
     ), preempted
