@@ -199,11 +199,12 @@ class Shares:
         """The experiments waiting for ``adapter``, best first."""
         return self._ranked(adapter, capacity)
 
-    def within_quota(self, adapter: str, team: str, gpus: float, trials: int = 1) -> bool:
-        """Whether ``team`` holding ``gpus`` and ``trials`` more on ``adapter`` stays within its quota
-        (a quota of some resource the trial uses, not exceeded on any)."""
+    def within_quota(self, adapter: str, team: str, gpus: float, trials: int = 1, also: Use | None = None) -> bool:
+        """Whether ``team`` holding ``gpus`` and ``trials`` more on ``adapter`` (beyond what it holds, and
+        ``also``) stays within its quota (a quota of some resource the trial uses, not exceeded on any)."""
         quota = self.quota(adapter, team)
-        use = self.used(adapter, team)
+        held = self.used(adapter, team)
+        use = Use(held.gpus + (also.gpus if also else 0.0), held.trials + (also.trials if also else 0))
         governed = [(quota.gpus, use.gpus, gpus)] if gpus > 0 and quota.gpus is not None else []
         if quota.trials is not None:
             governed.append((float(quota.trials), float(use.trials), float(trials)))
@@ -233,12 +234,13 @@ class Shares:
                 away[holding.team].gpus += holding.gpus
                 away[holding.team].trials += 1
         victims: list[Victim] = []
+        gains: dict[str, Use] = defaultdict(Use)  # team → what this look gives it (free, or preempted for it)
         for demand in self._ranked(adapter, capacity):
             if demand.gpus > capacity.gpus + EPSILON:
                 continue
             for _ in range(max(1, demand.want)):
                 if not free.fits(demand.gpus):
-                    chosen = self._victims(adapter, demand, free, away, running)
+                    chosen = self._victims(adapter, demand, free, away, gains[demand.team], running)
                     if not chosen:
                         break
                     for trial_id, why in chosen:
@@ -249,13 +251,22 @@ class Shares:
                         free.take(-holding.gpus, -1)
                         victims.append(Victim(trial_id, holding.experiment, why))
                 free.take(demand.gpus)
+                gains[demand.team].gpus += demand.gpus
+                gains[demand.team].trials += 1
         return victims
 
     def _victims(
-        self, adapter: str, demand: Demand, free: _Free, away: dict[str, Use], running: Callable[[str], bool]
+        self,
+        adapter: str,
+        demand: Demand,
+        free: _Free,
+        away: dict[str, Use],
+        gained: Use,
+        running: Callable[[str], bool],
     ) -> list[tuple[str, str]]:
-        """Trials whose capacity makes ``demand``'s next trial fit, or none if no set of them does."""
-        reclaiming = self.within_quota(adapter, demand.team, demand.gpus)
+        """Trials whose capacity makes ``demand``'s next trial fit, or none if no set of them does
+        (``gained``: what its team gets already in this look, counted against its quota)."""
+        reclaiming = self.within_quota(adapter, demand.team, demand.gpus, also=gained)
         candidates = []
         for trial_id, holding in self.holdings.items():
             if holding.adapter != adapter or trial_id in self.preempting or not running(trial_id):

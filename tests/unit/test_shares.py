@@ -114,6 +114,17 @@ def test_a_team_under_its_quota_reclaims_what_another_borrows_and_the_borrower_w
     assert why.startswith("waiting for 1 free GPU (0 of 4 GPUs of local-gpu free); team vision at its GPU quota 2/2")
 
 
+def test_a_team_reclaims_up_to_its_quota_and_no_more_however_many_trials_it_has_ready():
+    p = Platform(teams=[team("nlp", gpus=2)])
+    p.experiment("e1", "vision")
+    p.fill()
+    p.experiment("e2", "nlp", trials=10)
+    assert p.fill() == []
+    assert len(p.preempt()) == 2 and p.preempt() == []
+    p.fill()
+    assert (p.gpus_of("vision"), p.gpus_of("nlp")) == (2, 2)
+
+
 def test_nothing_is_preempted_from_a_team_within_its_quota():
     p = Platform(teams=[team("a", gpus=2), team("b", gpus=2), team("c", gpus=1)])
     for name in "ab":
