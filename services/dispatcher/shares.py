@@ -135,8 +135,8 @@ class Shares:
     _total: dict[str, Use] = field(default_factory=lambda: defaultdict(Use))
     _of_experiment: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     _order: int = 0
-    #: An experiment began waiting for a platform since this was last cleared: what to preempt may
-    #: have changed (the dispatcher looks at once rather than at its next sweep).
+    #: An experiment began waiting for a platform (was refused) since this was last cleared: what to
+    #: preempt may have changed (the dispatcher looks at once rather than at its next sweep).
     arrived: bool = False
 
     # ------------------------------------------------------------------ holdings
@@ -184,8 +184,7 @@ class Shares:
         if not capacity.bounded or demand.gpus > capacity.gpus + EPSILON or capacity.trials < 1:
             self.demands[adapter].pop(demand.experiment, None)
             return None  # nothing to share, or a trial no host here can ever run (its adapter says so)
-        if demand.experiment not in self.demands[adapter]:
-            self.arrived = True
+        new = demand.experiment not in self.demands[adapter]
         self.demands[adapter][demand.experiment] = demand
         free = self._free(adapter, capacity)
         key = self._keys(adapter, capacity)
@@ -193,6 +192,7 @@ class Shares:
         ahead = [d for d in self._current(adapter) if d.experiment != demand.experiment and key(d) < mine]
         if free.fits(demand.gpus) and not any(free.fits(d.gpus) for d in ahead):
             return None
+        self.arrived = self.arrived or new  # it begins to wait: it may preempt at once
         return self.why(adapter, demand, capacity, len(ahead))
 
     def ranked(self, adapter: str, capacity: Capacity) -> list[Demand]:

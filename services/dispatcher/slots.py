@@ -10,10 +10,11 @@ platform :class:`~services.dispatcher.placement.Placement` chooses, and comes ba
 queue when that platform goes down before starting it (``take_back``). A retry (the trial's
 next attempt, :mod:`.retries`) waits out its back-off in ``later``, then goes first in the queue.
 
-Every method costs O(1) per trial it moves, except ``take_back`` (O(trialConcurrency)) and
-``due`` (O(retries waiting in the experiment)): a queue is a :class:`TrialQueue`, where taking
-a trial out of the middle (a cancel before dispatch) or asking whether one is there is O(1)
-too, however many trials wait (an experiment may queue 100,000).
+Every method costs O(1) per trial it moves, except ``take_back`` (O(trialConcurrency)), ``due``
+(O(retries waiting in the experiment)) and, on a platform teams share, the turn a trial waits for
+(O(experiments waiting there + teams), :mod:`.shares`; never the queued trials): a queue is a
+:class:`TrialQueue`, where taking a trial out of the middle (a cancel before dispatch) or asking
+whether one is there is O(1) too, however many trials wait (an experiment may queue 100,000).
 """
 
 from __future__ import annotations
