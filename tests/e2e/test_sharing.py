@@ -198,3 +198,44 @@ def test_the_second_team_reaches_its_share_by_reclaiming_borrowed_gpus(shared):
         f"preemption (decided as its trials arrive -> running): {max(starts) - min(submitted):.2f}s, "
         f"of which the preempted trials' stop -> the owner's trials running: {max(starts) - max(freed):.2f}s"
     )
+
+
+def test_a_higher_priority_experiment_runs_first_and_preempts_its_team_s_lower_one(shared):
+    stack, people = shared
+    ana = people["ana"]
+    stack.rest("PUT", "/teams/vision", json={"gpus": 4})
+    low = ana.experiment(concurrency=4)
+    background = [ana.submit(low, x=i, steps=100) for i in range(4)]
+    wait_until(lambda: all(trial(stack, t)["status"] == "RUNNING" for t in background), 40, "4 running")
+    urgent = ana.experiment(concurrency=1, priority=10)
+    first = ana.submit(urgent, x=99, steps=5)
+    done = wait_until(lambda: (s := trial(stack, first))["status"] in TERMINAL and s, 60, "the urgent trial")
+    assert done["status"] == "SUCCEEDED"
+    preempted = [trial(stack, t) for t in background if trial(stack, t)["attempt"] == 1]
+    assert len(preempted) == 1, [trial(stack, t) for t in background]
+    assert preempted[0]["attempts"][0]["message"].endswith("has a higher priority (10 > 0)")
+    for t in background:
+        stack.rest("POST", f"/trials/{t}/cancel")
+
+
+def test_people_may_only_act_as_their_role_and_team_allow(shared):
+    stack, people = shared
+    assert stack.rest("PUT", "/teams/nlp", json={"gpus": 2}).status_code == 200
+    made = people["vic"].rest(
+        "POST",
+        "/experiments",
+        json={"trialCommand": "true", "trialConcurrency": 1, "trainingService": {"platform": "local"}},
+    )
+    assert made.status_code == 403, made.text
+    mine = people["ana"].experiment(concurrency=1)
+    theirs = people["ana"].submit(mine, x=1, steps=300)
+    refused = people["bo"].rest("POST", f"/trials/{theirs}/cancel")
+    assert refused.status_code == 403 and "belongs to team vision" in refused.json()["error"], refused.text
+    refused = people["bo"].rest("PUT", "/teams/nlp", json={"gpus": 4})
+    assert refused.status_code == 403 and "only an admin" in refused.json()["error"], refused.text
+    bad = stack.rest("PUT", "/teams/nlp", json={"gpus": -1})
+    assert bad.status_code == 422 and "gpus" in bad.json()["error"], bad.text
+    bad = stack.rest("PUT", "/teams/nlp", json={"cpus": 1})
+    assert bad.status_code == 422 and "unknown field(s) cpus" in bad.json()["error"], bad.text
+    assert next(t for t in stack.rest("GET", "/teams").json() if t["name"] == "nlp")["quota"]["gpus"] == 2
+    assert people["ana"].rest("POST", f"/trials/{theirs}/cancel").status_code == 202
