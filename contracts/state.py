@@ -97,6 +97,9 @@ class TrialState(Contract):
     replica: str | None = None
     #: Its FAILED end's last stderr line, where the platform can read it (``TrialEvent.last_error``).
     last_error: str | None = None
+    #: Its experiment's owner and team when it was submitted (contracts/people.py).
+    owner: str | None = None
+    team: str | None = None
 
     def view(self) -> dict[str, Any]:
         """The REST shape of ``GET /api/v1/trials/{id}``."""
@@ -124,6 +127,8 @@ class TrialState(Contract):
                 "failure",
                 "retry_at",
                 "last_error",
+                "owner",
+                "team",
             },
         )
 

@@ -85,6 +85,8 @@ class Submissions:
                 platform="" if config.hybrid else config.adapter,  # hybrid: chosen at dispatch
                 submit_time=utcnow(),
                 message=f"waiting for a free slot (trialConcurrency {config.trial_concurrency})",
+                owner=state.owner,
+                team=state.team,
             )
             # One round trip: the trial, the WAITING event and (when a slot is
             # free) the dispatch go out together, after the lock is released. A failure

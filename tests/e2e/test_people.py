@@ -64,6 +64,8 @@ def test_a_member_acts_on_their_teams_work_and_gets_403_on_another_teams(stack, 
     assert submitted.status_code == 201, submitted.text
     trial_id = submitted.json()["id"]
     wait_until(lambda: trial(stack, trial_id)["status"] == "RUNNING", 30, "RUNNING")
+    shown = trial(stack, trial_id)
+    assert (shown["owner"], shown["team"]) == ("ana", "vision")  # the trial records them too
 
     # When bo of team nlp tries to cancel its trial, stop it, submit to it or delete it
     # Then each is refused with why, and the trial runs on
