@@ -412,9 +412,12 @@ async def test_the_remote_adapter_alone_keeps_checkpoint_copies(connect, dispatc
 
 
 async def test_a_wrong_password_or_none_is_refused(server: AuthNatsServer):
+    # (a connection that is no service's goes to the auth callout, and here no dispatcher answers it:
+    # the server refuses it once its callout times out, which may take longer than nats-py's default
+    # connect timeout of 2 s)
     for credentials in ({"user": "client", "password": "wrong"}, {"user": "dispatcher", "password": "x"}, {}):
         with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-            await nats.connect(server.url, allow_reconnect=False, error_cb=ignore, **credentials)
+            await nats.connect(server.url, allow_reconnect=False, error_cb=ignore, connect_timeout=15, **credentials)
     # nats-py (2.16) leaves the refused connection's socket open: collect it here, quietly, not
     # in a later test (where its ResourceWarning would be an error).
     with warnings.catch_warnings():
