@@ -110,18 +110,7 @@ class Attempts:
         trial = trial.model_copy(update={"message": message, "failure": "lost"})  # kept across a restart
         await self._store.put_trial(trial)
         log.warning("trial %s: %s", trial.id, message)
-        stop = CancelRequest(
-            experiment_id=trial.experiment_id,
-            trial_id=trial.id,
-            status=TrialStatus.SYS_CANCELED,
-            message=message,
-            attempt=trial.attempt,
-            replica=trial.replica,
-        )
-        try:
-            await self._bus.nc.publish(subjects.control(trial.platform, "cancel"), stop.encode())
-        except Exception as exc:  # the sweep gives it up after the timeout all the same
-            log.warning("cannot ask %s to stop trial %s: %s", trial.platform, trial.id, exc)
+        await self._stop(trial, message)  # (unanswered: the sweep gives it up after the timeout all the same)
 
     async def preempt(self, trial: TrialState, why: str) -> None:
         """Preempt a running trial for another's turn (:mod:`.shares`): its owner stops it as a drain does
@@ -131,19 +120,23 @@ class Attempts:
             return
         self._store.defer(trial.model_copy(update={"message": why}))
         log.info("trial %s: %s", trial.id, why)
+        await self._stop(trial, why, preempt=True)  # (unanswered: still counted as being preempted till it ends)
+
+    async def _stop(self, trial: TrialState, message: str, preempt: bool = False) -> None:
+        """Ask the replica that runs the trial's current attempt to stop it (SYS_CANCELED, or a preemption)."""
         stop = CancelRequest(
             experiment_id=trial.experiment_id,
             trial_id=trial.id,
             status=TrialStatus.SYS_CANCELED,
-            message=why,
-            preempt=True,
+            message=message,
+            preempt=preempt,
             attempt=trial.attempt,
             replica=trial.replica,
         )
         try:
             await self._bus.nc.publish(subjects.control(trial.platform, "cancel"), stop.encode())
-        except Exception as exc:  # still counted as being preempted; its end frees the capacity
-            log.warning("cannot ask %s to preempt trial %s: %s", trial.platform, trial.id, exc)
+        except Exception as exc:
+            log.warning("cannot ask %s to stop trial %s: %s", trial.platform, trial.id, exc)
 
     async def again(self, ended: TrialState, trial: TrialState, sends: list[TrialState] | None = None) -> None:
         """Run ``trial`` (``ended``'s next attempt, from :mod:`.retries`) again: its slot is
