@@ -23,7 +23,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import APIError, BadRequestError, BucketNotFoundError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
@@ -199,28 +199,52 @@ async def bootstrap(bus: Bus | JetStreamContext, replicas: int = 1, limits: Stre
         await _await_created(bus)
 
 
+#: JetStream's answer when a stream's byte limit or a new bucket does not fit in its storage.
+NO_ROOM = 10047
+
+
+class NoRoom(RuntimeError):
+    """JetStream has no storage left for a stream or bucket: said so the operator can act."""
+
+
 async def _create(js: JetStreamContext, replicas: int, limits: StreamLimits | None) -> None:
     for config in (dataclasses.replace(c, num_replicas=replicas) for c in streams.STREAMS):
         config = (limits or StreamLimits()).apply(config)
         try:
-            await js.add_stream(config)
+            await _unless_no_room(config.name or "", js.add_stream(config))
         except BadRequestError:  # it exists: the dispatcher brings it up to date, the others leave it
             if limits is not None:
-                await js.update_stream(config)
+                await _unless_no_room(config.name or "", js.update_stream(config))
     for bucket in streams.BUCKETS:
         name = streams.bucket_name(bucket)
         try:
             await js.key_value(name)
         except BucketNotFoundError:
-            await js.create_key_value(dataclasses.replace(bucket, replicas=replicas))
+            await _unless_no_room(name, js.create_key_value(dataclasses.replace(bucket, replicas=replicas)))
         await _replicate(js, f"KV_{name}", replicas)
     for store in streams.OBJECT_STORES:
         name = streams.bucket_name(store)
         try:
             await js.object_store(name)
         except (NotFoundError, BucketNotFoundError):
-            await js.create_object_store(name, config=dataclasses.replace(store, replicas=replicas))
+            await _unless_no_room(
+                name, js.create_object_store(name, config=dataclasses.replace(store, replicas=replicas))
+            )
         await _replicate(js, f"OBJ_{name}", replicas)
+
+
+async def _unless_no_room(name: str, made: Awaitable[Any]) -> None:
+    try:
+        await made
+    except APIError as exc:
+        if exc.err_code != NO_ROOM:
+            raise
+        setting = f" or lower TRIALBUS_{name}_MAX_BYTES" if name in ("EVENTS", "METRICS") else ""
+        raise NoRoom(
+            f"JetStream has no room for {name}: the nats-server's storage limit (max_file_store, by default "
+            f"75 % of its disk's free space when it started) is spent; free disk space on the NATS host and "
+            f"restart nats-server, raise max_file_store{setting}"
+        ) from None
 
 
 async def _replicate(js: JetStreamContext, stream: str, replicas: int) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from contracts import sealing
 from services.common import logs
-from services.common.bus import Bus, bootstrap, connect
+from services.common.bus import Bus, NoRoom, bootstrap, connect
 from services.common.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,12 @@ async def _main(service: Service, settings: ServiceSettings) -> int:
         loop.add_signal_handler(signum, on_signal, signum)
 
     bus = await connect(settings, service.name)
-    await bootstrap(bus, settings.stream_replicas, settings.stream_limits())
+    try:
+        await bootstrap(bus, settings.stream_replicas, settings.stream_limits())
+    except NoRoom as no_room:
+        log.error("%s cannot start: %s", service.name, no_room)
+        await bus.close()
+        return 1
     await service.start(bus)
     log.info("%s started", service.name)
     while not stopping.is_set():

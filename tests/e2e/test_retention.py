@@ -114,3 +114,7 @@ def test_the_streams_keep_what_the_dispatcher_is_told_and_other_services_leave_i
     stack.service_env["dispatcher"] = {"TRIALBUS_METRICS_MAX_BYTES": "lots"}
     with pytest.raises(RuntimeError, match="TRIALBUS_METRICS_MAX_BYTES: bad size 'lots'"):
         stack.restart("dispatcher")
+    # and a limit the NATS server has no room for (the tests' servers have 1 TiB) says what to do
+    stack.service_env["dispatcher"] = {"TRIALBUS_METRICS_MAX_BYTES": "2tb"}
+    with pytest.raises(RuntimeError, match="JetStream has no room for METRICS.*lower TRIALBUS_METRICS_MAX_BYTES"):
+        stack.restart("dispatcher")
