@@ -249,6 +249,9 @@ class MachineStatus(Contract):
     #: Our trials running there.
     running: int = 0
     gpus: list[GpuStatus] = []
+    #: The pools (``trainingService.pool``) of the running experiments that list it: teams'
+    #: quotas on ``remote/<pool>`` share these machines' GPUs.
+    pools: list[str] = []
 
 
 class ClusterStatus(Contract):
@@ -265,6 +268,10 @@ class ClusterStatus(Contract):
     paused_for: float | None = None
     #: Why the last read of the job states failed (None when it worked).
     error: str | None = None
+    #: GPUs of each virtual cluster this user may use (``GET /api/v2/virtual-clusters``, its
+    #: ``resourcesTotal``), read every minute: what teams' quotas on ``openpai/<vc>`` share.
+    #: A virtual cluster whose GPUs the cluster does not say is left out.
+    virtual_clusters: dict[str, float] = {}
 
 
 class PlatformStatus(Contract):
