@@ -25,6 +25,7 @@ from contracts import sealing
 from contracts.base import SEALED_FROM_USER, Secret
 from contracts.frameworkcontroller import FrameworkcontrollerConfig
 from contracts.nni import NniModel, TrainingService, _canonical, choose_reporting_role, format_validation_error
+from contracts.teams import POOL, POOL_RULE
 from contracts.units import parse_megabytes, parse_seconds
 
 
@@ -135,11 +136,22 @@ class RemoteConfig(TrainingService):
     #: Copy each trial's checkpoint directory through the bus (Trialbus extension); unset: on, with
     #: :class:`CheckpointSyncConfig`'s defaults; ``false``: off (a retry on another machine starts without it).
     checkpoint_sync: CheckpointSyncConfig | None = None
+    #: The pool its machines are shared in between teams (Trialbus extension): their quotas on
+    #: ``remote/<pool>`` share the GPUs of the machines every experiment naming it lists; unset:
+    #: the remote adapter's whole capacity (docs/teams.md).
+    pool: str | None = None
 
     @field_validator("checkpoint_sync", mode="before")
     @classmethod
     def _switch(cls, value: Any) -> Any:
         return {"enabled": value} if isinstance(value, bool) else value
+
+    @field_validator("pool")
+    @classmethod
+    def _pool(cls, value: str | None) -> str | None:
+        if value is not None and not POOL.match(value):
+            raise ValueError(f"pool {value!r} is not a valid name: {POOL_RULE}")
+        return value
 
     @property
     def checkpoints(self) -> CheckpointSyncConfig | None:

@@ -14,6 +14,7 @@ per team that an admin configured (``trialbus team set``).
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Literal
 
@@ -22,6 +23,10 @@ from pydantic import Field, field_validator
 from contracts.base import Contract
 from contracts.nni import NniModel
 from contracts.people import check_name
+
+#: A pool's name: a remote ``trainingService.pool``, an OpenPAI virtual cluster.
+POOL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+POOL_RULE = "1 to 64 characters: letters, digits, '.', '-' and '_', starting with a letter or digit"
 
 
 class Quota(NniModel):
@@ -46,7 +51,8 @@ class Team(Contract):
     name: str
     #: Its quota on every platform with finite capacity, unless ``platforms`` says otherwise.
     quota: Quota = Field(default_factory=Quota)
-    #: Quotas per platform (the adapter's name, e.g. ``local-gpu``, ``remote``), replacing ``quota`` there.
+    #: Quotas per platform (the adapter's name, e.g. ``local-gpu``, ``remote``) or per pool of one
+    #: (``remote/<pool>``, ``openpai/<virtualCluster>``), replacing ``quota`` there.
     platforms: dict[str, Quota] = Field(default_factory=dict)
     #: Its weight in the fair share of what no quota guarantees (1 by default).
     weight: float = Field(default=1.0, gt=0, le=1000)
@@ -58,8 +64,21 @@ class Team(Contract):
     def _named(cls, value: str) -> str:
         return check_name(value, "team")
 
-    def quota_on(self, adapter: str) -> Quota:
-        return self.platforms.get(adapter, self.quota)
+    @field_validator("platforms")
+    @classmethod
+    def _pools(cls, value: dict[str, Quota]) -> dict[str, Quota]:
+        for key in value:
+            adapter, _, pool = key.partition("/")
+            check_name(adapter, "platform")
+            if "/" in key and not POOL.match(pool):
+                raise ValueError(f"pool {pool!r} of {key!r} is not a valid name: {POOL_RULE}")
+        return value
+
+    def quota_on(self, pool: str) -> Quota:
+        """The quota on ``pool`` (``<adapter>`` or ``<adapter>/<name>``): the pool's own, else its
+        platform's, else the team's ``quota``."""
+        found = self.platforms.get(pool) or self.platforms.get(pool.partition("/")[0])
+        return found if found is not None else self.quota
 
     def view(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True, exclude={"kind", "v"})

@@ -34,7 +34,7 @@ from datetime import timedelta
 
 from contracts import PlatformStatus
 from contracts.base import utcnow
-from contracts.experiment import ExperimentConfig, LocalConfig, RemoteConfig
+from contracts.experiment import ExperimentConfig, LocalConfig, OpenpaiConfig, RemoteConfig
 from contracts.nni import TrainingService
 from services.dispatcher.shares import Capacity
 
@@ -92,17 +92,38 @@ class Placement:
         self._last[experiment_id] = chosen
         return services[chosen].adapter
 
-    def capacity(self, adapter: str) -> Capacity:
-        """What the adapter's live replicas have to share between teams (:mod:`.shares`): their GPUs
-        (a remote adapter's: those of the machines it reaches) and trial slots (unbounded where a
-        replica sets no ``maxTrials``, as clusters do). Nothing bounded while no replica is live:
-        its trials go out and wait on the stream as before."""
+    def capacity(self, pool: str) -> Capacity:
+        """What a pool (:meth:`pool_of`) of the adapter's live replicas has to share between teams
+        (:mod:`.shares`). A whole adapter: its GPUs (a remote adapter's: those of the machines it
+        reaches) and trial slots (unbounded where a replica sets no ``maxTrials``, as clusters do).
+        ``<adapter>/<name>``: the GPUs of its machines in pool ``name`` (remote) and of its clusters'
+        virtual cluster ``name`` (OpenPAI: the largest a cluster says, as one cluster is meant), its
+        trials unbounded. Nothing bounded while no replica is live: its trials go out and wait on the
+        stream as before. O(replicas × machines)."""
+        adapter, _, name = pool.partition("/")
         replicas = self._live(adapter)
         if not replicas:
             return Capacity()
+        if name:
+            machines = {m.name: len(m.gpus) for r in replicas for m in r.machines if m.up and name in m.pools}
+            clusters = [c.virtual_clusters[name] for r in replicas for c in r.clusters if name in c.virtual_clusters]
+            return Capacity(float(sum(machines.values()) + max(clusters, default=0.0)))
         trials = math.inf if any(r.max_trials is None for r in replicas) else sum(r.max_trials or 0 for r in replicas)
         machines = {m.name: len(m.gpus) for r in replicas for m in r.machines if m.up}
         return Capacity(float(sum(len(r.gpus) for r in replicas) + sum(machines.values())), float(trials))
+
+    @staticmethod
+    def pool_of(config: ExperimentConfig, adapter: str) -> str:
+        """The pool whose capacity a trial of ``config`` on ``adapter`` takes (:mod:`.shares`): the
+        remote ``trainingService.pool``'s, an OpenPAI job's virtual cluster's, else the adapter's."""
+        service = config.service_for(adapter)
+        if isinstance(service, RemoteConfig) and service.pool:
+            return f"{adapter}/{service.pool}"
+        if isinstance(service, OpenpaiConfig):
+            defaults = (service.openpai_config or {}).get("defaults")
+            job = defaults.get("virtualCluster") if isinstance(defaults, dict) else None
+            return f"{adapter}/{job or service.virtual_cluster or 'default'}"
+        return adapter
 
     @staticmethod
     def gpus_of(config: ExperimentConfig, adapter: str) -> float:

@@ -3,19 +3,24 @@ which trials to preempt (docs/teams.md). The policy alone: no I/O, no clock, uni
 properties (tests/unit/test_shares.py); :mod:`.slots` asks it before a trial takes capacity and
 the sweep (:mod:`.sweep`) asks it which trials to preempt.
 
-**Capacity** is a platform's (an adapter's): its GPUs and its trial slots, summed over its live
-replicas (:meth:`~services.dispatcher.placement.Placement.capacity`). A platform with neither
-bounded (OpenPAI, Kubernetes: their clusters queue) is not shared here: its trials go out at once.
+**Pools.** Capacity is shared per *pool*: a platform's whole capacity, or one part of it that
+trials of an experiment can only run on (:meth:`~services.dispatcher.placement.Placement.pool_of`):
+``local-gpu`` (an adapter's GPUs and trial slots, summed over its live replicas), ``remote`` or
+``remote/<pool>`` (the GPUs of the SSH machines of the experiments that name that
+``trainingService.pool``), ``openpai/<virtualCluster>`` (the GPUs OpenPAI says the virtual cluster
+has). A pool with neither GPUs nor trial slots bounded (Kubernetes, whose cluster queues; an
+OpenPAI cluster that does not say its GPUs) is not shared here: its trials go out at once. A team's
+quota on a pool is ``platforms["<pool>"]``, else ``platforms["<adapter>"]``, else its ``quota``.
 A trial holds ``trialGpuNumber ÷ maxTrialNumberPerGpu`` GPUs and one slot from its dispatch to its end.
 
-**Order.** The experiments waiting for a platform are ranked, best first, by
+**Order.** The experiments waiting for a pool are ranked, best first, by
 
 1. *within quota*: whether the team's next trial stays within its quota (a team below its
    guarantee goes before any team borrowing);
-2. the team's *dominant share* (the larger of its fractions of the platform's GPUs and slots in
+2. the team's *dominant share* (the larger of its fractions of the pool's GPUs and slots in
    use) divided by its weight: weighted dominant resource fairness (Ghodsi et al., NSDI 2011);
 3. the experiment's ``priority`` (higher first: this orders experiments of one team);
-4. the experiment's own trials on the platform (fewer first: a team's experiments share evenly);
+4. the experiment's own trials in the pool (fewer first: a team's experiments share evenly);
 5. the experiment's start (earlier first), then its id.
 
 An experiment's next trial takes capacity when it fits what is free and no experiment ranked
@@ -28,10 +33,10 @@ their own quota, while they still do: the lowest priority and the most recently 
 and an experiment takes what experiments of its own team with a *lower priority* run. Trials being
 preempted count as free already, so one shortage never preempts twice.
 
-**Cost.** A decision looks at the platform's waiting experiments and the teams (O(E + T) with
+**Cost.** A decision looks at the pool's waiting experiments and the teams (O(E + T) with
 E experiments waiting), never at the queued trials: an experiment waiting with 100,000 queued
 trials costs what one with a single trial does. Preemption looks at the trials holding the
-platform (bounded by its capacity). Holding and releasing a trial is O(1).
+pool (bounded by its capacity). Holding and releasing a trial is O(1).
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ EPSILON = 1e-9
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """A platform's GPUs (0: none) and trial slots (``inf``: no bound)."""
+    """A pool's GPUs (0: none) and trial slots (``inf``: no bound)."""
 
     gpus: float = 0.0
     trials: float = math.inf
@@ -61,9 +66,9 @@ class Capacity:
 
 @dataclass(slots=True)
 class Holding:
-    """A trial holding capacity on a platform: what it holds, and whose it is."""
+    """A trial holding capacity in a pool: what it holds, and whose it is."""
 
-    adapter: str
+    pool: str
     team: str
     experiment: str
     gpus: float
@@ -74,7 +79,7 @@ class Holding:
 
 @dataclass(slots=True)
 class Demand:
-    """An experiment waiting for a platform: its team, priority, start, and its next trials."""
+    """An experiment waiting for a pool: its team, priority, start, and its next trials."""
 
     experiment: str
     team: str
@@ -129,13 +134,13 @@ class Shares:
     holdings: dict[str, Holding] = field(default_factory=dict)
     #: trials asked to stop for a preemption, not ended yet: their capacity counts as free
     preempting: set[str] = field(default_factory=set)
-    #: adapter → experiment → its demand
+    #: pool → experiment → its demand
     demands: dict[str, dict[str, Demand]] = field(default_factory=lambda: defaultdict(dict))
     _used: dict[tuple[str, str], Use] = field(default_factory=lambda: defaultdict(Use))
     _total: dict[str, Use] = field(default_factory=lambda: defaultdict(Use))
     _of_experiment: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     _order: int = 0
-    #: An experiment began waiting for a platform (was refused) since this was last cleared: what to
+    #: An experiment began waiting for a pool (was refused) since this was last cleared: what to
     #: preempt may have changed (the dispatcher looks at once rather than at its next sweep).
     arrived: bool = False
 
@@ -148,10 +153,10 @@ class Shares:
         self._order += 1
         holding.order = self._order
         self.holdings[trial_id] = holding
-        for use in (self._used[holding.adapter, holding.team], self._total[holding.adapter]):
+        for use in (self._used[holding.pool, holding.team], self._total[holding.pool]):
             use.gpus += holding.gpus
             use.trials += 1
-        self._of_experiment[holding.adapter, holding.experiment] += 1
+        self._of_experiment[holding.pool, holding.experiment] += 1
 
     def release(self, trial_id: str) -> Holding | None:
         """The trial ended (or went back to its queue): its capacity is free. O(1)."""
@@ -159,60 +164,60 @@ class Shares:
         self.preempting.discard(trial_id)
         if holding is None:
             return None
-        for use in (self._used[holding.adapter, holding.team], self._total[holding.adapter]):
+        for use in (self._used[holding.pool, holding.team], self._total[holding.pool]):
             use.gpus = max(0.0, use.gpus - holding.gpus)
             use.trials -= 1
-        self._of_experiment[holding.adapter, holding.experiment] -= 1
+        self._of_experiment[holding.pool, holding.experiment] -= 1
         return holding
 
-    def used(self, adapter: str, team: str) -> Use:
-        return self._used.get((adapter, team)) or Use()
+    def used(self, pool: str, team: str) -> Use:
+        return self._used.get((pool, team)) or Use()
 
-    def total(self, adapter: str) -> Use:
-        return self._total.get(adapter) or Use()
+    def total(self, pool: str) -> Use:
+        return self._total.get(pool) or Use()
 
     def done(self, experiment: str) -> None:
-        """The experiment waits for nothing any more (its queue is empty, it stopped). O(platforms)."""
+        """The experiment waits for nothing any more (its queue is empty, it stopped). O(pools)."""
         for demands in self.demands.values():
             demands.pop(experiment, None)
 
     # ------------------------------------------------------------------ admission
 
-    def admit(self, adapter: str, demand: Demand, capacity: Capacity) -> str | None:
-        """Whether the experiment's next trial may take capacity on ``adapter`` now: None when it may,
+    def admit(self, pool: str, demand: Demand, capacity: Capacity) -> str | None:
+        """Whether the experiment's next trial may take capacity on ``pool`` now: None when it may,
         else why it waits (for the trial's message). O(E + T)."""
         if not capacity.bounded or demand.gpus > capacity.gpus + EPSILON or capacity.trials < 1:
-            self.demands[adapter].pop(demand.experiment, None)
+            self.demands[pool].pop(demand.experiment, None)
             return None  # nothing to share, or a trial no host here can ever run (its adapter says so)
-        new = demand.experiment not in self.demands[adapter]
-        self.demands[adapter][demand.experiment] = demand
-        free = self._free(adapter, capacity)
-        key = self._keys(adapter, capacity)
+        new = demand.experiment not in self.demands[pool]
+        self.demands[pool][demand.experiment] = demand
+        free = self._free(pool, capacity)
+        key = self._keys(pool, capacity)
         mine = key(demand)
-        ahead = [d for d in self._current(adapter) if d.experiment != demand.experiment and key(d) < mine]
+        ahead = [d for d in self._current(pool) if d.experiment != demand.experiment and key(d) < mine]
         if free.fits(demand.gpus) and not any(free.fits(d.gpus) for d in ahead):
             return None
         self.arrived = self.arrived or new  # it begins to wait: it may preempt at once
-        return self.why(adapter, demand, capacity, len(ahead))
+        return self.why(pool, demand, capacity, len(ahead))
 
-    def ranked(self, adapter: str, capacity: Capacity) -> list[Demand]:
-        """The experiments waiting for ``adapter``, best first."""
-        return self._ranked(adapter, capacity)
+    def ranked(self, pool: str, capacity: Capacity) -> list[Demand]:
+        """The experiments waiting for ``pool``, best first."""
+        return self._ranked(pool, capacity)
 
-    def within_quota(self, adapter: str, team: str, gpus: float, trials: int = 1, also: Use | None = None) -> bool:
-        """Whether ``team`` holding ``gpus`` and ``trials`` more on ``adapter`` (beyond what it holds, and
+    def within_quota(self, pool: str, team: str, gpus: float, trials: int = 1, also: Use | None = None) -> bool:
+        """Whether ``team`` holding ``gpus`` and ``trials`` more on ``pool`` (beyond what it holds, and
         ``also``) stays within its quota (a quota of some resource the trial uses, not exceeded on any)."""
-        quota = self.quota(adapter, team)
-        held = self.used(adapter, team)
+        quota = self.quota(pool, team)
+        held = self.used(pool, team)
         use = Use(held.gpus + (also.gpus if also else 0.0), held.trials + (also.trials if also else 0))
         governed = [(quota.gpus, use.gpus, gpus)] if gpus > 0 and quota.gpus is not None else []
         if quota.trials is not None:
             governed.append((float(quota.trials), float(use.trials), float(trials)))
         return bool(governed) and all(used + need <= limit + EPSILON for limit, used, need in governed)
 
-    def quota(self, adapter: str, team: str) -> Quota:
+    def quota(self, pool: str, team: str) -> Quota:
         config = self.teams.get(team)
-        return config.quota_on(adapter) if config else Quota()
+        return config.quota_on(pool) if config else Quota()
 
     def weight(self, team: str) -> float:
         config = self.teams.get(team)
@@ -220,27 +225,27 @@ class Shares:
 
     # ------------------------------------------------------------------ preemption
 
-    def reclaim(self, adapter: str, capacity: Capacity, running: Callable[[str], bool]) -> list[Victim]:
-        """The trials to preempt on ``adapter`` now (the module's docstring): for each waiting experiment,
+    def reclaim(self, pool: str, capacity: Capacity, running: Callable[[str], bool]) -> list[Victim]:
+        """The trials to preempt on ``pool`` now (the module's docstring): for each waiting experiment,
         best first, whose next trials do not fit what is free (trials being preempted count as free).
         Only ``running`` trials are preempted (one still starting is left to start). O(E × H log H) with
-        H the trials holding the platform (at most its capacity)."""
+        H the trials holding the pool (at most its capacity)."""
         if not capacity.bounded:
             return []
-        free = self._free(adapter, capacity, counting_preempted=True)
+        free = self._free(pool, capacity, counting_preempted=True)
         away: dict[str, Use] = defaultdict(Use)  # team → what it is losing already
         for trial_id in self.preempting:
-            if (holding := self.holdings.get(trial_id)) is not None and holding.adapter == adapter:
+            if (holding := self.holdings.get(trial_id)) is not None and holding.pool == pool:
                 away[holding.team].gpus += holding.gpus
                 away[holding.team].trials += 1
         victims: list[Victim] = []
         gains: dict[str, Use] = defaultdict(Use)  # team → what this look gives it (free, or preempted for it)
-        for demand in self._ranked(adapter, capacity):
+        for demand in self._ranked(pool, capacity):
             if demand.gpus > capacity.gpus + EPSILON:
                 continue
             for _ in range(max(1, demand.want)):
                 if not free.fits(demand.gpus):
-                    chosen = self._victims(adapter, demand, free, away, gains[demand.team], running)
+                    chosen = self._victims(pool, demand, free, away, gains[demand.team], running)
                     if not chosen:
                         break
                     for trial_id, why in chosen:
@@ -257,7 +262,7 @@ class Shares:
 
     def _victims(
         self,
-        adapter: str,
+        pool: str,
         demand: Demand,
         free: _Free,
         away: dict[str, Use],
@@ -266,10 +271,10 @@ class Shares:
     ) -> list[tuple[str, str]]:
         """Trials whose capacity makes ``demand``'s next trial fit, or none if no set of them does
         (``gained``: what its team gets already in this look, counted against its quota)."""
-        reclaiming = self.within_quota(adapter, demand.team, demand.gpus, also=gained)
+        reclaiming = self.within_quota(pool, demand.team, demand.gpus, also=gained)
         candidates = []
         for trial_id, holding in self.holdings.items():
-            if holding.adapter != adapter or trial_id in self.preempting or not running(trial_id):
+            if holding.pool != pool or trial_id in self.preempting or not running(trial_id):
                 continue
             if holding.team == demand.team:
                 if holding.priority < demand.priority:
@@ -279,8 +284,8 @@ class Shares:
                     )
                     candidates.append(((1, holding.priority, -holding.order), trial_id, why))
             elif reclaiming:
-                quota = self.quota(adapter, demand.team).describe()
-                why = f"preempted: reclaimed by team {demand.team} (its quota on {adapter}: {quota})"
+                quota = self.quota(pool, demand.team).describe()
+                why = f"preempted: reclaimed by team {demand.team} (its quota on {pool}: {quota})"
                 candidates.append(((0, holding.priority, -holding.order), trial_id, why))
         candidates.sort()
         chosen: list[tuple[str, str]] = []
@@ -308,8 +313,8 @@ class Shares:
         """Whether the holding's team, once ``gone`` is taken from it, still runs beyond its quota (on each
         resource its quota governs that the trial uses): then this trial runs on borrowed capacity, as in
         Kueue, even if taking it leaves the team below its quota (a trial is preempted whole)."""
-        quota = self.quota(holding.adapter, holding.team)
-        use = self.used(holding.adapter, holding.team)
+        quota = self.quota(holding.pool, holding.team)
+        use = self.used(holding.pool, holding.team)
         gpus, trials = use.gpus - gone.gpus, use.trials - gone.trials
         if holding.gpus > 0 and quota.gpus is not None and gpus <= quota.gpus + EPSILON:
             return False
@@ -317,19 +322,19 @@ class Shares:
 
     # ------------------------------------------------------------------ internals
 
-    def _free(self, adapter: str, capacity: Capacity, counting_preempted: bool = False) -> _Free:
-        total = self.total(adapter)
+    def _free(self, pool: str, capacity: Capacity, counting_preempted: bool = False) -> _Free:
+        total = self.total(pool)
         free = _Free(capacity.gpus - total.gpus, capacity.trials - total.trials)
         if counting_preempted:
             for trial_id in self.preempting:
                 holding = self.holdings.get(trial_id)
-                if holding is not None and holding.adapter == adapter:
+                if holding is not None and holding.pool == pool:
                     free.take(-holding.gpus, -1)
         return free
 
-    def _current(self, adapter: str) -> list[Demand]:
-        """The adapter's demands, each with what its experiment wants now; those that want nothing dropped."""
-        demands = self.demands.get(adapter)
+    def _current(self, pool: str) -> list[Demand]:
+        """The pool's demands, each with what its experiment wants now; those that want nothing dropped."""
+        demands = self.demands.get(pool)
         if not demands:
             return []
         for demand in list(demands.values()):
@@ -338,11 +343,11 @@ class Shares:
                 del demands[demand.experiment]
         return list(demands.values())
 
-    def _ranked(self, adapter: str, capacity: Capacity) -> list[Demand]:
-        return sorted(self._current(adapter), key=self._keys(adapter, capacity))
+    def _ranked(self, pool: str, capacity: Capacity) -> list[Demand]:
+        return sorted(self._current(pool), key=self._keys(pool, capacity))
 
-    def _keys(self, adapter: str, capacity: Capacity) -> Callable[[Demand], tuple]:
-        """The rank of a demand on ``adapter`` (smaller first; the module's docstring), its team's part
+    def _keys(self, pool: str, capacity: Capacity) -> Callable[[Demand], tuple]:
+        """The rank of a demand on ``pool`` (smaller first; the module's docstring), its team's part
         worked out once per team and GPU count."""
         teams: dict[tuple[str, float], tuple[int, float]] = {}
 
@@ -350,35 +355,35 @@ class Shares:
             part = teams.get((demand.team, demand.gpus))
             if part is None:
                 part = teams[demand.team, demand.gpus] = (
-                    0 if self.within_quota(adapter, demand.team, demand.gpus) else 1,
-                    self.dominant_share(adapter, demand.team, capacity) / self.weight(demand.team),
+                    0 if self.within_quota(pool, demand.team, demand.gpus) else 1,
+                    self.dominant_share(pool, demand.team, capacity) / self.weight(demand.team),
                 )
             return (
                 *part,
                 -demand.priority,
-                self._of_experiment.get((adapter, demand.experiment), 0),
+                self._of_experiment.get((pool, demand.experiment), 0),
                 demand.started,
                 demand.experiment,
             )
 
         return key
 
-    def dominant_share(self, adapter: str, team: str, capacity: Capacity) -> float:
-        use = self.used(adapter, team)
+    def dominant_share(self, pool: str, team: str, capacity: Capacity) -> float:
+        use = self.used(pool, team)
         gpus = use.gpus / capacity.gpus if capacity.gpus > 0 else 0.0
         trials = use.trials / capacity.trials if capacity.trials < math.inf else 0.0
         return max(gpus, trials)
 
-    def why(self, adapter: str, demand: Demand, capacity: Capacity, ahead: int) -> str:
+    def why(self, pool: str, demand: Demand, capacity: Capacity, ahead: int) -> str:
         """Why ``demand`` waits, for people: what it waits for, its team's quota, how many go before it."""
-        free = self._free(adapter, capacity)
-        use, quota = self.used(adapter, demand.team), self.quota(adapter, demand.team)
+        free = self._free(pool, capacity)
+        use, quota = self.used(pool, demand.team), self.quota(pool, demand.team)
         if demand.gpus > 0:
             need = f"{demand.gpus:g} free GPU{'' if demand.gpus == 1 else 's'}"
-            what = f"{max(free.gpus, 0):g} of {capacity.gpus:g} GPUs of {adapter} free"
+            what = f"{max(free.gpus, 0):g} of {capacity.gpus:g} GPUs of {pool} free"
         else:
             need = "a free trial slot"
-            what = f"{max(free.trials, 0):g} of {capacity.trials:g} trial slots of {adapter} free"
+            what = f"{max(free.trials, 0):g} of {capacity.trials:g} trial slots of {pool} free"
         parts = [f"waiting for {need} ({what})"]
         if quota.gpus is not None and demand.gpus > 0:
             at = "at" if use.gpus + demand.gpus > quota.gpus + EPSILON else "within"
@@ -387,7 +392,7 @@ class Shares:
             at = "at" if use.trials + 1 > quota.trials else "within"
             parts.append(f"team {demand.team} {at} its trial quota {use.trials}/{quota.trials}")
         else:
-            parts.append(f"team {demand.team} has no quota on {adapter} (it runs on idle capacity)")
+            parts.append(f"team {demand.team} has no quota on {pool} (it runs on idle capacity)")
         if ahead:
             parts.append(f"{ahead} experiment{'' if ahead == 1 else 's'} ahead")
         return "; ".join(parts)

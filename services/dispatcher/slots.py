@@ -95,7 +95,7 @@ class Slots:
         self.placement = Placement(settings.platform_stale_after)
         #: who runs next where teams share a platform, and what to preempt (:mod:`.shares`)
         self.shares = Shares(wants=self.wants)
-        #: adapters where capacity freed since :meth:`take_freed`: their waiting experiments may go
+        #: pools where capacity freed since :meth:`take_freed`: their waiting experiments may go
         self.freed: set[str] = set()
         self.wake = asyncio.Event()
         #: an experiment began waiting on a shared platform: the sweep's preemptions may be due now
@@ -142,8 +142,8 @@ class Slots:
         if trial.id in self.active[trial.experiment_id]:
             self.active[trial.experiment_id].discard(trial.id)
             self.placement.release(trial.experiment_id, trial.platform)
-            if self.shares.release(trial.id):
-                self.freed.add(trial.platform)
+            if (holding := self.shares.release(trial.id)) is not None:
+                self.freed.add(holding.pool)
                 self.wake.set()
         if trial.id in self.queue[trial.experiment_id]:
             self.queue[trial.experiment_id].remove(trial.id)
@@ -168,7 +168,7 @@ class Slots:
         return max(0, min(len(queue), state.config.trial_concurrency - len(self.active.get(experiment_id, ()))))
 
     def take_freed(self) -> set[str]:
-        """The adapters where capacity freed since the last call (their waiting experiments may go)."""
+        """The pools where capacity freed since the last call (their waiting experiments may go)."""
         freed, self.freed = self.freed, set()
         self.wake.clear()
         return freed
@@ -240,7 +240,8 @@ class Slots:
             gpus=self.placement.gpus_of(state.config, adapter),
             want=max(1, min(len(self.queue[state.id]), state.config.trial_concurrency - active)),
         )
-        why = self.shares.admit(adapter, demand, self.placement.capacity(adapter))
+        pool = self.placement.pool_of(state.config, adapter)
+        why = self.shares.admit(pool, demand, self.placement.capacity(pool))
         if self.shares.arrived:
             self.shares.arrived = False
             self.arrival.set()
@@ -248,7 +249,7 @@ class Slots:
 
     def _hold(self, state: ExperimentState, trial_id: str, adapter: str) -> None:
         holding = Holding(
-            adapter=adapter,
+            pool=self.placement.pool_of(state.config, adapter),
             team=state.team or ADMIN_TEAM,
             experiment=state.id,
             gpus=self.placement.gpus_of(state.config, adapter),

@@ -101,24 +101,24 @@ class Sweep:
         await self.preempt()
 
     async def preempt(self) -> None:
-        """Preempt what :meth:`Shares.reclaim` says, on every platform teams wait for. O(waiting
-        experiments × trials holding the platform)."""
+        """Preempt what :meth:`Shares.reclaim` says, in every pool teams wait for. O(waiting
+        experiments × trials holding the pool)."""
         shares, store = self._slots.shares, self._store
 
         def running(trial_id: str) -> bool:
             trial = store.trials.get(trial_id)
             return trial is not None and trial.status == TrialStatus.RUNNING and not trial.cancel_status
 
-        for adapter in [a for a, waiting in shares.demands.items() if waiting]:
-            for victim in shares.reclaim(adapter, self._slots.placement.capacity(adapter), running):
+        for pool in [p for p, waiting in shares.demands.items() if waiting]:
+            for victim in shares.reclaim(pool, self._slots.placement.capacity(pool), running):
                 async with self._locks[victim.experiment]:
                     if victim.trial_id in store.trials:
                         await self._attempts.preempt(store.trials[victim.trial_id], victim.why)
 
     async def offer_freed(self) -> None:
-        """Capacity freed on a shared platform: its waiting experiments take it, best first (the sweep
-        would, within a second). O(waiting experiments of those platforms)."""
-        for adapter in self._slots.take_freed():
-            for demand in self._slots.shares.ranked(adapter, self._slots.placement.capacity(adapter)):
+        """Capacity freed in a shared pool: its waiting experiments take it, best first (the sweep
+        would, within a second). O(waiting experiments of those pools)."""
+        for pool in self._slots.take_freed():
+            for demand in self._slots.shares.ranked(pool, self._slots.placement.capacity(pool)):
                 async with self._locks[demand.experiment]:
                     await self._slots.dispatch_ready(demand.experiment)

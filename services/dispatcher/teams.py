@@ -109,13 +109,13 @@ class Teams:
         body["configured"] = name in self._shares.teams
         body["platforms"] = {k: v.model_dump(mode="json", by_alias=True) for k, v in team.platforms.items()}
         body["use"] = {}
-        for adapter in self._adapters():
-            capacity = self._placement.capacity(adapter)
-            use, quota = self._shares.used(adapter, name), team.quota_on(adapter)
-            waiting = [d for d in self._shares.demands.get(adapter, {}).values() if d.team == name]
+        for pool in self._pools():
+            capacity = self._placement.capacity(pool)
+            use, quota = self._shares.used(pool, name), team.quota_on(pool)
+            waiting = [d for d in self._shares.demands.get(pool, {}).values() if d.team == name]
             if not use.trials and not waiting and not capacity.bounded:
                 continue
-            body["use"][adapter] = {
+            body["use"][pool] = {
                 "gpus": round(use.gpus, 6),
                 "trials": use.trials,
                 "quota": quota.model_dump(mode="json", by_alias=True),
@@ -127,14 +127,14 @@ class Teams:
         return body
 
     def queue(self, caller: Caller | None = None) -> list[dict[str, Any]]:
-        """Each shared platform's waiting experiments in the order they get capacity, with why each waits."""
+        """Each shared pool's waiting experiments in the order they get capacity, with why each waits."""
         found = []
-        for adapter in self._adapters():
-            capacity = self._placement.capacity(adapter)
-            ranked = self._shares.ranked(adapter, capacity)
+        for pool in self._pools():
+            capacity = self._placement.capacity(pool)
+            ranked = self._shares.ranked(pool, capacity)
             if not ranked and not capacity.bounded:
                 continue
-            total = self._shares.total(adapter)
+            total = self._shares.total(pool)
             entries = [
                 {
                     "position": i + 1,
@@ -143,13 +143,13 @@ class Teams:
                     "priority": d.priority,
                     "gpusPerTrial": round(d.gpus, 6),
                     "ready": d.want,
-                    "why": self._shares.why(adapter, d, capacity, i),
+                    "why": self._shares.why(pool, d, capacity, i),
                 }
                 for i, d in enumerate(ranked)
             ]
             found.append(
                 {
-                    "platform": adapter,
+                    "platform": pool,
                     "capacity": _capacity(capacity),
                     "used": {"gpus": round(total.gpus, 6), "trials": total.trials},
                     "waiting": entries,
@@ -157,10 +157,15 @@ class Teams:
             )
         return found
 
-    def _adapters(self) -> list[str]:
-        seen = {s.adapter for s in self._placement.statuses.values()}
-        seen |= {h.adapter for h in self._shares.holdings.values()}
-        seen |= {a for a, demands in self._shares.demands.items() if demands}
+    def _pools(self) -> list[str]:
+        """The adapters, their pools (remote machines' and OpenPAI virtual clusters the replicas report),
+        and the pools trials hold or wait for. O(replicas × machines + trials holding capacity)."""
+        statuses = self._placement.statuses.values()
+        seen = {s.adapter for s in statuses}
+        seen |= {f"{s.adapter}/{pool}" for s in statuses for m in s.machines for pool in m.pools}
+        seen |= {f"{s.adapter}/{vc}" for s in statuses for c in s.clusters for vc in c.virtual_clusters}
+        seen |= {h.pool for h in self._shares.holdings.values()}
+        seen |= {p for p, demands in self._shares.demands.items() if demands}
         return sorted(seen)
 
 

@@ -93,3 +93,40 @@ def test_gpu_trials_count_gpus_times_trials_per_gpu():
         assert chosen.choose("e", exp) == "local-gpu"
         chosen.occupy("e", "local-gpu")
     assert chosen.choose("e", exp) is None
+
+
+def test_each_pool_shares_its_own_gpus_a_remote_pool_s_machines_and_an_openpai_virtual_cluster_s():
+    pai = {
+        "platform": "openpai",
+        "host": "h",
+        "username": "u",
+        "token": "t",
+        "trialCpuNumber": 1,
+        "trialMemorySize": "1gb",
+        "storageConfigName": "s",
+        "localStorageMountPoint": "/s",
+        "containerStorageMountPoint": "/s",
+    }
+    gpu = [GpuStatus(index=i, uuid=f"GPU-{i}", name="H100", memory_total_mib=80, memory_used_mib=0) for i in range(2)]
+    machines = [
+        MachineStatus(name="u@a:22", up=True, gpus=gpu, pools=["lab"]),
+        MachineStatus(name="u@b:22", up=True, gpus=gpu, pools=["lab", "night"]),
+        MachineStatus(name="u@c:22", up=True, gpus=gpu[:1]),
+        MachineStatus(name="u@d:22", up=False, gpus=gpu, pools=["lab"]),  # down: nothing to share
+    ]
+    clusters = [{"name": "u@h", "virtual_clusters": {"default": 8, "vision": 4}}, {"name": "v@h"}]
+    chosen = placement(status("remote", machines=machines), status("openpai", clusters=clusters))
+    # Which pool a trial takes from: the remote pool its experiment names, the job's virtual cluster
+    assert chosen.pool_of(config({**REMOTE, "pool": "lab"}), "remote") == "remote/lab"
+    assert chosen.pool_of(config(REMOTE), "remote") == "remote"
+    assert chosen.pool_of(config(pai), "openpai") == "openpai/default"
+    assert chosen.pool_of(config({**pai, "virtualCluster": "vision"}), "openpai") == "openpai/vision"
+    job = {"defaults": {"virtualCluster": "nlp"}, "taskRoles": {}}
+    assert chosen.pool_of(config({**pai, "virtualCluster": "vision", "openpaiConfig": job}), "openpai") == "openpai/nlp"
+    # What each pool has: its machines' GPUs, the virtual cluster's; the whole remote adapter: every machine's
+    assert (chosen.capacity("remote/lab").gpus, chosen.capacity("remote/night").gpus) == (4, 2)
+    assert chosen.capacity("remote").gpus == 5
+    assert chosen.capacity("openpai/default").gpus == 8 and chosen.capacity("openpai/vision").gpus == 4
+    # A virtual cluster whose GPUs OpenPAI does not say is not shared here: its jobs queue on the cluster
+    assert not chosen.capacity("openpai/nlp").bounded and not chosen.capacity("openpai").bounded
+    assert not chosen.capacity("remote/nowhere").bounded

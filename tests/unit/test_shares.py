@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
+from contracts import ExperimentConfig
 from contracts.teams import Quota, Team
 from services.dispatcher.shares import Capacity, Demand, Holding, Shares
 
@@ -249,3 +252,47 @@ def test_the_bench_measures_both_sizes(capsys):
     assert lines[0] == "sharing decisions: 64 GPUs all held, 4 teams, 20 experiments waiting"
     assert [line.split()[0] for line in lines[1:]] == ["2000", "200"]
     assert all("refused p50 µs" in line and "reclaim p50 ms" in line for line in lines[1:])
+
+
+def test_each_pool_is_shared_on_its_own_with_the_quota_set_for_it():
+    lab, night = "remote/lab", "remote/night"
+    shares = Shares(wants=lambda e: 10)
+    shares.teams = {"nlp": Team(name="nlp", platforms={lab: Quota(gpus=2), "openpai": Quota(gpus=1)})}
+    capacity = {lab: Capacity(gpus=4), night: Capacity(gpus=2)}
+    # Given team vision borrowing every GPU of both pools
+    for pool, gpus in ((lab, 4), (night, 2)):
+        for i in range(gpus):
+            assert shares.admit(pool, Demand(f"v-{pool}", "vision", 0, 0.0, 1.0), capacity[pool]) is None
+            shares.hold(f"{pool}-{i}", Holding(pool, "vision", f"v-{pool}", 1.0, 0))
+    # When team nlp waits in both: where it has no quota, nothing is taken back
+    for pool in (night, lab):
+        why = shares.admit(pool, Demand(f"n-{pool}", "nlp", 0, 1.0, 1.0), capacity[pool])
+        assert why is not None
+    assert "team nlp has no quota on remote/night" in shares.why(
+        night, shares.demands[night]["n-remote/night"], capacity[night], 0
+    )
+    assert shares.reclaim(night, capacity[night], running=lambda t: True) == []
+    # and in the pool where it has a quota, two of vision's trials there (and only there) are preempted
+    victims = shares.reclaim(lab, capacity[lab], running=lambda t: True)
+    assert sorted(v.trial_id for v in victims) == ["remote/lab-2", "remote/lab-3"]
+    assert victims[0].why == "preempted: reclaimed by team nlp (its quota on remote/lab: 2 GPUs)"
+    # A pool's quota is its own, else its platform's, else the team's
+    nlp = shares.teams["nlp"]
+    assert (nlp.quota_on(lab).gpus, nlp.quota_on("openpai/vision").gpus, nlp.quota_on(night).gpus) == (2, 1, None)
+
+
+def test_a_pool_s_name_is_checked_where_a_quota_or_an_experiment_names_it():
+    with pytest.raises(ValidationError, match="pool 'lab a' of 'remote/lab a' is not a valid name"):
+        Team(name="nlp", platforms={"remote/lab a": Quota(gpus=1)})
+    with pytest.raises(ValidationError, match="platform 'Remote' is not a valid name"):
+        Team(name="nlp", platforms={"Remote/lab": Quota(gpus=1)})
+    remote = {"platform": "remote", "machineList": [{"host": "a", "user": "u"}]}
+    config = {"trialCommand": "true", "trialConcurrency": 1}
+    with pytest.raises(ValidationError, match="pool '../x' is not a valid name"):
+        ExperimentConfig.model_validate({**config, "trainingService": {**remote, "pool": "../x"}})
+    assert (
+        ExperimentConfig.model_validate({**config, "trainingService": {**remote, "pool": "lab-2"}})
+        .training_services[0]
+        .pool
+        == "lab-2"
+    )

@@ -52,6 +52,7 @@ class MachinePool:
         self.abandoned: dict[str, set[str]] = {}  # machine → trial dirs given up on: kill when back
         self.unreported: dict[str, set[str]] = {}  # machine → trial dirs to mark reported when back
         self.wanted: dict[str, set[str]] = {}  # running experiment → the keys of its machines
+        self.pools: dict[str, str] = {}  # running experiment → its trainingService.pool, if it names one
 
     def machine(self, config: RemoteMachineConfig) -> Machine:
         """The pool's connection for a machine with these credentials (made on first use)."""
@@ -80,8 +81,11 @@ class MachinePool:
         """A running experiment uses these machines (None: it does not run any more)."""
         if service is None:
             self.wanted.pop(experiment_id, None)
+            self.pools.pop(experiment_id, None)
         else:
             self.wanted[experiment_id] = {machine_key(m) for m in service.machine_list}
+            if service.pool:
+                self.pools[experiment_id] = service.pool
 
     async def close(self) -> None:
         await asyncio.gather(*(m.close() for m in self.machines.values()), return_exceptions=True)
@@ -161,6 +165,10 @@ class MachinePool:
         """The machines running experiments use, and those holding trials here: a machine of
         finished experiments only (kept open a while, or waiting to clean up) is not shown."""
         shown = set().union(*self.wanted.values(), self._trials.machine_keys())
+        pools: dict[str, set[str]] = {}  # machine key → the pools experiments put it in: O(experiments × machines)
+        for experiment_id, pool in self.pools.items():
+            for key in self.wanted.get(experiment_id, ()):
+                pools.setdefault(key, set()).add(pool)
         machines = []
         for machine in self.machines.values():
             if machine.key not in shown:
@@ -173,6 +181,7 @@ class MachinePool:
                     "cpus": machine.cpus,
                     "running": self._placement.running(machine),
                     "gpus": self._placement.describe(machine),
+                    "pools": sorted(pools.get(machine.key, ())),
                 }
             )
         return {"machines": machines}
