@@ -408,3 +408,58 @@ def test_new_host_keys_are_trusted_on_first_use_only_when_asked(
     known = (tmp_path / "known_hosts").read_text().splitlines()
     assert newcomer.known_hosts_line() in known, "the trusted key is recorded"
     assert "trusted the new host key" in stack.log("remote")
+
+
+def test_teams_share_a_pool_of_machines_by_quota_and_other_pools_are_left_alone(
+    tmp_path, nats_server, sshd_pair, ssh_key, remote_root, stacks, code_dir, fake_gpus
+):
+    stack = start_stack(
+        tmp_path, nats_server, sshd_pair, remote_root, TRIALBUS_NVIDIA_SMI=str(fake_gpus), TRIALBUS_STATUS_INTERVAL="1"
+    )
+    stacks.append(stack)
+    a, b = sshd_pair
+    tokens = {}
+    for name, team in (("ana", "vision"), ("bo", "nlp")):
+        added = stack.rest("POST", "/users", json={"name": name, "team": team, "role": "member"})
+        assert added.status_code == 201, added.text
+        tokens[name] = added.json()["token"]
+
+    def experiment(person: str, server: SshServer, pool: str, concurrency: int) -> str:
+        body = remote_config(code_dir, [machine(server, ssh_key)], trialGpuNumber=1, trialConcurrency=concurrency)
+        body["trainingService"]["pool"] = pool
+        made = stack.rest("POST", "/experiments", json=body, headers={"Authorization": f"Bearer {tokens[person]}"})
+        assert made.status_code == 201, made.text
+        return made.json()["id"]
+
+    # Given team nlp's quota of 1 GPU in pool lab (machine a, 2 GPUs), set by the admin with the CLI
+    shown = CliRunner().invoke(
+        app, ["--nats-url", stack.nats.url, "team", "set", "nlp", "--platform", "remote/lab", "--gpus", "1"]
+    )
+    assert shown.exit_code == 0 and "team nlp on remote/lab: 1 GPUs" in shown.output, shown.output
+    # And team vision running two long trials on lab's two GPUs (borrowing nlp's), one on pool night's machine b
+    lab, night = experiment("ana", a, "lab", 2), experiment("ana", b, "night", 1)
+    long = [submit(stack, lab, {"x": i, "sleep": 15}) for i in range(2)]
+    other = submit(stack, night, {"x": 9, "sleep": 15})
+    wait_until(lambda: all(trial(stack, t)["status"] == "RUNNING" for t in [*long, other]), 60, "vision's trials")
+
+    def vision_in(pool: str) -> dict:
+        return next(t for t in stack.rest("GET", "/teams").json() if t["name"] == "vision")["use"].get(pool) or {}
+
+    wait_until(lambda: vision_in("remote/lab").get("capacity", {}).get("gpus") == 2, 20, "pool lab's 2 GPUs known")
+    assert vision_in("remote/lab")["borrowedGpus"] == 2 and vision_in("remote/night")["capacity"]["gpus"] == 2
+
+    # When team nlp submits a trial to pool lab
+    theirs = experiment("bo", a, "lab", 1)
+    short = submit(stack, theirs, {"x": 5, "sleep": 0.5})
+    # Then one of vision's lab trials is preempted for it, and it runs and succeeds
+    assert ended(stack, short, timeout=60)["status"] == "SUCCEEDED"
+    finals = {t: ended(stack, t, timeout=90) for t in [*long, other]}
+    assert {f["status"] for f in finals.values()} == {"SUCCEEDED"}, finals
+    preempted = [f for f in finals.values() if f["attempt"] == 1]
+    assert len(preempted) == 1 and preempted[0]["id"] in long, finals
+    first = preempted[0]["attempts"][0]
+    assert (
+        first["status"] == "PREEMPTED" and "reclaimed by team nlp (its quota on remote/lab: 1 GPUs)" in first["message"]
+    )
+    # and the trial in pool night, where nlp has no quota, ran once, untouched
+    assert finals[other]["attempt"] == 0 and finals[other]["finalMetric"]["port"] == b.port

@@ -27,7 +27,11 @@ def team_set(
         float | None, typer.Option("--weight", min=0.001, max=1000, help="Its weight in the fair share (1).")
     ] = None,
     platform: Annotated[
-        str | None, typer.Option("--platform", help="Set the quota on this platform only (adapter: local-gpu, remote).")
+        str | None,
+        typer.Option(
+            "--platform",
+            help="Set the quota on this platform or pool only: local-gpu, remote, remote/<pool>, openpai/<virtual cluster>.",
+        ),
     ] = None,
 ) -> None:
     """Set a team's share (admins): its quota is guaranteed; beyond it the team borrows idle capacity,
