@@ -87,6 +87,7 @@ def test_failure_and_cancel_in_an_environment_which_then_runs_the_next_trial(reu
         "busyEnvironments": 1,
         "pausedFor": None,
         "error": None,
+        "virtualClusters": {"default": 8},  # its GPUs, read from the cluster (the emulator's --vc-gpus)
     }
     assert reuse_stack.rest("POST", f"/trials/{sleeper}/cancel").status_code == 202
     assert ended(reuse_stack, sleeper)["status"] == "USER_CANCELED"

@@ -5,6 +5,7 @@ and reports them the way the rest-server does.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import signal
@@ -18,6 +19,7 @@ import httpx
 import pytest
 import yaml
 
+from services.adapters.openpai.client import OpenpaiClient
 from tests.emulators.openpai import OpenPai, start_openpai
 from tests.emulators.openpai.examples import CPU_500_TASK_MNIST, HELLO_WORLD, TENSORFLOW_CIFAR10
 from tests.emulators.processes import alive
@@ -374,6 +376,23 @@ def test_submissions_are_rate_limited_per_user(tmp_path: Path) -> None:
         assert bob.submit(job(unique("rl"))).status_code == 202
         alice.http.close()
         bob.http.close()
+
+
+def test_the_adapter_s_client_reads_each_virtual_cluster_s_gpus(tmp_path: Path) -> None:
+    async def read(pai: OpenPai) -> tuple[dict[str, float], dict[str, float]]:
+        client = OpenpaiClient(pai.url, "alice", pai.token("alice"), None, 5.0, 60.0)
+        try:
+            assert client.virtual_clusters_due(60.0)
+            first = await client.read_virtual_clusters()
+            assert not client.virtual_clusters_due(60.0) and client.virtual_clusters_at is not None
+            pai.stop()
+            again = await client.read_virtual_clusters()  # cannot reach it: the last answer stays
+            return first, again
+        finally:
+            await client.close()
+
+    with start_openpai(tmp_path, vc_gpus={"default": 8, "vision": 4}) as pai:
+        assert asyncio.run(read(pai)) == ({"default": 8, "vision": 4}, {"default": 8, "vision": 4})
 
 
 # ---------------------------------------------------------------- the published examples

@@ -20,6 +20,7 @@ from contracts.experiment import ExperimentConfig, OpenpaiConfig, format_validat
 from services.adapters import sharefs
 from services.adapters.base import TrialHandle
 from services.adapters.openpai import adapter, jobs
+from services.adapters.openpai import client as client_module
 from services.adapters.openpai.client import OpenpaiClient
 from services.trial_keeper import KEEPER_PATH
 from tests.emulators.openpai import exitspec
@@ -322,6 +323,20 @@ def client():
     found = OpenpaiClient("https://pai.example.com", "alice", "tok", None, 5.0, 60.0)
     yield found
     asyncio.run(found.close())
+
+
+def test_a_virtual_cluster_s_gpus_are_its_resources_total_s_gpu_or_gpus():
+    body = {
+        "default": {"resourcesTotal": {"cpu": 64, "memory": 1e6, "gpu": 8}},
+        "old": {"resourcesTotal": {"GPUs": 2}},
+        "both": {"resourcesTotal": {"gpu": "many", "GPUs": 3}},
+        "unsaid": {"resourcesTotal": {"cpu": 4}},
+        "odd": {"resourcesTotal": {"gpu": True}},
+        "none": {"capacity": 10},
+        "broken": "text",
+    }
+    assert client_module.vc_gpus(body) == {"default": 8.0, "old": 2.0, "both": 3.0}
+    assert client_module.vc_gpus(["not", "a", "dict"]) == {}
 
 
 def ended_job(client: OpenpaiClient, tmp_path: Path, state: str, status: dict, taken_back: str | None = None):

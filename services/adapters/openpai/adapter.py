@@ -142,6 +142,7 @@ class OpenpaiAdapter(PlatformAdapter):
                     "busy_environments": busy,
                     "paused_for": client.paused_for(),
                     "error": client.error,
+                    "virtual_clusters": client.virtual_clusters,
                 }
             )
         return {"clusters": clusters}

@@ -7,7 +7,9 @@ many submissions: back off, as long as the server says), 5xx and network errors
 (transient), 400 (a job the server refuses: permanent, with its reasons). Certificates are
 always verified, against ``TRIALBUS_OPENPAI_CA_BUNDLE`` when a cluster uses its own CA; one
 that does not verify is permanent (retrying cannot help, the setting can), and the message
-names the setting. :class:`Clients` keeps one client per cluster, user and token.
+names the setting. Each client also keeps the GPUs of the cluster's virtual clusters, as the
+adapter last read them (teams' quotas on ``openpai/<vc>`` share them). :class:`Clients` keeps
+one client per cluster, user and token.
 """
 
 from __future__ import annotations
@@ -15,16 +17,22 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
+import math
 import ssl
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from contracts.base import utcnow
 from contracts.experiment import OpenpaiConfig
 from services.adapters.errors import AdapterError, PermanentError, TransientError
+
+log = logging.getLogger(__name__)
 
 #: Job states after which a job never changes again.
 FINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
@@ -45,6 +53,12 @@ class OpenpaiClient:
         self._cooldown_until = 0.0  # monotonic: no submission before (after a 429)
         self._cooldown = 0.0  # seconds of the last back-off, doubled at each 429 in a row
         self.error: str | None = None  # why the last job-list read failed
+        #: GPUs of each virtual cluster (``resourcesTotal``) as the last successful read said,
+        #: and when (wall clock; None before the first): the teams' quotas on ``openpai/<vc>``.
+        self.virtual_clusters: dict[str, float] = {}
+        self.virtual_clusters_at: datetime | None = None
+        self._vc_tried: float | None = None  # monotonic: the last read, successful or not
+        self._vc_error: str | None = None  # the last failed read's error, said once
         verify = ssl.create_default_context(cafile=str(ca_bundle)) if ca_bundle else True
         self._http = httpx.AsyncClient(
             base_url=f"{self.host}/rest-server/api/v2",
@@ -138,6 +152,29 @@ class OpenpaiClient:
                 )
         return problems
 
+    def virtual_clusters_due(self, every: float) -> bool:
+        """Whether the virtual clusters' GPUs were never read, or last read ``every`` seconds ago."""
+        return self._vc_tried is None or time.monotonic() - self._vc_tried >= every
+
+    async def read_virtual_clusters(self) -> dict[str, float]:
+        """``GET /virtual-clusters``: each virtual cluster's GPUs, kept in ``virtual_clusters``.
+
+        A failed read keeps the last answer (a cluster that cannot say its GPUs still runs
+        jobs) and is logged once, at INFO, until it changes or a read works again."""
+        self._vc_tried = time.monotonic()
+        try:
+            reply = await self._request("GET", "/virtual-clusters")
+            if reply.status_code != 200:
+                raise error_of(reply, "reading the virtual clusters")
+            found = vc_gpus(reply.json())
+        except (AdapterError, ValueError) as exc:  # ValueError: a body that is not JSON
+            error = str(exc)
+            log.log(logging.INFO if error != self._vc_error else logging.DEBUG, "%s: %s", self.host, error)
+            self._vc_error = error
+            return self.virtual_clusters
+        self.virtual_clusters, self.virtual_clusters_at, self._vc_error = found, utcnow(), None
+        return found
+
     async def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
         try:
             return await self._http.request(method, path, **kwargs)
@@ -183,6 +220,23 @@ def _items(body: Any) -> list[dict]:
     if isinstance(body, dict):
         body = body.get("data", body.get("storages", []))
     return [item for item in body if isinstance(item, dict)] if isinstance(body, list) else []
+
+
+def vc_gpus(body: Any) -> dict[str, float]:
+    """``{vc: gpus}`` from a ``GET /virtual-clusters`` answer: ``resourcesTotal.gpu`` (OpenPAI
+    v1.x), else ``GPUs`` (some versions); a virtual cluster with neither, or with something
+    that is not a number, is left out."""
+    found: dict[str, float] = {}
+    for name, vc in body.items() if isinstance(body, dict) else ():
+        total = vc.get("resourcesTotal") if isinstance(vc, dict) else None
+        if not isinstance(total, dict):
+            continue
+        for key in ("gpu", "GPUs"):
+            gpus = total.get(key)
+            if isinstance(gpus, int | float) and not isinstance(gpus, bool) and math.isfinite(gpus):
+                found[str(name)] = float(gpus)
+                break
+    return found
 
 
 def rate_limited(reply: httpx.Response, doing: str) -> TransientError:

@@ -19,6 +19,9 @@ class OpenpaiSettings(ShareSettings):
     openpai_ca_bundle: FilePath | None = None
     #: Seconds between two reads of our jobs' states (one list request per cluster and user).
     status_poll: float = Field(default=2.0, gt=0)
+    #: Seconds between two reads of a cluster's virtual clusters' GPUs (one request per cluster
+    #: and user; the first on the client's first use): what teams' quotas on ``openpai/<vc>`` share.
+    openpai_vc_refresh: float = Field(default=60.0, gt=0)
     #: Longest back-off after HTTP 429 (too many submissions) when the server names none.
     rate_limit_backoff: float = Field(default=60.0, gt=0)
     #: Reuse mode: seconds between two looks at the share, by the adapter (trials' ends) and by

@@ -5,7 +5,8 @@ rest-server limits job lists to 60 a minute; NNI polls every job every 3 s), the
 detail of each job that ended, for its exit code and exit spec, read as the trial's outcome
 by :func:`~.outcome.outcome_of`. UNKNOWN and HTTP errors leave the trial running
 (transient), and so does a job WAITING in OpenPAI's queue; users see why in the RUNNING
-trial's message.
+trial's message. The same loop reads each cluster's virtual clusters' GPUs, for every client
+(with jobs or not), soon after its first use and then every ``openpai_vc_refresh`` seconds.
 
 OpenPAI retries a job by itself after every failure its exit spec calls transient (a lost
 node, an eviction, a preemption, SIGKILL: ``reaction: ALWAYS_RETRY``, whatever
@@ -124,6 +125,8 @@ class Watcher:
         while True:
             await asyncio.sleep(self.settings.status_poll)
             for client in self.clients:
+                if client.virtual_clusters_due(self.settings.openpai_vc_refresh):
+                    await client.read_virtual_clusters()  # never raises: a failure keeps the last answer
                 ours = {j.name: j for j in self.tracked if j.client is client and j.outcome is None and not j.env}
                 envs = {e.name: e for e in self.pools.environments.values() if e.client is client and e.live}
                 if not ours and not envs:

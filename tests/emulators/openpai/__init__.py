@@ -135,6 +135,7 @@ def _command(
     lag: float,
     submit_window: float = 3600.0,
     tls: tuple[Path, Path] | None = None,
+    vc_gpus: Mapping[str, int] | None = None,
 ) -> list[str]:
     cmd = [
         sys.executable,
@@ -155,6 +156,7 @@ def _command(
     cmd += [arg for name, password in users.items() for arg in ("--user", f"{name}:{password}")]
     cmd += ["--admin", admin] if admin else []
     cmd += [arg for name, members in (vcs or {}).items() for arg in ("--vc", f"{name}:{','.join(members)}")]
+    cmd += [arg for name, gpus in (vc_gpus or {}).items() for arg in ("--vc-gpus", f"{name}={gpus}")]
     cmd += [arg for name in storages for arg in ("--storage", name)]
     cmd += [arg for c, local in mounts.items() for arg in ("--mount", f"{c}={local}")]
     return cmd
@@ -171,12 +173,15 @@ def start_openpai(
     lag: float = 0.0,
     submit_window: float = 3600.0,
     tls: tuple[Path, Path] | None = None,
+    vc_gpus: Mapping[str, int] | None = None,
 ) -> OpenPai:
     """Start an emulator on a free port and wait until it answers.
 
     ``users`` defaults to ``{"alice": "alice-password"}`` (passwords need 6+ characters to log in).
     ``vcs`` adds virtual clusters with their users; ``default`` stays open to everyone unless
-    listed. ``mounts`` maps container paths to local directories (see ``--mount``).
+    listed. ``vc_gpus`` gives virtual clusters their GPUs (``resourcesTotal``; 0 unless given; a
+    name not in ``vcs`` adds that virtual cluster, open to everyone). ``mounts`` maps container
+    paths to local directories (see ``--mount``).
     ``tls=(certfile, keyfile)`` serves HTTPS at ``https://127.0.0.1:<port>``; the handle's own
     requests trust the certificates in ``certfile``, so it should hold the chain up to a
     self-signed root (the server's certificate, then its CA's), as ``Certificates.server`` does.
@@ -189,7 +194,9 @@ def start_openpai(
         port = free_port()
         with (state_dir / "server.log").open("ab") as log:
             process = subprocess.Popen(
-                _command(port, state_dir, users, admin, vcs, storages, submit_limit, mounts, lag, submit_window, tls),
+                _command(
+                    port, state_dir, users, admin, vcs, storages, submit_limit, mounts, lag, submit_window, tls, vc_gpus
+                ),
                 cwd=REPO_ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,

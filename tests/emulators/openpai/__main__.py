@@ -46,6 +46,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a virtual cluster and its users (repeatable); 'default' is open to all unless given",
     )
     p.add_argument(
+        "--vc-gpus",
+        type=_pair("="),
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="a virtual cluster's GPUs (its resourcesTotal; repeatable; default 0); a new name adds it, open to all",
+    )
+    p.add_argument(
         "--storage",
         action="append",
         default=None,
@@ -91,11 +99,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def settings_from(args: argparse.Namespace) -> Settings:
     users = dict(args.user) or {"alice": "alice-password"}
     vcs = {name: [u for u in members.split(",") if u] for name, members in args.vc}
+    vc_gpus = {name: int(gpus) for name, gpus in args.vc_gpus}
     return Settings(
         state_dir=args.state.resolve(),
         users=users,
         admins=set(args.admin),
         vcs=vcs,
+        vc_gpus=vc_gpus,
         storages=args.storage if args.storage is not None else ["confignfs"],
         submit_limit=args.submit_limit,
         submit_window=args.submit_window,

@@ -44,6 +44,8 @@ class Settings:
     users: dict[str, str] = field(default_factory=lambda: {"alice": "alice-password"})
     admins: set[str] = field(default_factory=set)
     vcs: dict[str, list[str]] = field(default_factory=dict)  # beyond ``default``, which is open to all unless listed
+    #: GPUs of each virtual cluster (``resourcesTotal``; unset: 0); one not in ``vcs`` is added, open to all.
+    vc_gpus: dict[str, int] = field(default_factory=dict)
     storages: list[str] = field(default_factory=lambda: ["confignfs"])
     submit_limit: int = 60
     submit_window: float = RATE_LIMIT_WINDOW  # seconds the limit counts over (an hour, as upstream)
@@ -87,6 +89,7 @@ class Emulator:
         self.auth = Auth(dict(settings.users), set(settings.admins))
         self.runner = Runner(settings.state_dir, settings.lag)
         self.vcs: dict[str, list[str] | None] = {"default": None, **settings.vcs}
+        self.vcs |= {vc: None for vc in settings.vc_gpus if vc not in self.vcs}
         self._submits: dict[str, deque[float]] = defaultdict(deque)
 
     def caller(self, request: Request, allow_application: bool = True) -> Caller:
@@ -207,6 +210,7 @@ def _routes(emu: Emulator) -> APIRouter:
         emu.caller(request)
         share = round(100 / len(emu.vcs), 2)
         zero = {"cpu": 0, "vCores": 0, "memory": 0, "gpu": 0, "GPUs": 0}
+        gpus = emu.settings.vc_gpus
         return {
             vc: {
                 "capacity": share,
@@ -215,7 +219,7 @@ def _routes(emu: Emulator) -> APIRouter:
                 "dedicated": False,
                 "resourcesUsed": zero,
                 "resourcesGuaranteed": zero,
-                "resourcesTotal": zero,
+                "resourcesTotal": zero | {"gpu": gpus.get(vc, 0), "GPUs": gpus.get(vc, 0)},
                 "status": "RUNNING",
             }
             for vc in emu.vcs
