@@ -78,7 +78,15 @@ class Teams:
                 raise ApiError(422, _said(exc)) from None
             await (await self._bus.kv(streams.bucket_name(streams.TEAMS_BUCKET))).put(name, team.encode())
             self._shares.teams[name] = team
-            log.info("team %s: quota %s, weight %g (set by %s)", name, team.quota.describe(), team.weight, caller.name)
+            pools = "".join(f"; on {pool}: {quota.describe()}" for pool, quota in sorted(team.platforms.items()))
+            log.info(
+                "team %s: quota %s%s, weight %g (set by %s)",
+                name,
+                team.quota.describe(),
+                pools,
+                team.weight,
+                caller.name,
+            )
             return self.view_of(name)
 
     async def remove(self, caller: Caller, name: str) -> dict[str, Any]:

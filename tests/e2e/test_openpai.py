@@ -262,3 +262,51 @@ def test_a_restarted_replica_adopts_only_its_own_jobs(tmp_path, nats_server, sha
     finally:
         stack.stop()
         emulator.stop()
+
+
+def test_teams_share_a_virtual_cluster_s_gpus_by_quota(pai_stack, pai, share, tmp_path):
+    # Given an OpenPAI virtual cluster of 8 GPUs (the emulator says so) and team nlp's quota of 4 there
+    tokens = {}
+    for name, team in (("ana", "vision"), ("bo", "nlp")):
+        added = pai_stack.rest("POST", "/users", json={"name": name, "team": team, "role": "member"})
+        assert added.status_code == 201, added.text
+        tokens[name] = added.json()["token"]
+    quota = {"platforms": {"openpai/default": {"gpus": 4}}}
+    assert pai_stack.rest("PUT", "/teams/nlp", json=quota).status_code == 200
+    code = write_code(tmp_path, TRIAL)
+
+    def experiment(person: str, concurrency: int) -> str:
+        body = openpai_config(code, pai, share) | {"trialGpuNumber": 4, "trialConcurrency": concurrency}
+        made = pai_stack.rest("POST", "/experiments", json=body, headers={"Authorization": f"Bearer {tokens[person]}"})
+        assert made.status_code == 201, made.text
+        return made.json()["id"]
+
+    def vision() -> dict:
+        return next((t["use"] for t in pai_stack.rest("GET", "/teams").json() if t["name"] == "vision"), {})
+
+    # And team vision's two 4-GPU trials running on all 8 (borrowing nlp's 4), a third waiting, saying why
+    mine = experiment("ana", 3)
+
+    def vc_gpus() -> list:
+        return [c["virtualClusters"] for p in pai_stack.rest("GET", "/platforms").json() for c in p["clusters"]]
+
+    wait_until(lambda: vc_gpus() == [{"default": 8}], 20, "the adapter to publish the virtual cluster's GPUs")
+    long = [submit(pai_stack, mine, {"x": i, "sleep": 12}) for i in range(3)]
+    wait_until(lambda: sum(trial(pai_stack, t)["status"] == "RUNNING" for t in long) == 2, 60, "two running")
+    third = next(t for t in long if trial(pai_stack, t)["status"] == "WAITING")
+    why = wait_until(
+        lambda: "GPUs of openpai/default" in (m := trial(pai_stack, third)["message"] or "") and m, 20, "why"
+    )
+    assert why.startswith("waiting for 4 free GPUs (0 of 8 GPUs of openpai/default free)"), why
+    assert vision()["openpai/default"]["borrowedGpus"] == 8
+    # When team nlp submits a 4-GPU trial there
+    theirs = experiment("bo", 1)
+    short = submit(pai_stack, theirs, {"x": 7})
+    # Then one of vision's running trials is preempted (its job stopped) and nlp's runs and succeeds
+    assert ended(pai_stack, short, timeout=90)["status"] == "SUCCEEDED"
+    finals = [ended(pai_stack, t, timeout=120) for t in long]
+    assert [f["status"] for f in finals] == ["SUCCEEDED"] * 3, finals
+    preempted = [f for f in finals if any(a["status"] == "PREEMPTED" for a in f["attempts"])]
+    assert len(preempted) == 1, finals
+    said = preempted[0]["attempts"][0]["message"]
+    assert "reclaimed by team nlp (its quota on openpai/default: 4 GPUs)" in said, said
