@@ -30,7 +30,7 @@ def team_set(
         str | None,
         typer.Option(
             "--platform",
-            help="Set the quota on this platform or pool only: local-gpu, remote, remote/<pool>, openpai/<virtual cluster>.",
+            help="Set the quota on this platform or pool only: local-gpu, remote, remote/<pool>, openpai/<vc>.",
         ),
     ] = None,
 ) -> None:
