@@ -203,7 +203,7 @@ class Dispatcher:
         return self.queries.list_experiments()
 
     def trial(self, trial_id: str) -> TrialState:
-        return self.queries.trial(trial_id)
+        return self.slots.explained(self.queries.trial(trial_id))
 
     def list_trials(
         self,

@@ -167,6 +167,18 @@ class Slots:
             return 0
         return max(0, min(len(queue), state.config.trial_concurrency - len(self.active.get(experiment_id, ()))))
 
+    def explained(self, trial: TrialState) -> TrialState:
+        """The queued trial, saying why its experiment's queue does not move when its first trial
+        says so (only the first trial's message is kept up to date: one write, however long the
+        queue). O(1)."""
+        queue = self.queue.get(trial.experiment_id)
+        if trial.status != TrialStatus.WAITING or trial.dispatched or not queue or trial.id not in queue:
+            return trial
+        head = self.store.trials.get(queue.first())
+        if head is None or head.id == trial.id or not head.message or head.message == trial.message:
+            return trial
+        return trial.model_copy(update={"message": f"queued behind trial {head.id}, which is {head.message}"})
+
     def take_freed(self) -> set[str]:
         """The pools where capacity freed since the last call (their waiting experiments may go)."""
         freed, self.freed = self.freed, set()

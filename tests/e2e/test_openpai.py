@@ -285,18 +285,20 @@ def test_teams_share_a_virtual_cluster_s_gpus_by_quota(pai_stack, pai, share, tm
         return next((t["use"] for t in pai_stack.rest("GET", "/teams").json() if t["name"] == "vision"), {})
 
     # And team vision's two 4-GPU trials running on all 8 (borrowing nlp's 4), a third waiting, saying why
-    mine = experiment("ana", 3)
+    mine = experiment("ana", 4)
 
     def vc_gpus() -> list:
         return [c["virtualClusters"] for p in pai_stack.rest("GET", "/platforms").json() for c in p["clusters"]]
 
     wait_until(lambda: vc_gpus() == [{"default": 8}], 20, "the adapter to publish the virtual cluster's GPUs")
-    long = [submit(pai_stack, mine, {"x": i, "sleep": 12}) for i in range(3)]
+    long = [submit(pai_stack, mine, {"x": i, "sleep": 10}) for i in range(4)]
     wait_until(lambda: sum(trial(pai_stack, t)["status"] == "RUNNING" for t in long) == 2, 60, "two running")
-    third = next(t for t in long if trial(pai_stack, t)["status"] == "WAITING")
+    third, fourth = long[2:]
     why = wait_until(
         lambda: "GPUs of openpai/default" in (m := trial(pai_stack, third)["message"] or "") and m, 20, "why"
     )
+    # (the one behind it in the experiment's queue says whose turn it waits for)
+    assert trial(pai_stack, fourth)["message"] == f"queued behind trial {third}, which is {why}"
     assert why.startswith("waiting for 4 free GPUs (0 of 8 GPUs of openpai/default free)"), why
     assert vision()["openpai/default"]["borrowedGpus"] == 8
     # When team nlp submits a 4-GPU trial there
@@ -305,7 +307,7 @@ def test_teams_share_a_virtual_cluster_s_gpus_by_quota(pai_stack, pai, share, tm
     # Then one of vision's running trials is preempted (its job stopped) and nlp's runs and succeeds
     assert ended(pai_stack, short, timeout=90)["status"] == "SUCCEEDED"
     finals = [ended(pai_stack, t, timeout=120) for t in long]
-    assert [f["status"] for f in finals] == ["SUCCEEDED"] * 3, finals
+    assert [f["status"] for f in finals] == ["SUCCEEDED"] * 4, finals
     preempted = [f for f in finals if any(a["status"] == "PREEMPTED" for a in f["attempts"])]
     assert len(preempted) == 1, finals
     said = preempted[0]["attempts"][0]["message"]
