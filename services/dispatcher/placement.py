@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from collections.abc import Collection
 from datetime import timedelta
 
 from contracts import PlatformStatus
@@ -73,14 +74,17 @@ class Placement:
 
     # ------------------------------------------------------------------ decisions
 
-    def choose(self, experiment_id: str, config: ExperimentConfig) -> str | None:
-        """The adapter the experiment's next trial goes to; None while no platform is up with room."""
+    def choose(self, experiment_id: str, config: ExperimentConfig, skip: Collection[str] = ()) -> str | None:
+        """The adapter the experiment's next trial goes to; None while no platform is up with room
+        (``skip``: adapters not to choose, those whose teams' shares refused the trial just now)."""
         services = config.training_services
         start = self._last.get(experiment_id, -1) + 1
         best: tuple[int, int] | None = None
         chosen = 0
         for offset in range(len(services)):
             i = (start + offset) % len(services)
+            if services[i].adapter in skip:
+                continue
             free = self.room(services[i], config)
             if free is None or free <= 0:
                 continue

@@ -176,6 +176,12 @@ class Shares:
     def total(self, pool: str) -> Use:
         return self._total.get(pool) or Use()
 
+    def withdraw(self, pool: str, experiment: str) -> None:
+        """The experiment no longer waits for ``pool`` (its trial went, or waits, elsewhere). O(1)."""
+        demands = self.demands.get(pool)
+        if demands is not None:
+            demands.pop(experiment, None)
+
     def done(self, experiment: str) -> None:
         """The experiment waits for nothing any more (its queue is empty, it stopped). O(pools)."""
         for demands in self.demands.values():

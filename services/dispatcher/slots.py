@@ -214,15 +214,10 @@ class Slots:
         taken = []
         while queue and len(active) < config.trial_concurrency and state.status == ExperimentStatus.RUNNING:
             head = self.store.trials[queue.first()]
-            adapter = self.placement.choose(experiment_id, config) if config.hybrid else config.adapter
+            adapter, why = self._platform(state, len(active))
             if adapter is None:
-                why = self.placement.why_waiting(config)
                 if head.message != why:
                     self.store.defer(head.model_copy(update={"message": why}))
-                break
-            if turn := self.turn(state, adapter, len(active)):
-                if head.message != turn:
-                    self.store.defer(head.model_copy(update={"message": turn}))
                 break
             queue.popleft()
             trial = head.model_copy(
@@ -241,6 +236,28 @@ class Slots:
         if not self.wants(experiment_id):
             self.shares.done(experiment_id)
         return taken
+
+    def _platform(self, state: ExperimentState, active: int) -> tuple[str | None, str]:
+        """Where the experiment's next trial goes now, or None and why it waits. A hybrid experiment
+        refused by the teams' shares on one platform tries its others with room; refused everywhere,
+        it waits (and may preempt) on the first that refused only. O(platforms × the shares' cost)."""
+        config = state.config
+        if not config.hybrid:
+            why = self.turn(state, config.adapter, active)
+            return (config.adapter, "") if why is None else (None, why)
+        refused: dict[str, str] = {}
+        while (adapter := self.placement.choose(state.id, config, skip=refused)) is not None:
+            why = self.turn(state, adapter, active)
+            if why is None:
+                break
+            refused[adapter] = why
+        waits_in = None if adapter is not None else next(iter(refused), None)
+        for other in refused:
+            if other != waits_in:
+                self.shares.withdraw(self.placement.pool_of(config, other), state.id)
+        if adapter is not None:
+            return adapter, ""
+        return None, refused[waits_in] if waits_in is not None else self.placement.why_waiting(config)
 
     def turn(self, state: ExperimentState, adapter: str, active: int) -> str | None:
         """None when the experiment's next trial may take capacity on ``adapter`` now, else why it waits."""

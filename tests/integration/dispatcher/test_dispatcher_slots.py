@@ -143,3 +143,61 @@ def test_in_any_order_of_ends_and_retries_each_trial_is_held_once_and_slots_neve
         for trial_id, trial in store.trials.items():
             expected = [[]] if trial.status.terminal else [["active"]] if trial.dispatched else [["queue"], ["later"]]
             assert where(slots, trial_id) in expected
+
+
+def test_a_hybrid_trial_refused_by_the_teams_shares_on_one_platform_goes_to_another_with_room():
+    from contracts import GpuStatus, MachineStatus, PlatformStatus
+    from contracts.base import utcnow
+    from contracts.teams import Quota, Team
+
+    gpus = [GpuStatus(index=i, uuid=f"GPU-{i}", name="H100", memory_total_mib=80, memory_used_mib=0) for i in range(2)]
+    remote = {"platform": "remote", "machineList": [{"host": "a", "user": "u"}]}
+    store = StateStore()
+    hybrid = ExperimentConfig.model_validate(
+        {
+            "trialCommand": "true",
+            "trialConcurrency": 2,
+            "trialGpuNumber": 1,
+            "trainingService": [{"platform": "local", "useActiveGpu": True}, remote],
+        }
+    )
+    local = ExperimentConfig.model_validate(
+        {
+            "trialCommand": "true",
+            "trialConcurrency": 2,
+            "trialGpuNumber": 1,
+            "trainingService": {"platform": "local", "useActiveGpu": True},
+        }
+    )
+    store.experiments["vision-e"] = ExperimentState(
+        id="vision-e", config=hybrid, code_ref="", start_time=NOW, team="vision"
+    )
+    store.experiments["nlp-e"] = ExperimentState(id="nlp-e", config=local, code_ref="", start_time=NOW, team="nlp")
+    slots = Slots(DispatcherSettings(trial_secret="s", api_auth="none"), bus=None, store=store)
+    slots.shares.teams = {"nlp": Team(name="nlp", quota=Quota(gpus=2))}
+    now = utcnow()
+    for status in (
+        PlatformStatus(adapter="local-gpu", replica="r", host="h", time=now, max_trials=8, gpus=gpus),
+        PlatformStatus(
+            adapter="remote",
+            replica="r",
+            host="h",
+            time=now,
+            machines=[MachineStatus(name="u@a:22", up=True, gpus=gpus)],
+        ),
+    ):
+        slots.placement.status(f"{status.adapter}.r", status)
+    for n, experiment_id in enumerate(["nlp-e", "nlp-e", "vision-e"]):
+        platform = "" if experiment_id == "vision-e" else "local-gpu"  # a hybrid trial's: chosen at dispatch
+        trial = TrialState(id=f"t{n}", experiment_id=experiment_id, sequence_id=n, platform=platform, submit_time=NOW)
+        store.defer(trial)
+        slots.enqueue(trial)
+    # Given team nlp, within its quota, ready to take local's two GPUs (its turn comes first there)
+    assert slots.turn(store.experiments["nlp-e"], "local-gpu", 0) is None
+    # When vision's hybrid experiment looks for a platform: local's shares refuse it, remote has room
+    taken = slots.take_ready("vision-e")
+    # Then its trial goes to remote, and it waits in no queue of local's
+    assert [(t.id, t.platform) for t in taken] == [("t2", "remote")]
+    assert "vision-e" not in slots.shares.demands["local-gpu"]
+    # and nlp's trials take local's GPUs
+    assert [t.platform for t in slots.take_ready("nlp-e")] == ["local-gpu", "local-gpu"]
