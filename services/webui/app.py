@@ -19,6 +19,8 @@ API (JSON; every refusal is ``{"error": "<what to do>"}`` with a 4xx/5xx status)
     GET  /api/trials/{id}                       one trial's row
     GET  /api/trials/{id}/metrics[?points=n]    its metric records (history); at most n intermediate
                                                 results per attempt, extremes kept, with ``points``
+    GET  /api/experiments/{id}/intermediate     every trial's curve on one chart, a bounded set, and the
+         /api/experiments/{id}/compare          step filter; trials side by side (:mod:`.intermediate_api`)
     GET  /api/trials/{id}/log?maxBytes=n        the tail of its log (relayed)
     POST /api/trials/{id}/cancel                cancel it (relayed)
     POST /api/trials/{id}/retry                 run it again as its next attempt, once it has ended (relayed)
@@ -68,6 +70,8 @@ from services.webui import curves, queries
 from services.webui import openapi as spec
 from services.webui.actions import Dispatcher, Refused
 from services.webui.hub import KEEPALIVE, RETRY, Hub, frame
+from services.webui.intermediate import Intermediates
+from services.webui.intermediate_api import routes as intermediate_routes
 from services.webui.model import Model
 from services.webui.openapi import CHANGE, READ, RELAYED
 from services.webui.people import PREFIX as SESSION_PREFIX
@@ -127,7 +131,12 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 
 def create_app(
-    settings: WebuiSettings, model: Model, hub: Hub, bus: Callable[[], Bus | None], dispatcher: Dispatcher
+    settings: WebuiSettings,
+    model: Model,
+    hub: Hub,
+    bus: Callable[[], Bus | None],
+    dispatcher: Dispatcher,
+    intermediates: Intermediates | None = None,
 ) -> FastAPI:
     # The OpenAPI schema holds no data, so it is served without a token (as the dispatcher's); no docs pages.
     app = FastAPI(title="Trialbus web UI", docs_url=None, redoc_url=None, openapi_url="/api/openapi.json")
@@ -470,6 +479,7 @@ def create_app(
 
         return event_stream(frames())
 
+    api.include_router(intermediate_routes(model, intermediates or Intermediates()))
     app.include_router(pages)
     app.include_router(api)
     return app

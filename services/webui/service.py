@@ -20,6 +20,8 @@ from services.webui.actions import Dispatcher
 from services.webui.app import create_app
 from services.webui.feed import Feed, poll_platforms
 from services.webui.hub import Hub
+from services.webui.intermediate import Intermediates
+from services.webui.intermediate_api import MetricsFollower
 from services.webui.model import Model
 from services.webui.settings import WebuiSettings
 
@@ -35,6 +37,9 @@ class WebuiService(Service):
         self.model = Model()
         self.hub = Hub(self.model, settings.webui_batch_interval)
         self.feed: Feed | None = None
+        #: Every trial's intermediate results, from METRICS (the all-curves chart, compare).
+        self.intermediates = Intermediates()
+        self.metrics: MetricsFollower | None = None
         self.http: HttpServer | None = None
         self._tasks: list[asyncio.Task] = []
 
@@ -42,13 +47,15 @@ class WebuiService(Service):
         self.bus = bus
         self.feed = Feed(bus, self.model)
         await self.feed.start()
+        self.metrics = MetricsFollower(bus, self.intermediates)
+        await self.metrics.start()
         platforms = poll_platforms(bus, self.hub.set_platforms, self.settings.webui_platform_interval)
         self._tasks = [
             asyncio.create_task(self.hub.run(), name="webui-hub"),
             asyncio.create_task(platforms, name="webui-platforms"),
         ]
         dispatcher = Dispatcher(lambda: self.bus, self.settings.webui_request_timeout)
-        app = create_app(self.settings, self.model, self.hub, lambda: self.bus, dispatcher)
+        app = create_app(self.settings, self.model, self.hub, lambda: self.bus, dispatcher, self.intermediates)
         host = bind_host(self.settings, self.settings.webui_host, "the web UI")
         self.http = HttpServer(app, host, self.settings.webui_port)
         await self.http.start()
@@ -76,3 +83,5 @@ class WebuiService(Service):
         await self.hub.cleaned_up()
         if self.feed:
             await self.feed.stop()
+        if self.metrics:
+            await self.metrics.stop()
