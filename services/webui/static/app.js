@@ -14,6 +14,8 @@
 // the performance mark "trialbus:rows" (the first rows of the table drawn: time to interactive).
 
 import { drawChart } from "./chart.js";
+import { Compare } from "./compare.js";
+import { AllCurves } from "./curves.js";
 import { TrialDetail } from "./detail.js";
 import { showQueue } from "./queue.js";
 import { TrialTable } from "./table.js";
@@ -38,7 +40,9 @@ const rows = new TrialRows(() => {
   table.schedule();
   renderShown();
 });
-const table = new TrialTable($("#trials"), rows, { onSelect: select, onCancel: cancel });
+const table = new TrialTable($("#trials"), rows, { onSelect: select, onCancel: cancel, onCheck: () => compare.changed() });
+const curves = new AllCurves();
+const compare = new Compare(table);
 const detail = new TrialDetail($("#trial-detail"), {
   onCancel: cancel, onRetry: retry, onClose: () => table.select(null),
 });
@@ -132,6 +136,8 @@ function applyInbox() {
   table.draw();
   if (dirty.overview) renderOverview();
   if (dirty.chart) scheduleChart();
+  if (dirty.chart && !dirty.snapshot) curves.schedule();
+  if (dirty.snapshot && state.experiment) [curves, compare].forEach((view) => view.show(state.experiment.id));
   if (dirty.picker) renderPicker();
   if (dirty.platforms) renderPlatforms();
   renderShown();

@@ -17,7 +17,8 @@ const observer = typeof ResizeObserver === "function"
 
 /**
  * options: {
- *   series: [{ points: [[x, y], …], kind: "dots" | "line" | "step", color, label, counted }],
+ *   series: [{ points: [[x, y], …], kind: "dots" | "line" | "step", color, label, counted,
+ *              width (line width, px), dots (false: a line without its points) }],
  *   time: true when x is a time in ms, xLabel, yLabel, empty: text shown without data
  * }
  */
@@ -64,7 +65,7 @@ function draw(canvas, options) {
   axes(context, plot, xs, ys, sx, sy, options, ink, faint);
   for (const series of options.series) {
     context.strokeStyle = context.fillStyle = series.color;
-    context.lineWidth = 1.5;
+    context.lineWidth = series.width ?? 1.5;
     if (series.kind === "line" || series.kind === "step") {
       context.beginPath();
       series.points.forEach(([x, y], i) => {
@@ -77,7 +78,7 @@ function draw(canvas, options) {
       if (series.kind === "step" && series.points.length) context.lineTo(plot.x + plot.w, sy(series.points.at(-1)[1]));
       context.stroke();
     }
-    if (series.kind === "dots" || (series.kind === "line" && series.points.length < 200)) {
+    if (series.kind === "dots" || (series.kind === "line" && series.dots !== false && series.points.length < 200)) {
       for (const [x, y] of series.points) {
         context.beginPath();
         context.arc(sx(x), sy(y), series.kind === "dots" ? 3 : 2, 0, 2 * Math.PI);

@@ -11,7 +11,9 @@
 // A retried trial's status reads "FAILED ×2": its current attempt is its second run (attempt 1);
 // the detail panel lists the attempts.
 //
-// Hooks for tests: <tr data-trial-id data-status data-position>, <td data-column>, button.cancel,
+// A checkbox per row picks trials to compare (compare.js); Space toggles it, as any checkbox.
+//
+// Hooks for tests: <tr data-trial-id data-status data-position>, <td data-column>, button.cancel, input.pick,
 // #trials[data-total] (rows under the filter), #trials[data-sort], #trials[data-order].
 
 import { ACTIVE, formatDuration, formatNumber, formatParameter, h, oncePerFrame, secondsBetween } from "./util.js";
@@ -20,6 +22,7 @@ export const ROW_HEIGHT = 27; // px, as style.css sets
 const OVERSCAN = 10;
 // Widths are fixed; each row is a CSS grid (style.css).
 const BASE_COLUMNS = [
+  { key: "pick", title: "✓", width: 34, label: "Compare: check rows, then Compare selected" },
   { key: "sequence", title: "#", width: 56, value: (t) => t.sequenceId, numeric: true, sort: "sequence" },
   { key: "id", title: "Trial", width: 100, value: (t) => t.id },
   { key: "status", title: "Status", width: 130, value: (t) => t.status,
@@ -39,9 +42,10 @@ const TAIL_COLUMNS = [
 export class TrialTable {
   /**
    * table: the <table>, inside its scrolling .table-wrap; rows: a TrialRows (virtual.js);
-   * onSelect(id), onCancel(id): what a click on a row or on Cancel does.
+   * onSelect(id), onCancel(id): what a click on a row or on Cancel does; onCheck(): a row's
+   * checkbox changed (the ids checked are in this.checked).
    */
-  constructor(table, rows, { onSelect, onCancel }) {
+  constructor(table, rows, { onSelect, onCancel, onCheck = () => {} }) {
     this.table = table;
     this.rows = rows;
     this.scroller = table.closest(".table-wrap");
@@ -51,6 +55,9 @@ export class TrialTable {
     this.body = table.tBodies[0];
     this.onSelect = onSelect;
     this.onCancel = onCancel;
+    this.onCheck = onCheck;
+    /** The ids of the rows checked (to compare), in the order checked. */
+    this.checked = new Set();
     /** Whether the person logged in may change this experiment's trials (no Cancel buttons otherwise). */
     this.mayChange = true;
     this.pool = []; // { tr, cells, texts, trial }
@@ -78,7 +85,7 @@ export class TrialTable {
     this.head.replaceChildren(...this.columns.map((column) => h("th", {
       scope: "col", role: "columnheader", class: [column.parameter ? "parameter" : "", column.sort ? "sortable" : ""]
         .filter(Boolean).join(" ") || null, dataset: { column: column.key },
-      title: column.sort ? `sort by ${column.title}` : null,
+      title: column.sort ? `sort by ${column.title}` : column.label ?? null, "aria-label": column.label ?? null,
       onclick: column.sort ? () => this.sortBy(column.sort) : null,
     }, column.title)));
     for (const row of this.pool) row.tr.remove();
@@ -159,6 +166,13 @@ export class TrialTable {
         }
         return;
       }
+      if (column.key === "pick") {
+        if (!cell.firstChild) cell.append(h("input", { type: "checkbox", class: "pick" }));
+        const box = cell.firstChild, label = `compare trial ${trial.sequenceId} (${trial.id})`;
+        box.checked = this.checked.has(trial.id);
+        if (box.getAttribute("aria-label") !== label) box.setAttribute("aria-label", label);
+        return;
+      }
       if (column.key === "platform") {
         const key = `${trial.platform}|${trial.replica}|${trial.link}`;
         if (row.texts[i] !== key) {
@@ -232,10 +246,22 @@ export class TrialTable {
     }
   }
 
+  /** Check these rows (and only these). */
+  setChecked(ids) {
+    this.checked = new Set(ids);
+    for (const row of this.pool) if (row.trial) this.fill(row);
+  }
+
   clicked(event) {
     const tr = event.target.closest("tr[data-trial-id]");
     if (!tr) return;
-    if (event.target.closest("button.cancel")) {
+    if (event.target.matches("input.pick")) {
+      if (event.target.checked) this.checked.add(tr.dataset.trialId);
+      else this.checked.delete(tr.dataset.trialId);
+      this.onCheck();
+    } else if (event.target.closest("td[data-column='pick']")) {
+      return; // a click beside the checkbox: not a click on the row
+    } else if (event.target.closest("button.cancel")) {
       event.stopPropagation();
       this.onCancel(tr.dataset.trialId);
     } else if (!event.target.closest("a")) {
