@@ -38,6 +38,11 @@ export class Compare {
   /** The experiment shown (a snapshot came): open the comparison the URL asked for. */
   show(experimentId) {
     if (experimentId === this.experimentId) return;
+    if (this.experimentId !== null) { // the page moved to another experiment: its trials are not these
+      this.table.setChecked([]);
+      this.changed();
+      this.close();
+    }
     this.experimentId = experimentId;
     if (this.pending) {
       this.pending = null;
