@@ -20,6 +20,7 @@ O(n): for small experiments and tests, never called by a request.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -87,6 +88,8 @@ class Model:
         #: experiment id → its first failed trials, one per last stderr line (at most :data:`FAILURES`)
         self.failures: dict[str, list[str]] = {}
         self._changes = Changes()
+        #: told of each experiment deleted: what else the web UI keeps of it (its curves) goes too
+        self.on_deleted: list[Callable[[str], None]] = []
 
     # -- applying KV entries ----------------------------------------------------------------
 
@@ -108,6 +111,8 @@ class Model:
         if self.experiments.pop(experiment_id, None) is not None:
             self._changes.experiments.add(experiment_id)
             self._changes.experiments_list = True
+        for forget in self.on_deleted:
+            forget(experiment_id)
 
     def put_trial(self, trial: TrialState) -> None:
         self.trials_of.setdefault(trial.experiment_id, {})[trial.id] = trial

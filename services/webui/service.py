@@ -39,6 +39,7 @@ class WebuiService(Service):
         self.feed: Feed | None = None
         #: Every trial's intermediate results, from METRICS (the all-curves chart, compare).
         self.intermediates = Intermediates()
+        self.model.on_deleted.append(self.intermediates.forget)
         self.metrics: MetricsFollower | None = None
         self.http: HttpServer | None = None
         self._tasks: list[asyncio.Task] = []

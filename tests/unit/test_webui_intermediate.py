@@ -89,3 +89,14 @@ def test_the_chart_draws_the_best_and_adds_the_ranked_trials() -> None:
     assert [(r["rank"], r["trialId"], r["value"]) for r in body["ranking"]] == [(1, "A", 0.9), (2, "C", 0.7)]
     assert body["reported"] == 4 and body["rankedOf"] == 4
     assert fed().curves("nosuch", minimize=False, limit=2, points=100, step=None, top=2)["curves"] == []
+
+
+def test_a_deleted_experiment_s_curves_go_with_it():
+    from services.webui.model import Model
+
+    model, intermediates = Model(), Intermediates()
+    model.on_deleted.append(intermediates.forget)
+    intermediates.add("e1", "t1", 0, 0, 0.5)
+    assert "e1" in intermediates.experiments
+    model.delete_experiment("e1")
+    assert "e1" not in intermediates.experiments
