@@ -9,7 +9,9 @@ Pages (one HTML shell, drawn by ``static/app.js``):
 
 API (JSON; every refusal is ``{"error": "<what to do>"}`` with a 4xx/5xx status):
 
-    GET  /api/experiments                       every experiment in a line, newest first
+    GET  /experiments                       every experiment in a table, filtered and sorted
+    GET  /api/experiments                       every experiment in a row (filter, sort:
+                                                :mod:`services.webui.experiments`), newest first
     GET  /api/experiments/{id}                  overview: status, counts, best, masked config
     GET  /api/experiments/{id}/trials           a window of the trials' rows: offset, limit, sort, order,
                                                 status (:mod:`services.webui.queries`); O(log n + limit)
@@ -66,7 +68,7 @@ from services.common import openapi as doc
 from services.common.auth import SAFE_METHODS, Access, AccessDenied, session_value
 from services.common.bus import Bus
 from services.common.http import health_routes
-from services.webui import curves, queries
+from services.webui import curves, experiments, queries
 from services.webui import openapi as spec
 from services.webui.actions import Dispatcher, Refused
 from services.webui.hub import KEEPALIVE, RETRY, Hub, frame
@@ -267,6 +269,10 @@ def create_app(
             )
         return shell()
 
+    @pages.get("/experiments", responses=spec.page(*READ))
+    async def experiments_page() -> Response:
+        return shell()
+
     @pages.get("/queue", responses=spec.page(*READ))
     async def queue_page() -> Response:
         return shell()
@@ -293,9 +299,9 @@ def create_app(
             raise Refused(404, f"trial {trial_id!r} not found")
         return trial
 
-    @api.get("/experiments", responses=doc.refusals(*READ))
-    async def list_experiments() -> Response:
-        return json_response(model.summaries())
+    @api.get("/experiments", responses=doc.refusals(*READ), openapi_extra=experiments.QUERY)
+    async def list_experiments(request: Request) -> Response:
+        return json_response(experiments.listing(model, dict(request.query_params), request.state.person.caller))
 
     @api.get("/experiments/{experiment_id}", responses=doc.refusals(*READ, 404))
     async def get_experiment(experiment_id: str) -> Response:
@@ -480,6 +486,7 @@ def create_app(
         return event_stream(frames())
 
     api.include_router(intermediate_routes(model, intermediates or Intermediates()))
+    api.include_router(experiments.routes(model, dispatcher, json_response))
     app.include_router(pages)
     app.include_router(api)
     return app

@@ -1,5 +1,5 @@
 // The page: one experiment (or the newest, at /), live from /api/events; at /queue, the
-// shared platforms' queue instead (queue.js).
+// shared platforms' queue instead (queue.js); at /experiments, every experiment (experiments.js).
 //
 // Events are not applied as they arrive: they wait in an inbox that is applied at most
 // every APPLY_EVERY_MS, inside requestAnimationFrame, so a burst of changes costs one
@@ -17,6 +17,7 @@ import { drawChart } from "./chart.js";
 import { Compare } from "./compare.js";
 import { AllCurves } from "./curves.js";
 import { TrialDetail } from "./detail.js";
+import { showExperiments } from "./experiments.js";
 import { showQueue } from "./queue.js";
 import { TrialTable } from "./table.js";
 import { STATUSES, api, formatDuration, formatNumber, h, secondsBetween, toast } from "./util.js";
@@ -436,12 +437,12 @@ function setUp() {
 }
 
 /** The queue page: the picker (to go to an experiment) and who is logged in; no experiment's events. */
-async function setUpQueue() {
+async function setUpQueue(show = showQueue) {
   $("#experiment-picker").addEventListener("change", (event) => {
     location.href = event.target.value ? `/experiments/${encodeURIComponent(event.target.value)}` : "/";
   });
   loadWhoami();
-  showQueue();
+  show();
   try {
     state.experiments = await api("GET", "/api/experiments");
   } catch {
@@ -451,4 +452,5 @@ async function setUpQueue() {
 }
 
 if (location.pathname === "/queue") setUpQueue();
+else if (location.pathname === "/experiments") setUpQueue(showExperiments);
 else setUp();
