@@ -69,6 +69,12 @@ def test_every_experiment_listed_filtered_sorted_and_acted_on(stack: Stack, open
     assert page.locator("#experiments-link").get_attribute("aria-current") == "page"
     assert page.evaluate("() => performance.getEntriesByName('trialbus:experiments').length") == 1
 
+    # a keyboard's focus stays on a row's button while the list is read again (every 2 s; its duration moves)
+    page.locator(row(running) + " button.stop").focus()
+    page.wait_for_timeout(2500)
+    assert page.evaluate("() => document.activeElement.className") == "stop"
+    assert page.evaluate("() => document.activeElement.closest('tr').dataset.experiment") == running
+
     # When sorted by name, then filtered by status: the URL holds the view, a reload shows it again
     page.get_by_role("button", name="Name", exact=True).click()
     page.wait_for_function("() => location.search.includes('sort=name')")

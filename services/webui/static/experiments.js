@@ -138,20 +138,40 @@ function actions(row) {
     h("span", { class: "muted" }, "Export "), exported("json"), " ", exported("csv"));
 }
 
-function rowOf(row) {
-  const cell = (column, ...children) => h("td", { dataset: { column } }, ...children);
+/** A row's cells: [column, key (the cell is drawn again only when it changes), draw]. */
+function cellsOf(row) {
   const best = row.best === null ? "—" : `${formatNumber(row.best)}${row.bestTrial ? ` (trial ${row.bestTrial.sequenceId})` : ""}`;
-  return h("tr", { dataset: { experiment: row.id, status: row.status } },
-    cell("name", row.name || h("span", { class: "muted" }, "(unnamed)")),
-    cell("id", h("a", { href: `/experiments/${encodeURIComponent(row.id)}` }, row.id)),
-    cell("status", h("span", { class: "status", dataset: { status: row.status } }, row.status)),
-    cell("platform", row.platforms.join(", ")),
-    cell("owner", row.owner ? `${row.owner} (${row.team ?? "no team"})` : (row.team ?? "—")),
-    cell("start", new Date(row.startTime).toLocaleString()),
-    cell("duration", formatDuration(row.duration)),
-    cell("best", best),
-    cell("trials", counts(row)),
-    cell("actions", actions(row)));
+  const owner = row.owner ? `${row.owner} (${row.team ?? "no team"})` : (row.team ?? "—");
+  const duration = formatDuration(row.duration);
+  return [
+    ["name", row.name, () => row.name || h("span", { class: "muted" }, "(unnamed)")],
+    ["id", row.id, () => h("a", { href: `/experiments/${encodeURIComponent(row.id)}` }, row.id)],
+    ["status", row.status, () => h("span", { class: "status", dataset: { status: row.status } }, row.status)],
+    ["platform", row.platforms.join(", "), () => row.platforms.join(", ")],
+    ["owner", owner, () => owner],
+    ["start", row.startTime, () => new Date(row.startTime).toLocaleString()],
+    ["duration", duration, () => duration],
+    ["best", best, () => best],
+    ["trials", JSON.stringify(row.trialCounts), () => counts(row)],
+    ["actions", `${row.status} ${row.mayChange} ${row.name}`, () => actions(row)],
+  ];
+}
+
+/** Draw ``row`` into ``tr`` (a new one when null), touching only the cells that changed: a button
+ * that has the keyboard's focus keeps it while the list is read again every POLL_MS. */
+function drawRow(tr, row) {
+  if (!tr) {
+    tr = h("tr", { dataset: { experiment: row.id } },
+      COLUMNS.map(([column]) => h("td", { dataset: { column } })));
+  }
+  tr.dataset.status = row.status;
+  cellsOf(row).forEach(([column, key, draw], i) => {
+    const td = tr.children[i];
+    if (td.dataset.key === key) return;
+    td.dataset.key = key;
+    td.replaceChildren(draw());
+  });
+  return tr;
 }
 
 function render(rows) {
@@ -166,8 +186,14 @@ function render(rows) {
     }
   }
   const body = $("#experiments-rows");
-  body.replaceChildren(...(rows.length ? rows.map(rowOf)
-    : [h("tr", {}, h("td", { colspan: COLUMNS.length, class: "muted" }, "No experiment matches.")) ]));
+  const held = new Map([...body.querySelectorAll("tr[data-experiment]")].map((tr) => [tr.dataset.experiment, tr]));
+  const drawn = rows.map((row) => drawRow(held.get(row.id), row));
+  const order = (trs) => trs.map((tr) => tr.dataset.experiment ?? "").join(" ");
+  if (!rows.length) {
+    body.replaceChildren(h("tr", {}, h("td", { colspan: COLUMNS.length, class: "muted" }, "No experiment matches.")));
+  } else if (order([...body.children]) !== order(drawn)) {
+    body.replaceChildren(...drawn); // rows came, went or moved
+  }
   $("#experiments-count").textContent = `${rows.length} experiment${rows.length === 1 ? "" : "s"}`;
 }
 
@@ -182,6 +208,7 @@ async function refresh() {
     error.hidden = true;
     live(true);
     render(rows);
+    $("#experiments-rows").dataset.drawn = location.search; // the view these rows show (a hook for tests)
     if (!drawn) {
       drawn = true;
       performance.mark("trialbus:experiments");
