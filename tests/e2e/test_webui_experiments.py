@@ -105,6 +105,16 @@ def test_every_experiment_listed_filtered_sorted_and_acted_on(stack: Stack, open
     page.locator(row(running) + " button.resume").click()
     page.wait_for_selector(row(running, "RUNNING"))
     assert ui.rest("GET", f"/experiments/{running}").json()["status"] == "RUNNING"
+    # and the same on selected rows: the selection is in the URL too
+    page.get_by_label(f"Select experiment list-running ({running})").check()
+    page.wait_for_function("id => location.search.includes(`selected=${id}`)", arg=running)
+    assert page.locator("#experiments-bulk .bulk-resume").is_disabled()
+    page.get_by_role("button", name="Stop selected").click()
+    page.wait_for_selector(row(running, "STOPPED"))
+    page.get_by_role("button", name="Resume selected").click()
+    page.wait_for_selector(row(running, "RUNNING"))
+    page.get_by_label(f"Select experiment list-running ({running})").uncheck()
+    page.wait_for_function("() => !location.search.includes('selected=')")
     # a refusal is shown to the person (a running experiment cannot be deleted: the dispatcher says why)
     answer = page.evaluate(
         "async (id) => { const r = await fetch(`/api/experiments/${id}/delete`, {method: 'POST'});"
@@ -141,7 +151,8 @@ def test_every_experiment_listed_filtered_sorted_and_acted_on(stack: Stack, open
     seen, errors = open_page(ui, viewer)
     seen.wait_for_selector(row(running, "RUNNING"))
     seen.wait_for_selector(row(done))
-    assert seen.locator("#experiments-rows button").count() == 0
+    assert seen.locator("#experiments-rows button, #experiments-rows input").count() == 0
+    assert seen.locator("#experiments-bulk").is_hidden()
     assert seen.locator(row(done) + " a.export").count() == 2, "exporting is reading: viewers may"
     refused = seen.evaluate(
         "async (id) => (await fetch(`/api/experiments/${id}/stop`, {method: 'POST'})).status", running

@@ -20,11 +20,14 @@ const EXPERIMENT_STATUSES = ["RUNNING", "DONE", "STOPPED"];
 const TRIAL_STATUSES = ["WAITING", "RUNNING", "SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"];
 /** Column key → [heading, sort key (null: not sortable)]. */
 const COLUMNS = [
-  ["name", "Name", "name"], ["id", "Id", "id"], ["status", "Status", "status"], ["platform", "Platform", "platform"],
+  ["select", "Select", null], ["name", "Name", "name"], ["id", "Id", "id"], ["status", "Status", "status"], ["platform", "Platform", "platform"],
   ["owner", "Owner / team", "owner"], ["start", "Started", "start"], ["duration", "Duration", "duration"],
   ["best", "Best metric", "best"], ["trials", "Trials by status", "trials"], ["actions", "Actions", null],
 ];
 const FILTERS = ["q", "status", "platform", "team"];
+/** What each action does to a selection (its buttons act on the selected rows where it applies). */
+const APPLIES = { stop: (r) => r.status === "RUNNING", resume: (r) => r.status === "STOPPED", delete: (r) => r.status !== "RUNNING" };
+let shown = [];
 const $ = (selector) => document.querySelector(selector);
 
 let drawn = false, busy = false;
@@ -37,6 +40,7 @@ function view() {
     ...Object.fromEntries(FILTERS.map((name) => [name, params.get(name) ?? ""])),
     sort: params.get("sort") ?? "start",
     order: params.get("order") ?? (params.get("sort") ? "asc" : "desc"),
+    selected: params.get("selected") ?? "",
   };
 }
 
@@ -45,6 +49,7 @@ function setView(changes) {
   const next = { ...view(), ...changes };
   const params = new URLSearchParams();
   for (const name of FILTERS) if (next[name]) params.set(name, next[name]);
+  if (next.selected) params.set("selected", next.selected);
   if (next.sort !== "start" || next.order !== "desc") {
     params.set("sort", next.sort);
     params.set("order", next.order);
@@ -84,7 +89,13 @@ function build() {
   $("#all-experiments").replaceChildren(h("section", { class: "panel" },
     h("div", { class: "title" }, h("h1", {}, "All experiments"),
       h("span", { id: "experiments-count", class: "muted", role: "status" })),
-    form, h("p", { id: "experiments-error", class: "error", hidden: true }),
+    form, h("div", { id: "experiments-bulk", class: "row-actions", role: "group", "aria-label": "Selected experiments",
+      hidden: true },
+    h("span", { id: "experiments-selected", class: "muted" }),
+    ["stop", "resume", "delete"].map((action) => h("button", { type: "button", class: `bulk-${action}`,
+      onclick: () => (action === "delete" ? confirmDelete(selection()) : actOn(selection(), action)) },
+    `${action[0].toUpperCase()}${action.slice(1)} selected`))),
+    h("p", { id: "experiments-error", class: "error", hidden: true }),
     h("div", { class: "table-wrap" }, table)),
   h("dialog", { id: "confirm-delete", "aria-labelledby": "confirm-delete-title" },
     h("form", { method: "dialog" },
@@ -94,6 +105,39 @@ function build() {
       h("menu", {}, h("button", { id: "confirm-delete-no", value: "keep", type: "submit" }, "Keep it"),
         h("button", { id: "confirm-delete-yes", value: "delete", type: "submit", class: "danger" },
           "Delete experiment")))));
+}
+
+/** The selected experiments' ids (the URL's "selected"). */
+function selected() {
+  return new Set(view().selected.split(",").filter(Boolean));
+}
+
+/** The rows shown that are selected and that the person may change. */
+function selection() {
+  const ids = selected();
+  return shown.filter((r) => ids.has(r.id) && r.mayChange);
+}
+
+function select(id, on) {
+  const ids = selected();
+  if (on) ids.add(id);
+  else ids.delete(id);
+  setView({ selected: [...ids].join(",") });
+}
+
+/** The toolbar for the selected rows: shown where the person may change some row; each button
+ *  enabled where it applies to one of the selected rows. */
+function showSelection() {
+  const chosen = selection();
+  $("#experiments-bulk").hidden = !shown.some((r) => r.mayChange);
+  $("#experiments-selected").textContent = `${chosen.length} selected:`;
+  for (const [action, applies] of Object.entries(APPLIES)) {
+    $(`#experiments-bulk .bulk-${action}`).disabled = !chosen.some(applies);
+  }
+  const ids = selected();
+  for (const box of document.querySelectorAll("#experiments-rows input.select")) {
+    box.checked = ids.has(box.closest("tr").dataset.experiment);
+  }
 }
 
 function sortBy(sort) {
@@ -144,6 +188,9 @@ function cellsOf(row) {
   const owner = row.owner ? `${row.owner} (${row.team ?? "no team"})` : (row.team ?? "—");
   const duration = formatDuration(row.duration);
   return [
+    ["select", `${row.mayChange}`, () => (row.mayChange ? h("input", { type: "checkbox", class: "select",
+      "aria-label": `Select experiment ${row.name ? `${row.name} (${row.id})` : row.id}`,
+      onchange: (event) => select(row.id, event.target.checked) }) : "")],
     ["name", row.name, () => row.name || h("span", { class: "muted" }, "(unnamed)")],
     ["id", row.id, () => h("a", { href: `/experiments/${encodeURIComponent(row.id)}` }, row.id)],
     ["status", row.status, () => h("span", { class: "status", dataset: { status: row.status } }, row.status)],
@@ -195,6 +242,8 @@ function render(rows) {
     body.replaceChildren(...drawn); // rows came, went or moved
   }
   $("#experiments-count").textContent = `${rows.length} experiment${rows.length === 1 ? "" : "s"}`;
+  shown = rows;
+  showSelection();
 }
 
 async function refresh() {
@@ -238,10 +287,37 @@ async function act(row, action) {
   refresh();
 }
 
-function confirmDelete(row) {
+/** ``action`` on each of ``rows`` where it applies, one after the other; one message for all. */
+async function actOn(rows, action) {
+  const targets = rows.filter(APPLIES[action]);
+  const refused = [];
+  for (const row of targets) {
+    try {
+      await api("POST", `/api/experiments/${encodeURIComponent(row.id)}/${action}`);
+    } catch (problem) {
+      refused.push(problem.message);
+    }
+  }
+  const done = targets.length - refused.length;
+  const said = `${done} of ${targets.length} experiment${targets.length === 1 ? "" : "s"} ${PAST[action]}`;
+  toast(refused.length ? `${said}; ${refused[0]}` : said, refused.length > 0);
+  if (action === "delete") {
+    const ids = selected();
+    targets.forEach((r) => ids.delete(r.id));
+    setView({ selected: [...ids].join(",") });
+  } else {
+    refresh();
+  }
+}
+
+/** Delete ``rows`` (one, or the selected ones) once the person confirms. */
+function confirmDelete(rows) {
+  rows = [rows].flat().filter(APPLIES.delete);
+  if (!rows.length) return;
   const dialog = $("#confirm-delete");
-  $("#confirm-delete-id").textContent = row.id;
-  dialog.dataset.experiment = row.id;
+  $("#confirm-delete-title").textContent = rows.length === 1 ? "Delete the experiment?" : `Delete ${rows.length} experiments?`;
+  $("#confirm-delete-id").textContent = rows.map((r) => r.id).join(", ");
+  dialog.dataset.experiments = rows.map((r) => r.id).join(",");
   dialog.returnValue = ""; // Escape closes without setting it: never a stale "delete"
   dialog.showModal();
   $("#confirm-delete-no").focus();
@@ -255,7 +331,10 @@ export async function showExperiments() {
   document.title = "Trialbus — all experiments";
   const dialog = $("#confirm-delete");
   dialog.addEventListener("close", () => {
-    if (dialog.returnValue === "delete") act({ id: dialog.dataset.experiment }, "delete");
+    if (dialog.returnValue !== "delete") return;
+    const ids = dialog.dataset.experiments.split(",");
+    if (ids.length === 1) act({ id: ids[0] }, "delete");
+    else actOn(ids.map((id) => ({ id, status: "" })), "delete");
   });
   const tick = async () => {
     if (busy || document.hidden) return;
