@@ -10,8 +10,10 @@
 // download of the experiment's trials as JSON or CSV (trialbus experiment export's format).
 //
 // Hooks for tests: #experiments-rows tr[data-experiment][data-status] with td[data-column],
-// its counts li[data-status], buttons .stop/.resume/.delete, links a.export[data-format];
-// #experiments-count; #confirm-delete; the performance mark "trialbus:experiments".
+// its counts li[data-status][data-count], buttons .stop/.resume/.delete, input.select, links
+// a.export[data-format]; #experiments-rows[data-drawn] (the query string the rows show);
+// #experiments-bulk .bulk-stop/.bulk-resume/.bulk-delete; #experiments-count; #confirm-delete;
+// the performance mark "trialbus:experiments" (the first rows drawn).
 
 import { api, formatDuration, formatNumber, h, toast } from "./util.js";
 
