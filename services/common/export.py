@@ -1,4 +1,5 @@
-"""An experiment's trials as ``nnictl experiment export`` writes them, in JSON or CSV.
+"""An experiment's trials as ``nnictl experiment export`` writes them, in JSON or CSV: for
+``trialbus experiment export`` (through :mod:`trialbus.export`) and the web UI's download.
 
 NNI's export (``nnictl_utils.export_trials_data`` over the manager's ``/export-data``):
 

@@ -25,6 +25,7 @@ Only the export reads every trial of one experiment (O(n log n), asked for a dow
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -177,8 +178,9 @@ def routes(model: Model, dispatcher: Dispatcher, respond: Callable[[Any], Respon
         trials = list(model.trials_of.get(experiment_id, {}).values())  # a copy: the feed goes on meanwhile
         media_type, write = FORMATS[kind]
         text = await asyncio.to_thread(lambda: write(export.records(trials)))
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", experiment_id)  # an id from the bucket, never a header's quote
         headers = {
-            "Content-Disposition": f'attachment; filename="{experiment_id}-trials.{kind}"',
+            "Content-Disposition": f'attachment; filename="{name}-trials.{kind}"',
             "Cache-Control": "no-store",
         }
         return Response(text, media_type=media_type, headers=headers)
