@@ -25,14 +25,14 @@ async def test_the_chart_ranks_trials_at_a_step_and_compares_two(webui: Webui) -
             for i, t in enumerate(CURVES)
         ),
     )
-    await eventually(lambda: ok(webui, "/api/trials/D"))
+    await eventually(lambda: ok(webui, "/api/trials/D"), 20)
     for t, values in CURVES.items():
         for step, value in enumerate(values):
             await webui.metric(t, step, {"default": value, "loss": 1 - value})
 
     # When the chart is read without and with a step
     chart = await eventually(
-        lambda: json_if(webui, "/api/experiments/exp1/intermediate?trials=2", lambda b: b["reported"] == 4)
+        lambda: json_if(webui, "/api/experiments/exp1/intermediate?trials=2", lambda b: b["reported"] == 4), 20
     )
     ranked = (await webui.http.get("/api/experiments/exp1/intermediate?trials=2&step=1&top=4")).json()
 
@@ -64,7 +64,7 @@ async def test_minimize_ranks_the_lowest_first(webui: Webui) -> None:
         for step, value in enumerate(values):
             await webui.metric(t, step, value)
     ranked = await eventually(
-        lambda: json_if(webui, "/api/experiments/exp1/intermediate?step=1&top=2", lambda b: b["rankedOf"] == 4)
+        lambda: json_if(webui, "/api/experiments/exp1/intermediate?step=1&top=2", lambda b: b["rankedOf"] == 4), 20
     )
     assert [r["trialId"] for r in ranked["ranking"]] == ["D", "B"]
     assert [c["trialId"] for c in ranked["curves"]][:2] == ["A", "C"]
