@@ -154,6 +154,9 @@ class ExperimentState(Contract):
     #: before teams, which only an admin may change.
     owner: str | None = None
     team: str | None = None
+    #: Earlier results imported (``trialbus experiment import``): how many rows the ``imports`` bucket holds for
+    #: it. A change of it tells the tuner service to read them (services/dispatcher/imports.py).
+    imported: int = 0
 
     def run_time(self, now: datetime) -> timedelta:
         """How long it has run (to its end, or ``now``), the time it stood stopped left out: what
@@ -176,6 +179,7 @@ class ExperimentState(Contract):
                 "stopped_seconds",
                 "owner",
                 "team",
+                "imported",
             },
         )
         body["config"] = self.config.public_json()

@@ -80,6 +80,11 @@ CLAIMS_BUCKET = KeyValueConfig(bucket="claims", history=1, ttl=3600.0, storage=S
 USERS_BUCKET = KeyValueConfig(bucket="users", history=1, storage=StorageType.FILE)
 #: Teams' quotas and weights (contracts/teams.py), key = team; only the dispatcher writes them.
 TEAMS_BUCKET = KeyValueConfig(bucket="teams", history=1, storage=StorageType.FILE)
+#: Earlier results imported into an experiment (``trialbus experiment import``), key = experiment id, value = the
+#: JSON list of NNI's ``{"parameter", "value"}`` rows (services/dispatcher/imports.py); only the dispatcher writes
+#: them, the tuner service reads them. Apart from ``experiments`` so that a few thousand rows do not ride along with
+#: every write and watch of the experiment's state (which carries only their count).
+IMPORTS_BUCKET = KeyValueConfig(bucket="imports", history=1, storage=StorageType.FILE)
 BUCKETS = (
     EXPERIMENTS_BUCKET,
     TRIALS_BUCKET,
@@ -88,6 +93,7 @@ BUCKETS = (
     CLAIMS_BUCKET,
     USERS_BUCKET,
     TEAMS_BUCKET,
+    IMPORTS_BUCKET,
 )
 
 CODE_STORE = ObjectStoreConfig(bucket="code", description="trialCodeDirectory snapshots by sha256")

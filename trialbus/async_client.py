@@ -305,6 +305,12 @@ class AsyncClient:
         drives it again if it has a tuner. A RUNNING one is answered as it is; a DONE one is a 409."""
         return _parse(ExperimentView, await self._call("experiment.resume", {"id": experiment_id}))
 
+    async def import_results(self, experiment_id: str, data: list[Mapping[str, Any]]) -> ExperimentView:
+        """Import earlier results (nnictl experiment import): NNI's ``[{"parameter": {...}, "value": n}, ...]``.
+        The experiment's tuner learns from them before it proposes; a bad row is a 422 naming it, and then
+        nothing is imported. The answer's ``imported`` counts the results imported so far."""
+        return _parse(ExperimentView, await self._call("experiment.import", {"id": experiment_id, "data": list(data)}))
+
     async def delete_experiment(self, experiment_id: str) -> int:
         """Delete a stopped or done experiment with its trials, their events and metric records;
         how many trials it had. A running one is refused (409): stop it first."""

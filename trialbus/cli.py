@@ -22,7 +22,7 @@ from typing import Annotated
 import typer
 
 from trialbus import local
-from trialbus.commands import experiments, people, platforms, teams, top, trials, watch
+from trialbus.commands import experiments, imports, people, platforms, teams, top, trials, watch
 from trialbus.commands.common import Options
 from trialbus.commands.common import webui_url as _webui_url
 from trialbus.output import fail
@@ -116,6 +116,7 @@ app.command("down")(down_command)
 app.command("status")(status_command)
 
 # Experiments, trials, platforms.
+experiments.app.command("import")(imports.import_results)
 app.add_typer(experiments.app, name="experiment")
 app.add_typer(trials.app, name="trial")
 app.add_typer(platforms.app, name="platform")

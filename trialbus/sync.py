@@ -81,6 +81,9 @@ class Client:
     def delete_experiment(self, experiment_id: str) -> int:
         return self._run(self._client.delete_experiment(experiment_id))
 
+    def import_results(self, experiment_id: str, data: list[Mapping[str, Any]]) -> ExperimentView:
+        return self._run(self._client.import_results(experiment_id, data))
+
     def resume_experiment(self, experiment_id: str) -> ExperimentView:
         return self._run(self._client.resume_experiment(experiment_id))
 

@@ -182,6 +182,21 @@ def create_app(
         async with core.people.acting(caller, "experiment.delete", experiment_id=experiment_id):
             return await core.delete_experiment(experiment_id)
 
+    @api.post("/experiments/{experiment_id}/import", responses=doc.refusals(*CHANGE, 404, 413, 415))
+    async def import_results(experiment_id: str, request: Request, caller: Asker) -> dict:
+        """Import earlier results (nnictl experiment import): a JSON list of ``{"parameter", "value"}``; the
+        experiment's tuner learns from them before it proposes (services/dispatcher/imports.py)."""
+        require_content_type(request, "application/json")
+        try:
+            rows = orjson.loads(await body(request, settings.api_max_body))
+        except ValueError as exc:
+            raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+        core = dispatcher()
+        async with core.people.acting(caller, "experiment.import", experiment_id=experiment_id) as whose:
+            state = await core.import_results(experiment_id, rows)
+            whose.note = f"imported {len(rows)} results"
+            return core.experiment_view(state)
+
     @api.post(
         "/experiments/{experiment_id}/trials",
         status_code=201,

@@ -69,6 +69,13 @@ def _operations(core: Dispatcher) -> dict[str, Operation]:
         async with people.acting(caller, "experiment.resume", experiment_id=experiment_id):
             return core.experiment_view(await core.resume_experiment(experiment_id))
 
+    async def import_results(body: dict, caller: Caller) -> Any:
+        experiment_id = _text(body, "id")
+        async with people.acting(caller, "experiment.import", experiment_id=experiment_id) as whose:
+            state = await core.import_results(experiment_id, body.get("data"))
+            whose.note = f"imported {len(body['data'])} results"
+            return core.experiment_view(state)
+
     async def delete(body: dict, caller: Caller) -> Any:
         experiment_id = _text(body, "id")
         async with people.acting(caller, "experiment.delete", experiment_id=experiment_id):
@@ -145,6 +152,7 @@ def _operations(core: Dispatcher) -> dict[str, Operation]:
         "experiment.close": close,
         "experiment.resume": resume,
         "experiment.delete": delete,
+        "experiment.import": import_results,
         "trial.submit": submit,
         "trial.list": trial_page,
         "trial.get": lambda body, caller: sync(lambda: core.trial(_text(body, "id")).view()),

@@ -34,6 +34,7 @@ from services.dispatcher.ends import Ends
 from services.dispatcher.experiments import Experiments
 from services.dispatcher.failfast import FailFast
 from services.dispatcher.folds import MetricFold
+from services.dispatcher.imports import Imports
 from services.dispatcher.inputs import Inputs
 from services.dispatcher.liveness import Liveness
 from services.dispatcher.people import People
@@ -109,6 +110,8 @@ class Dispatcher:
             attempts=self.attempts,
             locks=self._locks,
         )
+        #: earlier results imported into experiments (:mod:`.imports`)
+        self.imports = Imports(bus=bus, store=store, locks=self._locks)
         self.retention = Retention(bus=bus, store=store, locks=self._locks, forget=self._forget)
         self.queries = Queries(bus, store, settings.control_timeout)
         #: users, who is asking, who may act, and the audit trail (:mod:`.people`)
@@ -157,7 +160,12 @@ class Dispatcher:
         return await self.experiments.resume(experiment_id)
 
     async def delete_experiment(self, experiment_id: str) -> dict[str, Any]:
-        return await self.retention.delete(experiment_id)
+        deleted = await self.retention.delete(experiment_id)
+        await self.imports.drop(experiment_id)
+        return deleted
+
+    async def import_results(self, experiment_id: str, rows: Any) -> ExperimentState:
+        return await self.imports.add(experiment_id, rows)
 
     # ------------------------------------------------------------------ trials
 

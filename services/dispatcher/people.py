@@ -71,6 +71,8 @@ class Whose:
     target: str | None = None
     experiment: str | None = None
     team: str | None = None
+    #: What was done, for the record of a change that succeeded ("imported 20 results"); None: nothing to add.
+    note: str | None = None
 
 
 class People:
@@ -162,7 +164,7 @@ class People:
         except ApiError as exc:
             await self.record(caller, action, whose, exc.status, exc.message)
             raise
-        await self.record(caller, action, whose, 200)
+        await self.record(caller, action, whose, 200, whose.note)
 
     async def record(self, caller: Caller, action: str, whose: Whose, status: int, message: str | None = None) -> None:
         if status == 200 and action in BATCHED:  # O(1): published with the others of its second

@@ -193,6 +193,11 @@ class NniAdvisor:
             )
         return key
 
+    def import_data(self, data: list[dict[str, Any]]) -> None:
+        """``handle_import_data``, as NNI's manager sends IMPORT_DATA."""
+        self._call("handle_import_data", data)
+        self._read()
+
     def forget(self, parameter_id: ParameterId) -> None:
         with self._lock:
             self._params.pop(parameter_id, None)

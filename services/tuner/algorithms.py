@@ -136,6 +136,39 @@ class Tuner:
         self._reseed = True
         return trial.number
 
+    def import_data(self, data: list[dict[str, Any]]) -> None:
+        """Earlier results as completed trials of the study (NNI's ``import_data``): TPE counts them among its
+        start-up trials and models them like its own. A row outside the search space (or with a metric that is no
+        number) cannot be modelled: skipped, and the skipped rows said in one warning. O(rows)."""
+        skipped: list[str] = []
+        for number, row in enumerate(data, 1):
+            params = row.get("parameter")
+            try:
+                if not isinstance(params, Mapping):
+                    raise ValueError("no parameter object")
+                optuna_params, distributions = locate(dict(params), self.space)
+                score = _number(row.get("value"))
+            except (ValueError, TypeError) as exc:
+                skipped.append(f"row {number} ({exc})")
+                continue
+            self.study.add_trial(
+                optuna.trial.create_trial(
+                    params=optuna_params,
+                    distributions=distributions,
+                    value=score,
+                    user_attrs={_PARAMETERS: dict(params)},
+                )
+            )
+            if self._points is not None:
+                self._seen.add(_key(dict(params)))
+        if skipped:
+            log.warning(
+                "%d of %d imported results are not modelled by the tuner: %s",
+                len(skipped),
+                len(data),
+                "; ".join(skipped[:5]) + ("; …" if len(skipped) > 5 else ""),
+            )
+
     def report(self, number: ParameterId, step: int, value: Metric, *, trial_id: str = "") -> None:
         """An intermediate result (``nni.report_intermediate_result``) at ``step``, for the pruner."""
         self._running[int(number)].report(_number(value), step)  # int: the numbers this tuner gave out

@@ -48,6 +48,7 @@ from services.common.api import ApiError, call
 from services.common.bus import Bus
 from services.common.logs import bind
 from services.common.tasks import cancel_and_wait, first_failure
+from services.tuner.imports import Reader
 from services.tuner.protocol import ClassFailed, ParameterId, Proposal, TrialEnd, TunerLike
 from services.tuner.threads import DaemonPool, spawn
 from services.tuner.trials import Ended
@@ -103,6 +104,7 @@ class Driver:
         tuner: TunerLike,
         trials: AsyncIterable[TrialState],
         api_timeout: float = 10.0,
+        imports: Reader | None = None,
     ) -> None:
         self.bus = bus
         self.state = state
@@ -129,6 +131,9 @@ class Driver:
         self._retry_at = 0.0
         #: ``propose(1)`` calls in progress (a ``multiThread`` tuner's), handled as "proposed" once they return.
         self._proposing: set[asyncio.Task[Proposal]] = set()
+        self._read_imports = imports  # the experiment's imported earlier results (services/tuner/imports.py)
+        #: How many of them the tuner was given (NNI's import_data): the state's ``imported`` beyond it are new.
+        self.imported = 0
         #: The threads tuner calls are made from: one call of the driver's at a time, and its proposals.
         self._threads = DaemonPool(1 + tuner.proposers, "tuner-driver")
 
@@ -195,6 +200,7 @@ class Driver:
                 )
 
     async def _drive(self) -> None:
+        await self._import()  # before anything else, as NNI's IMPORT_DATA comes before the first request
         if self._snapshot is not None:
             async for trial in self._snapshot:
                 await self._learn(trial, resumed=True)
@@ -224,10 +230,21 @@ class Driver:
         elif kind == "experiment":
             self.state = item
             self.no_more = self.no_more or item.no_more_trials
+            await self._import()  # results imported while it runs: told before the next proposals
         elif kind == "proposed":
             await self._proposed(item)
         elif kind == "ended":
             self._ending = self.no_more = True
+
+    async def _import(self) -> None:
+        """Tell the tuner the imported results it has not had yet (the state counts them), in import order."""
+        if self._read_imports is None or self.state.imported <= self.imported:
+            return
+        rows = await self._read_imports()
+        new, self.imported = rows[self.imported :], max(self.imported, len(rows))
+        if new:
+            await self._call(self.tuner.import_data, new)
+            log.info("experiment %s: the tuner learnt from %d imported results", self.experiment_id, len(new))
 
     def _settled(self) -> bool:
         """Every trial ended and told (after the experiment did: nothing more for the tuner)."""

@@ -181,6 +181,10 @@ class NniTuner:
             (self._resumed if resumed else self._customized).add(key)
         return key
 
+    def import_data(self, data: list[dict[str, Any]]) -> None:
+        """The class's own ``import_data``, as NNI's dispatcher calls it on IMPORT_DATA."""
+        self.calls.one("import_data", self.instance.import_data, data)
+
     def forget(self, parameter_id: ParameterId) -> None:
         with self._lock:
             self._params.pop(parameter_id, None)
@@ -260,6 +264,9 @@ class NniAssessor:
 
     def adopt(self, params: Parameters, parameter_id: ParameterId | None, *, resumed: bool) -> ParameterId:
         return self.tuner.adopt(params, parameter_id, resumed=resumed)
+
+    def import_data(self, data: list[dict[str, Any]]) -> None:
+        self.tuner.import_data(data)
 
     def forget(self, parameter_id: ParameterId) -> None:
         self.tuner.forget(parameter_id)

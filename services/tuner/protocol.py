@@ -7,10 +7,11 @@ The types they share live here so that none of them imports another.
 
 Call order, per experiment, all from one driver task (never two calls at once, but for the :meth:`TunerLike.propose`
 calls of a tuner with :attr:`TunerLike.proposers`; a class may still run its own calls on several threads, see
-``multiThread`` in :mod:`services.tuner.calls`): :meth:`TunerLike.adopt` for the trials already on the bus, then any
-mix of :meth:`TunerLike.propose`, :meth:`TunerLike.report`, :meth:`TunerLike.should_prune`, :meth:`TunerLike.finish`
-(each trial once) and :meth:`TunerLike.forget`, and :meth:`TunerLike.close` last, once no call is in progress (or
-after a grace period, for a call that does not return).
+``multiThread`` in :mod:`services.tuner.calls`): :meth:`TunerLike.import_data` for the experiment's imported earlier
+results (before anything else, and again when more are imported), :meth:`TunerLike.adopt` for the trials already on
+the bus, then any mix of :meth:`TunerLike.propose`, :meth:`TunerLike.report`, :meth:`TunerLike.should_prune`,
+:meth:`TunerLike.finish` (each trial once) and :meth:`TunerLike.forget`, and :meth:`TunerLike.close` last, once no
+call is in progress (or after a grace period, for a call that does not return).
 """
 
 from __future__ import annotations
@@ -112,6 +113,12 @@ class TunerLike(Protocol):
 
         :raises ValueError: it cannot be modelled (outside the search space): the trial is then left alone.
         """
+        ...
+
+    def import_data(self, data: list[dict[str, Any]]) -> None:
+        """Earlier results (``trialbus experiment import``, NNI's ``import_data``): completed trials as
+        ``[{"parameter": {...}, "value": <number or {"default": n, ...}>}, ...]``, learnt from as if they had run
+        here, before the proposals that follow."""
         ...
 
     def forget(self, parameter_id: ParameterId) -> None:

@@ -43,6 +43,7 @@ from services.common.lifecycle import Service
 from services.common.tasks import cancel_and_wait
 from services.tuner.choose import for_experiment
 from services.tuner.driver import Driver, stop_experiment
+from services.tuner.imports import reader
 from services.tuner.protocol import ClassFailed
 from services.tuner.settings import TunerSettings
 from services.tuner.trials import experiment_of, follow, of_experiment
@@ -214,6 +215,7 @@ class TunerService(Service):
             tuner,
             of_experiment(self._bus, state.id, self.settings.tuner_api_timeout),
             self.settings.tuner_api_timeout,
+            imports=reader(self._bus, state.id),
         )
         self.drivers[state.id] = driver
         await self._follow_while_driving()  # before the driver reads its trials
