@@ -318,3 +318,13 @@ def test_an_assessor_judges_ordered_histories_without_gaps_as_nni_does(code: Pat
     driven.finish([(number, TrialEnd("t0", TrialStatus.EARLY_STOPPED))])
     assert judge.seen == [("t0", [1.0]), ("t0", [1.0, 2.0, 3.0]), ("end", "t0", False)]
     driven.close(ended=True)
+
+
+def test_imported_results_reach_the_class_as_nni_passes_them(code: Path) -> None:
+    driven, calls = recorder(code)
+    rows = [{"parameter": {"x": 3}, "value": 0.5}, {"parameter": {"x": 4}, "value": {"default": 0.7, "loss": 1}}]
+    driven.import_data(rows)  # the driver's first call, before any proposal (NNI's IMPORT_DATA)
+    driven.propose(1)
+    assert calls[1] == ("import_data", rows)
+    assert calls[2][:2] == ("generate_parameters", 0)  # the tuner's own ids are not used up by the imported
+    driven.close(ended=True)
