@@ -158,6 +158,8 @@ def test_imported_results_reach_tpe_before_its_first_proposals(tmp_path: Path, n
             422,
             "row 1: value must be a finite number",
         )
+        many = [{"parameter": {"x": 0.5}, "value": 0}] * 20_001  # a cap, said with the figures
+        refused(stack.rest("POST", f"/experiments/{plain}/import", json=many), 413, "at most 20000 rows")
         assert imported(stack, plain) == 0
 
         # And only the experiment's team may import: another team's member and a viewer get 403
