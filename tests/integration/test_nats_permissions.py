@@ -411,6 +411,19 @@ async def test_the_remote_adapter_alone_keeps_checkpoint_copies(connect, dispatc
     await remote.refused("publish", "$O.code.M.x")
 
 
+async def test_the_dispatcher_keeps_imported_results_and_the_tuner_reads_them(connect, dispatcher: User):
+    # Given results imported into an experiment, as the dispatcher keeps them (services/dispatcher/imports.py)
+    rows = b'[{"parameter": {"x": 0.9}, "value": 1.0}]'
+    await (await dispatcher.nc.jetstream().key_value(streams.IMPORTS_BUCKET.bucket)).put("e1", rows)
+    # When the tuner service reads them as a driver does (services/tuner/imports.py)
+    tuner = await connect("tuner")
+    kv = await Bus(tuner.nc, tuner.nc.jetstream()).kv(streams.IMPORTS_BUCKET.bucket)
+    # then it may, and may not write them
+    assert (await kv.get("e1")).value == rows
+    await tuner.nc.publish("$KV.imports.e1", b"[]")
+    await tuner.refused("publish", "$KV.imports.e1")
+
+
 async def test_a_wrong_password_or_none_is_refused(server: AuthNatsServer):
     # (a connection that is no service's goes to the auth callout, and here no dispatcher answers it:
     # the server refuses it once its callout times out, which may take longer than nats-py's default
