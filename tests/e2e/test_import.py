@@ -9,6 +9,7 @@ random over [0, 1] (mean distance to 0.9 about 0.5).
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import os
@@ -18,7 +19,10 @@ import textwrap
 from pathlib import Path
 
 import httpx
+import nats
+from nats.js.errors import KeyNotFoundError
 
+from contracts import streams
 from tests.e2e.helpers import wait_until
 from tests.fixtures.stack import Stack
 
@@ -86,6 +90,19 @@ def proposals(stack: Stack, experiment_id: str, count: int) -> list[float]:
     return [t["parameters"]["x"] for t in sorted(found, key=lambda t: t["sequenceId"])[:count]]
 
 
+async def stored_rows(stack: Stack, experiment_id: str) -> list | None:
+    """The imported rows the bus keeps for the experiment (the ``imports`` bucket), or None."""
+    nc = await nats.connect(stack.nats.url)
+    try:
+        kv = await nc.jetstream().key_value(streams.IMPORTS_BUCKET.bucket)
+        try:
+            return json.loads((await kv.get(experiment_id)).value)
+        except KeyNotFoundError:
+            return None
+    finally:
+        await nc.close()
+
+
 def distance(xs: list[float]) -> float:
     return sum(abs(x - PEAK) for x in xs) / len(xs)
 
@@ -107,7 +124,7 @@ def test_imported_results_reach_tpe_before_its_first_proposals(tmp_path: Path, n
     stack.start("dispatcher", "gateway", "adapter")
     try:
         code = code_dir(tmp_path)
-        ana = add_user(stack, "ana", "vision")
+        ana = add_user(stack, "ana", "vision")  # from_json is hers; the admin imports into it
         bo = add_user(stack, "bo", "nlp")
         vic = add_user(stack, "vic", "vision", "viewer")
         plain = create(stack, config(code, 4, 4))
@@ -182,7 +199,12 @@ def test_imported_results_reach_tpe_before_its_first_proposals(tmp_path: Path, n
         assert distance(first[plain]) > distance(first[from_json]) + 0.2, first
         # And the CSV's rows are the JSON's: the same seed proposes the same points from them
         assert first[from_csv] == first[from_json], first
-        assert ana  # (her experiment, from_json, was imported into by the admin)
+
+        # And a deleted experiment's imported results go with it
+        wait_until(lambda: stack.rest("GET", f"/experiments/{from_json}").json()["status"] == "DONE", 60, "DONE")
+        assert stack.rest("POST", f"/experiments/{from_json}/delete").status_code == 200
+        assert asyncio.run(stored_rows(stack, from_json)) is None
+        assert asyncio.run(stored_rows(stack, from_csv)) == ROWS
     finally:
         stack.stop()
 
