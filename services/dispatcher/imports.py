@@ -24,6 +24,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import nats.errors
 import orjson
 from nats.js.errors import KeyNotFoundError
 
@@ -109,6 +110,9 @@ class Imports:
         return state
 
     async def drop(self, experiment_id: str) -> None:
-        """A deleted experiment's imported results go with it."""
-        kv = await self._bus.kv(streams.bucket_name(streams.IMPORTS_BUCKET))
-        await kv.purge(experiment_id)
+        """A deleted experiment's imported results go with it (the delete is done: a failure is only logged)."""
+        try:
+            kv = await self._bus.kv(streams.bucket_name(streams.IMPORTS_BUCKET))
+            await kv.purge(experiment_id)
+        except nats.errors.Error as exc:
+            log.warning("experiment %s: its imported results could not be purged: %s", experiment_id, exc)
