@@ -147,7 +147,10 @@ class Tuner:
                 if not isinstance(params, Mapping):
                     raise ValueError("no parameter object")
                 optuna_params, distributions = locate(dict(params), self.space)
-                score = _number(row.get("value"))
+                value = row.get("value")
+                if value is None:
+                    raise ValueError("no value")
+                score = _number(value)
             except (ValueError, TypeError) as exc:
                 skipped.append(f"row {number} ({exc})")
                 continue
