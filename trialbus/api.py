@@ -55,6 +55,14 @@ class ExperimentView(ExperimentState):
     best_trials: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class ExperimentUpdate(NamedTuple):
+    """What a change of a running experiment did (``update_experiment``)."""
+
+    experiment: ExperimentView
+    #: What changed, camelCase: ``{"trialConcurrency": (2, 4)}``; a value given as it was is left out.
+    changes: dict[str, tuple[Any, Any]]
+
+
 class TrialPage(NamedTuple):
     """One page of an experiment's trials; pass ``next_cursor`` back for the next (None: the last)."""
 

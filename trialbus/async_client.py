@@ -26,7 +26,7 @@ from contracts.people import token_key, token_name
 from contracts.streams import EVENTS, METRICS, stream_name
 from services.common.code import CodeUpload, upload_code
 from trialbus import local
-from trialbus.api import ExperimentView, SubmittedTrial, TrialbusError, TrialMetric, TrialPage
+from trialbus.api import ExperimentUpdate, ExperimentView, SubmittedTrial, TrialbusError, TrialMetric, TrialPage
 from trialbus.api import parse as _parse
 from trialbus.configs import as_config
 from trialbus.follow import follow, unique
@@ -310,6 +310,15 @@ class AsyncClient:
         The experiment's tuner learns from them before it proposes; a bad row is a 422 naming it, and then
         nothing is imported. The answer's ``imported`` counts the results imported so far."""
         return _parse(ExperimentView, await self._call("experiment.import", {"id": experiment_id, "data": list(data)}))
+    async def update_experiment(self, experiment_id: str, **changes: Any) -> ExperimentUpdate:
+        """Change a running experiment (nnictl update): ``trial_concurrency``, ``max_trial_number``,
+        ``max_experiment_duration`` (seconds or ``"2h"``) and ``search_space``, or their camelCase
+        names; the dispatcher and the tuner service act on it at once. A bad value is a 422 and
+        changes nothing; an ended experiment is a 409."""
+        body = {"id": experiment_id, "changes": {_camel(name): value for name, value in changes.items()}}
+        result = await self._call("experiment.update", body)
+        moved = {name: (change.get("from"), change.get("to")) for name, change in result.get("changes", {}).items()}
+        return ExperimentUpdate(_parse(ExperimentView, result.get("experiment")), moved)
 
     async def delete_experiment(self, experiment_id: str) -> int:
         """Delete a stopped or done experiment with its trials, their events and metric records;
@@ -479,3 +488,9 @@ class AsyncClient:
     ) -> TrialOutcome:
         """Wait until the trial ended; its final status and FINAL metric."""
         return await self._await(trial_id, experiment_id, timeout, final=False)
+
+
+def _camel(name: str) -> str:
+    """``trial_concurrency`` → ``trialConcurrency`` (camelCase names pass as they are)."""
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)

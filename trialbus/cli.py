@@ -23,6 +23,7 @@ import typer
 
 from trialbus import local
 from trialbus.commands import experiments, imports, people, platforms, teams, top, trials, watch
+from trialbus.commands import update as update_commands
 from trialbus.commands.common import Options
 from trialbus.commands.common import webui_url as _webui_url
 from trialbus.output import fail
@@ -127,6 +128,7 @@ app.add_typer(teams.app, name="team")
 app.command("queue")(teams.queue)
 app.add_typer(trials.log_app, name="log")
 app.command("watch")(watch.watch)
+app.add_typer(update_commands.app, name="update")
 
 # nnictl's top-level habits.
 app.command("create")(experiments.create)

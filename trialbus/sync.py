@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from contracts import ExperimentConfig, MetricRecord, PlatformStatus, TrialEvent, TrialState, TrialStatus
 from services.common.code import CodeUpload
-from trialbus.api import ExperimentView, SubmittedTrial, TrialMetric, TrialPage
+from trialbus.api import ExperimentUpdate, ExperimentView, SubmittedTrial, TrialMetric, TrialPage
 from trialbus.watcher import TrialOutcome
 
 T = TypeVar("T")
@@ -86,6 +86,9 @@ class Client:
 
     def resume_experiment(self, experiment_id: str) -> ExperimentView:
         return self._run(self._client.resume_experiment(experiment_id))
+
+    def update_experiment(self, experiment_id: str, **changes: Any) -> ExperimentUpdate:
+        return self._run(self._client.update_experiment(experiment_id, **changes))
 
     def submit_trial(
         self, experiment_id: str, parameters: Mapping[str, Any], parameter_id: int | str | None = None

@@ -25,7 +25,7 @@ from services.common.api import ApiError
 from services.common.auth import Access, AccessDenied, require_content_type
 from services.common.bus import Bus
 from services.common.http import health_routes
-from services.dispatcher import history
+from services.dispatcher import history, updates
 from services.dispatcher import openapi as spec
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.openapi import CHANGE, CODE_TYPES, READ
@@ -173,6 +173,16 @@ def create_app(
         core = dispatcher()
         async with core.people.acting(caller, "experiment.resume", experiment_id=experiment_id):
             return core.experiment_view(await core.resume_experiment(experiment_id))
+
+    @api.patch("/experiments/{experiment_id}", responses=doc.refusals(*CHANGE, 404, 409, 413, 415))
+    async def update_experiment(experiment_id: str, request: Request, caller: Asker) -> dict:
+        """Change a RUNNING (or STOPPED) experiment's trialConcurrency, maxTrialNumber, maxExperimentDuration
+        or searchSpace (nnictl update), acted on at once; 422 names a bad value and changes nothing."""
+        core, data = dispatcher(), await json_body(request)
+        async with core.people.acting(caller, "experiment.update", experiment_id=experiment_id) as whose:
+            state, changed = await core.update_experiment(experiment_id, data)
+            whose.note = updates.describe(changed)
+        return updates.answer(core.experiment_view(state), changed)
 
     @api.post("/experiments/{experiment_id}/delete", responses=doc.refusals(*CHANGE, 404, 409))
     async def delete_experiment(experiment_id: str, caller: Asker) -> dict:

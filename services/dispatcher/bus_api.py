@@ -33,7 +33,7 @@ from contracts.people import ADMIN, Caller
 from services.common import platforms
 from services.common.api import ApiError
 from services.common.bus import Bus
-from services.dispatcher import history
+from services.dispatcher import history, updates
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.queries import PAGE_DEFAULT
 
@@ -75,6 +75,12 @@ def _operations(core: Dispatcher) -> dict[str, Operation]:
             state = await core.import_results(experiment_id, body.get("data"))
             whose.note = f"imported {len(body['data'])} results"
             return core.experiment_view(state)
+    async def update(body: dict, caller: Caller) -> Any:
+        experiment_id = _text(body, "id")
+        async with people.acting(caller, "experiment.update", experiment_id=experiment_id) as whose:
+            state, changed = await core.update_experiment(experiment_id, body.get("changes"))
+            whose.note = updates.describe(changed)
+        return updates.answer(core.experiment_view(state), changed)
 
     async def delete(body: dict, caller: Caller) -> Any:
         experiment_id = _text(body, "id")
@@ -153,6 +159,7 @@ def _operations(core: Dispatcher) -> dict[str, Operation]:
         "experiment.resume": resume,
         "experiment.delete": delete,
         "experiment.import": import_results,
+        "experiment.update": update,
         "trial.submit": submit,
         "trial.list": trial_page,
         "trial.get": lambda body, caller: sync(lambda: core.trial(_text(body, "id")).view()),

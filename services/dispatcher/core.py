@@ -9,7 +9,8 @@ Guarantees:
 All mutations of one experiment run under that experiment's lock (one table, handed to every
 part that changes state). The parts, each owning its state and built here with what it needs:
 queues and slots (:mod:`.slots`), trials' ends and cancels (:mod:`.ends`, :mod:`.cancels`),
-attempts (:mod:`.attempts`), submits (:mod:`.submissions`), experiments (:mod:`.experiments`),
+attempts (:mod:`.attempts`), submits (:mod:`.submissions`), experiments (:mod:`.experiments`) and their
+changes while they run (:mod:`.updates`),
 events and metric records from the bus (:mod:`.inputs`), what depends on time (:mod:`.sweep`),
 deletes (:mod:`.retention`), the reads (:mod:`.queries`), silent trials (:mod:`.liveness`),
 the fail-fast guard (:mod:`.failfast`), the people who may act (:mod:`.people`) and the teams'
@@ -46,6 +47,7 @@ from services.dispatcher.store import StateStore
 from services.dispatcher.submissions import Submissions
 from services.dispatcher.sweep import Sweep
 from services.dispatcher.teams import Teams
+from services.dispatcher.updates import Updates
 
 
 class Dispatcher:
@@ -89,6 +91,8 @@ class Dispatcher:
             locks=self._locks,
             check_timeout=settings.check_timeout,
         )
+        #: changes of a running experiment's limits and search space (:mod:`.updates`)
+        self.updates = Updates(store=store, slots=self.slots, ends=self.ends, locks=self._locks)
         self.inputs = Inputs(
             bus=bus,
             store=store,
@@ -158,6 +162,9 @@ class Dispatcher:
 
     async def resume_experiment(self, experiment_id: str) -> ExperimentState:
         return await self.experiments.resume(experiment_id)
+
+    async def update_experiment(self, experiment_id: str, data: Any) -> tuple[ExperimentState, dict[str, Any]]:
+        return await self.updates.update(experiment_id, data)
 
     async def delete_experiment(self, experiment_id: str) -> dict[str, Any]:
         deleted = await self.retention.delete(experiment_id)

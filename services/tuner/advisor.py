@@ -202,6 +202,11 @@ class NniAdvisor:
         with self._lock:
             self._params.pop(parameter_id, None)
 
+    def update_search_space(self, search_space: Mapping[str, Any]) -> None:
+        """The search space changed: NNI's ``handle_update_search_space``, as its manager sends it."""
+        self.calls.one("handle_update_search_space", self.instance.handle_update_search_space, dict(search_space))
+        self._read()
+
     def _metric(self, key: ParameterId, trial_id: str, kind: str, sequence: int, value: Any) -> dict[str, Any]:
         return {
             "parameter_id": key,

@@ -55,7 +55,7 @@ from contracts import TrialStatus
 from services.tuner import builtins
 from services.tuner.history import DEFAULT_KEEP_LAST, History
 from services.tuner.protocol import Metric, NoMoreTrials, ParameterId, Proposal, TrialEnd
-from services.tuner.space import Grid, Parameters, SearchSpace, grid, locate, suggest
+from services.tuner.space import Grid, Parameters, SearchSpace, grid, locate, parse_search_space, suggest
 
 __all__ = ["DEFAULT_KEEP_LAST", "NoMoreTrials", "Tuner", "assessor", "build", "tuner"]
 
@@ -83,8 +83,9 @@ class Tuner:
         self._running: dict[int, Trial] = {}
         self._reported: set[int] = set()  # running trials that reported an intermediate result
         self._position = 0  # GridSearch's position in its grid
-        self._seen: set[str] = set()  # GridSearch: adopted points, not proposed again
+        self._seen: set[str] = set()  # GridSearch: adopted and proposed points, not proposed again
         self._reseed = False
+        self._spaces = 0  # search spaces handed over since the start (update_search_space)
 
     def ask(self) -> tuple[int, Parameters]:
         """A new trial's number and parameters, in the shape ``nni.get_next_parameter()`` returns.
@@ -103,6 +104,7 @@ class Tuner:
         if self._points is not None:
             params = self._points[self._position]
             self._position += 1
+            self._seen.add(_key(params))  # not proposed again from a new space's grid (O(grid) in all)
         else:
             params = suggest(trial, self.space)
         trial.set_user_attr(_PARAMETERS, params)
@@ -207,6 +209,20 @@ class Tuner:
             except (ValueError, TypeError) as exc:
                 log.warning("trial %s: final result %r not used by the tuner: %s", end.trial_id, value, exc)
                 self.tell(int(number), None)
+
+    def update_search_space(self, search_space: Mapping[str, Any]) -> None:
+        """NNI's ``update_search_space``: the next proposals come from ``search_space``. The study keeps what it
+        learned (Optuna's samplers take a changed space trial by trial); GridSearch walks the new space's grid from
+        its first point, leaving out the points already run. The new space's Optuna parameters are named apart
+        from the old ones' (Optuna refuses a choice's new options under its old name), so the samplers learn it
+        afresh, as NNI's tuners do.
+
+        :raises SearchSpaceError: a space this tuner cannot search; the tuner is unchanged.
+        """
+        points = grid(parse_search_space(search_space)) if self._points is not None else None  # clean error paths
+        self._spaces += 1
+        self.space = parse_search_space(search_space, prefix=f"{self._spaces}:")
+        self._points, self._position = points, 0
 
     def forget(self, number: ParameterId) -> None:
         """A proposal that never ran counts as a failed trial."""

@@ -228,6 +228,8 @@ class Driver:
         elif kind == "replayed":
             await self._caught_up()
         elif kind == "experiment":
+            if item.config.search_space is not None and item.config.search_space != self.state.config.search_space:
+                await self._new_space(item.config.search_space)
             self.state = item
             self.no_more = self.no_more or item.no_more_trials
             await self._import()  # results imported while it runs: told before the next proposals
@@ -245,6 +247,17 @@ class Driver:
         if new:
             await self._call(self.tuner.import_data, new)
             log.info("experiment %s: the tuner learnt from %d imported results", self.experiment_id, len(new))
+    async def _new_space(self, search_space: dict[str, Any]) -> None:
+        """The search space changed (``trialbus update``): the tuner gets it before it proposes again. One it
+        cannot search is logged and the old one kept; a user's class that raises stops the experiment."""
+        try:
+            await self._call(self.tuner.update_search_space, search_space)
+        except ValueError as exc:
+            log.warning(
+                "experiment %s: the new search space is not used, the tuner keeps its own: %s", self.experiment_id, exc
+            )
+            return
+        log.info("experiment %s: the tuner has the new search space (%s)", self.experiment_id, ", ".join(search_space))
 
     def _settled(self) -> bool:
         """Every trial ended and told (after the experiment did: nothing more for the tuner)."""

@@ -189,6 +189,10 @@ class NniTuner:
         with self._lock:
             self._params.pop(parameter_id, None)
 
+    def update_search_space(self, search_space: Mapping[str, Any]) -> None:
+        """The search space changed (``trialbus update searchspace``): NNI's call, as its manager makes it."""
+        self.calls.one("update_search_space", self.instance.update_search_space, search_space)
+
     def report(self, parameter_id: ParameterId, step: int, value: Metric, *, trial_id: str) -> None:
         """NNI's tuners see final results only."""
 
@@ -270,6 +274,9 @@ class NniAssessor:
 
     def forget(self, parameter_id: ParameterId) -> None:
         self.tuner.forget(parameter_id)
+
+    def update_search_space(self, search_space: Mapping[str, Any]) -> None:
+        self.tuner.update_search_space(search_space)
 
     def report(self, parameter_id: ParameterId, step: int, value: Metric, *, trial_id: str) -> None:
         self._history.setdefault(trial_id, {})[step] = value

@@ -126,6 +126,14 @@ class TunerLike(Protocol):
         ended)."""
         ...
 
+    def update_search_space(self, search_space: Mapping[str, Any]) -> None:
+        """The experiment's search space changed while it runs (NNI's ``update_search_space``): the next
+        proposals come from it.
+
+        :raises ValueError: a space this tuner cannot search (it keeps the one it had).
+        """
+        ...
+
     def report(self, parameter_id: ParameterId, step: int, value: Metric, /, *, trial_id: str) -> None:
         """An intermediate result (``nni.report_intermediate_result``), numbered from 0 by the trial."""
         ...

@@ -208,11 +208,13 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and abs(x) <= sys.float_info.max  # no nan, inf
 
 
-def parse_search_space(raw: Any) -> SearchSpace:
-    """Validate an NNI search space (the JSON object) and type it; :class:`SearchSpaceError` names the path."""
+def parse_search_space(raw: Any, *, prefix: str = "") -> SearchSpace:
+    """Validate an NNI search space (the JSON object) and type it; :class:`SearchSpaceError` names the path.
+    ``prefix`` goes before every Optuna parameter name (the paths), never before the names trials see: a space
+    changed while a study runs gets names of its own, as Optuna refuses new choices under an old name."""
     if not isinstance(raw, Mapping):
         raise SearchSpaceError(f"a search space is a JSON object of parameters, got {_show(raw)}")
-    space = _parse_space(raw, prefix="")
+    space = _parse_space(raw, prefix=prefix)
     paths = list(_paths(space))
     if twice := next((path for path in paths if paths.count(path) > 1), None):
         raise _error(twice, "two parameters have this path (the Optuna parameter name); rename one")
