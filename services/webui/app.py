@@ -18,6 +18,7 @@ API (JSON; every refusal is ``{"error": "<what to do>"}`` with a 4xx/5xx status)
     GET  /api/experiments/{id}/chart?points=n   the overview chart: final metrics by trial number, at
                                                 most n points, extremes kept (:mod:`services.webui.finals`)
     POST /api/experiments/{id}/stop             stop it (the dispatcher's answer, relayed)
+    PATCH /api/experiments/{id}                 change its limits and search space (:mod:`.edits`)
     GET  /api/trials/{id}                       one trial's row
     GET  /api/trials/{id}/metrics[?points=n]    its metric records (history); at most n intermediate
                                                 results per attempt, extremes kept, with ``points``
@@ -71,6 +72,7 @@ from services.common.http import health_routes
 from services.webui import curves, experiments, queries
 from services.webui import openapi as spec
 from services.webui.actions import Dispatcher, Refused
+from services.webui.edits import add_edit_routes
 from services.webui.hub import KEEPALIVE, RETRY, Hub, frame
 from services.webui.intermediate import Intermediates
 from services.webui.intermediate_api import routes as intermediate_routes
@@ -487,6 +489,7 @@ def create_app(
 
     api.include_router(intermediate_routes(model, intermediates or Intermediates()))
     api.include_router(experiments.routes(model, dispatcher, json_response))
+    add_edit_routes(api, dispatcher, json_response)  # PATCH /api/experiments/{id}: edit a running experiment
     app.include_router(pages)
     app.include_router(api)
     return app

@@ -18,6 +18,7 @@ import { Compare } from "./compare.js";
 import { AllCurves } from "./curves.js";
 import { TrialDetail } from "./detail.js";
 import { showExperiments } from "./experiments.js";
+import { setUpEdit } from "./edit.js";
 import { showQueue } from "./queue.js";
 import { TrialTable } from "./table.js";
 import { STATUSES, api, formatDuration, formatNumber, h, secondsBetween, toast } from "./util.js";
@@ -44,6 +45,7 @@ const rows = new TrialRows(() => {
 const table = new TrialTable($("#trials"), rows, { onSelect: select, onCancel: cancel, onCheck: () => compare.changed() });
 const curves = new AllCurves();
 const compare = new Compare(table);
+const editor = setUpEdit($("#edit-experiment"), () => state.experiment); // edit.js: the Edit dialog
 const detail = new TrialDetail($("#trial-detail"), {
   onCancel: cancel, onRetry: retry, onClose: () => table.select(null),
 });
@@ -215,6 +217,8 @@ function renderOverview() {
   $("#stop-experiment").disabled = experiment.status !== "RUNNING";
   const may = mayChange(experiment);
   $("#stop-experiment").hidden = !may;
+  Object.assign($("#edit-experiment"), { hidden: !may, disabled: !["RUNNING", "STOPPED"].includes(experiment.status) });
+  editor.restore();
   if (table.mayChange !== may) {
     table.mayChange = may;
     table.draw();
