@@ -209,14 +209,18 @@ class TunerService(Service):
             self._loading.discard(state.id)
         # Not kept: it ended while the tuner was built. The driver then tells the tuner the ends and closes it.
         latest = self.experiments.get(state.id) or state.model_copy(update={"status": ExperimentStatus.STOPPED})
+        built = state.config.search_space
+        changed = latest.config.search_space != built  # `trialbus update searchspace` while the tuner was built
         driver = Driver(
             self._bus,
-            latest,
+            latest.model_copy(update={"config": latest.config.model_copy(update={"search_space": built})}),
             tuner,
             of_experiment(self._bus, state.id, self.settings.tuner_api_timeout),
             self.settings.tuner_api_timeout,
             imports=reader(self._bus, state.id),
         )
+        if changed:
+            driver.on_experiment(latest)  # the tuner gets the new space before it proposes
         self.drivers[state.id] = driver
         await self._follow_while_driving()  # before the driver reads its trials
         await driver.start()
