@@ -158,9 +158,16 @@ def test_trialbus_update_searchspace_changes_what_the_tuner_proposes_next(tuned:
     assert [t["parameters"]["x"] in (100, 200) for t in later] == [True] * 3, later
     assert all(t["parameters"]["x"] in (1, 2, 3) for t in trials()[:2])
 
-    # nnictl's spelling, and the line the CLI prints
+    # nnictl's spelling, and the line the CLI prints; the tuner then keeps two trials in flight
     done = run_cli(tuned, "update", "concurrency", experiment, "--value", "2")
     assert done.returncode == 0 and f"experiment {experiment}: trialConcurrency 1 → 2" in done.stdout, done.stderr
+    since = len(trials())
+
+    def two_at_once() -> bool:
+        ran = sorted((t for t in trials()[since:] if t["endTime"]), key=lambda t: t["startTime"])
+        return any(b["startTime"] < a["endTime"] for a, b in zip(ran, ran[1:], strict=False))
+
+    wait_until(two_at_once, 30, "two trials running at once")
     done = run_cli(tuned, "update", "duration", experiment, "2h")
     assert "maxExperimentDuration none → 7200" in done.stdout, done.stdout + done.stderr
     done = run_cli(tuned, "update", "trialnum", experiment, "0")
