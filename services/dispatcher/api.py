@@ -174,7 +174,9 @@ def create_app(
         async with core.people.acting(caller, "experiment.resume", experiment_id=experiment_id):
             return core.experiment_view(await core.resume_experiment(experiment_id))
 
-    @api.patch("/experiments/{experiment_id}", responses=doc.refusals(*CHANGE, 404, 409, 413, 415))
+    @api.patch(
+        "/experiments/{experiment_id}", openapi_extra=updates.BODY, responses=doc.refusals(*CHANGE, 404, 409, 413, 415)
+    )
     async def update_experiment(experiment_id: str, request: Request, caller: Asker) -> dict:
         """Change a RUNNING (or STOPPED) experiment's trialConcurrency, maxTrialNumber, maxExperimentDuration
         or searchSpace (nnictl update), acted on at once; 422 names a bad value and changes nothing."""

@@ -31,6 +31,7 @@ from contracts.experiment import format_validation_error
 from contracts.nni import NniModel
 from contracts.state import ExperimentState, ExperimentStatus
 from contracts.units import parse_seconds
+from services.common import openapi as doc
 from services.common.api import ApiError
 from services.dispatcher.ends import Ends
 from services.dispatcher.queries import find_experiment
@@ -43,6 +44,30 @@ log = logging.getLogger(__name__)
 FIELDS = ("trialConcurrency", "maxTrialNumber", "maxExperimentDuration", "searchSpace")
 #: The statuses whose experiments may change.
 CHANGEABLE = (ExperimentStatus.RUNNING, ExperimentStatus.STOPPED)
+
+
+#: The body, as the OpenAPI schema documents it (``PATCH /experiments/{id}``).
+BODY = doc.json_body(
+    {
+        "type": "object",
+        "properties": {
+            "trialConcurrency": {"type": "integer", "exclusiveMinimum": 0, "description": "trials at once"},
+            "maxTrialNumber": {
+                "type": "integer",
+                "exclusiveMinimum": 0,
+                "description": "trials in all (not below those submitted already)",
+            },
+            "maxExperimentDuration": {
+                "anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string", "examples": ["30m", "2h"]}],
+                "description": "seconds, or NNI's units (s, m, h, d)",
+            },
+            "searchSpace": {"type": "object", "description": "NNI's search space; the tuner proposes from it next"},
+        },
+        "additionalProperties": False,
+        "minProperties": 1,
+    },
+    "what to change (fields left out keep their value)",
+)
 
 
 class ExperimentChange(NniModel):
