@@ -310,6 +310,7 @@ class AsyncClient:
         The experiment's tuner learns from them before it proposes; a bad row is a 422 naming it, and then
         nothing is imported. The answer's ``imported`` counts the results imported so far."""
         return _parse(ExperimentView, await self._call("experiment.import", {"id": experiment_id, "data": list(data)}))
+
     async def update_experiment(self, experiment_id: str, **changes: Any) -> ExperimentUpdate:
         """Change a running experiment (nnictl update): ``trial_concurrency``, ``max_trial_number``,
         ``max_experiment_duration`` (seconds or ``"2h"``) and ``search_space``, or their camelCase

@@ -75,6 +75,7 @@ def _operations(core: Dispatcher) -> dict[str, Operation]:
             state = await core.import_results(experiment_id, body.get("data"))
             whose.note = f"imported {len(body['data'])} results"
             return core.experiment_view(state)
+
     async def update(body: dict, caller: Caller) -> Any:
         experiment_id = _text(body, "id")
         async with people.acting(caller, "experiment.update", experiment_id=experiment_id) as whose:

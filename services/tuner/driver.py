@@ -247,6 +247,7 @@ class Driver:
         if new:
             await self._call(self.tuner.import_data, new)
             log.info("experiment %s: the tuner learnt from %d imported results", self.experiment_id, len(new))
+
     async def _new_space(self, search_space: dict[str, Any]) -> None:
         """The search space changed (``trialbus update``): the tuner gets it before it proposes again. One it
         cannot search is logged and the old one kept; a user's class that raises stops the experiment."""
