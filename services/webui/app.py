@@ -69,7 +69,7 @@ from services.common import openapi as doc
 from services.common.auth import SAFE_METHODS, Access, AccessDenied, session_value
 from services.common.bus import Bus
 from services.common.http import health_routes
-from services.webui import curves, experiments, queries
+from services.webui import analysis, curves, experiments, queries
 from services.webui import openapi as spec
 from services.webui.actions import Dispatcher, Refused
 from services.webui.edits import add_edit_routes
@@ -490,6 +490,7 @@ def create_app(
     api.include_router(intermediate_routes(model, intermediates or Intermediates()))
     api.include_router(experiments.routes(model, dispatcher, json_response))
     add_edit_routes(api, dispatcher, json_response)  # PATCH /api/experiments/{id}: edit a running experiment
+    api.include_router(analysis.routes(model, json_response))  # hyper-parameters, durations
     app.include_router(pages)
     app.include_router(api)
     return app

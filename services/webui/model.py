@@ -30,6 +30,7 @@ from contracts.base import utcnow
 from contracts.experiment import ExperimentConfig, OpenpaiConfig
 from contracts.state import ExperimentState, TrialState, TrialStatus, default_metric
 from services.common.trial_index import Order, TrialIndex
+from services.webui.durations import Durations
 from services.webui.finals import Finals
 
 MINIMIZE = "minimize"
@@ -85,6 +86,8 @@ class Model:
         self.indexes = TrialIndex()
         #: experiment id → its final default metrics by trial number (the overview chart)
         self.finals: dict[str, Finals] = {}
+        #: experiment id → its ended trials' durations, sorted (the durations chart)
+        self.durations: dict[str, Durations] = {}
         #: experiment id → its first failed trials, one per last stderr line (at most :data:`FAILURES`)
         self.failures: dict[str, list[str]] = {}
         self._changes = Changes()
@@ -107,6 +110,7 @@ class Model:
     def delete_experiment(self, experiment_id: str) -> None:
         self.indexes.experiments.pop(experiment_id, None)
         self.finals.pop(experiment_id, None)
+        self.durations.pop(experiment_id, None)
         self.failures.pop(experiment_id, None)
         if self.experiments.pop(experiment_id, None) is not None:
             self._changes.experiments.add(experiment_id)
@@ -119,6 +123,7 @@ class Model:
         self.experiment_of[trial.id] = trial.experiment_id
         self._index(trial)
         self.finals.setdefault(trial.experiment_id, Finals()).set(trial.sequence_id, default_metric(trial.final_metric))
+        self.durations.setdefault(trial.experiment_id, Durations()).set(trial)
         if trial.status == TrialStatus.FAILED and trial.last_error:
             self._note_failure(trial)
         self._changes.trials.setdefault(trial.experiment_id, set()).add(trial.id)
@@ -144,6 +149,8 @@ class Model:
             gone = self.trials_of.get(experiment_id, {}).pop(trial_id, None)
             if gone is not None and (finals := self.finals.get(experiment_id)) is not None:
                 finals.set(gone.sequence_id, None)
+            if (durations := self.durations.get(experiment_id)) is not None:
+                durations.remove(trial_id)
             if (index := self.indexes.experiments.get(experiment_id)) is not None:
                 index.remove(trial_id)
             self._changes.trials.setdefault(experiment_id, set()).add(trial_id)
