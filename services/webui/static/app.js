@@ -13,6 +13,7 @@
 // #exp-config, #overview-chart[data-points], #empty, #connection[data-state], body[data-experiment];
 // the performance mark "trialbus:rows" (the first rows of the table drawn: time to interactive).
 
+import { Analysis } from "./analysis.js";
 import { drawChart } from "./chart.js";
 import { Compare } from "./compare.js";
 import { AllCurves } from "./curves.js";
@@ -46,6 +47,7 @@ const table = new TrialTable($("#trials"), rows, { onSelect: select, onCancel: c
 const curves = new AllCurves();
 const compare = new Compare(table);
 const editor = setUpEdit($("#edit-experiment"), () => state.experiment); // edit.js: the Edit dialog
+const analysis = new Analysis({ onOpen: select });
 const detail = new TrialDetail($("#trial-detail"), {
   onCancel: cancel, onRetry: retry, onClose: () => table.select(null),
 });
@@ -141,6 +143,7 @@ function applyInbox() {
   if (dirty.chart) scheduleChart();
   if (dirty.chart && !dirty.snapshot) curves.schedule();
   if (dirty.snapshot && state.experiment) [curves, compare].forEach((view) => view.show(state.experiment.id));
+  if (dirty.chart) analysis.changed(state.experiment);
   if (dirty.picker) renderPicker();
   if (dirty.platforms) renderPlatforms();
   renderShown();
