@@ -61,7 +61,12 @@ export class Analysis {
       });
     }
     $("#hp-table-details").addEventListener("toggle", () => this.drawTable());
+    // Drawn at the chart's size: again when it changes, and first when the experiment is shown.
+    new ResizeObserver(() => this.hparams && this.drawHparams()).observe($("#hp-chart"));
     this.show(this.view, false);
+    // An experiment's own page knows its id before the event stream's snapshot: read at once.
+    const match = location.pathname.match(/^\/experiments\/([^/]+)$/);
+    if (match) this.changed({ id: decodeURIComponent(match[1]) });
   }
 
   /** The experiment's trials changed (or another experiment is shown): read again, throttled. */
@@ -134,6 +139,7 @@ export class Analysis {
   drawHparams() {
     const view = this.hparams;
     $("#hp-rule").textContent = view.rule;
+    if (!$("#hp-chart").clientWidth) return; // hidden: drawn when shown (the ResizeObserver)
     this.order = drawParallel($("#hp-chart"), view, {
       order: this.order,
       onOpen: this.onOpen,
