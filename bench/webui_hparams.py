@@ -44,11 +44,11 @@ SPACE = {
 }
 FIRST_DRAW = "() => performance.getEntriesByName('trialbus:hparams')[0]?.startTime ?? null"
 TOP_20 = """async () => {
-    const began = performance.now(), chart = document.querySelector('#hp-chart'), before = chart.dataset.lines;
-    const select = document.querySelector('#hp-top');
+    const began = performance.now(), chart = document.querySelector('#hp-chart');
+    const select = document.querySelector('#hp-top'), rule = document.querySelector('#hp-rule');
     select.value = '20';
     select.dispatchEvent(new Event('change'));
-    while (chart.dataset.lines === before) await new Promise((resolve) => requestAnimationFrame(resolve));
+    while (!rule.textContent.includes('top 20 %')) await new Promise((resolve) => requestAnimationFrame(resolve));
     return [performance.now() - began, Number(chart.dataset.lines)];
 }"""
 DURATIONS = """async () => {

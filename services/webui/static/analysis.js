@@ -15,7 +15,7 @@ import { drawDurations } from "./durations.js";
 import { drawParallel, parallelTable } from "./hparams.js";
 import { api, defaultMetric, formatMetric, formatParameter, h } from "./util.js";
 
-const REFRESH_MS = 2000;
+const REFRESH_MS = 3000;
 const VIEWS = ["hparams", "durations"];
 const TOPS = [100, 50, 20, 10, 5, 1];
 const BESTS = [5, 10, 20, 50];
