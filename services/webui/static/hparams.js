@@ -74,7 +74,7 @@ export function drawParallel(svg, view, { order, onOpen, onMove }) {
   const low = view.axes[metric].low, high = view.axes[metric].high;
   const better = (m) => (high === low ? 1 : (view.optimizeMode === "minimize" ? high - m : m - low) / (high - low));
 
-  const lines = s("g", { class: "lines" });
+  const lines = s("g", { class: "lines", "aria-hidden": "true" }); // the table below is their equivalent
   for (const line of [...view.lines].reverse()) { // the best drawn last, on top
     const ys = axes.map(({ i }, k) => scales[k].y(i === metric ? line.metric : line.values[i]));
     const d = ys.map((y, k) => `${k ? "L" : "M"}${xs[k].toFixed(1)},${y.toFixed(1)}`).join("");
