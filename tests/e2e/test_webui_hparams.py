@@ -156,6 +156,7 @@ def test_durations_and_the_top_trials_table(ui: Stack, page, tmp_path: Path) -> 
     best = ranked()[:5]
     tab.wait_for_function("n => document.querySelectorAll('#top-trials tbody tr').length === n", arg=len(best))
     assert tab.eval_on_selector_all("#top-trials tbody tr", "rs => rs.map((r) => r.dataset.trialId)") == best
+    tab.locator("#top-trials-panel").screenshot(path=str(artifacts(tmp_path) / "webui-top-trials.png"))
     tab.click(f"#top-trials tr[data-trial-id='{best[0]}'] a")
     tab.wait_for_function("id => document.querySelector('#detail-title').textContent.includes(id)", arg=best[0])
     tab.click("#detail-close")
