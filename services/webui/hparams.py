@@ -183,11 +183,11 @@ def hyper_parameters(model: Model, experiment_id: str, top: int = 100, lines: in
     chosen = [trials[t] for t in ids if t in trials]
     flats = [flatten(t.parameters) for t in chosen]
     infer_axes(axes, flats)
-    shown = []
+    shown: list[dict[str, Any]] = []
     for trial, flat in zip(chosen, flats, strict=True):
         values: list[Any] = []
         for axis in axes.values():
-            value = flat.get(axis.name)
+            value: Any = flat.get(axis.name)
             if axis.kind == "numeric" and is_number(value) and (axis.scale == "linear" or value > 0):
                 axis.widen(value)
                 values.append(value)
@@ -198,7 +198,7 @@ def hyper_parameters(model: Model, experiment_id: str, top: int = 100, lines: in
                 values.append(None)
         metric = default_metric(trial.final_metric)
         shown.append({"id": trial.id, "sequence": trial.sequence_id, "metric": metric, "values": values})
-    metrics = [line["metric"] for line in shown]
+    metrics: list[float] = [line["metric"] for line in shown if line["metric"] is not None]
     metric_axis = {"name": METRIC_AXIS, "kind": "numeric", "scale": "linear", "absent": False}
     metric_axis.update(low=min(metrics, default=None), high=max(metrics, default=None))
     return {
