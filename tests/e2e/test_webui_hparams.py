@@ -132,7 +132,7 @@ def test_the_parallel_coordinates_filter_to_the_top_20_percent_with_nested_axes(
     assert sorted(lines(tab)) == sorted(top)
     assert "top 20 %" in tab.text_content("#hp-rule")
     tab.click("#hp-table-details summary")
-    listed = tab.eval_on_selector_all("#hp-table tbody tr", "rs => rs.map((r) => r.dataset.trialId)")
+    listed = tab.eval_on_selector_all("#hp-table tbody tr", "rs => rs.map((r) => r.dataset.lineTrial)")
     assert listed == top
     assert "top=20" in tab.url
 
@@ -155,9 +155,9 @@ def test_durations_and_the_top_trials_table(ui: Stack, page, tmp_path: Path) -> 
     # The top trials table lists the best five, in order, each a link to its detail
     best = ranked()[:5]
     tab.wait_for_function("n => document.querySelectorAll('#top-trials tbody tr').length === n", arg=len(best))
-    assert tab.eval_on_selector_all("#top-trials tbody tr", "rs => rs.map((r) => r.dataset.trialId)") == best
+    assert tab.eval_on_selector_all("#top-trials tbody tr", "rs => rs.map((r) => r.dataset.topTrial)") == best
     tab.locator("#top-trials-panel").screenshot(path=str(artifacts(tmp_path) / "webui-top-trials.png"))
-    tab.click(f"#top-trials tr[data-trial-id='{best[0]}'] a")
+    tab.click(f"#top-trials tr[data-top-trial='{best[0]}'] a")
     tab.wait_for_function("id => document.querySelector('#detail-title').textContent.includes(id)", arg=best[0])
     tab.click("#detail-close")
 

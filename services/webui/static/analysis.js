@@ -7,7 +7,7 @@
 // analysis=hparams|durations (the tab), top=<1–100> (the top N % shown), axes=<a,b,…> (the
 // axis order, changed with ← → on an axis' name), best=<K> (the rows of "Top trials").
 //
-// Hooks for tests: #top-trials tbody tr[data-trial-id][data-rank]; #hp-top, #hp-rule, #hp-chart,
+// Hooks for tests: #top-trials tbody tr[data-top-trial][data-rank]; #hp-top, #hp-rule, #hp-chart,
 // #hp-table; #dur-chart, #dur-table; the performance mark "trialbus:hparams" (the parallel
 // coordinates' first draw).
 
@@ -192,7 +192,7 @@ export class Analysis {
     $("#top-trials").replaceChildren(
       h("thead", {}, h("tr", {}, ["#", "Trial", "Final metric", "Status", ...names]
         .map((text) => h("th", { scope: "col" }, text)))),
-      h("tbody", {}, trials.map((t, rank) => h("tr", { dataset: { trialId: t.id, rank: rank + 1 } },
+      h("tbody", {}, trials.map((t, rank) => h("tr", { dataset: { topTrial: t.id, rank: rank + 1 } },
         h("td", { class: "num" }, rank + 1),
         h("td", {}, h("a", { href: `#trial=${encodeURIComponent(t.id)}`, onclick: open(t.id) },
           `${t.sequenceId} (${t.id})`)),

@@ -7,7 +7,7 @@
 // below it. The server sends at most 2,000 lines, so the SVG holds at most that many paths.
 //
 // Hooks for tests: svg[data-lines], path.line[data-trial-id][data-metric], g.axis[data-axis];
-// the table equivalent's rows tr[data-trial-id].
+// the table equivalent's rows tr[data-line-trial] (data-trial-id is the trial table's rows').
 
 import { formatNumber, formatParameter, h } from "./util.js";
 
@@ -116,7 +116,7 @@ export function parallelTable(table, view, onOpen) {
     ...view.axes.slice(0, metric).map((a) => h("th", { scope: "col" }, a.name)));
   const value = (axis, v) => (v === null ? "absent" : axis.kind === "categorical" ? formatParameter(axis.categories[v])
     : formatNumber(v));
-  const rows = view.lines.map((line, rank) => h("tr", { dataset: { trialId: line.id } },
+  const rows = view.lines.map((line, rank) => h("tr", { dataset: { lineTrial: line.id } },
     h("td", { class: "num" }, rank + 1),
     h("td", {}, h("a", { href: `#trial=${encodeURIComponent(line.id)}`,
       onclick: (event) => { event.preventDefault(); onOpen(line.id); } }, `${line.sequence} (${line.id})`)),
