@@ -59,7 +59,22 @@ AUDIT = StreamConfig(
     max_age=365 * DAY,
 )
 
-STREAMS = (DISPATCH, EVENTS, METRICS, AUDIT)
+#: The services' log lines about each experiment (the dispatcher's and the tuner's, services/common/buslog.py),
+#: for the web UI's Logs view: the last ``LOG_LINES_PER_SUBJECT`` lines of each service per experiment are kept.
+LOG_LINES_PER_SUBJECT = 1000
+LOGS = StreamConfig(
+    name="LOGS",
+    description="Services' log lines about an experiment (logs.<experiment>.<service>), the last 1,000 of each",
+    subjects=["logs.>"],
+    retention=RetentionPolicy.LIMITS,
+    storage=StorageType.FILE,
+    max_age=30 * DAY,
+    max_msgs_per_subject=LOG_LINES_PER_SUBJECT,
+    max_bytes=256 * 1024 * 1024,
+    max_msg_size=16 * 1024,
+)
+
+STREAMS = (DISPATCH, EVENTS, METRICS, AUDIT, LOGS)
 
 EXPERIMENTS_BUCKET = KeyValueConfig(bucket="experiments", history=5, storage=StorageType.FILE)
 TRIALS_BUCKET = KeyValueConfig(bucket="trials", history=5, storage=StorageType.FILE)

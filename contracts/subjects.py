@@ -56,6 +56,11 @@ def heartbeats(experiment: str = "*", trial: str = "*") -> str:
     return f"heartbeats.{experiment}.{trial}"
 
 
+def logs(experiment: str = "*", service: str = "*") -> str:
+    """``logs.<experiment>.<service>``: a service's log lines about one experiment (the LOGS stream)."""
+    return f"logs.{experiment}.{service}"
+
+
 def control(adapter: str, verb: str) -> str:
     """Request/reply to every replica of an adapter; the one that owns the trial answers."""
     return f"control.{adapter}.{verb}"

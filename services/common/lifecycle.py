@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from contracts import sealing
-from services.common import logs
+from services.common import buslog, logs
 from services.common.bus import Bus, NoRoom, bootstrap, connect
 from services.common.settings import ServiceSettings
 
@@ -99,6 +99,7 @@ async def _main(service: Service, settings: ServiceSettings) -> int:
         log.error("%s cannot start: %s", service.name, no_room)
         await bus.close()
         return 1
+    experiment_logs = buslog.install(bus, service.name)  # its lines about an experiment, for the web UI
     await service.start(bus)
     log.info("%s started", service.name)
     while not stopping.is_set():
@@ -111,6 +112,8 @@ async def _main(service: Service, settings: ServiceSettings) -> int:
     try:
         async with asyncio.timeout(settings.stop_timeout):
             await service.stop()
+            if experiment_logs is not None:
+                experiment_logs.stop()
             await bus.close()
     except TimeoutError:
         log.error("%s did not stop within %.1fs; exiting anyway", service.name, settings.stop_timeout)

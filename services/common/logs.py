@@ -27,6 +27,11 @@ def bind(**ids: str | None) -> Iterator[None]:
         _context.reset(token)
 
 
+def bound() -> dict[str, str]:
+    """The ids :func:`bind` attached where this is called (empty outside any)."""
+    return _context.get({})
+
+
 class _ContextFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.ctx = _context.get({})

@@ -59,6 +59,7 @@ class Retention:
             for stream, subject in (
                 (streams.EVENTS, subjects.experiment_events(experiment_id)),
                 (streams.METRICS, subjects.metrics(experiment_id, ">")),
+                (streams.LOGS, subjects.logs(experiment_id)),
             ):
                 await self._bus.js.purge_stream(streams.stream_name(stream), subject=subject)
             ended = self._store.trials_for(experiment_id)  # all ended: nothing holds a slot

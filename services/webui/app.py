@@ -17,6 +17,8 @@ API (JSON; every refusal is ``{"error": "<what to do>"}`` with a 4xx/5xx status)
                                                 status (:mod:`services.webui.queries`); O(log n + limit)
     GET  /api/experiments/{id}/chart?points=n   the overview chart: final metrics by trial number, at
                                                 most n points, extremes kept (:mod:`services.webui.finals`)
+    POST /api/experiments/{id}/trials           add a trial, NNI's customized one (:mod:`.addtrial`, relayed)
+    GET  /api/experiments/{id}/logs[/stream]    the dispatcher's and tuner's lines about it (:mod:`.logs`)
     POST /api/experiments/{id}/stop             stop it (the dispatcher's answer, relayed)
     PATCH /api/experiments/{id}                 change its limits and search space (:mod:`.edits`)
     GET  /api/trials/{id}                       one trial's row
@@ -69,7 +71,7 @@ from services.common import openapi as doc
 from services.common.auth import SAFE_METHODS, Access, AccessDenied, session_value
 from services.common.bus import Bus
 from services.common.http import health_routes
-from services.webui import analysis, curves, experiments, queries
+from services.webui import addtrial, analysis, curves, experiments, logs, queries
 from services.webui import openapi as spec
 from services.webui.actions import Dispatcher, Refused
 from services.webui.edits import add_edit_routes
@@ -491,6 +493,8 @@ def create_app(
     api.include_router(experiments.routes(model, dispatcher, json_response))
     add_edit_routes(api, dispatcher, json_response)  # PATCH /api/experiments/{id}: edit a running experiment
     api.include_router(analysis.routes(model, json_response))  # hyper-parameters, durations
+    addtrial.routes(api, experiment_of, dispatcher)
+    logs.routes(api, experiment_of, bus, hub)
     app.include_router(pages)
     app.include_router(api)
     return app

@@ -14,12 +14,14 @@
 // the performance mark "trialbus:rows" (the first rows of the table drawn: time to interactive).
 
 import { Analysis } from "./analysis.js";
+import { AddTrial } from "./addtrial.js";
 import { drawChart } from "./chart.js";
 import { Compare } from "./compare.js";
 import { AllCurves } from "./curves.js";
 import { TrialDetail } from "./detail.js";
 import { showExperiments } from "./experiments.js";
 import { setUpEdit } from "./edit.js";
+import { ExperimentLogs } from "./logs.js";
 import { showQueue } from "./queue.js";
 import { TrialTable } from "./table.js";
 import { STATUSES, api, formatDuration, formatNumber, h, secondsBetween, toast } from "./util.js";
@@ -51,6 +53,8 @@ const analysis = new Analysis({ onOpen: select });
 const detail = new TrialDetail($("#trial-detail"), {
   onCancel: cancel, onRetry: retry, onClose: () => table.select(null),
 });
+const addTrial = new AddTrial({ currentTrial: () => detail.trial });
+const experimentLogs = new ExperimentLogs();
 
 function connect() {
   loadWhoami();
@@ -228,6 +232,8 @@ function renderOverview() {
   }
   detail.setMayChange(may);
   detail.setExperimentRunning(experiment.status === "RUNNING");
+  addTrial.update(experiment, may && state.me !== null);
+  experimentLogs.update(experiment);
 }
 
 /** Whether the person logged in may change ``experiment``: an admin any, a member their team's,
