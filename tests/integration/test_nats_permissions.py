@@ -268,6 +268,11 @@ def test_an_experiment_runs_with_a_nats_user_per_service(server: AuthNatsServer,
             for path in ("/api/queue", "/api/teams"):
                 read = httpx.get(f"{stack.webui}{path}", headers=stack.auth, timeout=10)
                 assert read.status_code == 200 and isinstance(read.json(), list), read.text
+            # (the experiment's own logs: the dispatcher's and the tuner's lines, each published under its user)
+            tuned = httpx.get(f"{stack.webui}/api/trials/{done_trial}", headers=stack.auth, timeout=10).json()
+            logs = httpx.get(f"{stack.webui}/api/experiments/{tuned['experimentId']}/logs", headers=stack.auth)
+            assert logs.status_code == 200, logs.text
+            assert {line["service"] for line in logs.json()["lines"]} == {"dispatcher", "tuner"}, logs.text
     except BaseException:
         print(stack.logs(), file=sys.stderr)
         raise
@@ -283,6 +288,38 @@ def test_an_experiment_runs_with_a_nats_user_per_service(server: AuthNatsServer,
 
 
 # -- what each user may not do -----------------------------------------------------------------
+
+
+async def test_an_experiment_s_log_lines_are_published_by_their_service_and_read_by_the_web_ui_alone(
+    connect, dispatcher: User
+):
+    # Given a line of the tuner's about experiment e1
+    tuner = await connect("tuner")
+    await tuner.nc.publish("logs.e1.tuner", b'{"message": "driving experiment e1"}')
+    await tuner.nc.flush()
+    # the tuner may not speak as the dispatcher
+    await tuner.nc.publish("logs.e1.dispatcher", b"{}")
+    await tuner.refused("publish", "logs.e1.dispatcher")
+    # the web UI reads it
+    webui = await connect("webui")
+    sub = await webui.nc.jetstream().subscribe("logs.e1.*", stream=streams.LOGS.name, ordered_consumer=True)
+    assert (await sub.next_msg(timeout=5)).data == b'{"message": "driving experiment e1"}'
+    # a client (and a trial, which has no NATS user: it reports to the gateway over HTTP) may not
+    client = await connect("client")
+    reading = asyncio.ensure_future(
+        client.nc.jetstream().subscribe("logs.e1.*", stream=streams.LOGS.name, ordered_consumer=True)
+    )
+    try:
+        async with asyncio.timeout(5):
+            while (
+                'permissions violation for publish to "$js.api.consumer.create.logs'
+                not in (await client.errors.get()).lower()
+            ):
+                pass
+    finally:
+        reading.cancel()
+        with contextlib.suppress(BaseException):
+            await reading
 
 
 async def test_an_adapter_reads_only_its_own_dispatch_subject(connect, dispatcher: User):
