@@ -18,7 +18,8 @@ def trial_request(state: ExperimentState, trial: TrialState, secret: str) -> Tri
     ``trialCommand`` and ``trialGpuNumber``.
 
     The parameter record is NNI's (``msg_dispatcher._pack_parameter``): the keeper writes it
-    verbatim to ``parameter.cfg``, where ``nni.get_next_parameter()`` reads it.
+    verbatim to ``parameter.cfg``, where ``nni.get_next_parameter()`` reads it. A trial without a
+    parameter id is one a person added to a tuned experiment: NNI's customized trial.
     """
     config = state.config
     service = config.service_for(trial.platform) or config.training_services[0]
@@ -32,7 +33,7 @@ def trial_request(state: ExperimentState, trial: TrialState, secret: str) -> Tri
         parameter_record=json.dumps(
             {
                 "parameter_id": trial.parameter_id,
-                "parameter_source": "algorithm",
+                "parameter_source": "algorithm" if trial.parameter_id is not None else "customized",
                 "parameters": trial.parameters,
                 "parameter_index": 0,
             }

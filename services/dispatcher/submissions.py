@@ -75,7 +75,10 @@ class Submissions:
             if state.no_more_trials:
                 raise ApiError(409, f"experiment {experiment_id}'s tuner has no more trials to propose")
             sequence_id = submitted
-            key: int | str = sequence_id if parameter_id is None else parameter_id
+            # A trial a person adds to an experiment the tuner service drives (it always names its own
+            # parameterId) is NNI's customized trial: no parameter id, as NNI's manager packs one.
+            customized = parameter_id is None and bool(config.tuner or config.advisor)
+            key: int | str | None = None if customized else sequence_id if parameter_id is None else parameter_id
             trial = TrialState(
                 id=new_id(self._store.trials, 6, TRIAL_ALPHABET, first=string.ascii_letters),
                 experiment_id=experiment_id,
@@ -92,7 +95,8 @@ class Submissions:
             # free) the dispatch go out together, after the lock is released. A failure
             # leaves nothing the client was told about; a resend after a crash is deduplicated.
             self._store.defer(trial)
-            self._by_parameter[experiment_id][key] = trial.id
+            if key is not None:
+                self._by_parameter[experiment_id][key] = trial.id
             self._slots.enqueue(trial)
             sends = self._slots.take_ready(experiment_id)
             writes = [

@@ -20,13 +20,16 @@ from tests.fixtures.browser import WAIT_MS, browser_fixture  # noqa: F401 - fixt
 from tests.fixtures.nni import nni_tuner_stack
 from tests.fixtures.stack import Stack
 
-# A trial that waits for its "hold" file (60 s at most), then reports x as its final result.
+# A trial that keeps its parameter record (NNI's parameter.cfg) beside the "hold" file, waits for that file (60 s
+# at most), then reports x as its final result.
 TRIAL = textwrap.dedent(
     """
-    import os, time
+    import os, shutil, time
     import nni
 
     params = nni.get_next_parameter()
+    if params.get("hold"):
+        shutil.copy(os.path.join(os.environ["NNI_SYS_DIR"], "parameter.cfg"), f"{params['hold']}-{params['x']}.cfg")
     deadline = time.time() + 60
     while params.get("hold") and not os.path.exists(params["hold"]) and time.time() < deadline:
         time.sleep(0.1)
@@ -173,6 +176,10 @@ def test_a_trial_added_from_the_page_runs_with_the_typed_parameters_and_reaches_
     release.touch()
     wait_until(lambda: trial(stack, added_id)["status"] == "SUCCEEDED", 60, "the added trial to succeed")
     assert trial(stack, added_id)["parameters"] == {**planned, "x": 9}
+    # NNI's customized trial: no parameter id, its source "customized" in the record the trial reads
+    record = json.loads(Path(f"{release}-9.cfg").read_text())
+    assert (record["parameter_id"], record["parameter_source"]) == (None, "customized")
+    assert json.loads(Path(f"{release}-1.cfg").read_text())["parameter_source"] == "algorithm"
     # its result reaches the tuner as NNI's customized trial: no parameter id, marked customized
     received = wait_until(lambda: journal.exists() and len(journal.read_text().splitlines()) == 2, 30, "2 results")
     assert received
