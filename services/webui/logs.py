@@ -91,7 +91,8 @@ class Follower:
             if line is not None:
                 self._history.append(line)
             self._remaining -= 1
-            if self._remaining <= 0:
+            # the count read first, or nothing pending: lines the stream's limit dropped meanwhile never come
+            if self._remaining <= 0 or msg.metadata.num_pending == 0:
                 self._loaded.set()
         elif line is not None:
             self.fresh = [*self.fresh[-(self.lines - 1) :], line]
@@ -142,7 +143,9 @@ def routes(api: APIRouter, known: Callable[[str], Any], bus: Callable[[], Bus | 
             raise Refused(504, f"the LOGS stream did not deliver experiment {experiment_id}'s lines ({exc})") from None
         finally:
             await follower.stop()
-        return Response(orjson.dumps({"lines": lines}), media_type="application/json")
+        return Response(
+            orjson.dumps({"lines": lines}), media_type="application/json", headers={"Cache-Control": "no-store"}
+        )
 
     @api.get("/experiments/{experiment_id}/logs/stream", responses=doc.refusals(*READ, 404, 503))
     async def experiment_log_stream(experiment_id: str, request: Request) -> StreamingResponse:
