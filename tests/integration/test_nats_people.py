@@ -141,6 +141,10 @@ async def test_a_person_may_use_only_their_own_door_and_inbox(stack: Stack):
         await user.refused("subscription", "_INBOX_dispatcher.>", user.nc.subscribe("_INBOX_dispatcher.>"))
         await user.refused("subscription", "events.>", user.nc.subscribe("events.>"))
         await user.refused("publish", "$KV.users.ana", user.nc.publish("$KV.users.ana", b"{}"))
+        # the services' log lines about experiments (the web UI's Logs view reads them for her), nor write one
+        info = "$JS.API.STREAM.INFO.LOGS"
+        await user.refused("publish", info, user.nc.request(info, b"", timeout=5))
+        await user.refused("publish", "logs.e1.dispatcher", user.nc.publish("logs.e1.dispatcher", b"{}"))
         # while her own door answers
         assert (await ask(user, door(ana)))["result"]["name"] == "ana"
     finally:
