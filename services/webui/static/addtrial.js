@@ -23,8 +23,12 @@ export function fromSearchSpace(space) {
     const values = spec?._value;
     if (!Array.isArray(values) || !values.length) continue;
     const first = values[0];
-    parameters[name] = spec._type === "choice" && first && typeof first === "object" && "_name" in first
-      ? { _name: first._name } : first;
+    if (spec._type === "choice" && first && typeof first === "object" && "_name" in first) {
+      const { _name: chosen, ...nested } = first; // a nested choice: its name and its own parameters' first values
+      parameters[name] = { _name: chosen, ...fromSearchSpace(nested) };
+    } else {
+      parameters[name] = first;
+    }
   }
   return parameters;
 }

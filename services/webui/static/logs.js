@@ -102,7 +102,8 @@ export class ExperimentLogs {
     }
     while (this.lines.childElementCount > MAX_LINES) this.lines.firstElementChild.remove();
     if (atBottom || history) this.lines.scrollTop = this.lines.scrollHeight;
-    this.count.textContent = `${this.lines.childElementCount} lines`;
+    const count = this.lines.childElementCount;
+    this.count.textContent = `${count} line${count === 1 ? "" : "s"}`;
     if (!this.drawn) {
       this.drawn = true;
       performance.mark("trialbus:logs");
