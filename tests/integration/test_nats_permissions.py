@@ -273,6 +273,16 @@ def test_an_experiment_runs_with_a_nats_user_per_service(server: AuthNatsServer,
             logs = httpx.get(f"{stack.webui}/api/experiments/{tuned['experimentId']}/logs", headers=stack.auth)
             assert logs.status_code == 200, logs.text
             assert {line["service"] for line in logs.json()["lines"]} == {"dispatcher", "tuner"}, logs.text
+            # (a DONE experiment's limits, resume and delete: the dispatcher's answers, relayed under the web UI's user)
+            done = tuned["experimentId"]
+            edit = httpx.patch(
+                f"{stack.webui}/api/experiments/{done}", json={"trialConcurrency": 3}, headers=stack.auth, timeout=10
+            )
+            assert edit.status_code == 409, edit.text
+            resume = httpx.post(f"{stack.webui}/api/experiments/{done}/resume", headers=stack.auth, timeout=10)
+            assert resume.status_code == 409 and "DONE" in resume.text, resume.text
+            gone = httpx.post(f"{stack.webui}/api/experiments/{done}/delete", headers=stack.auth, timeout=10)
+            assert gone.status_code == 200, gone.text
     except BaseException:
         print(stack.logs(), file=sys.stderr)
         raise
