@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
 
+from contracts.changes import change_line
 from contracts.experiment import format_validation_error
 from contracts.nni import NniModel
 from contracts.state import ExperimentState, ExperimentStatus
@@ -172,23 +173,10 @@ def _camel(name: str) -> str:
 
 
 def describe(changed: Mapping[str, tuple[Any, Any]]) -> str:
-    """``trialConcurrency 2 → 4, searchSpace {lr} → {lr, momentum}``: a change in a line (the log, the audit trail)."""
+    """``trialConcurrency 2 → 4, searchSpace x: uniform [0, 1] → uniform [2, 3]``: a change in a line (the log,
+    the audit trail; :mod:`contracts.changes`)."""
     parts = []
     for name, (old, new) in changed.items():
         label = _camel(name) if name in ExperimentChange.model_fields else name
-        if label == "searchSpace":  # its parameters' names: a space may be long
-            parts.append(f"searchSpace {_names(old)} → {_names(new)}")
-        else:
-            parts.append(f"{label} {_shown(old)} → {_shown(new)}")
+        parts.append(change_line(label, old, new))
     return ", ".join(parts) or "nothing changed"
-
-
-def _names(space: Any) -> str:
-    names = ", ".join(sorted(space)) if isinstance(space, dict) else "none"
-    return "{" + (names if len(names) <= 200 else names[:200] + "…") + "}"
-
-
-def _shown(value: Any) -> str:
-    if value is None:
-        return "none"
-    return f"{value:g}" if isinstance(value, float) else str(value)

@@ -42,4 +42,10 @@ def test_the_line_says_what_changed_from_what_to_what() -> None:
     assert describe({"trial_concurrency": (2, 4), "max_experiment_duration": (None, 7200.0)}) == (
         "trialConcurrency 2 → 4, maxExperimentDuration none → 7200"
     )
-    assert describe({"search_space": ({"lr": {}}, {"lr": {}, "momentum": {}})}) == "searchSpace {lr} → {lr, momentum}"
+    assert describe({"search_space": ({"lr": {}}, {"lr": {}, "momentum": {}})}) == "searchSpace +momentum"
+    moved = ({"x": {"_type": "uniform", "_value": [0, 1]}, "y": {}}, {"x": {"_type": "uniform", "_value": [2, 3]}})
+    assert describe({"search_space": moved}) == "searchSpace -y; x: uniform [0, 1] → uniform [2, 3]"
+    same = {"x": {"_type": "choice", "_value": list(range(100))}}
+    assert describe({"search_space": (same, same)}) == "searchSpace unchanged"
+    long = {"x": {"_type": "choice", "_value": list(range(100, 200))}}
+    assert len(describe({"search_space": (same, long)})) < 160  # a long spec is cut

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from contracts.changes import change_line, shown
 from trialbus.commands.common import console, the_experiment, with_client
 from trialbus.output import fail
 
@@ -83,25 +84,10 @@ def _check_space(experiment: Any, space: dict[str, Any]) -> None:
 def _print(experiment_id: str, update: ExperimentUpdate, asked: dict[str, Any]) -> None:
     out = console()
     for name, (old, new) in update.changes.items():
-        if name == "searchSpace":
-            out.print(f"experiment {experiment_id}: searchSpace {_names(old)} → {_names(new)}")
-        else:
-            out.print(f"experiment {experiment_id}: {name} {_shown(old)} → {_shown(new)}")
+        out.print(f"experiment {experiment_id}: {change_line(name, old, new)}")
     for name in asked:
         if name not in update.changes:
-            out.print(f"experiment {experiment_id}: {name} is {_shown(asked[name])} already; nothing changed")
-
-
-def _names(space: Any) -> str:
-    return "{" + ", ".join(sorted(space)) + "}" if isinstance(space, dict) else "none"
-
-
-def _shown(value: Any) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, dict):
-        return _names(value)
-    return f"{value:g}" if isinstance(value, float) else str(value)
+            out.print(f"experiment {experiment_id}: {name} is {shown(asked[name])} already; nothing changed")
 
 
 @app.command("concurrency")
