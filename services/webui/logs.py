@@ -33,7 +33,7 @@ from services.common import openapi as doc
 from services.common.bus import Bus
 from services.webui.actions import Refused
 from services.webui.hub import KEEPALIVE, RETRY, Hub, frame
-from services.webui.openapi import READ
+from services.webui.openapi import READ, event_stream
 
 #: Lines a read sends at most (and by default).
 MAX_LINES = 1000
@@ -147,7 +147,10 @@ def routes(api: APIRouter, known: Callable[[str], Any], bus: Callable[[], Bus | 
             orjson.dumps({"lines": lines}), media_type="application/json", headers={"Cache-Control": "no-store"}
         )
 
-    @api.get("/experiments/{experiment_id}/logs/stream", responses=doc.refusals(*READ, 404, 503))
+    @api.get(
+        "/experiments/{experiment_id}/logs/stream",
+        responses=event_stream("the experiment's log lines: the last ones, then each new one", *READ, 404, 503),
+    )
     async def experiment_log_stream(experiment_id: str, request: Request) -> StreamingResponse:
         """Server-sent ``lines`` events: the last lines, then the new ones as they are logged."""
         known(experiment_id)

@@ -131,7 +131,8 @@ def test_the_parallel_coordinates_filter_to_the_top_20_percent_with_nested_axes(
     tab.wait_for_function("n => document.querySelector('#hp-chart').dataset.lines === String(n)", arg=len(top))
     assert sorted(lines(tab)) == sorted(top)
     assert "top 20 %" in tab.text_content("#hp-rule")
-    tab.click("#hp-table-details summary")
+    tab.click("#hp-table-details summary")  # (its table is drawn on the toggle event, which comes after the click)
+    tab.wait_for_function("n => document.querySelectorAll('#hp-table tbody tr').length === n", arg=len(top))
     listed = tab.eval_on_selector_all("#hp-table tbody tr", "rs => rs.map((r) => r.dataset.lineTrial)")
     assert listed == top
     assert "top=20" in tab.url
