@@ -1,0 +1,188 @@
+"""The Trialbus launcher: each batch of a Hydra sweep is an experiment, each job one of its trials.
+
+Hydra's sweeper hands :meth:`TrialbusLauncher.launch` a batch of jobs (the whole sweep for the basic sweeper, a
+batch at a time for batched sweepers such as Optuna's) and expects their ``JobReturn``\\ s in order. Here:
+
+1. each job's config is composed in this process, as Hydra's submitit launcher does (the trial's host needs no
+   config files), and written with the task function, the Hydra context and Hydra's global state to
+   ``<sweep dir>/.trialbus/batch-<first job num>/job-<num>.pkl`` (:mod:`trialbus.hydra_job`);
+2. one experiment is created for the batch, with that directory as its code (so the files travel to any
+   platform), ``python -m trialbus.hydra_job <that directory>`` as its command, the launcher's settings
+   (``training_service``, ``concurrency``, ``experiment``) and ``maxTrialNumber`` the batch's size, so it is
+   DONE once the last job ends;
+3. each job is submitted as a trial whose parameters are its overrides (``{"lr": 0.1}``: the columns of the web
+   UI) and, under ``_hydra``, its number, overrides and config;
+4. each trial is awaited; its ``JobReturn`` is the one the trial pickled beside its job file when this host
+   sees it (the local platform, a shared filesystem), else one made from the trial's end: the final result as
+   the return value, or a failure naming the trial's status and message.
+
+Ctrl-C stops the experiment (its running trials are cancelled) and is raised on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+
+
+class TrialFailed(RuntimeError):
+    """A job whose trial ended without a JobReturn of its own (cancelled, killed, failed on a remote host)."""
+
+
+class TrialbusLauncher(Launcher):
+    def __init__(self, **settings: Any) -> None:
+        self.settings = settings
+        self.config: DictConfig | None = None
+        self.task_function: TaskFunction | None = None
+        self.hydra_context: HydraContext | None = None
+        #: The experiments this launcher created, one per batch.
+        self.experiments: list[str] = []
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        setup_globals()
+        assert self.config is not None and self.task_function is not None and self.hydra_context is not None
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        batch = sweep_dir / ".trialbus" / f"batch-{initial_job_idx}"
+        batch.mkdir(parents=True, exist_ok=True)
+        log.info(f"Trialbus launcher is launching {len(job_overrides)} jobs, sweep output dir: {sweep_dir}")
+        jobs = [self._write_job(batch, initial_job_idx + i, list(o)) for i, o in enumerate(job_overrides)]
+        from trialbus.client import Client  # here: Hydra imports this module at every start
+
+        client = Client(
+            self.settings.get("nats_url") or os.environ.get("TRIALBUS_NATS_URL"),  # as trialbus.Experiment
+            data_dir=self.settings.get("data_dir"),
+            token=self.settings.get("token"),
+            request_timeout=float(self.settings.get("request_timeout") or 10.0),
+        )
+        try:
+            client.connect()
+            experiment = client.create_experiment(self._experiment_config(batch, len(jobs)))
+            self.experiments.append(experiment)
+            log.info(f"Trialbus experiment {experiment}")
+            try:
+                trials = []
+                for job in jobs:
+                    trial = client.submit_trial(experiment, _parameters(job))
+                    log.info(f"\t#{job['num']} : {' '.join(filter_overrides(job['overrides']))} → trial {trial.id}")
+                    trials.append(trial.id)
+                return [self._outcome(client, experiment, batch, job, t) for job, t in zip(jobs, trials, strict=True)]
+            except KeyboardInterrupt:
+                client.stop_experiment(experiment, "the Hydra sweep was interrupted")
+                raise
+        finally:
+            client.close()
+
+    # ----------------------------------------------------------------------------------------- the jobs
+
+    def _write_job(self, batch: Path, num: int, overrides: list[str]) -> dict[str, Any]:
+        """Compose the job's config, as Hydra's launchers do, and write its file (``trialbus.hydra_job``)."""
+        import cloudpickle
+        from hydra.core.singleton import Singleton
+
+        from trialbus.hydra_job import job_file
+
+        assert self.config is not None and self.hydra_context is not None
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        with open_dict(config):
+            config.hydra.job.id = f"{config.hydra.job.name}_{num}"
+            config.hydra.job.num = num
+        payload = {
+            "task_function": self.task_function,
+            "hydra_context": self.hydra_context,
+            "config": config,
+            "singleton_state": Singleton.get_state(),
+            "sys_path": [p for p in sys.path[:1] if p] + [str(config.hydra.runtime.cwd)],
+        }
+        (batch / job_file(num)).write_bytes(cloudpickle.dumps(payload))
+        return {"num": num, "overrides": overrides, "config": config}
+
+    def _experiment_config(self, batch: Path, size: int) -> dict[str, Any]:
+        assert self.config is not None
+        service = self.settings.get("training_service") or {"platform": "local"}
+        extra = self.settings.get("experiment") or {}
+        python = self.settings.get("python") or sys.executable
+        return {
+            "experimentName": f"hydra {self.config.hydra.job.name}: {batch.parent.parent.name}/{batch.name}",
+            **_plain(extra),
+            "trialCommand": f"{shlex.quote(python)} -m trialbus.hydra_job {shlex.quote(str(batch))}",
+            "trialCodeDirectory": str(batch),
+            "trialConcurrency": int(self.settings.get("concurrency") or 1),
+            "maxTrialNumber": size,
+            "trainingService": _plain(service),
+        }
+
+    def _outcome(self, client: Any, experiment: str, batch: Path, job: dict[str, Any], trial: str) -> JobReturn:
+        """The job's JobReturn once its trial ended: the trial's own, else one made from how the trial ended."""
+        import cloudpickle
+
+        from trialbus.hydra_job import from_final, return_file
+
+        outcome = client.wait_trial(trial, experiment_id=experiment)
+        saved = batch / return_file(job["num"])
+        if saved.exists():
+            job_return: JobReturn = cloudpickle.loads(saved.read_bytes())
+            return job_return
+        config = job["config"]
+        job_return = JobReturn(
+            overrides=job["overrides"],
+            cfg=_without_hydra(config),
+            hydra_cfg=config,
+            working_dir=str(Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)),
+            task_name=str(config.hydra.job.name),
+        )
+        if outcome.status.value == "SUCCEEDED":
+            job_return.status, job_return.return_value = JobStatus.COMPLETED, from_final(outcome.final)
+        else:
+            job_return.status = JobStatus.FAILED
+            why = f": {outcome.message}" if outcome.message else ""
+            job_return.return_value = TrialFailed(f"trial {trial} ended {outcome.status.value}{why}")
+        return job_return
+
+
+def _parameters(job: dict[str, Any]) -> dict[str, Any]:
+    """The trial's parameters: each override's value by its key, and Hydra's part under ``_hydra``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from trialbus.hydra_job import PARAMETER
+
+    parameters: dict[str, Any] = {}
+    for override in OverridesParser.create().parse_overrides(job["overrides"]):
+        if not override.is_hydra_override():
+            parameters[override.get_key_element()] = _plain(override.value())
+    config = OmegaConf.to_container(_without_hydra(job["config"]), resolve=False)
+    parameters[PARAMETER] = {"job": job["num"], "overrides": job["overrides"], "config": _plain(config)}
+    return parameters
+
+
+def _without_hydra(config: DictConfig) -> DictConfig:
+    """The job's config as its task sees it: without the ``hydra`` node (as ``run_job`` passes it)."""
+    task = config.copy()
+    with open_dict(task):
+        del task["hydra"]
+    return task
+
+
+def _plain(value: Any) -> Any:
+    """Settings and values as JSON data (OmegaConf containers converted)."""
+    from trialbus.hydra_job import plain
+
+    return plain(value)
