@@ -1,4 +1,7 @@
-"""One job of a Hydra sweep, run as a Trialbus trial: ``python -m trialbus.hydra_job <batch directory>``.
+"""One job of a Hydra sweep, run as a Trialbus trial: ``python trialbus_hydra_job.py <batch directory>``.
+
+The launcher ships this file in the batch directory as ``trialbus_hydra_job.py``, so it imports nothing of
+Trialbus: a trial's host needs hydra-core and cloudpickle (and the user's code), not this package.
 
 The Trialbus launcher (``hydra_plugins/trialbus_launcher``, docs/hydra.md) writes one file per job into the
 batch directory, ``job-<num>.pkl``: the task function, the job's composed config, the Hydra context and Hydra's

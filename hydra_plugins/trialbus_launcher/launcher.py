@@ -7,9 +7,10 @@ batch at a time for batched sweepers such as Optuna's) and expects their ``JobRe
    config files), and written with the task function, the Hydra context and Hydra's global state to
    ``<sweep dir>/.trialbus/batch-<first job num>/job-<num>.pkl`` (:mod:`trialbus.hydra_job`);
 2. one experiment is created for the batch, with that directory as its code (so the files travel to any
-   platform), ``python -m trialbus.hydra_job <that directory>`` as its command, the launcher's settings
-   (``training_service``, ``concurrency``, ``experiment``) and ``maxTrialNumber`` the batch's size, so it is
-   DONE once the last job ends;
+   platform), ``python trialbus_hydra_job.py <that directory>`` as its command (the runner, a copy of
+   :mod:`trialbus.hydra_job`, travels with them: the trial's host needs hydra-core and cloudpickle, not
+   Trialbus), the launcher's settings (``training_service``, ``concurrency``, ``experiment``) and
+   ``maxTrialNumber`` the batch's size, so it is DONE once the last job ends;
 3. each job is submitted as a trial whose parameters are its overrides (``{"lr": 0.1}``: the columns of the web
    UI) and, under ``_hydra``, its number, overrides and config;
 4. each trial is awaited; its ``JobReturn`` is the one the trial pickled beside its job file when this host
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +36,11 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from trialbus import hydra_job  # the standard library only at import, as Hydra imports this module at each start
+
 log = logging.getLogger(__name__)
+#: :mod:`trialbus.hydra_job` as the batch directory ships it, run by the trial's command.
+RUNNER = "trialbus_hydra_job.py"
 
 
 class TrialFailed(RuntimeError):
@@ -65,6 +71,8 @@ class TrialbusLauncher(Launcher):
         batch.mkdir(parents=True, exist_ok=True)
         log.info(f"Trialbus launcher is launching {len(job_overrides)} jobs, sweep output dir: {sweep_dir}")
         jobs = [self._write_job(batch, initial_job_idx + i, list(o)) for i, o in enumerate(job_overrides)]
+        # The runner travels with the jobs: the trial's host needs hydra-core and cloudpickle, not Trialbus.
+        shutil.copyfile(hydra_job.__file__, batch / RUNNER)
         from trialbus.client import Client  # here: Hydra imports this module at every start
 
         client = Client(
@@ -98,8 +106,6 @@ class TrialbusLauncher(Launcher):
         import cloudpickle
         from hydra.core.singleton import Singleton
 
-        from trialbus.hydra_job import job_file
-
         assert self.config is not None and self.hydra_context is not None
         config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
         with open_dict(config):
@@ -112,7 +118,7 @@ class TrialbusLauncher(Launcher):
             "singleton_state": Singleton.get_state(),
             "sys_path": [p for p in sys.path[:1] if p] + [str(config.hydra.runtime.cwd)],
         }
-        (batch / job_file(num)).write_bytes(cloudpickle.dumps(payload))
+        (batch / hydra_job.job_file(num)).write_bytes(cloudpickle.dumps(payload))
         return {"num": num, "overrides": overrides, "config": config}
 
     def _experiment_config(self, batch: Path, size: int) -> dict[str, Any]:
@@ -123,7 +129,7 @@ class TrialbusLauncher(Launcher):
         return {
             "experimentName": f"hydra {self.config.hydra.job.name}: {batch.parent.parent.name}/{batch.name}",
             **_plain(extra),
-            "trialCommand": f"{shlex.quote(python)} -m trialbus.hydra_job {shlex.quote(str(batch))}",
+            "trialCommand": f"{shlex.quote(python)} {RUNNER} {shlex.quote(str(batch))}",
             "trialCodeDirectory": str(batch),
             "trialConcurrency": int(self.settings.get("concurrency") or 1),
             "maxTrialNumber": size,
@@ -134,10 +140,8 @@ class TrialbusLauncher(Launcher):
         """The job's JobReturn once its trial ended: the trial's own, else one made from how the trial ended."""
         import cloudpickle
 
-        from trialbus.hydra_job import from_final, return_file
-
         outcome = client.wait_trial(trial, experiment_id=experiment)
-        saved = batch / return_file(job["num"])
+        saved = batch / hydra_job.return_file(job["num"])
         if saved.exists():
             job_return: JobReturn = cloudpickle.loads(saved.read_bytes())
             return job_return
@@ -150,7 +154,7 @@ class TrialbusLauncher(Launcher):
             task_name=str(config.hydra.job.name),
         )
         if outcome.status.value == "SUCCEEDED":
-            job_return.status, job_return.return_value = JobStatus.COMPLETED, from_final(outcome.final)
+            job_return.status, job_return.return_value = JobStatus.COMPLETED, hydra_job.from_final(outcome.final)
         else:
             job_return.status = JobStatus.FAILED
             why = f": {outcome.message}" if outcome.message else ""
@@ -162,14 +166,12 @@ def _parameters(job: dict[str, Any]) -> dict[str, Any]:
     """The trial's parameters: each override's value by its key, and Hydra's part under ``_hydra``."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from trialbus.hydra_job import PARAMETER
-
     parameters: dict[str, Any] = {}
     for override in OverridesParser.create().parse_overrides(job["overrides"]):
         if not override.is_hydra_override():
             parameters[override.get_key_element()] = _plain(override.value())
     config = OmegaConf.to_container(_without_hydra(job["config"]), resolve=False)
-    parameters[PARAMETER] = {"job": job["num"], "overrides": job["overrides"], "config": _plain(config)}
+    parameters[hydra_job.PARAMETER] = {"job": job["num"], "overrides": job["overrides"], "config": _plain(config)}
     return parameters
 
 
@@ -183,6 +185,4 @@ def _without_hydra(config: DictConfig) -> DictConfig:
 
 def _plain(value: Any) -> Any:
     """Settings and values as JSON data (OmegaConf containers converted)."""
-    from trialbus.hydra_job import plain
-
-    return plain(value)
+    return hydra_job.plain(value)
