@@ -2,7 +2,7 @@
 
 # No `from __future__ import annotations`: Hydra loads plugin modules outside sys.modules, where dataclasses cannot
 # read string annotations.
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -13,14 +13,15 @@ class TrialbusLauncherConf:
     """Where and how the jobs of a sweep run; each field is documented in docs/hydra.md."""
 
     _target_: str = "hydra_plugins.trialbus_launcher.launcher.TrialbusLauncher"
-    #: The platform section of an NNI config (``{platform: local}``, ``{platform: remote, machineList: …}``,
-    #: or a list for hybrid mode), camelCase keys as in an NNI config file.
-    training_service: Any = field(default_factory=lambda: {"platform": "local"})
+    #: The platform section of an NNI config (``{platform: remote, machineList: …}``, or a list for hybrid
+    #: mode), camelCase keys as in an NNI config file; None: ``{platform: local}``. (None rather than a dict by
+    #: default: Hydra merges a dict override into a dict, and the launcher's config refuses keys it lacks.)
+    training_service: Any = None
     #: Jobs of a batch that run at once (the experiment's ``trialConcurrency``).
     concurrency: int = 4
     #: More fields of the experiment's config, camelCase as in an NNI config (``maxTrialDuration``,
     #: ``trialGpuNumber``, ``retry``…); the launcher sets the command, code, concurrency and trial count.
-    experiment: dict[str, Any] = field(default_factory=dict)
+    experiment: Any = None
     #: The Python that runs a job on the trial's host; None: the one running the sweep (``sys.executable``).
     python: str | None = None
     #: The stack's NATS; None: ``TRIALBUS_NATS_URL``, else the NATS of this user's ``trialbus up``.

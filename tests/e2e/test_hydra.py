@@ -64,11 +64,18 @@ def experiments(stack) -> list:
 
 
 def test_a_sweep_runs_as_trials(stack, app: Path) -> None:
-    done = sweep(stack, app, "x=1,2,3", "model.lr=0.5", "hydra.launcher.concurrency=2", "hydra.sweep.dir=multirun")
+    settings = [
+        "hydra.launcher.concurrency=2",
+        "hydra.launcher.training_service={platform: local, useActiveGpu: true}",
+        "hydra.launcher.experiment={maxTrialDuration: 10m, retry: {trial: 1}}",
+    ]
+    done = sweep(stack, app, "x=1,2,3", "model.lr=0.5", *settings, "hydra.sweep.dir=multirun")
     assert done.returncode == 0, done.stderr
 
     [(experiment, trials)] = experiments(stack)
     assert experiment.config.trial_concurrency == 2
+    assert experiment.config.max_trial_duration == 600 and experiment.config.retry.trial == 1
+    assert experiment.config.training_service.use_active_gpu is True
     assert [t.status.value for t in trials] == ["SUCCEEDED"] * 3
     assert [t.final_metric for t in trials] == [2, 4, 6]
     assert [{k: v for k, v in t.parameters.items() if k != "_hydra"} for t in trials] == [
