@@ -3,11 +3,13 @@
 Given the stack and a small ``train.py`` with ``@hydra.main``, when the user sweeps it on Trialbus, then the
 jobs are trials of one experiment (``trialbus trial ls`` lists them), their overrides are the trials' parameters,
 their return values the final metrics, and their output directories are where Hydra puts them; a job that
-raises fails its trial (traceback in the trial's log) and the sweep, as under Hydra's own launchers.
+raises fails its trial (traceback in the trial's log) and the sweep, as under Hydra's own launchers; Ctrl-C stops
+the experiment, cancelling its trials.
 """
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -108,3 +110,31 @@ def test_a_failing_job_fails_its_trial_and_the_sweep(stack, app: Path) -> None:
     assert [t.status.value for t in trials] == ["SUCCEEDED", "FAILED"]
     with Client(stack.nats.url, token=stack.token) as client:
         assert "ValueError: x must not be negative, got -1" in client.trial_log(trials[1].id)
+
+
+def test_ctrl_c_stops_the_sweeps_experiment(stack, app: Path) -> None:
+    (app / "train.py").write_text(
+        TRAIN.replace("    if cfg.x < 0:", "    import time\n    time.sleep(cfg.x)\n    if cfg.x < 0:")
+    )
+    command = [sys.executable, "train.py", "--multirun", "hydra/launcher=trialbus", "x=60,61", "hydra.sweep.dir=m"]
+    sweeping = subprocess.Popen(command, cwd=app, env=stack.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(
+            lambda: (found := experiments(stack)) and [t.status.value for t in found[0][1]] == ["RUNNING"] * 2,
+            30,
+            "both jobs to run",
+        )
+        sweeping.send_signal(signal.SIGINT)
+        assert sweeping.wait(30) != 0
+    finally:
+        if sweeping.poll() is None:
+            sweeping.kill()
+            sweeping.wait()
+        sweeping.stdout.close()
+        sweeping.stderr.close()
+
+    def stopped():
+        [(experiment, trials)] = experiments(stack)
+        return experiment.status.value == "STOPPED" and {t.status.value for t in trials} == {"USER_CANCELED"}
+
+    wait_until(stopped, 30, "the experiment to stop and its trials to be cancelled")
