@@ -108,10 +108,12 @@ def run(payload: dict[str, Any]) -> Any:
     for entry in reversed(payload["sys_path"]):  # the user's modules, where the sweep found them
         if entry not in sys.path and os.path.isdir(entry):
             sys.path.insert(0, entry)
-    # Where the sweep was started, when this host has it (the local platform): relative paths in the job's
-    # config, the sweep's output directory among them, mean the same as under Hydra's basic launcher.
-    if os.path.isdir(str(config.hydra.runtime.cwd)):
-        os.chdir(str(config.hydra.runtime.cwd))
+    # Where the sweep was started, when this host has it and the trial's user may write there (the local
+    # platform): relative paths in the job's config, the sweep's output directory among them, mean the same as
+    # under Hydra's basic launcher. Elsewhere the job stays in the trial's code directory.
+    start = str(config.hydra.runtime.cwd)
+    if os.path.isdir(start) and os.access(start, os.W_OK | os.X_OK):
+        os.chdir(start)
     return run_job(
         hydra_context=payload["hydra_context"],
         task_function=payload["task_function"],
@@ -126,7 +128,7 @@ def _save_return(batch: Path, num: int, job_return: Any) -> None:
     import cloudpickle
     from hydra.core.utils import JobReturn
 
-    if not batch.is_dir():
+    if not os.access(batch, os.W_OK | os.X_OK):  # another host, or a trial user who may not write there
         return
     try:
         data = cloudpickle.dumps(job_return)
@@ -143,8 +145,11 @@ def _save_return(batch: Path, num: int, job_return: Any) -> None:
         )
         data = cloudpickle.dumps(kept)
     partial = batch / f".{return_file(num)}.partial"
-    partial.write_bytes(data)
-    partial.replace(batch / return_file(num))  # whole or absent for the launcher
+    try:
+        partial.write_bytes(data)
+        partial.replace(batch / return_file(num))  # whole or absent for the launcher
+    except OSError as exc:  # the launcher makes the JobReturn from the final result instead
+        print(f"trialbus: the JobReturn could not be written to {batch}: {exc}", file=sys.stderr)
 
 
 def _pickles(value: Any) -> bool:
