@@ -29,7 +29,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
 from hydra.plugins.launcher import Launcher
@@ -41,6 +41,16 @@ from trialbus import hydra_job  # the standard library only at import, as Hydra 
 log = logging.getLogger(__name__)
 #: :mod:`trialbus.hydra_job` as the batch directory ships it, run by the trial's command.
 RUNNER = "trialbus_hydra_job.py"
+
+
+class Job(NamedTuple):
+    """One job of a batch, as the launcher keeps it while its trial runs."""
+
+    #: Hydra's job number (``hydra.job.num``), counted across the sweep's batches.
+    num: int
+    overrides: list[str]
+    #: The job's composed config, ``hydra`` node included.
+    config: DictConfig
 
 
 class TrialFailed(RuntimeError):
@@ -90,7 +100,7 @@ class TrialbusLauncher(Launcher):
                 trials = []
                 for job in jobs:
                     trial = client.submit_trial(experiment, _parameters(job))
-                    log.info(f"\t#{job['num']} : {' '.join(filter_overrides(job['overrides']))} → trial {trial.id}")
+                    log.info(f"\t#{job.num} : {' '.join(filter_overrides(job.overrides))} → trial {trial.id}")
                     trials.append(trial.id)
                 return [self._outcome(client, experiment, batch, job, t) for job, t in zip(jobs, trials, strict=True)]
             except KeyboardInterrupt:
@@ -101,7 +111,7 @@ class TrialbusLauncher(Launcher):
 
     # ----------------------------------------------------------------------------------------- the jobs
 
-    def _write_job(self, batch: Path, num: int, overrides: list[str]) -> dict[str, Any]:
+    def _write_job(self, batch: Path, num: int, overrides: list[str]) -> Job:
         """Compose the job's config, as Hydra's launchers do, and write its file (``trialbus.hydra_job``)."""
         import cloudpickle
         from hydra.core.singleton import Singleton
@@ -119,7 +129,7 @@ class TrialbusLauncher(Launcher):
             "sys_path": [p for p in sys.path[:1] if p] + [str(config.hydra.runtime.cwd)],
         }
         (batch / hydra_job.job_file(num)).write_bytes(cloudpickle.dumps(payload))
-        return {"num": num, "overrides": overrides, "config": config}
+        return Job(num, overrides, config)
 
     def _experiment_config(self, batch: Path, size: int) -> dict[str, Any]:
         assert self.config is not None
@@ -127,7 +137,7 @@ class TrialbusLauncher(Launcher):
         extra = self.settings.get("experiment") or {}
         python = self.settings.get("python") or sys.executable
         return {
-            "experimentName": f"hydra {self.config.hydra.job.name}: {batch.parent.parent.name}/{batch.name}",
+            "experimentName": f"hydra {self.config.hydra.job.name}: {self.config.hydra.sweep.dir}, {batch.name}",
             **_plain(extra),
             "trialCommand": f"{shlex.quote(python)} {RUNNER} {shlex.quote(str(batch))}",
             "trialCodeDirectory": str(batch),
@@ -136,18 +146,18 @@ class TrialbusLauncher(Launcher):
             "trainingService": _plain(service),
         }
 
-    def _outcome(self, client: Any, experiment: str, batch: Path, job: dict[str, Any], trial: str) -> JobReturn:
+    def _outcome(self, client: Any, experiment: str, batch: Path, job: Job, trial: str) -> JobReturn:
         """The job's JobReturn once its trial ended: the trial's own, else one made from how the trial ended."""
         import cloudpickle
 
         outcome = client.wait_trial(trial, experiment_id=experiment)
-        saved = batch / hydra_job.return_file(job["num"])
+        saved = batch / hydra_job.return_file(job.num)
         if saved.exists():
             job_return: JobReturn = cloudpickle.loads(saved.read_bytes())
             return job_return
-        config = job["config"]
+        config = job.config
         job_return = JobReturn(
-            overrides=job["overrides"],
+            overrides=job.overrides,
             cfg=_without_hydra(config),
             hydra_cfg=config,
             working_dir=str(Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)),
@@ -162,16 +172,16 @@ class TrialbusLauncher(Launcher):
         return job_return
 
 
-def _parameters(job: dict[str, Any]) -> dict[str, Any]:
+def _parameters(job: Job) -> dict[str, Any]:
     """The trial's parameters: each override's value by its key, and Hydra's part under ``_hydra``."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parameters: dict[str, Any] = {}
-    for override in OverridesParser.create().parse_overrides(job["overrides"]):
+    for override in OverridesParser.create().parse_overrides(job.overrides):
         if not override.is_hydra_override():
             parameters[override.get_key_element()] = _plain(override.value())
-    config = OmegaConf.to_container(_without_hydra(job["config"]), resolve=False)
-    parameters[hydra_job.PARAMETER] = {"job": job["num"], "overrides": job["overrides"], "config": _plain(config)}
+    config = OmegaConf.to_container(_without_hydra(job.config), resolve=False)
+    parameters[hydra_job.PARAMETER] = {"job": job.num, "overrides": job.overrides, "config": _plain(config)}
     return parameters
 
 

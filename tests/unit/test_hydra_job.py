@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from contracts import TrialStatus
 from contracts.state import default_metric
-from hydra_plugins.trialbus_launcher.launcher import TrialbusLauncher, TrialFailed
+from hydra_plugins.trialbus_launcher.launcher import Job, TrialbusLauncher, TrialFailed
 from trialbus.hydra_job import as_final, from_final
 from trialbus.watcher import TrialOutcome
 
@@ -56,11 +56,11 @@ class _Client:
         return self.outcome
 
 
-def _job() -> dict:
+def _job() -> Job:
     config = OmegaConf.create(
         {"x": 2, "hydra": {"sweep": {"dir": "multirun", "subdir": "0"}, "job": {"name": "train", "num": 0}}}
     )
-    return {"num": 0, "overrides": ["x=2"], "config": config}
+    return Job(0, ["x=2"], config)
 
 
 @pytest.mark.parametrize(
