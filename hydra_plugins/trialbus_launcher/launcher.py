@@ -58,8 +58,29 @@ class TrialFailed(RuntimeError):
 
 
 class TrialbusLauncher(Launcher):
-    def __init__(self, **settings: Any) -> None:
-        self.settings = settings
+    """Hydra builds it from ``hydra.launcher`` (:class:`~hydra_plugins.trialbus_launcher.config.TrialbusLauncherConf`,
+    whose fields these are), then calls ``setup`` once and ``launch`` per batch."""
+
+    def __init__(
+        self,
+        *,
+        training_service: Any = None,
+        concurrency: int = 4,
+        experiment: Any = None,
+        python: str | None = None,
+        nats_url: str | None = None,
+        data_dir: str | None = None,
+        token: str | None = None,
+        request_timeout: float = 10.0,
+    ) -> None:
+        self.training_service = _plain(training_service) or {"platform": "local"}
+        self.concurrency = concurrency
+        self.experiment = _plain(experiment) or {}
+        self.python = python or sys.executable
+        self.nats_url = nats_url or os.environ.get("TRIALBUS_NATS_URL")  # as trialbus.Experiment
+        self.data_dir = data_dir
+        self.token = token
+        self.request_timeout = request_timeout
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
@@ -85,12 +106,7 @@ class TrialbusLauncher(Launcher):
         shutil.copyfile(hydra_job.__file__, batch / RUNNER)
         from trialbus.client import Client  # here: Hydra imports this module at every start
 
-        client = Client(
-            self.settings.get("nats_url") or os.environ.get("TRIALBUS_NATS_URL"),  # as trialbus.Experiment
-            data_dir=self.settings.get("data_dir"),
-            token=self.settings.get("token"),
-            request_timeout=float(self.settings.get("request_timeout") or 10.0),
-        )
+        client = Client(self.nats_url, data_dir=self.data_dir, token=self.token, request_timeout=self.request_timeout)
         try:
             client.connect()
             experiment = client.create_experiment(self._experiment_config(batch, len(jobs)))
@@ -133,17 +149,14 @@ class TrialbusLauncher(Launcher):
 
     def _experiment_config(self, batch: Path, size: int) -> dict[str, Any]:
         assert self.config is not None
-        service = self.settings.get("training_service") or {"platform": "local"}
-        extra = self.settings.get("experiment") or {}
-        python = self.settings.get("python") or sys.executable
         return {
             "experimentName": f"hydra {self.config.hydra.job.name}: {self.config.hydra.sweep.dir}, {batch.name}",
-            **_plain(extra),
-            "trialCommand": f"{shlex.quote(python)} {RUNNER} {shlex.quote(str(batch))}",
+            **self.experiment,
+            "trialCommand": f"{shlex.quote(self.python)} {RUNNER} {shlex.quote(str(batch))}",
             "trialCodeDirectory": str(batch),
-            "trialConcurrency": int(self.settings.get("concurrency") or 1),
+            "trialConcurrency": self.concurrency,
             "maxTrialNumber": size,
-            "trainingService": _plain(service),
+            "trainingService": self.training_service,
         }
 
     def _outcome(self, client: Any, experiment: str, batch: Path, job: Job, trial: str) -> JobReturn:
