@@ -62,8 +62,8 @@ $(NNI_SDK)/.torch-installed: $(NNI_SDK)/.installed
 	touch $@
 
 test: $(STAMP) $(NNI_SDK)/.installed $(NNI_SDK)/.torch-installed sshd chromium docker  ## lint, layering, the docs, then the suite
-	$(BIN)/ruff check contracts services trialbus bench tests docs/gen
-	$(BIN)/ruff format --check contracts services trialbus bench tests docs/gen
+	$(BIN)/ruff check contracts services trialbus bench tests docs/gen hydra_plugins
+	$(BIN)/ruff format --check contracts services trialbus bench tests docs/gen hydra_plugins
 	$(BIN)/lint-imports
 	$(MAKE) typecheck
 	$(MAKE) docs

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from contracts import TrialStatus
 from contracts.state import default_metric
-from hydra_plugins.trialbus_launcher.launcher import Job, TrialbusLauncher, TrialFailed
+from hydra_plugins.trialbus_launcher.launcher import Job, TrialbusLauncher
 from trialbus.hydra_job import as_final, from_final
 from trialbus.watcher import TrialOutcome
 
@@ -82,5 +82,7 @@ def test_a_failed_trial_without_a_job_return_fails_the_job(tmp_path: Path) -> No
     outcome = TrialOutcome(TrialStatus.USER_CANCELED, None, None, "the experiment was stopped")
     job_return = TrialbusLauncher()._outcome(_Client(outcome), "exp", tmp_path, _job(), "t1")
     assert job_return.status == JobStatus.FAILED
-    with pytest.raises(TrialFailed, match="trial t1 ended USER_CANCELED: the experiment was stopped"):
+    # (by name: Hydra's plugin discovery, run by another test in this process, may have imported the module anew)
+    with pytest.raises(Exception, match="trial t1 ended USER_CANCELED: the experiment was stopped") as raised:
         _ = job_return.return_value
+    assert type(raised.value).__name__ == "TrialFailed"
