@@ -56,6 +56,11 @@ def heartbeats(experiment: str = "*", trial: str = "*") -> str:
     return f"heartbeats.{experiment}.{trial}"
 
 
+def asks(experiment: str = "*", trial: str = "*") -> str:
+    """A trial's questions to its tuner (request/reply, core NATS: :mod:`contracts.asks`)."""
+    return f"asks.{experiment}.{trial}"
+
+
 def logs(experiment: str = "*", service: str = "*") -> str:
     """``logs.<experiment>.<service>``: a service's log lines about one experiment (the LOGS stream)."""
     return f"logs.{experiment}.{service}"

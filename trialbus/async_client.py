@@ -11,16 +11,20 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from contracts import ExperimentConfig, MetricRecord, PlatformStatus, TrialEvent, TrialState, TrialStatus, subjects
+from contracts.asks import Answer, Ask
+from contracts.base import ContractError
 from contracts.metrics import Seen, records_of
 from contracts.people import token_key, token_name
 from contracts.streams import EVENTS, METRICS, stream_name
@@ -397,9 +401,36 @@ class AsyncClient:
         self._trial_experiment[trial.id] = trial.experiment_id
         return trial
 
-    async def cancel_trial(self, trial_id: str) -> TrialStatus:
-        """Ask for the trial to stop (USER_CANCELED); returns its status at that moment."""
-        return TrialStatus((await self._call("trial.cancel", {"id": trial_id}))["status"])
+    async def cancel_trial(self, trial_id: str, *, early_stop: bool = False, message: str | None = None) -> TrialStatus:
+        """Ask for the trial to stop (USER_CANCELED, or EARLY_STOPPED as an assessor's stop when
+        ``early_stop``); returns its status at that moment."""
+        body: dict[str, Any] = {"id": trial_id}
+        if early_stop:
+            body["status"] = TrialStatus.EARLY_STOPPED.value
+        if message is not None:
+            body["message"] = message
+        return TrialStatus((await self._call("trial.cancel", body))["status"])
+
+    async def close_experiment(self, experiment_id: str) -> ExperimentView:
+        """No more trials will come (NNI's NO_MORE_TRIAL): the experiment is DONE once its trials ended."""
+        return _parse(ExperimentView, await self._call("experiment.close", {"id": experiment_id}))
+
+    async def serve_asks(self, experiment_id: str, answer: Callable[[Ask], Awaitable[Answer]]) -> Subscription:
+        """Answer the questions the experiment's trials ask through the gateway
+        (``asks.<experiment>.*``, :mod:`contracts.asks`; docs/optuna.md), one at a time, in order.
+        An ask that is no :class:`Ask` is answered with an error. Unsubscribe to stop."""
+        if self._nc is None:
+            raise TrialbusError(503, "the client is not connected: call connect() first")
+
+        async def handle(msg: Msg) -> None:
+            try:
+                ask = Ask.decode(msg.data)
+            except ContractError as exc:
+                await msg.respond(Answer(ok=False, error=f"not an ask: {exc}").encode())
+                return
+            await msg.respond((await answer(ask)).encode())
+
+        return await self._nc.subscribe(subjects.asks(experiment_id, "*"), cb=handle)
 
     async def retry_trial(self, trial_id: str) -> int:
         """Run a trial that has ended again, as its next attempt (same id and parameters); that

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from contracts.asks import Answer, Ask
 from contracts.experiment import ExperimentConfig
 from contracts.messages import (
     CancelReply,
@@ -46,6 +47,8 @@ MODELS: dict[str, type[BaseModel]] = {
     "drain-request": DrainRequest,
     "drain-reply": DrainReply,
     "platform-status": PlatformStatus,
+    "trial-ask": Ask,
+    "trial-answer": Answer,
 }
 
 

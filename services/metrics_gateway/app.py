@@ -323,6 +323,21 @@ def create_app(settings: GatewaySettings, bus: Callable[[], Bus | None], publish
         return await answer(intake, trial_id, request)
 
     app.state.intake = intake
+    from services.metrics_gateway.asks import ASK_PATH, AskRelay  # builds on this module's checks
+
+    relay = AskRelay(settings, bus)
+
+    @app.post(ASK_PATH, dependencies=[Security(TRIAL_TOKEN)], responses=spec.RESPONSES)
+    async def post_ask(trial_id: str, request: Request) -> Response:
+        try:
+            body = await read_body(request, settings.gateway_max_ask_body)
+            answer = await relay.relay(
+                trial_id, request.headers.get(VERSION_HEADER), request.headers.get("authorization"), body
+            )
+        except Refused as exc:
+            return json_response({"error": exc.message}, exc.status)
+        return Response(answer, media_type="application/json")
+
     return app
 
 

@@ -20,3 +20,7 @@ class GatewaySettings(ServiceSettings):
     gateway_max_records: int = Field(default=5000, gt=0)
     #: Seconds to wait for JetStream to ack a batch before answering 503 (default 5.0).
     gateway_publish_timeout: float = Field(default=5.0, gt=0)
+    #: Largest ask body (a trial's question to its tuner, docs/optuna.md), in bytes (default 65536).
+    gateway_max_ask_body: int = Field(default=64 * 1024, gt=0)
+    #: Seconds to wait for the tuner to answer an ask before answering 504 (default 30.0).
+    gateway_ask_timeout: float = Field(default=30.0, gt=0)

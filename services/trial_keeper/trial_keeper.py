@@ -180,8 +180,11 @@ def error_message(body):
         return body[:500]
 
 
-#: The keeper's settings the trial sees too: its attempt, and its checkpoint directory.
-FOR_THE_TRIAL = frozenset({b"TRIALBUS_ATTEMPT", b"TRIALBUS_CHECKPOINT_DIR"})
+#: The keeper's settings the trial sees too: its attempt, its checkpoint directory, and the
+#: gateway with the trial's ask token, to ask its tuner (docs/optuna.md; never the keeper's token).
+FOR_THE_TRIAL = frozenset(
+    {b"TRIALBUS_ATTEMPT", b"TRIALBUS_CHECKPOINT_DIR", b"TRIALBUS_GATEWAY_URL", b"TRIALBUS_ASK_TOKEN"}
+)
 
 
 class Gateway:

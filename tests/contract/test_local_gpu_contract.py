@@ -198,9 +198,11 @@ class TestLocalGpuAdapter(AdapterContract):
 
         assert f"NNI_TRIAL_JOB_ID={request.trial_id}" in out and "NNI_PLATFORM=local" in out
         assert "hunter2" not in out and "not-a-secret" not in out
-        # of the keeper's settings, only the two meant for the trial (docs/retries.md)
+        # of the keeper's settings, only those meant for the trial (docs/retries.md, docs/optuna.md):
+        # its ask token, never the token its keeper reports with
         ours = sorted(line.split("=", 1)[0] for line in out.splitlines() if line.startswith("TRIALBUS_"))
-        assert ours == ["TRIALBUS_ATTEMPT", "TRIALBUS_CHECKPOINT_DIR"]
+        assert ours == ["TRIALBUS_ASK_TOKEN", "TRIALBUS_ATTEMPT", "TRIALBUS_CHECKPOINT_DIR", "TRIALBUS_GATEWAY_URL"]
+        assert request.token.get_secret_value() not in out
         checkpoints = f"{adapter.settings.checkpoint_root}/{request.experiment_id}/{request.trial_id}"
         assert f"TRIALBUS_CHECKPOINT_DIR={checkpoints}\n" in out
         assert out.endswith(request.parameter_record)

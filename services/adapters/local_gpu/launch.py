@@ -34,6 +34,7 @@ from services.adapters.local_gpu.settings import LocalGpuSettings
 from services.adapters.local_gpu.table import TrialTable
 from services.adapters.local_gpu.trial import GPUS_FILE, SAFE_ID, UNBORN_GRACE
 from services.adapters.local_gpu.users import TrialUsers
+from services.common import tokens
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class Launcher:
             TRIALBUS_CHECKPOINT_DIR=checkpoint_dir,
             TRIALBUS_PARAMETERS=request.parameter_record,
             TRIALBUS_TRIAL_TOKEN=request.token.get_secret_value(),
+            TRIALBUS_ASK_TOKEN=tokens.ask_token(request.token.get_secret_value()),
             **where,
         )
         if code_dir is not None:
