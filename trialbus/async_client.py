@@ -428,7 +428,11 @@ class AsyncClient:
             except ContractError as exc:
                 await msg.respond(Answer(ok=False, error=f"not an ask: {exc}").encode())
                 return
-            await msg.respond((await answer(ask)).encode())
+            try:
+                reply = (await answer(ask)).encode()
+            except Exception as exc:  # an answer that is no JSON: the trial hears why, at once
+                reply = Answer(ok=False, error=f"the study's answer cannot be sent: {exc}").encode()
+            await msg.respond(reply)
 
         return await self._nc.subscribe(subjects.asks(experiment_id, "*"), cb=handle)
 

@@ -226,7 +226,7 @@ class _Optimization:
                 trial.report(float(ask.value), ask.step)
             return None
         if ask.op == "should_prune":
-            return trial.should_prune()
+            return bool(trial.should_prune())  # a pruner may answer numpy.bool_
         if ask.op == "set_user_attr":
             trial.set_user_attr(ask.name, ask.value)
             return None
