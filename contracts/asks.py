@@ -32,6 +32,8 @@ class Ask(Contract):
     v: Literal[1] = 1
     experiment_id: str
     trial_id: str
+    #: The experiment's owner ("" for none), as the trial's ask token binds it: the subject names them.
+    owner: str = Field(default="", max_length=32)
     #: The attempt that asks (a retried trial asks again; its answers are replayed).
     attempt: int = Field(default=0, ge=0)
     op: AskOp

@@ -51,6 +51,9 @@ class TrialRequest(Contract):
     #: The experiment's team (``ExperimentState.team``; None for an experiment without one): on local,
     #: whose Unix user the trial runs as; on Kubernetes, the Kueue LocalQueue of a ``{team}`` template.
     team: str | None = None
+    #: The experiment's owner (``ExperimentState.owner``; None without one): whom the trial's questions
+    #: to its tuner go to (``asks.<owner>.…``, docs/optuna.md), bound into its ask token.
+    owner: str | None = None
 
     _service = field_validator("training_service", mode="before")(parse_training_service)
 

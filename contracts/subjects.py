@@ -56,9 +56,14 @@ def heartbeats(experiment: str = "*", trial: str = "*") -> str:
     return f"heartbeats.{experiment}.{trial}"
 
 
-def asks(experiment: str = "*", trial: str = "*") -> str:
-    """A trial's questions to its tuner (request/reply, core NATS: :mod:`contracts.asks`)."""
-    return f"asks.{experiment}.{trial}"
+#: The owner part of :func:`asks` for an experiment without one (a person's name starts with a letter).
+NO_OWNER = "_"
+
+
+def asks(owner: str | None = "*", experiment: str = "*", trial: str = "*") -> str:
+    """``asks.<owner>.<experiment>.<trial>``: a trial's questions to its tuner (request/reply, core
+    NATS: :mod:`contracts.asks`); a person may answer only their own experiments' (the callout)."""
+    return f"asks.{owner or NO_OWNER}.{experiment}.{trial}"
 
 
 def logs(experiment: str = "*", service: str = "*") -> str:

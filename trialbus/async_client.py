@@ -417,7 +417,7 @@ class AsyncClient:
 
     async def serve_asks(self, experiment_id: str, answer: Callable[[Ask], Awaitable[Answer]]) -> Subscription:
         """Answer the questions the experiment's trials ask through the gateway
-        (``asks.<experiment>.*``, :mod:`contracts.asks`; docs/optuna.md), one at a time, in order.
+        (``asks.<owner>.<experiment>.*``, :mod:`contracts.asks`; docs/optuna.md), one at a time, in order.
         An ask that is no :class:`Ask` is answered with an error. Unsubscribe to stop."""
         if self._nc is None:
             raise TrialbusError(503, "the client is not connected: call connect() first")
@@ -434,7 +434,8 @@ class AsyncClient:
                 reply = Answer(ok=False, error=f"the study's answer cannot be sent: {exc}").encode()
             await msg.respond(reply)
 
-        return await self._nc.subscribe(subjects.asks(experiment_id, "*"), cb=handle)
+        owner = (await self.get_experiment(experiment_id)).owner
+        return await self._nc.subscribe(subjects.asks(owner, experiment_id, "*"), cb=handle)
 
     async def retry_trial(self, trial_id: str) -> int:
         """Run a trial that has ended again, as its next attempt (same id and parameters); that

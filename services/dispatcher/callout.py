@@ -15,9 +15,11 @@ refuses the connection. Guarantees:
   ``trialbus.as.<name>.<key>.>``, ``key`` naming the token they connected with (the dispatcher
   then knows who asks from the subject, and refuses a token replaced since: :mod:`.bus_api`),
   store code snapshots, read the EVENTS and METRICS streams (the client's ``events()``,
-  ``metrics()``, ``wait_final()``); subscribe to their own inbox ``_INBOX_as.<name>.>`` and
-  nothing else. Never ``trialbus.api.>`` (a header-less call there is the stack's admin), never
-  another person's door or inbox.
+  ``metrics()``, ``wait_final()``); subscribe to their own inbox ``_INBOX_as.<name>.>`` and to
+  their own experiments' trials' questions, ``asks.<name>.*.*`` (``trialbus.optuna.optimize``
+  answers them: one answer each, on the asker's inbox), and nothing else. Never
+  ``trialbus.api.>`` (a header-less call there is the stack's admin), never another person's
+  door, inbox or questions.
 - Nothing here logs a token or the issuer's seed.
 
 Only nats-server can publish on ``$SYS.REQ.USER.AUTH`` (no user of auth.conf may, nor a person),
@@ -85,7 +87,8 @@ def permissions(name: str, token: str) -> dict[str, Any]:
     (module docstring)."""
     return {
         "pub": {"allow": [subjects.api_as(name, token_key(token), ">"), *READS]},
-        "sub": {"allow": [subjects.person_inbox(name) + ".>"]},
+        "sub": {"allow": [subjects.person_inbox(name) + ".>", subjects.asks(name, "*", "*")]},
+        "resp": {"max": 1, "ttl": 0},  # the answer to each ask received (0: the server's default expiry)
     }
 
 

@@ -47,4 +47,5 @@ def trial_request(state: ExperimentState, trial: TrialState, secret: str) -> Tri
         heartbeat=timeout / 3 if (timeout := config.retry_policy.heartbeat_timeout) else None,
         grace_period=config.trial_grace_period,
         team=state.team,
+        owner=state.owner,
     )

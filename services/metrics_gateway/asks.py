@@ -7,11 +7,13 @@ Checks as for metrics, cheapest first:
     version header (400/409) → bearer ask token present (401: ``TRIALBUS_ASK_TOKEN``, not the
     keeper's) → body size (413, ``gateway_max_ask_body``)
     → body JSON and shape (400) → token HMAC (401) → NATS connected (503)
-    → request on ``asks.<experiment>.<trial>`` (503 nobody answers, 504 no answer in time)
+    → request on ``asks.<owner>.<experiment>.<trial>`` (503 nobody answers, 504 no answer in time)
     → 200 with the answer (:class:`contracts.asks.Answer`) as it came
 
-The subject names the experiment and trial the token is for, never what the body says, so a
-trial asks only as itself; the answer is checked to be an Answer before it is handed back.
+The subject names the experiment, trial and owner the token is for (the owner is bound into the
+ask token: :func:`services.common.tokens.ask_token`), so a trial asks only as itself, and only
+its experiment's owner (or the ``client`` user) may answer; the answer is checked to be an
+Answer before it is handed back.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pydantic import ValidationError
 from contracts import subjects
 from contracts.asks import Answer, Ask
 from contracts.base import ContractError
+from contracts.people import NAME
 from services.common import logs, tokens
 from services.common.bus import Bus
 from services.metrics_gateway.app import NOT_IN_SUBJECTS, REJECTIONS, Refused, bearer, check_version
@@ -65,7 +68,10 @@ class AskRelay:
             if not isinstance(experiment_id, str) or not experiment_id or NOT_IN_SUBJECTS.intersection(experiment_id):
                 raise Refused(400, "bad_request", "experimentId must be a non-empty id without '.', '*', '>' or spaces")
             secret = self.settings.trial_secret.get_secret_value()
-            mine = tokens.check_ask_token(secret, experiment_id, trial_id, token)
+            owner = raw.get("owner", "")
+            if not isinstance(owner, str) or (owner and not NAME.match(owner)):
+                raise Refused(400, "bad_request", "owner must be a person's name, or empty")
+            mine = tokens.check_ask_token(secret, experiment_id, trial_id, owner, token)
             if NOT_IN_SUBJECTS.intersection(trial_id) or not mine:
                 raise Refused(401, "token", f"wrong token for trial {trial_id} of experiment {experiment_id}")
             try:
@@ -86,7 +92,7 @@ class AskRelay:
         bus = self.bus()
         if bus is None or not bus.nc.is_connected:
             raise Refused(503, "unavailable", "NATS is unavailable; retry later")
-        subject = subjects.asks(ask.experiment_id, ask.trial_id)
+        subject = subjects.asks(ask.owner, ask.experiment_id, ask.trial_id)
         try:
             msg = await bus.nc.request(subject, ask.encode(), timeout=self.settings.gateway_ask_timeout)
         except NoRespondersError:

@@ -183,7 +183,13 @@ def error_message(body):
 #: The keeper's settings the trial sees too: its attempt, its checkpoint directory, and the
 #: gateway with the trial's ask token, to ask its tuner (docs/optuna.md; never the keeper's token).
 FOR_THE_TRIAL = frozenset(
-    {b"TRIALBUS_ATTEMPT", b"TRIALBUS_CHECKPOINT_DIR", b"TRIALBUS_GATEWAY_URL", b"TRIALBUS_ASK_TOKEN"}
+    {
+        b"TRIALBUS_ATTEMPT",
+        b"TRIALBUS_CHECKPOINT_DIR",
+        b"TRIALBUS_GATEWAY_URL",
+        b"TRIALBUS_ASK_TOKEN",
+        b"TRIALBUS_ASK_OWNER",
+    }
 )
 
 

@@ -201,7 +201,13 @@ class TestLocalGpuAdapter(AdapterContract):
         # of the keeper's settings, only those meant for the trial (docs/retries.md, docs/optuna.md):
         # its ask token, never the token its keeper reports with
         ours = sorted(line.split("=", 1)[0] for line in out.splitlines() if line.startswith("TRIALBUS_"))
-        assert ours == ["TRIALBUS_ASK_TOKEN", "TRIALBUS_ATTEMPT", "TRIALBUS_CHECKPOINT_DIR", "TRIALBUS_GATEWAY_URL"]
+        assert ours == [
+            "TRIALBUS_ASK_OWNER",
+            "TRIALBUS_ASK_TOKEN",
+            "TRIALBUS_ATTEMPT",
+            "TRIALBUS_CHECKPOINT_DIR",
+            "TRIALBUS_GATEWAY_URL",
+        ]
         assert request.token.get_secret_value() not in out
         checkpoints = f"{adapter.settings.checkpoint_root}/{request.experiment_id}/{request.trial_id}"
         assert f"TRIALBUS_CHECKPOINT_DIR={checkpoints}\n" in out

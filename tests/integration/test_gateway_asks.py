@@ -16,7 +16,7 @@ from tests.integration.test_gateway import EXP, SECRET, TRIAL, gateway  # noqa: 
 from trialbus.optuna.optimize import _Optimization
 from trialbus.optuna.remote import Asker, AskError, RemoteTrial
 
-ASK_TOKEN = ask_token(trial_token(SECRET, EXP, TRIAL))
+ASK_TOKEN = ask_token(trial_token(SECRET, EXP, TRIAL), None)
 
 
 def headers(token: str = ASK_TOKEN) -> dict:
@@ -32,7 +32,7 @@ async def answering(gateway, answer):  # noqa: F811
         asked.append(ask)
         await msg.respond((await answer(ask)).encode())
 
-    await gateway.reader.subscribe(subjects.asks(EXP, "*"), cb=handle)
+    await gateway.reader.subscribe(subjects.asks(None, EXP, "*"), cb=handle)
     return asked
 
 
@@ -54,12 +54,15 @@ async def test_asks_are_refused_without_the_trials_ask_token_or_a_valid_body(gat
     url, body = f"/api/v1/trials/{TRIAL}/ask", {"experimentId": EXP, "op": "should_prune"}
     keeper = trial_token(SECRET, EXP, TRIAL)  # the keeper's metrics token is not an ask token
     assert (await gateway.http.post(url, json=body, headers=headers(keeper))).status_code == 401
-    other = ask_token(trial_token(SECRET, EXP, "other"))
+    other = ask_token(trial_token(SECRET, EXP, "other"), None)
     assert (await gateway.http.post(url, json=body, headers=headers(other))).status_code == 401
     metrics = f"/api/v1/trials/{TRIAL}/metrics"  # nor is the ask token a metrics token
     assert (
         await gateway.http.post(metrics, json={"experimentId": EXP, "records": []}, headers=headers())
     ).status_code == 401
+    # the owner is bound into the ask token: a trial cannot send its questions to someone else
+    mallory = {**body, "owner": "mallory"}
+    assert (await gateway.http.post(url, json=mallory, headers=headers())).status_code == 401
     bad = {"experimentId": EXP, "op": "rm -rf"}
     assert (await gateway.http.post(url, json=bad, headers=headers())).status_code == 400
     huge = {"experimentId": EXP, "op": "set_user_attr", "name": "n", "value": "x" * 100_000}
@@ -104,3 +107,18 @@ async def test_the_study_refusing_a_question_raises_in_the_trial(gateway):  # no
     await asyncio.to_thread(trial.suggest_float, "x", 0, 1)
     with pytest.raises(AskError, match="Cannot set different distribution kind"):
         await asyncio.to_thread(trial.suggest_categorical, "x", ["a"])
+
+
+async def test_an_owned_experiments_asks_go_to_its_owner(gateway):  # noqa: F811
+    asked: list[Ask] = []
+
+    async def handle(msg):
+        asked.append(Ask.decode(msg.data))
+        await msg.respond(Answer(ok=True, value=True).encode())
+
+    await gateway.reader.subscribe(subjects.asks("ann", EXP, TRIAL), cb=handle)
+    token = ask_token(trial_token(SECRET, EXP, TRIAL), "ann")
+    body = {"experimentId": EXP, "owner": "ann", "op": "should_prune"}
+    response = await gateway.http.post(f"/api/v1/trials/{TRIAL}/ask", json=body, headers=headers(token))
+    assert response.status_code == 200, response.text
+    assert [(a.owner, a.op) for a in asked] == [("ann", "should_prune")]

@@ -205,3 +205,32 @@ def test_the_cli_as_a_person_needs_only_their_token_and_the_nats_url(stack: Stac
     env["TRIALBUS_API_TOKEN"] = "tbu_ana.not-her-token"
     wrong = subprocess.run([TRIALBUS, "whoami"], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert wrong.returncode == 1 and "refused your user's token" in wrong.stderr + wrong.stdout, wrong
+
+
+async def test_a_person_answers_only_her_own_experiments_trials_questions(stack: Stack):
+    ana, bo = add(stack, "ana", "vision"), add(stack, "bo", "nlp")
+    user = await person(stack, ana)
+    gateway = await nats.connect(
+        stack.nats.url,
+        user="gateway",
+        password=stack.nats.passwords["gateway"],
+        inbox_prefix="_INBOX_gateway",
+        allow_reconnect=False,
+    )
+    try:
+        # Ana answers her trials' questions, as trialbus.optuna.optimize does, one answer each
+        async def answer(msg) -> None:
+            await msg.respond(b'{"kind": "trial.answer", "v": 1, "ok": true, "value": 3}')
+
+        await user.nc.subscribe(subjects.asks("ana", "e1", "*"), cb=answer)
+        await user.nc.flush()
+        reply = await gateway.request(subjects.asks("ana", "e1", "t1"), b"{}", timeout=5)
+        assert orjson.loads(reply.data)["value"] == 3
+        # but may not listen to Bo's, nor ask in a trial's name
+        bos = subjects.asks("bo", "*", "*")
+        await user.refused("subscription", bos, user.nc.subscribe(bos))
+        await user.refused("publish", "asks.ana.e1.t1", user.nc.publish("asks.ana.e1.t1", b"{}"))
+        assert token_name(bo) == "bo"
+    finally:
+        await gateway.close()
+        await user.nc.close()

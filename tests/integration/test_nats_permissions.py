@@ -487,3 +487,26 @@ async def test_a_wrong_password_or_none_is_refused(server: AuthNatsServer):
 
 async def ignore(exc: Exception) -> None:
     """nats-py's default error callback logs the refusal with a traceback; the test asserts on it."""
+
+
+async def test_the_gateway_relays_a_trials_ask_and_a_client_answers_it(connect, dispatcher: User):
+    # Given a client answering an experiment's questions, as trialbus.optuna.optimize does
+    client = await connect("client")
+
+    async def answer(msg) -> None:
+        await msg.respond(b'{"kind": "trial.answer", "v": 1, "ok": true, "value": 0.5}')
+
+    await client.nc.subscribe(subjects.asks("ann", "e1", "*"), cb=answer)
+    await client.nc.flush()
+    # When the gateway relays a trial's ask (services/metrics_gateway/asks.py)
+    gateway = await connect("gateway")
+    reply = await gateway.nc.request(subjects.asks("ann", "e1", "t1"), b"{}", timeout=5)
+    # then the client's answer comes back on the gateway's inbox
+    assert json.loads(reply.data)["value"] == 0.5
+    # and no client may ask in a trial's name, nor may another service listen to the asks
+    await client.nc.publish(subjects.asks("ann", "e1", "t1"), b"{}")
+    await client.refused("publish", subjects.asks("ann", "e1", "t1"))
+    for user in ("local-gpu", "webui", "tuner"):
+        other = await connect(user)
+        await other.nc.subscribe(subjects.asks())
+        await other.refused("subscription", subjects.asks())

@@ -71,7 +71,8 @@ def test_a_person_s_token_gets_a_user_jwt_with_their_permissions(callout):
         )
         nats = user["nats"]
         assert nats["type"] == "user" and nats["version"] == 2
-        assert nats["sub"] == {"allow": ["_INBOX_as.ana.>"]}
+        assert nats["sub"] == {"allow": ["_INBOX_as.ana.>", "asks.ana.*.*"]}  # her inbox, her trials' questions
+        assert nats["resp"] == {"max": 1, "ttl": 0}
         assert nats["pub"]["allow"][0] == f"trialbus.as.ana.{token_key(token)}.>"  # the door of this token
         assert not any(
             s.startswith(("trialbus.api", "_INBOX", "events", "dispatch", "$KV")) for s in nats["pub"]["allow"]

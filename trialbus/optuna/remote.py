@@ -47,9 +47,11 @@ class AskError(RuntimeError):
 class Asker:
     """POSTs asks for one trial attempt: ``ask(op, **fields)`` → the answer's value."""
 
-    def __init__(self, gateway_url: str, token: str, experiment_id: str, trial_id: str, attempt: int = 0) -> None:
+    def __init__(
+        self, gateway_url: str, token: str, experiment_id: str, trial_id: str, attempt: int = 0, owner: str = ""
+    ) -> None:
         self.url = f"{gateway_url.rstrip('/')}/api/v1/trials/{trial_id}/ask"
-        self.token = token
+        self.token, self.owner = token, owner
         self.experiment_id, self.trial_id, self.attempt = experiment_id, trial_id, attempt
 
     @classmethod
@@ -68,11 +70,19 @@ class Asker:
             environ["NNI_EXP_ID"],
             environ["NNI_TRIAL_JOB_ID"],
             int(environ.get("TRIALBUS_ATTEMPT") or 0),
+            environ.get("TRIALBUS_ASK_OWNER", ""),
         )
 
     def body(self, op: str, **fields: Any) -> bytes:
         """The request body: an :class:`Ask` as JSON, without ``trialId`` (the URL names it)."""
-        ask = Ask(experiment_id=self.experiment_id, trial_id=self.trial_id, attempt=self.attempt, op=op, **fields)
+        ask = Ask(
+            experiment_id=self.experiment_id,
+            trial_id=self.trial_id,
+            owner=self.owner,
+            attempt=self.attempt,
+            op=op,
+            **fields,
+        )
         wire = json.loads(ask.encode())
         del wire["trialId"]
         return json.dumps(wire).encode()

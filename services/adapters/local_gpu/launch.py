@@ -115,7 +115,8 @@ class Launcher:
             TRIALBUS_CHECKPOINT_DIR=checkpoint_dir,
             TRIALBUS_PARAMETERS=request.parameter_record,
             TRIALBUS_TRIAL_TOKEN=request.token.get_secret_value(),
-            TRIALBUS_ASK_TOKEN=tokens.ask_token(request.token.get_secret_value()),
+            TRIALBUS_ASK_TOKEN=tokens.ask_token(request.token.get_secret_value(), request.owner),
+            TRIALBUS_ASK_OWNER=request.owner or "",
             **where,
         )
         if code_dir is not None:
