@@ -141,3 +141,57 @@ def test_four_at_once_sample_what_the_seed_gives(stack, objectives):
     assert all(t.value == (t.params["x"] - 2) ** 2 for t in ours.trials)
     # one draw of the seeded generator per trial, whichever trial asked first
     assert sorted(t.params["x"] for t in ours.trials) == sorted(t.params["x"] for t in theirs.trials)
+
+
+SLOW = textwrap.dedent(
+    """
+    import pathlib, time
+
+
+    def slow(trial):
+        x = trial.suggest_float("x", 0, 1)
+        pathlib.Path(MARKERS, str(trial.number)).touch()
+        time.sleep(120)
+        return x
+    """
+)
+
+DRIVER = textwrap.dedent(
+    """
+    import sys
+    import optuna
+    import slow_objective
+    from trialbus.client import AsyncClient
+    from trialbus.optuna import optimize
+
+    study = optuna.create_study(study_name="s", storage=sys.argv[2])
+    optimize(study, slow_objective.slow, n_trials=4, concurrency=2, client=AsyncClient(sys.argv[1]))
+    """
+)
+
+
+def test_ctrl_c_stops_the_experiment_and_leaves_no_trial_running(stack, tmp_path: Path):
+    import signal
+    import subprocess
+
+    from tests.e2e.helpers import wait_until
+
+    code, markers = tmp_path / "slow_code", tmp_path / "markers"
+    code.mkdir(), markers.mkdir()
+    (code / "slow_objective.py").write_text(f"MARKERS = {str(markers)!r}\n" + SLOW)
+    (code / "driver.py").write_text(DRIVER)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    env = {**stack.env(), "PYTHONPATH": str(Path.cwd())}
+    driver = subprocess.Popen([sys.executable, "driver.py", stack.nats.url, storage], cwd=code, env=env)
+    try:
+        wait_until(lambda: len(list(markers.iterdir())) == 2, 60, "two trials running")
+        driver.send_signal(signal.SIGINT)
+        assert driver.wait(60) != 0
+    finally:
+        driver.kill()
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL] * 2
+    with Client(stack.nats.url) as client:
+        (experiment,) = client.list_experiments()
+        assert experiment.status.value == "STOPPED"
+        wait_until(lambda: all(t.status.terminal for t in client.list_trials(experiment.id)), 30, "trials stopped")
