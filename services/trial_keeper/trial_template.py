@@ -59,6 +59,8 @@ PER_TRIAL = (
     b"NNI_EXP_ID",
     b"TRIALBUS_ATTEMPT",
     b"TRIALBUS_CHECKPOINT_DIR",
+    b"TRIALBUS_ASK_TOKEN",  # per trial, and its experiment's owner (docs/optuna.md)
+    b"TRIALBUS_ASK_OWNER",
     b"CUDA_VISIBLE_DEVICES",
     b"CUDA_DEVICE_ORDER",
 )  # the last two: GPU placement

@@ -59,6 +59,8 @@ _PER_TRIAL = frozenset(
         "TRIALBUS_TRIAL_TOKEN",
         "TRIALBUS_GPUS",
         "TRIALBUS_CHECKPOINT_DIR",
+        "TRIALBUS_ASK_TOKEN",
+        "TRIALBUS_ASK_OWNER",
     )
 )
 ANSWER_TIMEOUT = 5.0  # seconds a ready template may take to answer a fork

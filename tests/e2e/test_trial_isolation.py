@@ -188,8 +188,14 @@ def test_a_trial_reads_none_of_the_stacks_secrets_nor_a_finished_experiments_fil
         assert (seen["own dir"], seen["checkpoint"]) == ("ok", "ok"), seen
         checkpoint = data / "checkpoints" / experiment / trial_id / "step"
         assert checkpoint.read_text() == "mine"
-        # And it got none of the stack's settings, only what a trial gets
-        assert json.loads(seen["env"]) == ["TRIALBUS_ATTEMPT", "TRIALBUS_CHECKPOINT_DIR"]
+        # And it got none of the stack's settings, only what a trial gets (its ask token: docs/optuna.md)
+        assert json.loads(seen["env"]) == [
+            "TRIALBUS_ASK_OWNER",
+            "TRIALBUS_ASK_TOKEN",
+            "TRIALBUS_ATTEMPT",
+            "TRIALBUS_CHECKPOINT_DIR",
+            "TRIALBUS_GATEWAY_URL",
+        ]
         # And its metrics reached the gateway
         values = [m["value"] for m in stack.rest("GET", f"/trials/{trial_id}/metrics").json()]
         assert values and values[0] in (1, "1"), values
