@@ -37,6 +37,7 @@ from services.adapters import trialdir
 from services.adapters.base import AdapterSettings
 from services.adapters.errors import PermanentError
 from services.adapters.keeper import Bundle, fetch_code
+from services.common import tokens
 from services.common.bus import Bus
 from services.common.code_archive import UnsafeArchive, extract_code
 
@@ -144,6 +145,9 @@ async def prepare(
         **quiet,
         "TRIALBUS_GATEWAY_URL": settings.gateway_url,
         "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value(),
+        # the trial's own credential to ask its study (docs/optuna.md), never the keeper's token
+        "TRIALBUS_ASK_TOKEN": tokens.ask_token(request.token.get_secret_value(), request.owner),
+        "TRIALBUS_ASK_OWNER": request.owner or "",
     }
     fresh = await asyncio.to_thread(write_trial_dir, share.local, quiet, report, settings.replica)
     return bin_hash, fresh

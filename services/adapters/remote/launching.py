@@ -27,6 +27,7 @@ from services.adapters.remote.placement import MachinePlacement
 from services.adapters.remote.pool import MachinePool
 from services.adapters.remote.settings import RemoteSettings
 from services.adapters.remote.trial import Trial, TrialTable
+from services.common import tokens
 from services.common.bus import Bus
 
 
@@ -125,6 +126,9 @@ class Launcher:
             "TRIALBUS_CHECKPOINT_DIR": checkpoint_dir(machine.root, request.experiment_id, request.trial_id),
             "TRIALBUS_PARAMETERS": request.parameter_record,
             "TRIALBUS_TRIAL_TOKEN": request.token.get_secret_value(),
+            # the trial's own credential to ask its study (docs/optuna.md), never the keeper's token
+            "TRIALBUS_ASK_TOKEN": tokens.ask_token(request.token.get_secret_value(), request.owner),
+            "TRIALBUS_ASK_OWNER": request.owner or "",
             **where,
         }
         if self.settings.nni_shim != "never":  # it serves the trial API, an installed nni the rest
