@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import optuna
@@ -131,6 +132,15 @@ def test_a_raising_objective_fails_with_its_traceback_in_the_trial_log(stack, ob
     with pytest.raises(TrialFailed, match="builtins.ValueError"):
         optimize(uncaught, objectives.failing, n_trials=3, client=AsyncClient(stack.nats.url))
     assert [t.state for t in uncaught.trials] == [optuna.trial.TrialState.FAIL]
+
+
+def test_timeout_starts_no_trial_after_it_and_lets_the_running_ones_finish(stack, objectives):
+    ours = study(seed=2)
+    started = time.monotonic()
+    optimize(ours, objectives.quadratic, timeout=2, concurrency=2, client=AsyncClient(stack.nats.url))
+    assert len(ours.trials) >= 2 and time.monotonic() - started < 60
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in ours.trials)
+    assert all(t.datetime_start is not None for t in ours.trials)
 
 
 def test_four_at_once_sample_what_the_seed_gives(stack, objectives):

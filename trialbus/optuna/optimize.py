@@ -168,7 +168,8 @@ class _Optimization:
                 started += 1
             if not waits:
                 break
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            # until the deadline, to stop submitting then; past it, until the running trials end
+            left = None if deadline is None or expired else max(0.0, deadline - time.monotonic())
             done, _ = await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 self._ended(waits.pop(task), task.result())
