@@ -45,6 +45,14 @@ OBJECTIVES = textwrap.dedent(
         return b * b
 
 
+    def killed_once(trial):  # its first attempt dies mid-run; the retry is the same Optuna trial
+        import os, signal
+        x = trial.suggest_float("x", -10, 10)
+        if os.environ["TRIALBUS_ATTEMPT"] == "0":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return (x - 2) ** 2
+
+
     def failing(trial):
         trial.suggest_float("x", 0, 1)
         raise ValueError("boom from the objective")
@@ -141,6 +149,20 @@ def test_timeout_starts_no_trial_after_it_and_lets_the_running_ones_finish(stack
     assert len(ours.trials) >= 2 and time.monotonic() - started < 60
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in ours.trials)
     assert all(t.datetime_start is not None for t in ours.trials)
+
+
+def test_a_trial_killed_mid_run_is_retried_as_the_same_optuna_trial(stack, objectives):
+    ours, theirs = study(seed=4), study(seed=4)
+    retry = {"retry": {"trial": 1, "backoff": 0}}
+    experiment = optimize(ours, objectives.killed_once, n_trials=2, config=retry, client=AsyncClient(stack.nats.url))
+    theirs.optimize(objectives.quadratic, n_trials=2)
+    # its suggestions replayed, not sampled again: the study is the one study.optimize gives
+    assert [(t.params, t.values, t.state) for t in ours.trials] == [
+        (t.params, t.values, t.state) for t in theirs.trials
+    ]
+    with Client(stack.nats.url) as client:
+        trials = client.list_trials(experiment)
+    assert [(t.status, t.attempt) for t in trials] == [(TrialStatus.SUCCEEDED, 1)] * 2
 
 
 def test_four_at_once_sample_what_the_seed_gives(stack, objectives):

@@ -87,6 +87,7 @@ def optimize(
     python: str | None = None,
     client: AsyncClient | None = None,
     experiment_name: str | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> str:
     """Run ``n_trials`` trials of ``objective`` (or until ``timeout`` seconds) on Trialbus, at most
     ``concurrency`` at once, telling ``study`` each one's end; the experiment's id.
@@ -95,13 +96,15 @@ def optimize(
     ``{"platform": "local"}``). ``python``: the trials' interpreter (default: this one on the local
     platform, ``python3`` elsewhere). ``client``: an unconnected or connected :class:`AsyncClient`
     (default: the stack ``trialbus up`` runs for this user). ``catch``, ``callbacks``, ``timeout``
-    and ``n_trials`` as ``study.optimize`` documents them. Not in a running event loop.
+    and ``n_trials`` as ``study.optimize`` documents them. ``config``: more keys of the experiment's
+    NNI config (``retry``, ``maxTrialDuration``, ``warmStart``…). Not in a running event loop.
     """
     spec, directory = objective_spec(objective, code_dir)
     service = training_service or {"platform": "local"}
     local = isinstance(service, Mapping) and service.get("platform") == "local"
     command = f"{python or (sys.executable if local else 'python3')} -m trialbus.optuna.runner {spec}"
     config = {
+        **(config or {}),
         "experimentName": experiment_name or study.study_name,
         "trialCommand": command,
         "trialCodeDirectory": str(directory),
