@@ -30,7 +30,7 @@ from optuna.distributions import (
 )
 
 from contracts import VERSION
-from contracts.asks import Answer, Ask
+from contracts.asks import Answer, Ask, AskOp
 
 #: Seconds between two tries of an ask the gateway could not answer now (503/504, no connection).
 RETRY_DELAY = 1.0
@@ -73,7 +73,7 @@ class Asker:
             environ.get("TRIALBUS_ASK_OWNER", ""),
         )
 
-    def body(self, op: str, **fields: Any) -> bytes:
+    def body(self, op: AskOp, **fields: Any) -> bytes:
         """The request body: an :class:`Ask` as JSON, without ``trialId`` (the URL names it)."""
         ask = Ask(
             experiment_id=self.experiment_id,
@@ -87,7 +87,7 @@ class Asker:
         del wire["trialId"]
         return json.dumps(wire).encode()
 
-    def ask(self, op: str, **fields: Any) -> Any:
+    def ask(self, op: AskOp, **fields: Any) -> Any:
         body = self.body(op, **fields)
         headers = {
             "Authorization": f"Bearer {self.token}",
