@@ -124,7 +124,7 @@ def test_a_trial_added_from_the_page_runs_with_the_typed_parameters_and_reaches_
 
     context, page = open_page(browser, stack, ana, f"/experiments/{experiment}")
     try:
-        page.wait_for_function("document.querySelector('#whoami').textContent === 'ana (vision, member)'")
+        page.wait_for_function("() => document.querySelector('#whoami').textContent === 'ana (vision, member)'")
         first = page.locator('#trials tbody tr[data-status="RUNNING"]')
         first.wait_for()
         first_id = first.get_attribute("data-trial-id")
@@ -165,7 +165,7 @@ def test_a_trial_added_from_the_page_runs_with_the_typed_parameters_and_reaches_
     # a viewer has no button, and is refused
     context, page = open_page(browser, stack, viewer, f"/experiments/{experiment}")
     try:
-        page.wait_for_function("document.querySelector('#whoami').textContent === 'vic (vision, viewer)'")
+        page.wait_for_function("() => document.querySelector('#whoami').textContent === 'vic (vision, viewer)'")
         page.locator("#trials tbody tr").first.wait_for()
         assert page.locator("#add-trial").is_hidden()
         status, error = post_trial(page, experiment, {"x": 2})

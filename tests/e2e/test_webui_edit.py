@@ -63,7 +63,7 @@ def test_the_edit_dialog_raises_concurrency_and_the_page_shows_four_running(stac
         page.set_default_timeout(WAIT_MS)
         assert page.goto(f"{ui.webui}/login?token={viewer}").ok
         page.goto(f"{ui.webui}/experiments/{experiment}")
-        page.wait_for_function("document.querySelector('#whoami').textContent === 'vi (vision, viewer)'")
+        page.wait_for_function("() => document.querySelector('#whoami').textContent === 'vi (vision, viewer)'")
         page.wait_for_selector('#exp-counts li[data-status="RUNNING"] b:text-is("4")')
         assert page.locator("#edit-experiment").is_hidden()
         status = page.evaluate(

@@ -42,7 +42,7 @@ def test_each_person_sees_who_they_are_and_only_the_buttons_they_may_use(stack, 
     # bo, of another team, sees who he is, the experiment and its trial, and no button to change them
     context, page = open_as(bo)
     try:
-        page.wait_for_function("document.querySelector('#whoami').textContent === 'bo (nlp, member)'")
+        page.wait_for_function("() => document.querySelector('#whoami').textContent === 'bo (nlp, member)'")
         assert page.locator("#stop-experiment").is_hidden()
         assert page.locator(f'tr[data-trial-id="{trial_id}"] button.cancel').count() == 0
         # what he sends anyway is refused by the dispatcher as bo, with why
@@ -59,7 +59,7 @@ def test_each_person_sees_who_they_are_and_only_the_buttons_they_may_use(stack, 
     # ana, its owner, sees her buttons and cancels her trial from the page
     context, page = open_as(ana)
     try:
-        page.wait_for_function("document.querySelector('#whoami').textContent === 'ana (vision, member)'")
+        page.wait_for_function("() => document.querySelector('#whoami').textContent === 'ana (vision, member)'")
         assert page.locator("#stop-experiment").is_visible()
         page.locator(f'tr[data-trial-id="{trial_id}"] button.cancel').click()
         page.wait_for_selector(f'tr[data-trial-id="{trial_id}"][data-status="USER_CANCELED"]')

@@ -32,7 +32,12 @@ async def test_the_chart_ranks_trials_at_a_step_and_compares_two(webui: Webui) -
 
     # When the chart is read without and with a step
     chart = await eventually(
-        lambda: json_if(webui, "/api/experiments/exp1/intermediate?trials=2", lambda b: b["reported"] == 4), 20
+        lambda: json_if(
+            webui,
+            "/api/experiments/exp1/intermediate?trials=2",
+            lambda b: b["reported"] == 4 and sum(len(c["points"]) for c in b["curves"]) == 6,
+        ),
+        20,
     )
     ranked = (await webui.http.get("/api/experiments/exp1/intermediate?trials=2&step=1&top=4")).json()
 

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from contracts.changes import change_line, shown
 from trialbus.commands.common import console, the_experiment, with_client
 from trialbus.output import fail
 
@@ -82,6 +81,8 @@ def _check_space(experiment: Any, space: dict[str, Any]) -> None:
 
 
 def _print(experiment_id: str, update: ExperimentUpdate, asked: dict[str, Any]) -> None:
+    from contracts.changes import change_line, shown  # here: `trialbus --help` loads no contract
+
     out = console()
     for name, (old, new) in update.changes.items():
         out.print(f"experiment {experiment_id}: {change_line(name, old, new)}")
