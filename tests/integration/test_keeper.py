@@ -32,12 +32,14 @@ def test_file_channel_trial_reports_through_the_gateway(tmp_path, code_dir, gate
     assert (state["exitCode"], state["canceled"], state["error"]) == (0, False, None)
     assert state["startTime"] <= state["endTime"] and state["pgid"] == state["trialPid"]
     assert summary(stored(nats_url, "Tfile1")) == EXPECTED
-    # The trial saw NNI's environment (and never the keeper's secrets), in its code directory
+    # The trial saw NNI's environment and the gateway's address (to ask its tuner, docs/optuna.md), never the
+    # keeper's secrets (its TRIALBUS_TRIAL_TOKEN), in its code directory
     out = trial.read("stdout")
     assert (
         "env ['MULTI_PHASE', 'NNI_CODE_DIR', 'NNI_EXP_ID', 'NNI_OUTPUT_DIR', 'NNI_PLATFORM', 'NNI_SYS_DIR', "
-        "'NNI_TRIAL_JOB_ID', 'NNI_TRIAL_SEQ_ID']" in out
+        "'NNI_TRIAL_JOB_ID', 'NNI_TRIAL_SEQ_ID', 'TRIALBUS_GATEWAY_URL']" in out
     )
+    assert "TRIAL_TOKEN" not in out
     assert f"cwd {code_dir}" in out
     assert trial.read("stderr") == "to stderr\n"
     assert "lastError" not in state  # a trial that succeeded has nothing to explain
