@@ -57,7 +57,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import nats.errors
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
@@ -75,7 +74,7 @@ from services.webui import addtrial, analysis, curves, experiments, logs, querie
 from services.webui import openapi as spec
 from services.webui.actions import Dispatcher, Refused
 from services.webui.edits import add_edit_routes
-from services.webui.hub import KEEPALIVE, RETRY, Hub, frame
+from services.webui.hub import KEEPALIVE, KEEPALIVE_SECONDS, Hub, followed, frame
 from services.webui.intermediate import Intermediates
 from services.webui.intermediate_api import routes as intermediate_routes
 from services.webui.model import Model
@@ -99,8 +98,6 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
 }
-#: Seconds between keep-alive comments on an idle event stream.
-KEEPALIVE_SECONDS = 15.0
 MAX_LOG_BYTES = 4 * 1024 * 1024
 #: The two ways to present the token, documented in the OpenAPI schema; ``authorize`` checks them.
 CREDENTIALS = [
@@ -462,32 +459,8 @@ def create_app(
         current = connected()
         follower = curves.CurveFollower(current, trial.experiment_id, trial.id, points)
 
-        async def frames() -> AsyncIterator[bytes]:
-            # The follower lives inside the response: a browser that leaves before the first
-            # frame leaves no consumer behind.
-            hub.closers.add(follower)
-            try:
-                yield RETRY
-                try:
-                    await follower.start()
-                except (nats.errors.Error, TimeoutError) as exc:
-                    yield frame("problem", {"error": f"cannot read the METRICS stream right now ({exc}); retrying"})
-                    return
-                while not follower.closed:
-                    try:
-                        await asyncio.wait_for(follower.ready.wait(), KEEPALIVE_SECONDS)
-                    except TimeoutError:
-                        yield KEEPALIVE
-                        continue
-                    if follower.closed:
-                        return
-                    yield frame(*follower.take())
-                    await asyncio.sleep(hub.interval)  # coalesce a burst into the next frame
-            finally:
-                hub.closers.discard(follower)
-                hub.cleanup(follower.stop())  # not awaited here: this request may be being cancelled
-
-        return event_stream(frames())
+        frames = followed(hub, follower, "METRICS", lambda _: None, lambda news: frame(*news), hub.interval)
+        return event_stream(frames)
 
     api.include_router(intermediate_routes(model, intermediates or Intermediates()))
     api.include_router(experiments.routes(model, dispatcher, json_response))

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
+import nats.errors
 import orjson
 
 from services.webui.model import Model
@@ -194,3 +195,58 @@ class Hub:
         """Await the cleanups of the streams that ended (call once the HTTP server stopped)."""
         while self._cleanups:
             await asyncio.gather(*self._cleanups, return_exceptions=True)
+
+
+#: Seconds without news before a stream sends a keep-alive comment.
+KEEPALIVE_SECONDS = 15.0
+
+
+class Follower(Closable, Protocol):
+    """What a live stream follows (a trial's curve, an experiment's log lines): started, then ready
+    whenever it has news, which ``take`` hands over."""
+
+    ready: asyncio.Event
+    closed: bool
+
+    async def start(self) -> Any: ...
+
+    def take(self) -> Any: ...
+
+    async def stop(self) -> None: ...
+
+
+async def followed(
+    hub: Hub,
+    follower: Follower,
+    stream: str,
+    first: Callable[[Any], bytes | None],
+    each: Callable[[Any], bytes],
+    coalesce: float,
+) -> AsyncIterator[bytes]:
+    """The server-sent frames of a follower of the JetStream ``stream``: ``first`` of what its start
+    read (None: nothing), then ``each`` of what it takes, a burst coalesced over ``coalesce`` seconds,
+    keep-alives meanwhile. The follower lives inside the response: a browser that leaves before the
+    first frame leaves no consumer behind."""
+    hub.closers.add(follower)
+    try:
+        yield RETRY
+        try:
+            opening = first(await follower.start())
+        except (nats.errors.Error, TimeoutError) as exc:
+            yield frame("problem", {"error": f"cannot read the {stream} stream right now ({exc}); retrying"})
+            return
+        if opening is not None:
+            yield opening
+        while not follower.closed:
+            try:
+                await asyncio.wait_for(follower.ready.wait(), KEEPALIVE_SECONDS)
+            except TimeoutError:
+                yield KEEPALIVE
+                continue
+            if follower.closed:
+                return
+            yield each(follower.take())
+            await asyncio.sleep(coalesce)
+    finally:
+        hub.closers.discard(follower)
+        hub.cleanup(follower.stop())  # not awaited here: this request may be being cancelled

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import nats.errors
@@ -32,14 +32,13 @@ from contracts import streams, subjects
 from services.common import openapi as doc
 from services.common.bus import Bus
 from services.webui.actions import Refused
-from services.webui.hub import KEEPALIVE, RETRY, Hub, frame
+from services.webui.hub import Hub, followed, frame
 from services.webui.openapi import READ, event_stream
 
 #: Lines a read sends at most (and by default).
 MAX_LINES = 1000
 #: Seconds the history may take to arrive; seconds between two events of new lines (a burst is one event).
 READ_TIMEOUT, COALESCE = 5.0, 0.25
-KEEPALIVE_SECONDS = 15.0
 
 
 def line_of(msg: Msg) -> dict[str, Any] | None:
@@ -156,28 +155,14 @@ def routes(api: APIRouter, known: Callable[[str], Any], bus: Callable[[], Bus | 
         known(experiment_id)
         follower = Follower(connected(), experiment_id, lines_wanted(request))
 
-        async def frames() -> AsyncIterator[bytes]:
-            hub.closers.add(follower)
-            try:
-                yield RETRY
-                try:
-                    yield frame("lines", {"lines": await follower.start(), "history": True})
-                except (TimeoutError, nats.errors.Error) as exc:
-                    yield frame("problem", {"error": f"cannot read the LOGS stream right now ({exc}); retrying"})
-                    return
-                while not follower.closed:
-                    try:
-                        await asyncio.wait_for(follower.ready.wait(), KEEPALIVE_SECONDS)
-                    except TimeoutError:
-                        yield KEEPALIVE
-                        continue
-                    if follower.closed:
-                        return
-                    yield frame("lines", {"lines": follower.take()})
-                    await asyncio.sleep(COALESCE)
-            finally:
-                hub.closers.discard(follower)
-                hub.cleanup(follower.stop())  # not awaited here: this request may be being cancelled
+        frames = followed(
+            hub,
+            follower,
+            "LOGS",
+            lambda lines: frame("lines", {"lines": lines, "history": True}),
+            lambda lines: frame("lines", {"lines": lines}),
+            COALESCE,
+        )
 
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-        return StreamingResponse(frames(), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
